@@ -1,0 +1,25 @@
+//! The Idempotency-Key contract as pure logic.
+//!
+//! Everything the filter and the store must agree on lives here: how a key is
+//! parsed, how a record is scoped, how a request is fingerprinted, what each
+//! problem looks like on the wire, how the plugin is configured, how the filter
+//! talks to the store, and the per-request state machine the filter carries out.
+//! Nothing in this crate does I/O or reads a clock; time is always an argument,
+//! so every rule is tested with plain values.
+
+pub mod config;
+pub mod exchange;
+pub mod fingerprint;
+pub mod jcs;
+pub mod key;
+pub mod problem;
+pub mod protocol;
+pub mod scope;
+
+/// An HTTP response the filter sends itself (a replay or a problem).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
