@@ -14,6 +14,7 @@ pub mod jcs;
 pub mod key;
 pub mod problem;
 pub mod protocol;
+pub mod record;
 pub mod scope;
 
 /// An HTTP response the filter sends itself (a replay or a problem).

@@ -1,0 +1,1 @@
+//! Record lifecycle rules used by the store. STUB.
