@@ -1,1 +1,326 @@
-//! Record lifecycle rules used by the store. STUB.
+//! Record lifecycle rules used by the store (semantics §4–§6).
+//!
+//! A record is `in_progress` (leased to one owner, who holds a fencing token),
+//! `completed` (a stored response), or `unknown` (nobody knows whether the
+//! upstream acted). Released records are deleted. Completed and unknown records
+//! expire at `expires_at`; the store's sweeper archives them then (body dropped,
+//! metadata kept) and purges them after the audit retention.
+//!
+//! Every backend loads the existing record, asks [`decide_claim`] what to do,
+//! and carries the decision out, so SQLite and PostgreSQL cannot disagree. Time
+//! is an argument (milliseconds since the Unix epoch); nothing here reads a
+//! clock or touches a database.
+
+use crate::config::{AfterExpiry, OnUnknown};
+use crate::fingerprint::Fingerprint;
+use crate::protocol::{ClaimReply, ClaimRequest};
+
+/// The stored state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    InProgress,
+    Completed,
+    Unknown,
+}
+
+impl State {
+    /// The spelling in the database's `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        match s {
+            "in_progress" => Some(State::InProgress),
+            "completed" => Some(State::Completed),
+            "unknown" => Some(State::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// What the claim rules need to know about an existing record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordView {
+    pub state: State,
+    pub fingerprint: Option<Fingerprint>,
+    pub fence: u64,
+    pub lease_until: i64,
+    pub status: Option<u16>,
+    pub body_stored: bool,
+    pub completed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+}
+
+/// What a backend must do with a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimDecision {
+    /// Insert a fresh `in_progress` record (replacing any existing one) with a
+    /// new fencing token from the global sequence; answer `Owned`.
+    Claim,
+    /// Serve the stored response (status, headers, body) and count a replay.
+    Replay { status: u16, completed_at: i64 },
+    /// The owner's lease ran out: store the record as `unknown` with
+    /// `expires_at` = [`unknown_expiry`], then answer `Unknown`.
+    BecomeUnknown,
+    /// Answer this without changing anything.
+    Answer(ClaimReply),
+}
+
+impl ClaimDecision {
+    /// True when carrying the decision out writes to the database.
+    pub fn writes(&self) -> bool {
+        !matches!(self, ClaimDecision::Answer(_))
+    }
+}
+
+/// Two fingerprints conflict only when both are present and differ: a policy
+/// in fingerprint mode `none` cannot detect reuse (semantics §3).
+pub fn fingerprints_conflict(stored: Option<&Fingerprint>, offered: Option<&Fingerprint>) -> bool {
+    matches!((stored, offered), (Some(a), Some(b)) if a != b)
+}
+
+/// Milliseconds from `now` until `until`, never negative.
+pub fn remaining_ms(until: i64, now: i64) -> u64 {
+    u64::try_from(until.saturating_sub(now)).unwrap_or(0)
+}
+
+/// `now + ms` without overflow.
+pub fn plus_ms(now: i64, ms: u64) -> i64 {
+    now.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// The lease of a fresh claim.
+pub fn lease_until(now: i64, lease_ms: u64) -> i64 {
+    plus_ms(now, lease_ms)
+}
+
+/// A completed record is replayable for `ttl_ms` after completion.
+pub fn completion_expiry(completed_at: i64, ttl_ms: u64) -> i64 {
+    plus_ms(completed_at, ttl_ms)
+}
+
+/// An unknown record stays answerable (409 `outcome-unknown`) for `ttl_ms`
+/// after it became unknown.
+pub fn unknown_expiry(became_unknown_at: i64, ttl_ms: u64) -> i64 {
+    plus_ms(became_unknown_at, ttl_ms)
+}
+
+/// The claim rules, in the contract's order: fingerprint mismatch first (in
+/// every state, 422 before 409), then the state of the record.
+pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64) -> ClaimDecision {
+    let Some(rec) = existing else {
+        return ClaimDecision::Claim;
+    };
+    if fingerprints_conflict(rec.fingerprint.as_ref(), req.fingerprint.as_ref()) {
+        return ClaimDecision::Answer(ClaimReply::Mismatch);
+    }
+    match rec.state {
+        State::InProgress => {
+            if now < rec.lease_until {
+                ClaimDecision::Answer(ClaimReply::InProgress {
+                    retry_after_ms: remaining_ms(rec.lease_until, now),
+                })
+            } else {
+                match req.on_unknown {
+                    OnUnknown::Release => ClaimDecision::Claim,
+                    OnUnknown::Conflict => ClaimDecision::BecomeUnknown,
+                }
+            }
+        }
+        State::Completed | State::Unknown if rec.expires_at.is_some_and(|at| now >= at) => match req.after_expiry {
+            AfterExpiry::Reject => ClaimDecision::Answer(ClaimReply::Expired {
+                completed_at: rec.completed_at,
+            }),
+            AfterExpiry::New => ClaimDecision::Claim,
+        },
+        State::Completed => {
+            // A completed record always has a status and a completion time; a
+            // row without them is treated like a result we cannot replay.
+            let completed_at = rec.completed_at.unwrap_or(0);
+            match rec.status {
+                Some(status) if rec.body_stored => ClaimDecision::Replay { status, completed_at },
+                status => ClaimDecision::Answer(ClaimReply::ResultUnavailable {
+                    original_status: status.unwrap_or(0),
+                    completed_at,
+                }),
+            }
+        }
+        State::Unknown => match req.on_unknown {
+            OnUnknown::Release => ClaimDecision::Claim,
+            OnUnknown::Conflict => ClaimDecision::Answer(ClaimReply::Unknown),
+        },
+    }
+}
+
+/// Whether `complete` may store a response: the record must be in progress or
+/// unknown (a late completion resolves an unknown record) and the caller must
+/// hold the current fencing token.
+pub fn may_complete(state: State, current_fence: u64, offered_fence: u64) -> bool {
+    matches!(state, State::InProgress | State::Unknown) && current_fence == offered_fence
+}
+
+/// Whether `release` / `mark-unknown` may act: same rule as completion.
+pub fn may_fence(state: State, current_fence: u64, offered_fence: u64) -> bool {
+    may_complete(state, current_fence, offered_fence)
+}
+
+/// What the sweeper does to a record whose lease ran out.
+pub fn lease_expiry_action(on_unknown: OnUnknown) -> LeaseExpiry {
+    match on_unknown {
+        OnUnknown::Conflict => LeaseExpiry::MarkUnknown,
+        OnUnknown::Release => LeaseExpiry::Release,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseExpiry {
+    MarkUnknown,
+    Release,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+    use crate::scope::{Namespace, Scope};
+
+    fn fp(b: u8) -> Fingerprint {
+        Fingerprint::try_from(format!("{b:02x}").repeat(32)).unwrap()
+    }
+
+    fn req(fingerprint: Option<Fingerprint>) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::new("t", "p", "r", Namespace::Client, Key::try_from("k".to_string()).unwrap()).unwrap(),
+            fingerprint,
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+            wait_ms: 0,
+            after_expiry: AfterExpiry::Reject,
+            on_unknown: OnUnknown::Conflict,
+        }
+    }
+
+    fn rec(state: State) -> RecordView {
+        RecordView {
+            state,
+            fingerprint: Some(fp(1)),
+            fence: 7,
+            lease_until: 2_000,
+            status: Some(201),
+            body_stored: true,
+            completed_at: if state == State::Completed { Some(1_500) } else { None },
+            expires_at: if state == State::InProgress { None } else { Some(11_500) },
+        }
+    }
+
+    #[test]
+    fn no_record_means_a_fresh_claim() {
+        assert_eq!(decide_claim(None, &req(Some(fp(1))), 0), ClaimDecision::Claim);
+    }
+
+    #[test]
+    fn a_different_fingerprint_is_a_mismatch_in_every_state() {
+        for state in [State::InProgress, State::Completed, State::Unknown] {
+            for now in [0, 1_999, 2_000, 11_500, 99_999] {
+                let d = decide_claim(Some(&rec(state)), &req(Some(fp(2))), now);
+                assert_eq!(d, ClaimDecision::Answer(ClaimReply::Mismatch), "{state:?} at {now}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_fingerprint_on_either_side_matches() {
+        let mut r = rec(State::Completed);
+        assert!(matches!(decide_claim(Some(&r), &req(None), 1_600), ClaimDecision::Replay { .. }));
+        r.fingerprint = None;
+        assert!(matches!(decide_claim(Some(&r), &req(Some(fp(9))), 1_600), ClaimDecision::Replay { .. }));
+    }
+
+    #[test]
+    fn a_completed_record_replays_until_it_expires() {
+        let r = rec(State::Completed);
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 11_499),
+            ClaimDecision::Replay { status: 201, completed_at: 1_500 }
+        );
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 11_500),
+            ClaimDecision::Answer(ClaimReply::Expired { completed_at: Some(1_500) })
+        );
+        let mut new = req(Some(fp(1)));
+        new.after_expiry = AfterExpiry::New;
+        assert_eq!(decide_claim(Some(&r), &new, 11_500), ClaimDecision::Claim);
+    }
+
+    #[test]
+    fn a_completed_record_without_its_body_is_result_unavailable() {
+        let mut r = rec(State::Completed);
+        r.body_stored = false;
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 1_600),
+            ClaimDecision::Answer(ClaimReply::ResultUnavailable { original_status: 201, completed_at: 1_500 })
+        );
+    }
+
+    #[test]
+    fn an_in_progress_record_answers_the_remaining_lease() {
+        let r = rec(State::InProgress);
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 1_250),
+            ClaimDecision::Answer(ClaimReply::InProgress { retry_after_ms: 750 })
+        );
+    }
+
+    #[test]
+    fn a_lease_that_ran_out_turns_unknown_or_is_claimed_afresh() {
+        let r = rec(State::InProgress);
+        assert_eq!(decide_claim(Some(&r), &req(Some(fp(1))), 2_000), ClaimDecision::BecomeUnknown);
+        let mut release = req(Some(fp(1)));
+        release.on_unknown = OnUnknown::Release;
+        assert_eq!(decide_claim(Some(&r), &release, 2_000), ClaimDecision::Claim);
+    }
+
+    #[test]
+    fn an_unknown_record_conflicts_unless_the_policy_releases_it() {
+        let r = rec(State::Unknown);
+        assert_eq!(decide_claim(Some(&r), &req(Some(fp(1))), 3_000), ClaimDecision::Answer(ClaimReply::Unknown));
+        let mut release = req(Some(fp(1)));
+        release.on_unknown = OnUnknown::Release;
+        assert_eq!(decide_claim(Some(&r), &release, 3_000), ClaimDecision::Claim);
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 11_500),
+            ClaimDecision::Answer(ClaimReply::Expired { completed_at: None })
+        );
+    }
+
+    #[test]
+    fn only_the_current_fence_completes_an_open_record() {
+        assert!(may_complete(State::InProgress, 7, 7));
+        assert!(may_complete(State::Unknown, 7, 7));
+        assert!(!may_complete(State::InProgress, 8, 7));
+        assert!(!may_complete(State::Completed, 7, 7));
+    }
+
+    #[test]
+    fn time_arithmetic_saturates() {
+        assert_eq!(remaining_ms(5, 10), 0);
+        assert_eq!(plus_ms(i64::MAX - 1, u64::MAX), i64::MAX);
+        assert_eq!(completion_expiry(1_000, 500), 1_500);
+        assert_eq!(unknown_expiry(1_000, 500), 1_500);
+        assert_eq!(lease_until(1_000, 10), 1_010);
+    }
+
+    #[test]
+    fn states_round_trip_through_their_column_spelling() {
+        for s in [State::InProgress, State::Completed, State::Unknown] {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(State::parse("released"), None);
+    }
+}
