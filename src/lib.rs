@@ -1,0 +1,17 @@
+//! The idemgate Envoy filter: thin proxy-wasm glue over `idemgate_core`.
+//!
+//! [`root`] parses the plugin configuration and owns the metrics; [`http`]
+//! carries out the steps of one request's [`idemgate_core::exchange::Exchange`];
+//! [`host`] is the only module that talks to Envoy, and it handles every host
+//! error instead of unwrapping it (an unwrap here would kill the VM for every
+//! request on the worker).
+
+mod host;
+mod http;
+mod root;
+
+proxy_wasm::main! {{
+    // Also installs a panic hook that logs at Critical.
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
+}}

@@ -1,1 +1,297 @@
+//! Harness for the end-to-end tests: the real Envoy (from `ENVOY_BIN`) with the
+//! built wasm module (`IDEMGATE_WASM`), the real store (`IDEMGATE_STORE_BIN`) on
+//! a fresh SQLite file, and an in-process upstream that counts executions.
+//!
+//! Ports are picked free, readiness is polled, every process is killed on drop,
+//! and when a test fails the Envoy and store logs are printed.
 
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod upstream;
+
+pub use upstream::Upstream;
+
+pub const API_TOKEN: &str = "e2e-api-token";
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+
+fn env_path(name: &str, fallback: &str) -> PathBuf {
+    std::env::var_os(name).map(PathBuf::from).unwrap_or_else(|| repo_root().join(fallback))
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or_else(|e| {
+        panic!("no free port: {e}")
+    })
+}
+
+/// A process whose output goes to a log file we can print on failure.
+pub struct Proc {
+    name: &'static str,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Proc {
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("log file {log:?}: {e}"));
+        let err = out.try_clone().unwrap_or_else(|e| panic!("log file: {e}"));
+        let child = cmd
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Proc { name, child: Some(child), log }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("===== {} log =====\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// Polls `probe` until it is true, or fails the test after `within`.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    poll(what, within, || {
+        let fut = probe();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
+/// Polls `probe` until it yields a value, or fails the test after `within`.
+pub async fn poll<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub upstream: Upstream,
+    pub store: Proc,
+    pub store_port: u16,
+    pub envoy: Proc,
+    pub port: u16,
+    pub admin_port: u16,
+    pub client: reqwest::Client,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let upstream = Upstream::start().await;
+        let store_port = free_port();
+        let store = start_store(dir.path(), store_port);
+        let (port, admin_port) = (free_port(), free_port());
+        let config = std::fs::read_to_string(repo_root().join("envoy/e2e.yaml"))
+            .unwrap_or_else(|e| panic!("envoy/e2e.yaml: {e}"))
+            .replace("port_value: 10000", &format!("port_value: {port}"))
+            .replace("port_value: 9901", &format!("port_value: {admin_port}"))
+            .replace("port_value: 8787", &format!("port_value: {store_port}"))
+            .replace("port_value: 8080", &format!("port_value: {}", upstream.addr.port()))
+            .replace("filename: target/idemgate.wasm", &format!("filename: {}", env_path("IDEMGATE_WASM", "target/idemgate.wasm").display()));
+        let config_path = dir.path().join("envoy.yaml");
+        std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        let envoy_bin = env_path("ENVOY_BIN", ".tools/venv/bin/envoy");
+        let envoy = Proc::spawn(
+            "envoy",
+            Command::new(&envoy_bin)
+                .arg("-c")
+                .arg(&config_path)
+                .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
+                .args(["--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]),
+            dir.path().join("envoy.log"),
+        );
+        let harness = Harness {
+            client: reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_else(|e| panic!("client: {e}")),
+            dir,
+            upstream,
+            store,
+            store_port,
+            envoy,
+            port,
+            admin_port,
+        };
+        harness.wait_store().await;
+        let admin = format!("http://127.0.0.1:{admin_port}/ready");
+        let client = harness.client.clone();
+        eventually("envoy to be ready", Duration::from_secs(60), || {
+            let (client, admin) = (client.clone(), admin.clone());
+            async move { matches!(client.get(&admin).send().await, Ok(r) if r.status() == 200) }
+        })
+        .await;
+        harness
+    }
+
+    pub async fn wait_store(&self) {
+        let url = format!("http://127.0.0.1:{}/readyz", self.store_port);
+        let client = self.client.clone();
+        eventually("the store to be ready", Duration::from_secs(30), || {
+            let (client, url) = (client.clone(), url.clone());
+            async move { matches!(client.get(&url).send().await, Ok(r) if r.status() == 200) }
+        })
+        .await;
+    }
+
+    pub fn restart_store(&mut self) {
+        self.store.kill();
+        self.store = start_store(self.dir.path(), self.store_port);
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// A POST through Envoy with an optional key and tenant.
+    pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        let mut req = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .header("x-tenant-id", "tenant-a")
+            .header("x-user-id", "alice")
+            .body(body.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req
+    }
+
+    /// Envoy's counter value for `name` from the admin stats.
+    pub async fn counter(&self, name: &str) -> u64 {
+        let url = format!("http://127.0.0.1:{}/stats?filter={name}", self.admin_port);
+        let text = match self.client.get(url).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        text.lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter(|(n, _)| n.ends_with(name))
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// The store's admin view of a record, as JSON (`null` when absent).
+    pub async fn record(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
+        let url = format!(
+            "http://127.0.0.1:{}/admin/v1/records?route={route}&tenant={tenant}&principal={principal}&key={key}",
+            self.store_port
+        );
+        match self.client.get(url).bearer_auth(ADMIN_TOKEN).send().await {
+            Ok(r) if r.status() == 200 => r.json_value().await,
+            _ => serde_json::Value::Null,
+        }
+    }
+}
+
+trait JsonValue {
+    async fn json_value(self) -> serde_json::Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> serde_json::Value {
+        let bytes = self.bytes().await.unwrap_or_default();
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+fn start_store(dir: &Path, port: u16) -> Proc {
+    let bin = env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store");
+    Proc::spawn(
+        "store",
+        Command::new(bin)
+            .arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", &format!("sqlite://{}", dir.join("store.db").display())])
+            .args(["--api-token", API_TOKEN, "--admin-token", ADMIN_TOKEN])
+            .env("RUST_LOG", "info"),
+        dir.join(format!("store-{port}.log")),
+    )
+}
+
+/// A parsed answer from Envoy.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    pub async fn of(res: reqwest::Response) -> Answer {
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.bytes().await.unwrap_or_default();
+        Answer { status, headers, body }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The problem `type` slug (after the last `/`), if this is a problem.
+    pub fn problem(&self) -> Option<String> {
+        if self.header("content-type") != Some("application/problem+json") {
+            return None;
+        }
+        let t = self.json().get("type")?.as_str()?.to_string();
+        t.rsplit('/').next().map(str::to_string)
+    }
+}
+
+/// Send a request and collect the answer, failing the test on transport errors.
+pub async fn send(req: reqwest::RequestBuilder) -> Answer {
+    match req.send().await {
+        Ok(res) => Answer::of(res).await,
+        Err(e) => panic!("request failed: {e}"),
+    }
+}
+
+/// Shared execution counts per Idempotency-Key value seen by the upstream.
+pub type Executions = Arc<Mutex<HashMap<String, u64>>>;
+
+pub fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}

@@ -8,6 +8,8 @@
 //!                "tenant": {"header": "x-tenant-id"}}]}
 //! ```
 
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FingerprintSpec;
@@ -21,7 +23,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Problem `type` URIs are `doc_base` + the problem's slug.
     pub doc_base: String,
-    pub policies: Vec<Policy>,
+    /// Shared with every request's exchange without copying.
+    pub policies: Vec<Rc<Policy>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,16 +357,16 @@ impl Config {
         let mut policies = Vec::with_capacity(raw.policies.len());
         for (i, p) in raw.policies.into_iter().enumerate() {
             let policy = p.validate(&format!("policies[{i}]"))?;
-            if policies.iter().any(|q: &Policy| q.name == policy.name) {
+            if policies.iter().any(|q: &Rc<Policy>| q.name == policy.name) {
                 return Err(err(format!("policies[{i}].name"), format!("`{}` is used twice; policy names scope records and must be unique", policy.name)));
             }
-            policies.push(policy);
+            policies.push(Rc::new(policy));
         }
         Ok(Config { store, doc_base, policies })
     }
 
     /// The first policy whose match covers the request.
-    pub fn policy_for(&self, method: &str, host: &str, path: &str) -> Option<&Policy> {
+    pub fn policy_for(&self, method: &str, host: &str, path: &str) -> Option<&Rc<Policy>> {
         self.policies.iter().find(|p| p.matcher.matches(method, host, path))
     }
 }

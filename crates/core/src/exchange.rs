@@ -1,0 +1,559 @@
+//! The filter's brain: one [`Exchange`] per request covered by a policy.
+//!
+//! Sans-IO: the filter feeds in what Envoy tells it (request head, body chunks,
+//! store replies, the upstream's response, the end of the stream) and carries out
+//! the [`Step`] it gets back. Every decision of semantics §4 and §5 is made here
+//! and tested with plain values.
+//!
+//! Once the exchange has answered on its own ([`Step::Respond`]) it ignores the
+//! rest of the stream: Envoy runs our own local reply back through the response
+//! callbacks, and that must never be completed as if the upstream had sent it.
+
+use std::rc::Rc;
+
+use crate::config::{Config, FailureMode, Identity, InFlight, Mode, Policy};
+use crate::fingerprint::Fingerprinter;
+use crate::key::{parse_key, KeyError};
+use crate::problem::{Problem, ProblemKind};
+use crate::protocol::{
+    decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+    CLAIM_PATH, COMPLETE_PATH, FRAME_CONTENT_TYPE, MARK_UNKNOWN_PATH, RELEASE_PATH,
+};
+use crate::scope::{Namespace, Scope, EVERYONE};
+use crate::Reply;
+
+/// What the filter must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Let the stream go on (resume it if it was held).
+    Continue,
+    /// Hold the stream: more input is needed.
+    Pause,
+    /// Send this to the store and hold the stream until its reply arrives.
+    Call(StoreCall),
+    /// Answer the client locally; the exchange is over.
+    Respond(Reply),
+}
+
+/// An HTTP call to the store, complete with every header it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreCall {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// What the filter found in the request headers, read according to the policy.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHead {
+    pub method: String,
+    /// Path with query.
+    pub path: String,
+    /// Raw values of every `Idempotency-Key` field line.
+    pub key_fields: Vec<Vec<u8>>,
+    /// From the policy's tenant source; `None` when absent.
+    pub tenant: Option<Vec<u8>>,
+    pub principal: Option<Vec<u8>>,
+    /// The policy's fingerprint headers that are present, in policy order.
+    pub fingerprint_headers: Vec<(String, Vec<u8>)>,
+    pub content_length: Option<u64>,
+    /// The request has no body.
+    pub end_of_stream: bool,
+}
+
+/// Where a response came from, told apart by Envoy's `response.code_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Upstream,
+    /// Envoy answered without ever reaching the upstream (connect failure, no
+    /// healthy host): nothing was executed.
+    NeverReached,
+    /// Envoy answered after forwarding (reset, timeout): the upstream may have acted.
+    LostAfterForwarding,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub origin: Origin,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub content_length: Option<u64>,
+    pub end_of_stream: bool,
+}
+
+/// The store's answer to a call: status and body, or no answer at all (reset,
+/// timeout, dispatch failure).
+pub type StoreAnswer = Option<(u16, Vec<u8>)>;
+
+/// How the request was classified, for metrics (`as_str` is the metric name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    Owned,
+    Replayed,
+    Conflict,
+    Mismatch,
+    Missing,
+    Invalid,
+    TooLarge,
+    IdentityMissing,
+    Expired,
+    Unknown,
+    StoreError,
+    FailOpen,
+    WouldReplay,
+    WouldConflict,
+    WouldReject,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 16] = [
+        Outcome::Passed,
+        Outcome::Owned,
+        Outcome::Replayed,
+        Outcome::Conflict,
+        Outcome::Mismatch,
+        Outcome::Missing,
+        Outcome::Invalid,
+        Outcome::TooLarge,
+        Outcome::IdentityMissing,
+        Outcome::Expired,
+        Outcome::Unknown,
+        Outcome::StoreError,
+        Outcome::FailOpen,
+        Outcome::WouldReplay,
+        Outcome::WouldConflict,
+        Outcome::WouldReject,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Passed => "passed",
+            Outcome::Owned => "owned",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::Mismatch => "mismatch",
+            Outcome::Missing => "missing",
+            Outcome::Invalid => "invalid",
+            Outcome::TooLarge => "too_large",
+            Outcome::IdentityMissing => "identity_missing",
+            Outcome::Expired => "expired",
+            Outcome::Unknown => "unknown",
+            Outcome::StoreError => "store_error",
+            Outcome::FailOpen => "fail_open",
+            Outcome::WouldReplay => "would_replay",
+            Outcome::WouldConflict => "would_conflict",
+            Outcome::WouldReject => "would_reject",
+        }
+    }
+}
+
+/// What became of an owned request's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    Completed,
+    Released,
+    MarkedUnknown,
+    /// The store refused (stale fence) or could not be reached; the lease will
+    /// turn the record unknown.
+    Failed,
+}
+
+impl Settlement {
+    pub const ALL: [Settlement; 4] =
+        [Settlement::Completed, Settlement::Released, Settlement::MarkedUnknown, Settlement::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Completed => "completed",
+            Settlement::Released => "released",
+            Settlement::MarkedUnknown => "marked_unknown",
+            Settlement::Failed => "settle_failed",
+        }
+    }
+}
+
+enum State {
+    /// Not ours to dedupe: everything flows untouched.
+    Passing,
+    /// We answered locally; our own reply must not be treated as the upstream's.
+    Answered,
+    ReadingBody { fingerprint: Fingerprinter, seen: usize },
+    Claiming,
+    Forwarded { fence: u64 },
+    Capturing { fence: u64, status: u16, headers: Vec<(String, String)>, body: Option<Vec<u8>> },
+    /// A complete / release / mark-unknown call is in flight.
+    Settling { as_: Settlement },
+    Done,
+}
+
+pub struct Exchange {
+    config: Rc<Config>,
+    policy: Rc<Policy>,
+    scope: Option<Scope>,
+    state: State,
+    outcome: Outcome,
+    settlement: Option<Settlement>,
+}
+
+impl Exchange {
+    /// Starts the exchange from the request headers.
+    pub fn begin(config: Rc<Config>, policy: Rc<Policy>, head: RequestHead) -> (Exchange, Step) {
+        let mut ex = Exchange { config, policy, scope: None, state: State::Passing, outcome: Outcome::Passed, settlement: None };
+        let step = ex.start(head);
+        (ex, step)
+    }
+
+    /// A short hash naming the record in logs (never the raw key).
+    pub fn log_id(&self) -> Option<String> {
+        self.scope.as_ref().map(Scope::log_id)
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    pub fn settlement(&self) -> Option<Settlement> {
+        self.settlement
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether the response path should run at all (and strip `Idempotency-Control`).
+    pub fn owns_response(&self) -> bool {
+        matches!(self.state, State::Forwarded { .. } | State::Capturing { .. } | State::Settling { .. })
+    }
+
+    fn start(&mut self, head: RequestHead) -> Step {
+        let fields: Vec<&[u8]> = head.key_fields.iter().map(Vec::as_slice).collect();
+        let key = match parse_key(&fields, &self.policy.key_rules) {
+            Ok(Some(key)) => key,
+            Ok(None) if self.policy.require_key => {
+                return self.reject(Outcome::Missing, Problem::new(ProblemKind::KeyMissing, format!(
+                    "{} {} requires an Idempotency-Key header, e.g. Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                    head.method, self.policy.name
+                )));
+            }
+            Ok(None) => return Step::Continue,
+            Err(e) => return self.reject(Outcome::Invalid, key_problem(&e)),
+        };
+        let (tenant, principal) = match identity(&self.policy.identity, &head) {
+            Ok(ids) => ids,
+            Err(detail) => return self.reject(Outcome::IdentityMissing, Problem::new(ProblemKind::IdentityMissing, detail)),
+        };
+        let scope = match Scope::new(&tenant, &principal, &self.policy.name, Namespace::Client, key) {
+            Ok(scope) => scope,
+            Err(_) => {
+                return self.reject(
+                    Outcome::IdentityMissing,
+                    Problem::new(ProblemKind::IdentityMissing, "the request's identity is not usable: it must be 1-255 characters without control characters"),
+                );
+            }
+        };
+        self.scope = Some(scope);
+        if head.content_length.is_some_and(|n| n > self.policy.max_request_body as u64) {
+            return self.too_large();
+        }
+        let fingerprint =
+            Fingerprinter::new(&self.policy.fingerprint, &head.method, &self.policy.name, &head.path, &head.fingerprint_headers);
+        if head.end_of_stream {
+            return self.claim(fingerprint);
+        }
+        self.state = State::ReadingBody { fingerprint, seen: 0 };
+        Step::Pause
+    }
+
+    /// A chunk of the request body (empty with `end_of_stream` for trailers).
+    pub fn request_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
+        let State::ReadingBody { fingerprint, seen } = &mut self.state else {
+            return Step::Continue;
+        };
+        *seen += chunk.len();
+        if *seen > self.policy.max_request_body {
+            return self.too_large();
+        }
+        fingerprint.push(chunk);
+        if !end_of_stream {
+            return Step::Pause;
+        }
+        match std::mem::replace(&mut self.state, State::Claiming) {
+            State::ReadingBody { fingerprint, .. } => self.claim(fingerprint),
+            _ => Step::Continue,
+        }
+    }
+
+    fn claim(&mut self, fingerprint: Fingerprinter) -> Step {
+        let Some(scope) = self.scope.clone() else { return Step::Continue };
+        let wait_ms = match self.policy.in_flight {
+            InFlight::Conflict => 0,
+            InFlight::Wait { max_ms } => max_ms,
+        };
+        let request = ClaimRequest {
+            scope,
+            fingerprint: fingerprint.finish(),
+            lease_ms: self.policy.lease_ms,
+            ttl_ms: self.policy.ttl_ms,
+            wait_ms,
+            after_expiry: self.policy.after_expiry,
+            on_unknown: self.policy.on_unknown,
+        };
+        self.state = State::Claiming;
+        Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
+    }
+
+    /// The store answered (or failed to answer) the call last returned.
+    pub fn store_reply(&mut self, answer: StoreAnswer) -> Step {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Claiming => self.claimed(answer),
+            State::Settling { as_ } => {
+                let done = matches!(&answer, Some((200, body)) if serde_json::from_slice::<FenceReply>(body).ok() == Some(FenceReply::Done));
+                self.settlement = Some(if done { as_ } else { Settlement::Failed });
+                Step::Continue
+            }
+            other => {
+                self.state = other;
+                Step::Continue
+            }
+        }
+    }
+
+    fn claimed(&mut self, answer: StoreAnswer) -> Step {
+        let reply = match answer {
+            Some((200, body)) => decode_frame::<ClaimReply>(&body).map(|(meta, bytes)| (meta, bytes.to_vec())).ok(),
+            _ => None,
+        };
+        let Some((reply, body)) = reply else {
+            return match self.policy.failure_mode {
+                FailureMode::Open => self.pass(Outcome::FailOpen),
+                FailureMode::Closed => self.reject(
+                    Outcome::StoreError,
+                    Problem::new(ProblemKind::StoreUnavailable, "the idempotency store could not be reached; the request was not forwarded, retry later with the same key").retry_after(1),
+                ),
+            };
+        };
+        match reply {
+            ClaimReply::Owned { fence } => {
+                self.outcome = Outcome::Owned;
+                self.state = State::Forwarded { fence };
+                Step::Continue
+            }
+            ClaimReply::Replay { status, headers, .. } => {
+                if self.policy.mode == Mode::Observe {
+                    return self.pass(Outcome::WouldReplay);
+                }
+                self.outcome = Outcome::Replayed;
+                self.state = State::Answered;
+                let mut headers: Vec<(String, String)> =
+                    headers.into_iter().filter(|(name, _)| self.policy.replays_header(name)).collect();
+                headers.push(("idempotent-replayed".into(), "true".into()));
+                Step::Respond(Reply { status, headers, body })
+            }
+            ClaimReply::ResultUnavailable { original_status, completed_at } => self.reject(
+                Outcome::Conflict,
+                Problem::new(ProblemKind::ResultUnavailable, "this key's request was completed, but its response was too large to keep for replay")
+                    .original_status(original_status)
+                    .completed_at(Some(completed_at)),
+            ),
+            ClaimReply::InProgress { retry_after_ms } => self.reject(
+                Outcome::Conflict,
+                Problem::new(ProblemKind::RequestInProgress, "a request with this key is still being processed; retry after the indicated time")
+                    .retry_after(retry_after_ms.div_ceil(1000)),
+            ),
+            ClaimReply::Mismatch => self.reject(
+                Outcome::Mismatch,
+                Problem::new(ProblemKind::KeyReused, "this key was already used for a different request; use a new key for a new request"),
+            ),
+            ClaimReply::Unknown => self.reject(
+                Outcome::Unknown,
+                Problem::new(ProblemKind::OutcomeUnknown, "the outcome of the request first sent with this key is unknown; reconcile before retrying with a new key"),
+            ),
+            ClaimReply::Expired { completed_at } => self.reject(
+                Outcome::Expired,
+                Problem::new(ProblemKind::KeyExpired, "this key has expired; if the original request must be repeated, send it with a new key")
+                    .completed_at(completed_at),
+            ),
+        }
+    }
+
+    /// The response headers. Only an owned request's response is captured.
+    pub fn response_headers(&mut self, head: ResponseHead) -> Step {
+        let State::Forwarded { fence } = self.state else {
+            return Step::Continue;
+        };
+        let control = head
+            .headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("idempotency-control"))
+            .map(|(_, value)| value.trim_ascii().to_ascii_lowercase());
+        match head.origin {
+            Origin::NeverReached => return self.settle(fence, Settlement::Released),
+            Origin::LostAfterForwarding => return self.settle(fence, Settlement::MarkedUnknown),
+            Origin::Upstream => {}
+        }
+        match control.as_deref() {
+            Some(b"no-store") => return self.settle(fence, Settlement::Released),
+            Some(b"uncertain") => return self.settle(fence, Settlement::MarkedUnknown),
+            _ => {}
+        }
+        if self.policy.releases_on(head.status) {
+            return self.settle(fence, Settlement::Released);
+        }
+        let headers = head
+            .headers
+            .into_iter()
+            .filter(|(name, _)| self.policy.replays_header(name))
+            .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name.to_ascii_lowercase(), v)))
+            .collect();
+        let fits = head.content_length.is_none_or(|n| n <= self.policy.max_stored_body as u64);
+        let streaming = !fits;
+        self.state = State::Capturing { fence, status: head.status, headers, body: fits.then(Vec::new) };
+        if head.end_of_stream {
+            return self.complete();
+        }
+        if streaming {
+            Step::Continue
+        } else {
+            Step::Pause
+        }
+    }
+
+    /// A chunk of an owned response's body.
+    pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
+        let State::Capturing { body, .. } = &mut self.state else {
+            return Step::Continue;
+        };
+        let streaming = match body {
+            Some(kept) if kept.len() + chunk.len() <= self.policy.max_stored_body => {
+                kept.extend_from_slice(chunk);
+                false
+            }
+            // Too large to keep: let it stream and complete without the body.
+            _ => {
+                *body = None;
+                true
+            }
+        };
+        if end_of_stream {
+            self.complete()
+        } else if streaming {
+            Step::Continue
+        } else {
+            Step::Pause
+        }
+    }
+
+    fn complete(&mut self) -> Step {
+        let State::Capturing { fence, status, headers, body } = std::mem::replace(&mut self.state, State::Done) else {
+            return Step::Continue;
+        };
+        let Some(scope) = self.scope.clone() else { return Step::Continue };
+        let body_stored = body.is_some();
+        let request = CompleteRequest { scope, fence, status, headers, body_stored };
+        let frame = encode_frame(&request, body.as_deref().unwrap_or_default());
+        self.state = State::Settling { as_: Settlement::Completed };
+        Step::Call(self.call(COMPLETE_PATH, frame, 0))
+    }
+
+    fn settle(&mut self, fence: u64, as_: Settlement) -> Step {
+        match self.settle_call(fence, as_) {
+            Some(call) => {
+                self.state = State::Settling { as_ };
+                Step::Call(call)
+            }
+            None => Step::Continue,
+        }
+    }
+
+    fn settle_call(&self, fence: u64, as_: Settlement) -> Option<StoreCall> {
+        let path = match as_ {
+            Settlement::Released => RELEASE_PATH,
+            Settlement::MarkedUnknown => MARK_UNKNOWN_PATH,
+            Settlement::Completed | Settlement::Failed => return None,
+        };
+        let scope = self.scope.clone()?;
+        Some(self.call(path, encode_frame(&FenceRequest { scope, fence }, &[]), 0))
+    }
+
+    /// The stream is over (Envoy's `on_log`). If the upstream had the request
+    /// and its response never fully came back, nobody knows whether it acted:
+    /// returns the call that marks the record unknown.
+    pub fn finish(&mut self) -> Option<StoreCall> {
+        let fence = match self.state {
+            State::Forwarded { fence } | State::Capturing { fence, .. } => fence,
+            _ => return None,
+        };
+        self.state = State::Done;
+        self.settlement = Some(Settlement::MarkedUnknown);
+        self.settle_call(fence, Settlement::MarkedUnknown)
+    }
+
+    fn call(&self, path: &str, body: Vec<u8>, extra_ms: u64) -> StoreCall {
+        let store = &self.config.store;
+        StoreCall {
+            headers: vec![
+                (":method".into(), "POST".into()),
+                (":path".into(), path.into()),
+                (":authority".into(), store.authority.clone()),
+                ("authorization".into(), format!("Bearer {}", store.token)),
+                ("content-type".into(), FRAME_CONTENT_TYPE.into()),
+            ],
+            body,
+            timeout_ms: store.timeout_ms.saturating_add(extra_ms),
+        }
+    }
+
+    /// Answer with a problem, or in observe mode note what would have happened
+    /// and let the request through.
+    fn reject(&mut self, outcome: Outcome, problem: Problem) -> Step {
+        if self.policy.mode == Mode::Observe {
+            let would = match outcome {
+                Outcome::Conflict | Outcome::Unknown => Outcome::WouldConflict,
+                Outcome::StoreError => Outcome::StoreError,
+                _ => Outcome::WouldReject,
+            };
+            return self.pass(would);
+        }
+        self.outcome = outcome;
+        self.state = State::Answered;
+        Step::Respond(problem.render(&self.config.doc_base))
+    }
+
+    fn pass(&mut self, outcome: Outcome) -> Step {
+        self.outcome = outcome;
+        self.state = State::Passing;
+        Step::Continue
+    }
+
+    fn too_large(&mut self) -> Step {
+        let max = self.policy.max_request_body;
+        self.reject(
+            Outcome::TooLarge,
+            Problem::new(ProblemKind::BodyTooLarge, format!("the request body exceeds the {max}-byte limit for idempotent requests on this route")),
+        )
+    }
+}
+
+fn key_problem(e: &KeyError) -> Problem {
+    Problem::new(ProblemKind::KeyInvalid, e.to_string())
+}
+
+/// `(tenant, principal)` for the scope, or the problem's detail.
+fn identity(identity: &Identity, head: &RequestHead) -> Result<(String, String), String> {
+    let Identity::Sourced { principal, .. } = identity else {
+        return Ok((EVERYONE.into(), EVERYONE.into()));
+    };
+    let read = |value: &Option<Vec<u8>>, what: &str| -> Result<String, String> {
+        match value.as_deref() {
+            None | Some([]) => Err(format!("this route requires an authenticated {what}, and the request carries none")),
+            Some(bytes) => String::from_utf8(bytes.to_vec()).map_err(|_| format!("the request's {what} is not valid UTF-8")),
+        }
+    };
+    let tenant = read(&head.tenant, "tenant")?;
+    let principal = match principal {
+        Some(_) => read(&head.principal, "principal")?,
+        None => EVERYONE.into(),
+    };
+    Ok((tenant, principal))
+}

@@ -1,0 +1,103 @@
+//! Every call into Envoy goes through here. Host errors become `None`/`false`
+//! and a log line, never a panic; untrusted header values stay bytes.
+
+use std::time::Duration;
+
+use idemgate_core::exchange::{StoreAnswer, StoreCall};
+use idemgate_core::Reply;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
+
+pub fn log(level: LogLevel, message: &str) {
+    let _ = hostcalls::log(level, message);
+}
+
+pub fn plugin_configuration() -> Option<Bytes> {
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+}
+
+pub fn counter(name: &str) -> Option<u32> {
+    hostcalls::define_metric(MetricType::Counter, name).ok()
+}
+
+pub fn increment(metric: Option<u32>) {
+    if let Some(id) = metric {
+        let _ = hostcalls::increment_metric(id, 1);
+    }
+}
+
+pub fn request_headers() -> Vec<(String, Bytes)> {
+    hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+}
+
+pub fn response_headers() -> Vec<(String, Bytes)> {
+    hostcalls::get_map_bytes(MapType::HttpResponseHeaders).unwrap_or_default()
+}
+
+pub fn remove_response_header(name: &str) {
+    let _ = hostcalls::remove_map_value(MapType::HttpResponseHeaders, name);
+}
+
+pub fn property(path: &[&str]) -> Option<Bytes> {
+    hostcalls::get_property(path.to_vec()).ok().flatten()
+}
+
+pub fn request_body(start: usize, size: usize) -> Bytes {
+    read_buffer(BufferType::HttpRequestBody, start, size)
+}
+
+pub fn response_body(start: usize, size: usize) -> Bytes {
+    read_buffer(BufferType::HttpResponseBody, start, size)
+}
+
+fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
+    if size == 0 {
+        return Vec::new();
+    }
+    hostcalls::get_buffer(buffer, start, size).ok().flatten().unwrap_or_default()
+}
+
+pub fn resume_request() {
+    if hostcalls::resume_http_request().is_err() {
+        log(LogLevel::Warn, "idemgate: could not resume the request");
+    }
+}
+
+pub fn resume_response() {
+    if hostcalls::resume_http_response().is_err() {
+        log(LogLevel::Warn, "idemgate: could not resume the response");
+    }
+}
+
+pub fn send_reply(reply: &Reply) {
+    let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    if hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body)).is_err() {
+        log(LogLevel::Error, "idemgate: could not send a local reply; resetting the stream");
+        let _ = hostcalls::reset_http_request();
+    }
+}
+
+/// Dispatches a store call; `None` when Envoy refuses it (unknown cluster, no
+/// healthy host), which the caller treats as an unreachable store.
+pub fn dispatch(cluster: &str, call: &StoreCall) -> Option<u32> {
+    let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let timeout = Duration::from_millis(call.timeout_ms.max(1));
+    match hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout) {
+        Ok(token) => Some(token),
+        Err(status) => {
+            log(LogLevel::Warn, &format!("idemgate: store call to cluster {cluster} refused: {status:?}"));
+            None
+        }
+    }
+}
+
+/// Reads the store's reply inside `on_http_call_response`. No headers means
+/// the call was reset or timed out; asking for a header then would panic.
+pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {
+    if num_headers == 0 {
+        return None;
+    }
+    let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten()?;
+    let status = std::str::from_utf8(&status).ok()?.parse::<u16>().ok()?;
+    Some((status, read_buffer(BufferType::HttpCallResponseBody, 0, body_size)))
+}

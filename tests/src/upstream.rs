@@ -1,0 +1,109 @@
+//! An upstream that counts how often each Idempotency-Key was executed, with
+//! knobs (request headers) to be slow, fail, reset or answer big.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::Executions;
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    executions: Executions,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Debug)]
+struct Reset;
+
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reset on request")
+    }
+}
+
+impl std::error::Error for Reset {}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("upstream bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("upstream addr: {e}"));
+        let executions: Executions = Arc::default();
+        let counter = Arc::new(AtomicU64::new(0));
+        let shared = executions.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (executions, counter) = (shared.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(req, executions.clone(), counter.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        Upstream { addr, executions, task }
+    }
+
+    /// How many times a request with this key reached the upstream.
+    pub fn executions(&self, key: &str) -> u64 {
+        self.executions.lock().map(|m| m.get(key).copied().unwrap_or(0)).unwrap_or(0)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.executions.lock().map(|m| m.values().sum()).unwrap_or(0)
+    }
+}
+
+async fn handle(req: Request<Incoming>, executions: Executions, counter: Arc<AtomicU64>) -> Result<Response<Full<Bytes>>, Reset> {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let key = header("idempotency-key").unwrap_or_default();
+    let delay: u64 = header("x-test-delay-ms").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let status: u16 = header("x-test-status").and_then(|v| v.parse().ok()).unwrap_or(201);
+    let control = header("x-test-control");
+    let reset = header("x-test-reset").is_some();
+    let big: Option<usize> = header("x-test-body-size").and_then(|v| v.parse().ok());
+    let path = req.uri().path().to_string();
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    if let Ok(mut m) = executions.lock() {
+        *m.entry(key.clone()).or_default() += 1;
+    }
+    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    if reset {
+        return Err(Reset);
+    }
+    let payload = match big {
+        Some(size) => Bytes::from(vec![b'x'; size]),
+        None => Bytes::from(
+            serde_json::json!({"execution": n, "path": path, "request": String::from_utf8_lossy(&body)}).to_string(),
+        ),
+    };
+    let mut res = Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("location", format!("/pay/{n}"))
+        .header("x-payment-id", format!("pay_{n}"))
+        .header("x-not-replayed", "1")
+        .header("set-cookie", "session=secret");
+    if let Some(control) = control {
+        res = res.header("idempotency-control", control);
+    }
+    Ok(res.body(Full::new(payload)).unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+}
+

@@ -1,0 +1,349 @@
+//! One test per row of the contract's answer table (semantics §4) and stored
+//! outcomes (§5), plus concurrency, hostile input and store failure, all
+//! through the real Envoy with the real store behind it.
+
+use std::time::Duration;
+
+use e2e::{eventually, poll, send, Answer, Harness};
+
+fn key(label: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{label}-{nanos:x}-{}", N.fetch_add(1, Ordering::SeqCst))
+}
+
+fn assert_problem(answer: &Answer, status: u16, slug: &str) {
+    assert_eq!(answer.status, status, "status of {answer:?}");
+    assert_eq!(answer.problem().as_deref(), Some(slug), "problem type of {answer:?}");
+    assert_eq!(answer.header("cache-control"), Some("no-store"));
+    let link = answer.header("link").unwrap_or_default();
+    assert!(link.contains(slug) && link.ends_with("rel=\"describedby\""), "link header {link:?}");
+    assert_eq!(answer.json()["status"], status);
+}
+
+const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR", "client_time": "10:00"}"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_no_policy_covers_is_untouched() {
+    let h = Harness::start().await;
+    let k = key("free");
+    for _ in 0..2 {
+        let a = send(h.post("/free", Some(&k), PAYMENT)).await;
+        assert_eq!(a.status, 201);
+        assert!(a.header("idempotent-replayed").is_none());
+    }
+    assert_eq!(h.upstream.executions(&k), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_required_key_is_rejected_without_calling_the_upstream() {
+    let h = Harness::start().await;
+    let a = send(h.post("/pay", None, PAYMENT)).await;
+    assert_problem(&a, 400, "key-missing");
+    assert_eq!(h.upstream.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_optional_key_passes_without_dedupe() {
+    let h = Harness::start().await;
+    for _ in 0..2 {
+        assert_eq!(send(h.post("/optional", None, PAYMENT)).await.status, 201);
+    }
+    assert_eq!(h.upstream.executions(""), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_and_repeated_keys_are_rejected() {
+    let h = Harness::start().await;
+    let long = "k".repeat(256);
+    for bad in ["", "\"\"", "\"unterminated", "has space", &long] {
+        let a = send(h.post("/pay", Some(bad), PAYMENT)).await;
+        assert_problem(&a, 400, "key-invalid");
+    }
+    let twice = h.post("/pay", None, PAYMENT).header("idempotency-key", "one").header("idempotency-key", "two");
+    assert_problem(&send(twice).await, 400, "key-invalid");
+    let strict = send(h.post("/strict", Some("bare-token"), PAYMENT)).await;
+    assert_problem(&strict, 400, "key-invalid");
+    assert_eq!(h.upstream.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completed_key_replays_the_stored_response_byte_for_byte() {
+    let h = Harness::start().await;
+    let k = key("pay");
+    let first = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_eq!(first.status, 201);
+    assert!(first.header("set-cookie").is_some());
+    // Same key, same request in another JSON spelling and a changed excluded field.
+    let respelled = r#"{ "currency":"EUR","amount":4200.0, "client_time": "10:05" }"#;
+    let quoted = format!("\"{k}\"");
+    let again = send(h.post("/pay", Some(&quoted), respelled)).await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    for name in ["location", "content-type", "x-payment-id"] {
+        assert_eq!(again.header(name), first.header(name), "{name}");
+    }
+    assert!(again.header("set-cookie").is_none());
+    assert!(again.header("x-not-replayed").is_none());
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reused_key_with_another_request_gets_422_in_every_state() {
+    let h = Harness::start().await;
+    let k = key("reuse");
+    let slow = h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "1500");
+    let first = tokio::spawn(send(slow));
+    let executed = || async { h.upstream.executions(&k) == 1 };
+    eventually("the first request to reach the upstream", Duration::from_secs(10), executed).await;
+    // In progress: 422 is checked before 409.
+    let other = r#"{"amount": 1, "currency": "EUR"}"#;
+    assert_problem(&send(h.post("/pay", Some(&k), other)).await, 422, "key-reused");
+    assert_eq!(first.await.map(|a| a.status).ok(), Some(201));
+    assert_problem(&send(h.post("/pay", Some(&k), other)).await, 422, "key-reused");
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_in_progress_gets_409_with_retry_after() {
+    let h = Harness::start().await;
+    let k = key("busy");
+    let first = tokio::spawn(send(h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "1500")));
+    eventually("the first request to reach the upstream", Duration::from_secs(10), || async { h.upstream.executions(&k) == 1 }).await;
+    let busy = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&busy, 409, "request-in-progress");
+    let retry: u64 = busy.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(retry >= 1, "retry-after {retry}");
+    assert_eq!(first.await.map(|a| a.status).ok(), Some(201));
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_wait_an_in_progress_key_gets_the_result_when_it_is_ready() {
+    let h = Harness::start().await;
+    let k = key("wait");
+    let first = tokio::spawn(send(h.post("/wait", Some(&k), PAYMENT).header("x-test-delay-ms", "800")));
+    eventually("the first request to reach the upstream", Duration::from_secs(10), || async { h.upstream.executions(&k) == 1 }).await;
+    let waited = send(h.post("/wait", Some(&k), PAYMENT)).await;
+    let first = first.await.ok();
+    assert_eq!(waited.status, 201);
+    assert_eq!(waited.header("idempotent-replayed"), Some("true"));
+    assert_eq!(Some(&waited.body), first.as_ref().map(|a| &a.body));
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_simultaneous_duplicates_execute_once() {
+    let h = Harness::start().await;
+    let k = key("herd");
+    let mut all = Vec::new();
+    for _ in 0..50 {
+        all.push(tokio::spawn(send(h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "500"))));
+    }
+    let (mut created, mut conflicts) = (0, 0);
+    for task in all {
+        match task.await.ok() {
+            Some(a) if a.status == 201 && a.header("idempotent-replayed").is_none() => created += 1,
+            Some(a) if a.status == 201 => {}
+            Some(a) => {
+                assert_problem(&a, 409, "request-in-progress");
+                conflicts += 1;
+            }
+            None => panic!("a request task failed"),
+        }
+    }
+    assert_eq!(created, 1);
+    assert!(conflicts >= 1);
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_key_from_another_tenant_or_on_another_route_is_another_record() {
+    let h = Harness::start().await;
+    let k = key("shared");
+    let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    let b = send(h.post("/pay", Some(&k), PAYMENT).header("x-tenant-id", "tenant-b")).await;
+    let c = send(h.post("/pay", Some(&k), PAYMENT).header("x-user-id", "bob")).await;
+    let d = send(h.post("/refund", Some(&k), PAYMENT)).await;
+    for other in [&b, &c, &d] {
+        assert_eq!(other.status, 201);
+        assert!(other.header("idempotent-replayed").is_none());
+        assert_ne!(other.header("location"), a.header("location"));
+    }
+    assert_eq!(h.upstream.executions(&k), 4);
+    let anonymous = send(h.post("/pay", Some(&k), PAYMENT).header("x-tenant-id", "")).await;
+    assert_problem(&anonymous, 400, "identity-missing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_key_is_rejected_or_renewed_as_the_policy_says() {
+    let h = Harness::start().await;
+    let (k1, k2) = (key("ttl"), key("renew"));
+    assert_eq!(send(h.post("/ttl", Some(&k1), PAYMENT)).await.status, 201);
+    assert_eq!(send(h.post("/renew", Some(&k2), PAYMENT)).await.status, 201);
+    let expired = poll("the key to expire", Duration::from_secs(10), || async {
+        let a = send(h.post("/ttl", Some(&k1), PAYMENT)).await;
+        (a.status != 201).then_some(a)
+    })
+    .await;
+    assert_problem(&expired, 422, "key-expired");
+    assert!(expired.json()["completed_at"].is_string());
+    eventually("the renewable key to run again", Duration::from_secs(10), || async {
+        send(h.post("/renew", Some(&k2), PAYMENT)).await;
+        h.upstream.executions(&k2) == 2
+    })
+    .await;
+    assert_eq!(h.upstream.executions(&k1), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_the_upstream_produced_are_stored_and_replayed() {
+    let h = Harness::start().await;
+    for status in ["400", "500"] {
+        let k = key(status);
+        let first = send(h.post("/pay", Some(&k), PAYMENT).header("x-test-status", status)).await;
+        let again = send(h.post("/pay", Some(&k), PAYMENT)).await;
+        assert_eq!(again.status.to_string(), status);
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert_eq!(again.body, first.body);
+        assert_eq!(h.upstream.executions(&k), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_before_acting_release_the_key() {
+    let h = Harness::start().await;
+    let cases = [("/pay", "x-test-status", "429"), ("/pay", "x-test-status", "408"), ("/pay", "x-test-control", "no-store"), ("/accounts/7/charges", "x-test-status", "503")];
+    for (path, knob, value) in cases {
+        let k = key("release");
+        let first = send(h.post(path, Some(&k), PAYMENT).header(knob, value)).await;
+        assert!(first.header("idempotency-control").is_none());
+        let again = send(h.post(path, Some(&k), PAYMENT)).await;
+        assert_eq!(again.status, 201, "{path} {knob}={value}");
+        assert!(again.header("idempotent-replayed").is_none());
+        assert_eq!(h.upstream.executions(&k), 2, "{path} {knob}={value}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uncertain_upstream_makes_the_outcome_unknown() {
+    let h = Harness::start().await;
+    let k = key("uncertain");
+    let first = send(h.post("/pay", Some(&k), PAYMENT).header("x-test-control", "uncertain")).await;
+    assert_eq!(first.status, 201);
+    assert!(first.header("idempotency-control").is_none());
+    let again = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&again, 409, "outcome-unknown");
+    assert!(again.header("retry-after").is_none());
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_reset_or_timeout_after_forwarding_makes_the_outcome_unknown() {
+    let h = Harness::start().await;
+    let reset = key("reset");
+    let first = send(h.post("/pay", Some(&reset), PAYMENT).header("x-test-reset", "1")).await;
+    assert!(first.status >= 500, "{first:?}");
+    let timeout = key("timeout");
+    let slow = send(h.post("/timeout", Some(&timeout), PAYMENT).header("x-test-delay-ms", "2500")).await;
+    assert_eq!(slow.status, 504);
+    for (path, k) in [("/pay", &reset), ("/timeout", &timeout)] {
+        let again = send(h.post(path, Some(k), PAYMENT)).await;
+        assert_problem(&again, 409, "outcome-unknown");
+        assert_eq!(h.upstream.executions(k), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_never_reached_releases_the_key() {
+    let h = Harness::start().await;
+    let k = key("unreachable");
+    for _ in 0..2 {
+        let a = send(h.post("/unreachable", Some(&k), PAYMENT)).await;
+        assert_eq!(a.status, 503);
+        assert!(a.problem().is_none(), "the retry must reach the router again, not a conflict: {a:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_over_the_limits_are_refused_or_streamed_without_storing() {
+    let h = Harness::start().await;
+    let big_request = format!("{{\"pad\": \"{}\"}}", "x".repeat(100));
+    assert_problem(&send(h.post("/small", Some(&key("big")), &big_request)).await, 413, "body-too-large");
+    let k = key("big-response");
+    let first = send(h.post("/small", Some(&k), "{}").header("x-test-body-size", "5000")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len(), 5000);
+    let again = send(h.post("/small", Some(&k), "{}")).await;
+    assert_problem(&again, 409, "result-unavailable");
+    assert_eq!(again.json()["original_status"], 201);
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
+    let h = Harness::start().await;
+    let k = key("observe");
+    for _ in 0..2 {
+        let a = send(h.post("/observe", Some(&k), PAYMENT)).await;
+        assert_eq!(a.status, 201);
+        assert!(a.header("idempotent-replayed").is_none());
+    }
+    assert_eq!(send(h.post("/observe", None, PAYMENT)).await.status, 201);
+    assert_eq!(h.upstream.executions(&k), 2);
+    eventually("observe counters", Duration::from_secs(10), || async {
+        h.counter("idemgate.requests.would_replay").await >= 1 && h.counter("idemgate.requests.would_reject").await >= 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_store_fails_closed_and_service_resumes_when_it_returns() {
+    let mut h = Harness::start().await;
+    h.store.kill();
+    let k = key("dead");
+    let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&a, 503, "store-unavailable");
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(h.upstream.executions(&k), 0);
+    let open = key("open");
+    assert_eq!(send(h.post("/open", Some(&open), PAYMENT)).await.status, 201);
+    assert_eq!(h.upstream.executions(&open), 1);
+    h.restart_store();
+    h.wait_store().await;
+    assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
+    assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.header("idempotent-replayed"), Some("true"));
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
+    let h = Harness::start().await;
+    let huge = "k".repeat(10 * 1024);
+    let hostile: Vec<Vec<u8>> = vec![b"\xff\xfe\xfd".to_vec(), b"caf\xc3\xa9".to_vec(), huge.into_bytes(), b"\"a\\qb\"".to_vec()];
+    for bytes in hostile {
+        let value = reqwest::header::HeaderValue::from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+        let a = send(h.post("/pay", None, PAYMENT).header("idempotency-key", value)).await;
+        assert_problem(&a, 400, "key-invalid");
+    }
+    // Control characters never reach the filter: Envoy's codec refuses them.
+    let raw = raw_request(h.port, b"POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: a\x01b\r\ncontent-length: 2\r\n\r\n{}").await;
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    // Fresh connections spread over both workers; every one must still work.
+    for i in 0..20 {
+        let k = key(&format!("alive-{i}"));
+        assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
+    }
+    assert!(!h.envoy.log().contains("panicked"), "a VM panicked");
+}
+
+async fn raw_request(port: u16, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(e2e::addr(port)).await.unwrap_or_else(|e| panic!("{e}"));
+    let _ = stream.write_all(request).await;
+    let mut out = vec![0u8; 4096];
+    let n = stream.read(&mut out).await.unwrap_or(0);
+    String::from_utf8_lossy(&out[..n]).into_owned()
+}
