@@ -1,4 +1,15 @@
-//! RFC 9457 problem details (semantics §7). STUB: signatures only.
+//! RFC 9457 problem details (semantics §7).
+//!
+//! Every answer the filter or the store gives on its own behalf is a problem
+//! document: `Content-Type: application/problem+json`, `Cache-Control:
+//! no-store`, a `Link: <type>; rel="describedby"` header, `Retry-After` when
+//! the client should come back, and a compact JSON body with `type` (the
+//! documentation base + the kind's slug), `title`, `status` and `detail`, plus
+//! `completed_at` (RFC 3339, UTC, milliseconds) and `original_status` when they
+//! are known. The detail is written by the caller and must never carry
+//! internals or the raw key.
+
+use serde::Serialize;
 
 use crate::Reply;
 
@@ -22,9 +33,71 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
-    pub fn slug(self) -> &'static str { todo!() }
-    pub fn status(self) -> u16 { todo!() }
-    pub fn title(self) -> &'static str { todo!() }
+    /// Every kind, for documentation and tests.
+    pub const ALL: [ProblemKind; 14] = [
+        ProblemKind::KeyMissing,
+        ProblemKind::KeyInvalid,
+        ProblemKind::BodyTooLarge,
+        ProblemKind::KeyReused,
+        ProblemKind::KeyExpired,
+        ProblemKind::RequestInProgress,
+        ProblemKind::OutcomeUnknown,
+        ProblemKind::ResultUnavailable,
+        ProblemKind::StoreUnavailable,
+        ProblemKind::IdentityMissing,
+        ProblemKind::Unauthorized,
+        ProblemKind::Forbidden,
+        ProblemKind::BadRequest,
+        ProblemKind::NotFound,
+    ];
+
+    /// The last segment of the problem's `type` URI.
+    pub fn slug(self) -> &'static str {
+        self.describe().0
+    }
+
+    pub fn status(self) -> u16 {
+        self.describe().1
+    }
+
+    pub fn title(self) -> &'static str {
+        self.describe().2
+    }
+
+    fn describe(self) -> (&'static str, u16, &'static str) {
+        match self {
+            ProblemKind::KeyMissing => ("key-missing", 400, "Idempotency-Key is missing"),
+            ProblemKind::KeyInvalid => ("key-invalid", 400, "Idempotency-Key is invalid"),
+            ProblemKind::BodyTooLarge => ("body-too-large", 413, "Request body is too large"),
+            ProblemKind::KeyReused => (
+                "key-reused",
+                422,
+                "Idempotency-Key was used for a different request",
+            ),
+            ProblemKind::KeyExpired => ("key-expired", 422, "Idempotency-Key has expired"),
+            ProblemKind::RequestInProgress => (
+                "request-in-progress",
+                409,
+                "A request with this Idempotency-Key is in progress",
+            ),
+            ProblemKind::OutcomeUnknown => (
+                "outcome-unknown",
+                409,
+                "Outcome of the original request is unknown",
+            ),
+            ProblemKind::ResultUnavailable => (
+                "result-unavailable",
+                409,
+                "Result of the original request is unavailable",
+            ),
+            ProblemKind::StoreUnavailable => ("store-unavailable", 503, "Idempotency store is unavailable"),
+            ProblemKind::IdentityMissing => ("identity-missing", 400, "Caller identity is missing"),
+            ProblemKind::Unauthorized => ("unauthorized", 401, "Unauthorized"),
+            ProblemKind::Forbidden => ("forbidden", 403, "Forbidden"),
+            ProblemKind::BadRequest => ("bad-request", 400, "Bad request"),
+            ProblemKind::NotFound => ("not-found", 404, "Not found"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,14 +110,225 @@ pub struct Problem {
     pub original_status: Option<u16>,
 }
 
+/// The body, members in the order RFC 9457 lists them.
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    type_uri: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    original_status: Option<u16>,
+}
+
 impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
-        Problem { kind, detail: detail.into(), retry_after_s: None, completed_at: None, original_status: None }
+        Problem {
+            kind,
+            detail: detail.into(),
+            retry_after_s: None,
+            completed_at: None,
+            original_status: None,
+        }
     }
-    pub fn retry_after(mut self, seconds: u64) -> Self { self.retry_after_s = Some(seconds.max(1)); self }
-    pub fn completed_at(mut self, ms: Option<i64>) -> Self { self.completed_at = ms; self }
-    pub fn original_status(mut self, status: u16) -> Self { self.original_status = Some(status); self }
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds.max(1));
+        self
+    }
+    pub fn completed_at(mut self, ms: Option<i64>) -> Self {
+        self.completed_at = ms;
+        self
+    }
+    pub fn original_status(mut self, status: u16) -> Self {
+        self.original_status = Some(status);
+        self
+    }
+
     /// The full response: status, `application/problem+json`, `Cache-Control:
     /// no-store`, `Link: <type>; rel="describedby"`, `Retry-After` when set.
-    pub fn render(&self, _doc_base: &str) -> Reply { todo!() }
+    pub fn render(&self, doc_base: &str) -> Reply {
+        let type_uri = format!("{doc_base}{}", self.kind.slug());
+        let body = Body {
+            type_uri: &type_uri,
+            title: self.kind.title(),
+            status: self.kind.status(),
+            detail: &self.detail,
+            completed_at: self.completed_at.map(rfc3339_utc),
+            original_status: self.original_status,
+        };
+        // Serializing strings and integers cannot fail.
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let mut headers = vec![
+            ("content-type".to_string(), "application/problem+json".to_string()),
+            ("cache-control".to_string(), "no-store".to_string()),
+            ("link".to_string(), format!("<{type_uri}>; rel=\"describedby\"")),
+        ];
+        if let Some(seconds) = self.retry_after_s {
+            headers.push(("retry-after".to_string(), seconds.to_string()));
+        }
+        Reply {
+            status: self.kind.status(),
+            headers,
+            body,
+        }
+    }
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DDThh:mm:ss.sssZ`.
+pub fn rfc3339_utc(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let ms_of_day = ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s, milli) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+/// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to a proleptic
+/// Gregorian (year, month, day).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "https://idemgate.dev/problems/";
+
+    macro_rules! kind {
+        ($name:ident, $kind:expr, $slug:expr => $status:expr) => {
+            #[test]
+            fn $name() {
+                let reply = Problem::new($kind, "why").render(BASE);
+                assert_eq!(($kind.slug(), $kind.status()), ($slug, $status));
+                assert_eq!(reply.status, $status);
+                let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+                assert_eq!(body["type"], format!("{BASE}{}", $slug));
+                assert_eq!(body["status"], $status);
+                assert_eq!(body["title"], $kind.title());
+                assert_eq!(body["detail"], "why");
+                assert_eq!(
+                    header(&reply, "link"),
+                    Some(format!("<{BASE}{}>; rel=\"describedby\"", $slug).as_str())
+                );
+            }
+        };
+    }
+
+    fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {
+        reply
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    kind!(key_missing_is_a_400, ProblemKind::KeyMissing, "key-missing" => 400);
+    kind!(key_invalid_is_a_400, ProblemKind::KeyInvalid, "key-invalid" => 400);
+    kind!(body_too_large_is_a_413, ProblemKind::BodyTooLarge, "body-too-large" => 413);
+    kind!(key_reused_is_a_422, ProblemKind::KeyReused, "key-reused" => 422);
+    kind!(key_expired_is_a_422, ProblemKind::KeyExpired, "key-expired" => 422);
+    kind!(request_in_progress_is_a_409, ProblemKind::RequestInProgress, "request-in-progress" => 409);
+    kind!(outcome_unknown_is_a_409, ProblemKind::OutcomeUnknown, "outcome-unknown" => 409);
+    kind!(result_unavailable_is_a_409, ProblemKind::ResultUnavailable, "result-unavailable" => 409);
+    kind!(store_unavailable_is_a_503, ProblemKind::StoreUnavailable, "store-unavailable" => 503);
+    kind!(identity_missing_is_a_400, ProblemKind::IdentityMissing, "identity-missing" => 400);
+    kind!(unauthorized_is_a_401, ProblemKind::Unauthorized, "unauthorized" => 401);
+    kind!(forbidden_is_a_403, ProblemKind::Forbidden, "forbidden" => 403);
+    kind!(bad_request_is_a_400, ProblemKind::BadRequest, "bad-request" => 400);
+    kind!(not_found_is_a_404, ProblemKind::NotFound, "not-found" => 404);
+
+    #[test]
+    fn every_reply_is_uncacheable_problem_json() {
+        for kind in ProblemKind::ALL {
+            let reply = Problem::new(kind, "d").render(BASE);
+            assert_eq!(header(&reply, "content-type"), Some("application/problem+json"));
+            assert_eq!(header(&reply, "cache-control"), Some("no-store"));
+            assert_eq!(header(&reply, "retry-after"), None);
+        }
+    }
+
+    #[test]
+    fn slugs_are_unique() {
+        let mut slugs: Vec<_> = ProblemKind::ALL.iter().map(|k| k.slug()).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), ProblemKind::ALL.len());
+    }
+
+    #[test]
+    fn the_body_is_compact_json_with_type_first() {
+        let reply = Problem::new(ProblemKind::KeyMissing, "send one").render("https://d/");
+        assert_eq!(
+            String::from_utf8(reply.body).unwrap(),
+            r#"{"type":"https://d/key-missing","title":"Idempotency-Key is missing","status":400,"detail":"send one"}"#
+        );
+    }
+
+    #[test]
+    fn retry_after_is_sent_and_at_least_one_second() {
+        let reply = Problem::new(ProblemKind::RequestInProgress, "wait")
+            .retry_after(0)
+            .render(BASE);
+        assert_eq!(header(&reply, "retry-after"), Some("1"));
+        let reply = Problem::new(ProblemKind::StoreUnavailable, "later")
+            .retry_after(7)
+            .render(BASE);
+        assert_eq!(header(&reply, "retry-after"), Some("7"));
+    }
+
+    #[test]
+    fn result_unavailable_carries_original_status_and_completion_time() {
+        let reply = Problem::new(ProblemKind::ResultUnavailable, "too big")
+            .original_status(201)
+            .completed_at(Some(1_796_017_200_123))
+            .render(BASE);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["original_status"], 201);
+        assert_eq!(body["completed_at"], "2026-11-30T05:40:00.123Z");
+    }
+
+    #[test]
+    fn absent_optional_members_are_left_out() {
+        let reply = Problem::new(ProblemKind::KeyExpired, "old")
+            .completed_at(None)
+            .render(BASE);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert!(body.get("completed_at").is_none());
+        assert!(body.get("original_status").is_none());
+    }
+
+    macro_rules! time {
+        ($name:ident, $ms:expr => $want:expr) => {
+            #[test]
+            fn $name() {
+                assert_eq!(rfc3339_utc($ms), $want);
+            }
+        };
+    }
+
+    time!(the_epoch_is_1970, 0 => "1970-01-01T00:00:00.000Z");
+    time!(a_time_before_the_epoch_counts_back, -1 => "1969-12-31T23:59:59.999Z");
+    time!(a_leap_day_is_rendered, 951_782_400_000 => "2000-02-29T00:00:00.000Z");
+    time!(the_day_after_a_leap_day_is_march, 951_868_800_000 => "2000-03-01T00:00:00.000Z");
+    time!(the_end_of_a_year_is_rendered, 1_704_067_199_999 => "2023-12-31T23:59:59.999Z");
+    time!(a_date_in_2026_is_rendered, 1_796_017_200_123 => "2026-11-30T05:40:00.123Z");
+    time!(the_year_2100_is_not_a_leap_year, 4_107_542_400_000 => "2100-03-01T00:00:00.000Z");
 }
