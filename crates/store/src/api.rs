@@ -1,0 +1,235 @@
+//! The filter's API (`/v1`): frames in, frames or JSON out.
+//!
+//! Everything is validated here, before the backend sees it: the frame, the
+//! scope (by `Scope`'s own deserializer), the bounds on times, the response
+//! status and headers. Errors are problem+json; backend failures are 503
+//! `store-unavailable` without internal detail.
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use idemgate_core::problem::{Problem, ProblemKind};
+use idemgate_core::protocol::{
+    decode_frame, encode_frame, ClaimRequest, CompleteRequest, FenceReply, FenceRequest, FRAME_CONTENT_TYPE,
+};
+use serde::de::DeserializeOwned;
+
+use crate::backend::{limits, StoreError};
+use crate::problem::{problem, render};
+use crate::AppState;
+
+/// Reads the whole body, refusing more than the configured limit with 413.
+pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, Response> {
+    let limit = state.inner.max_body_bytes;
+    match axum::body::to_bytes(body, limit).await {
+        Ok(b) => Ok(b),
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if too_large {
+                Err(problem(
+                    state,
+                    ProblemKind::BodyTooLarge,
+                    &format!("the request body is larger than {limit} bytes"),
+                ))
+            } else {
+                Err(problem(
+                    state,
+                    ProblemKind::BadRequest,
+                    "the request body could not be read",
+                ))
+            }
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(state: &AppState, bytes: &Bytes) -> Result<(T, Bytes), Response> {
+    match decode_frame::<T>(bytes) {
+        Ok((meta, rest)) => {
+            let rest = bytes.slice_ref(rest);
+            Ok((meta, rest))
+        }
+        Err(e) => Err(problem(state, ProblemKind::BadRequest, &e.to_string())),
+    }
+}
+
+pub fn unavailable(state: &AppState, e: &StoreError) -> Response {
+    tracing::error!(error = %e, "store operation failed");
+    render(
+        &Problem::new(
+            ProblemKind::StoreUnavailable,
+            "the store's database is unavailable",
+        )
+        .retry_after(1),
+        &state.inner.doc_base,
+    )
+}
+
+pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
+    if req.lease_ms == 0 || req.lease_ms > limits::MAX_LEASE_MS {
+        return Err(format!("lease_ms must be between 1 and {}", limits::MAX_LEASE_MS));
+    }
+    if req.ttl_ms == 0 || req.ttl_ms > limits::MAX_TTL_MS {
+        return Err(format!("ttl_ms must be between 1 and {}", limits::MAX_TTL_MS));
+    }
+    if req.wait_ms > limits::MAX_WAIT_MS {
+        return Err(format!("wait_ms must be at most {}", limits::MAX_WAIT_MS));
+    }
+    Ok(())
+}
+
+/// A response status and headers fit to be stored and replayed.
+pub fn validate_response(status: u16, headers: &[(String, String)]) -> Result<(), String> {
+    if !(100..=599).contains(&status) {
+        return Err("status must be between 100 and 599".into());
+    }
+    if headers.len() > limits::MAX_HEADERS {
+        return Err(format!("at most {} headers", limits::MAX_HEADERS));
+    }
+    for (name, value) in headers {
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || name.len() > limits::MAX_HEADER_NAME || !name.bytes().all(token) {
+            return Err("a header name is not a valid HTTP token".into());
+        }
+        if value.len() > limits::MAX_HEADER_VALUE
+            || value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        {
+            return Err(format!(
+                "the value of header {name} is too long or contains control characters"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn fence_reply(reply: FenceReply) -> Response {
+    let status = match reply {
+        FenceReply::Done => StatusCode::OK,
+        FenceReply::Stale => StatusCode::CONFLICT,
+    };
+    (status, axum::Json(reply)).into_response()
+}
+
+pub async fn claim(State(state): State<AppState>, body: Body) -> Response {
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (req, rest) = match decode::<ClaimRequest>(&state, &bytes) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if !rest.is_empty() {
+        return problem(
+            &state,
+            ProblemKind::BadRequest,
+            "a claim frame carries no bytes after its metadata line",
+        );
+    }
+    if let Err(e) = validate_claim(&req) {
+        return problem(&state, ProblemKind::BadRequest, &e);
+    }
+    match state.inner.store.claim(&req).await {
+        Ok(outcome) => {
+            tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
+            (
+                [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
+                encode_frame(&outcome.reply, &outcome.body),
+            )
+                .into_response()
+        }
+        Err(e) => unavailable(&state, &e),
+    }
+}
+
+pub async fn complete(State(state): State<AppState>, body: Body) -> Response {
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (req, rest) = match decode::<CompleteRequest>(&state, &bytes) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(e) = validate_response(req.status, &req.headers) {
+        return problem(&state, ProblemKind::BadRequest, &e);
+    }
+    if !req.body_stored && !rest.is_empty() {
+        return problem(
+            &state,
+            ProblemKind::BadRequest,
+            "body_stored is false but the frame carries bytes",
+        );
+    }
+    match state.inner.store.complete(&req, &rest).await {
+        Ok(reply) => {
+            tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
+            fence_reply(reply)
+        }
+        Err(e) => unavailable(&state, &e),
+    }
+}
+
+async fn fence_call(state: AppState, body: Body, mark_unknown: bool) -> Response {
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (req, rest) = match decode::<FenceRequest>(&state, &bytes) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if !rest.is_empty() {
+        return problem(
+            &state,
+            ProblemKind::BadRequest,
+            "this frame carries no bytes after its metadata line",
+        );
+    }
+    let result = if mark_unknown {
+        state.inner.store.mark_unknown(&req).await
+    } else {
+        state.inner.store.release(&req).await
+    };
+    match result {
+        Ok(reply) => {
+            tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
+            fence_reply(reply)
+        }
+        Err(e) => unavailable(&state, &e),
+    }
+}
+
+pub async fn release(State(state): State<AppState>, body: Body) -> Response {
+    fence_call(state, body, false).await
+}
+
+pub async fn mark_unknown(State(state): State<AppState>, body: Body) -> Response {
+    fence_call(state, body, true).await
+}
+
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// 200 only when the database answers and the schema is in place.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.inner.store.backend.ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "not ready");
+            (StatusCode::SERVICE_UNAVAILABLE, "database not ready").into_response()
+        }
+    }
+}
+
+pub async fn not_found(State(state): State<AppState>) -> Response {
+    problem(
+        &state,
+        ProblemKind::NotFound,
+        "no such endpoint; see /openapi.json",
+    )
+}

@@ -1,0 +1,77 @@
+//! Bearer credentials, compared in constant time. The API and the admin
+//! surface have different credentials; presenting the API one on an admin
+//! endpoint is 403, anything else missing or wrong is 401.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use idemgate_core::problem::ProblemKind;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::problem::problem;
+use crate::AppState;
+
+/// A credential kept only as its SHA-256, so comparing takes the same time
+/// whatever the length or content of what the client sent.
+#[derive(Clone)]
+pub struct Credential([u8; 32]);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(***)")
+    }
+}
+
+impl Credential {
+    pub fn new(token: &str) -> Credential {
+        Credential(Sha256::digest(token.as_bytes()).into())
+    }
+
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        bool::from(self.0.ct_eq(&digest))
+    }
+}
+
+fn bearer(req: &Request) -> Option<&[u8]> {
+    let value = req.headers().get(axum::http::header::AUTHORIZATION)?.as_bytes();
+    let scheme = value.get(..7)?;
+    if scheme.eq_ignore_ascii_case(b"bearer ") {
+        Some(&value[7..])
+    } else {
+        None
+    }
+}
+
+pub async fn require_api(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match bearer(&req) {
+        Some(t) if state.inner.api_token.matches(t) => next.run(req).await,
+        Some(t) if state.inner.admin_token.matches(t) => problem(
+            &state,
+            ProblemKind::Forbidden,
+            "the admin credential is not valid for the /v1 API",
+        ),
+        _ => problem(
+            &state,
+            ProblemKind::Unauthorized,
+            "send Authorization: Bearer <API token>",
+        ),
+    }
+}
+
+pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match bearer(&req) {
+        Some(t) if state.inner.admin_token.matches(t) => next.run(req).await,
+        Some(t) if state.inner.api_token.matches(t) => problem(
+            &state,
+            ProblemKind::Forbidden,
+            "the API credential is not valid for admin endpoints",
+        ),
+        _ => problem(
+            &state,
+            ProblemKind::Unauthorized,
+            "send Authorization: Bearer <admin token>",
+        ),
+    }
+}

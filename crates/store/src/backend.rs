@@ -1,0 +1,272 @@
+//! One storage trait, two implementations chosen by URL scheme
+//! (`sqlite://…`, `postgres://…`), each with its own migrations.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idemgate_core::config::OnUnknown;
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::scope::{Namespace, Scope};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug)]
+pub enum StoreError {
+    /// The database could not be reached or refused the operation.
+    Unavailable(String),
+    /// A row that does not satisfy the schema's promises.
+    Corrupt(String),
+    /// A bad `--database-url` or similar.
+    Config(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable(e) => write!(f, "database unavailable: {e}"),
+            StoreError::Corrupt(e) => write!(f, "unexpected row in the database: {e}"),
+            StoreError::Config(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A claim's verdict plus the stored body for a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    pub reply: ClaimReply,
+    pub body: Vec<u8>,
+    /// The claim found an expired lease and turned the record `unknown`.
+    pub became_unknown: bool,
+}
+
+impl ClaimOutcome {
+    pub fn answer(reply: ClaimReply) -> ClaimOutcome {
+        ClaimOutcome {
+            reply,
+            body: Vec::new(),
+            became_unknown: false,
+        }
+    }
+}
+
+/// Everything stored about a record except its body, for operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordInfo {
+    pub scope: Scope,
+    /// The short hash that identifies this record in logs.
+    pub log_id: String,
+    pub state: String,
+    pub fingerprint: Option<String>,
+    pub fence: u64,
+    pub lease_until: i64,
+    pub ttl_ms: u64,
+    pub on_unknown: OnUnknown,
+    pub status: Option<u16>,
+    pub headers: Option<Vec<(String, String)>>,
+    pub body_stored: bool,
+    /// Length of the stored body; `None` once archived (the body is dropped).
+    pub body_len: Option<u64>,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub archived_at: Option<i64>,
+    pub replay_count: u64,
+}
+
+/// Find records by tenant and key; the other components narrow the search.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lookup {
+    pub tenant: String,
+    pub key: String,
+    pub route: Option<String>,
+    pub principal: Option<String>,
+    pub namespace: Option<Namespace>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    Unknown,
+    /// In progress and created more than this many milliseconds ago.
+    Stuck {
+        older_than_ms: u64,
+    },
+}
+
+/// What an operator does with an open (in-progress or unknown) record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Resolution {
+    /// Store this response as if the upstream had produced it. The old
+    /// owner's fencing token is superseded.
+    Complete {
+        status: u16,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        #[serde(default)]
+        body: String,
+    },
+    /// Delete the record so the key can be claimed again.
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepPolicy {
+    pub batch: u32,
+    pub audit_retention_ms: u64,
+}
+
+/// Rows touched by one sweep pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepReport {
+    pub marked_unknown: u64,
+    pub released: u64,
+    pub archived: u64,
+    pub purged: u64,
+}
+
+impl SweepReport {
+    pub fn total(&self) -> u64 {
+        self.marked_unknown + self.released + self.archived + self.purged
+    }
+    pub fn add(&mut self, other: SweepReport) {
+        self.marked_unknown += other.marked_unknown;
+        self.released += other.released;
+        self.archived += other.archived;
+        self.purged += other.purged;
+    }
+}
+
+/// A storage backend. `now` is always an argument (milliseconds since the
+/// epoch) so the story tests drive time by hand.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Applies pending migrations; safe to call concurrently from several
+    /// processes and on every start.
+    async fn migrate(&self) -> Result<()>;
+    /// Succeeds when the database answers and the schema is in place.
+    async fn ping(&self) -> Result<()>;
+    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome>;
+    async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
+    async fn release(&self, req: &FenceRequest) -> Result<FenceReply>;
+    async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
+    /// Records with this tenant and key, archived ones included.
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>>;
+    async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;
+    /// `false` when there is no open record with this scope.
+    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool>;
+    /// Deletes the record whatever its state; `false` when there was none.
+    async fn purge(&self, scope: &Scope) -> Result<bool>;
+    /// One batch of each sweeper phase: expired leases, archiving, purging.
+    async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport>;
+    /// Creation time of the oldest in-progress record.
+    async fn oldest_in_progress(&self) -> Result<Option<i64>>;
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    /// SQLite: `PRAGMA synchronous=FULL` (the default) or `NORMAL`.
+    pub sqlite_synchronous_full: Option<bool>,
+    /// PostgreSQL: connections in the pool.
+    pub pg_pool_size: Option<usize>,
+}
+
+/// Opens the backend named by the URL's scheme. Does not migrate.
+pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
+    if let Some(rest) = url.strip_prefix("sqlite:") {
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        let path = path.split('?').next().unwrap_or("");
+        if path.is_empty() {
+            return Err(StoreError::Config(
+                "the sqlite URL names no file; write sqlite://idempotency.db or sqlite:///var/lib/idemgate/store.db".into(),
+            ));
+        }
+        let backend = crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true))?;
+        Ok(Arc::new(backend))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16))?;
+        Ok(Arc::new(backend))
+    } else {
+        Err(StoreError::Config(
+            "unsupported --database-url: use sqlite://FILE or postgres://USER@HOST:PORT/DB".into(),
+        ))
+    }
+}
+
+/// The URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((creds, host)) = rest.split_once('@') {
+            let user = creds.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}:***@{host}");
+        }
+    }
+    url.to_string()
+}
+
+/// Bounds the store enforces before anything reaches the database.
+pub mod limits {
+    pub const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
+    pub const MAX_TTL_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+    pub const MAX_WAIT_MS: u64 = 60 * 1000;
+    pub const MAX_HEADERS: usize = 64;
+    pub const MAX_HEADER_NAME: usize = 256;
+    pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+}
+
+/// The decoded headers column.
+pub fn decode_headers(json: Option<&str>) -> Result<Option<Vec<(String, String)>>> {
+    match json {
+        None => Ok(None),
+        Some(s) => serde_json::from_str(s)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt(format!("headers column: {e}"))),
+    }
+}
+
+pub fn encode_headers(headers: &[(String, String)]) -> String {
+    serde_json::to_string(headers).unwrap_or_else(|_| "[]".to_string())
+}
+
+pub fn on_unknown_from(release: bool) -> OnUnknown {
+    if release {
+        OnUnknown::Release
+    } else {
+        OnUnknown::Conflict
+    }
+}
+
+pub fn namespace_from(s: &str) -> Result<Namespace> {
+    match s {
+        "u" => Ok(Namespace::Client),
+        "s" => Ok(Namespace::Server),
+        other => Err(StoreError::Corrupt(format!("namespace {other:?}"))),
+    }
+}
+
+/// Rebuilds a validated scope from its columns.
+pub fn scope_from(tenant: &str, principal: &str, route: &str, namespace: &str, key: &str) -> Result<Scope> {
+    let key = idemgate_core::key::Key::try_from(key.to_string())
+        .map_err(|e| StoreError::Corrupt(format!("key: {e}")))?;
+    Scope::new(tenant, principal, route, namespace_from(namespace)?, key)
+        .map_err(|e| StoreError::Corrupt(format!("scope: {e:?}")))
+}
+
+pub fn fingerprint_from(hex: Option<String>) -> Result<Option<idemgate_core::fingerprint::Fingerprint>> {
+    hex.map(|h| {
+        idemgate_core::fingerprint::Fingerprint::try_from(h)
+            .map_err(|e| StoreError::Corrupt(format!("fingerprint: {e}")))
+    })
+    .transpose()
+}
+
+pub fn u64_from(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative {what}")))
+}
+
+pub fn i64_from(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

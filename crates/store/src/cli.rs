@@ -1,0 +1,369 @@
+//! Command line: `serve`, `migrate`, `inspect`, `resolve`, `purge`, `sweep`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemgate_core::key::Key;
+use idemgate_core::scope::{Namespace, Scope};
+
+use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
+use crate::clock::Clock;
+use crate::service::Store;
+use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotency-store",
+    version,
+    about = "Companion store of the idemgate Envoy filter: claims, leases, fencing tokens, replay, audit"
+)]
+pub struct Cli {
+    /// Where records live: sqlite://FILE (embedded, default) or
+    /// postgres://USER[:PASSWORD]@HOST:PORT/DB (several replicas).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_DATABASE_URL",
+        default_value = "sqlite://idempotency.db"
+    )]
+    pub database_url: String,
+
+    /// SQLite durability: `full` fsyncs every (group) commit; `normal` may lose
+    /// the last commits on power loss (WAL mode keeps the file consistent).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_SQLITE_SYNCHRONOUS",
+        default_value = "full"
+    )]
+    pub sqlite_synchronous: Synchronous,
+
+    /// PostgreSQL connection pool size.
+    #[arg(long, global = true, env = "IDEMGATE_PG_POOL_SIZE", default_value_t = 16)]
+    pub pg_pool_size: usize,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Synchronous {
+    Full,
+    Normal,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Migrate, then serve the HTTP API until SIGTERM or Ctrl-C.
+    Serve(Serve),
+    /// Apply pending schema migrations and exit.
+    Migrate,
+    /// Print records as JSON: by tenant and key, or the unknown / stuck ones.
+    Inspect(Inspect),
+    /// Resolve an in-progress or unknown record: complete it with a response, or release it.
+    Resolve(Resolve),
+    /// Delete one record whatever its state.
+    Purge(ScopeArgs),
+    /// Run the sweeper once (expire leases, archive, purge) and print what it did.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Serve {
+    /// Address to listen on. Listen only where the mesh can reach it.
+    #[arg(long, env = "IDEMGATE_LISTEN", default_value = "127.0.0.1:8787")]
+    pub listen: String,
+    /// Bearer credential of the /v1 API (the filter's `store.token`).
+    #[arg(
+        long,
+        env = "IDEMGATE_API_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "api_token_file"
+    )]
+    pub api_token: Option<String>,
+    /// File holding the API credential (trailing newline ignored).
+    #[arg(long, env = "IDEMGATE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// Bearer credential of the /admin/v1 endpoints; must differ from the API one.
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<String>,
+    /// File holding the admin credential (trailing newline ignored).
+    #[arg(long, env = "IDEMGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Base URI of problem `type` links (the problem's slug is appended).
+    #[arg(long, env = "IDEMGATE_DOC_BASE", default_value = idemgate_core::config::DEFAULT_DOC_BASE)]
+    pub doc_base: String,
+    /// Largest request body accepted (bytes); larger gets 413.
+    #[arg(long, env = "IDEMGATE_MAX_BODY_BYTES", default_value_t = crate::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+    /// Milliseconds between sweeper passes.
+    #[arg(long, env = "IDEMGATE_SWEEP_INTERVAL_MS", default_value_t = 1000)]
+    pub sweep_interval_ms: u64,
+    /// Do not run the sweeper in this process (e.g. all but one replica).
+    #[arg(long, env = "IDEMGATE_NO_SWEEPER")]
+    pub no_sweeper: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// Rows changed per sweeper transaction.
+    #[arg(long, env = "IDEMGATE_SWEEP_BATCH", default_value_t = 500)]
+    pub sweep_batch: u32,
+    /// Seconds an archived record (metadata only) is kept before it is purged.
+    #[arg(long, env = "IDEMGATE_AUDIT_RETENTION_SECS", default_value_t = DEFAULT_AUDIT_RETENTION_MS / 1000)]
+    pub audit_retention_secs: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct Inspect {
+    #[arg(long, required_unless_present_any = ["unknown", "stuck"])]
+    pub tenant: Option<String>,
+    #[arg(long, required_unless_present_any = ["unknown", "stuck"])]
+    pub key: Option<String>,
+    #[arg(long)]
+    pub route: Option<String>,
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// List records whose outcome is unknown.
+    #[arg(long, conflicts_with_all = ["tenant", "key", "stuck"])]
+    pub unknown: bool,
+    /// List records in progress for longer than --older-than-ms.
+    #[arg(long, conflicts_with_all = ["tenant", "key"])]
+    pub stuck: bool,
+    #[arg(long, default_value_t = crate::admin::DEFAULT_STUCK_AFTER_MS)]
+    pub older_than_ms: u64,
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    #[arg(long)]
+    pub tenant: String,
+    /// `*` when the policy has no principal.
+    #[arg(long, default_value = "*")]
+    pub principal: String,
+    /// The policy name, e.g. payments.create.
+    #[arg(long)]
+    pub route: String,
+    /// `u` (client keys) or `s` (server keys).
+    #[arg(long, default_value = "u")]
+    pub namespace: String,
+    #[arg(long)]
+    pub key: String,
+}
+
+#[derive(Debug, Args)]
+pub struct Resolve {
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// Complete the record with this status.
+    #[arg(long, conflicts_with = "release", required_unless_present = "release")]
+    pub status: Option<u16>,
+    /// A response header as NAME:VALUE (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// The response body.
+    #[arg(long, default_value = "")]
+    pub body: String,
+    /// Release the record instead, so the key can be claimed again.
+    #[arg(long)]
+    pub release: bool,
+}
+
+impl ScopeArgs {
+    pub fn scope(&self) -> Result<Scope, String> {
+        let ns = match self.namespace.as_str() {
+            "u" => Namespace::Client,
+            "s" => Namespace::Server,
+            _ => return Err("--namespace must be u or s".into()),
+        };
+        let key = Key::try_from(self.key.clone()).map_err(|e| format!("--key: {e}"))?;
+        Scope::new(&self.tenant, &self.principal, &self.route, ns, key).map_err(|e| format!("scope: {e:?}"))
+    }
+}
+
+fn read_token(value: &Option<String>, file: &Option<PathBuf>, what: &str) -> Result<String, String> {
+    let token = match (value, file) {
+        (Some(v), _) => v.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the {what} file {}: {e}", path.display()))?
+            .trim_end_matches(['\r', '\n'])
+            .to_string(),
+        (None, None) => {
+            let flag = what.replace(' ', "-");
+            return Err(format!(
+                "no {what}: pass --{flag} or --{flag}-file, or set IDEMGATE_{}",
+                what.replace(' ', "_").to_uppercase()
+            ));
+        }
+    };
+    if token.is_empty() {
+        return Err(format!("the {what} is empty"));
+    }
+    Ok(token)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<(), String> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+    println!("{s}");
+    Ok(())
+}
+
+/// Runs a parsed command line; errors are messages for the operator.
+pub async fn execute(cli: Cli) -> Result<(), String> {
+    let opts = BackendOptions {
+        sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
+        pg_pool_size: Some(cli.pg_pool_size),
+    };
+    let backend = open_backend(&cli.database_url, &opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    backend.migrate().await.map_err(|e| e.to_string())?;
+    let store = Store::new(backend, Clock::System);
+    let now = store.clock.now();
+    match cli.command {
+        Command::Migrate => {
+            tracing::info!(database = %crate::backend::redact_url(&cli.database_url), "migrations applied");
+            Ok(())
+        }
+        Command::Serve(s) => serve(store, s, &cli.database_url).await,
+        Command::Inspect(i) => {
+            let records = if i.unknown {
+                store.backend.list(Listing::Unknown, now, i.limit).await
+            } else if i.stuck {
+                store
+                    .backend
+                    .list(
+                        Listing::Stuck {
+                            older_than_ms: i.older_than_ms,
+                        },
+                        now,
+                        i.limit,
+                    )
+                    .await
+            } else {
+                let lookup = Lookup {
+                    tenant: i.tenant.unwrap_or_default(),
+                    key: i.key.unwrap_or_default(),
+                    route: i.route,
+                    principal: i.principal,
+                    namespace: None,
+                };
+                store.backend.lookup(&lookup, i.limit).await
+            }
+            .map_err(|e| e.to_string())?;
+            print_json(&records)
+        }
+        Command::Resolve(r) => {
+            let scope = r.scope.scope()?;
+            let how = match r.status {
+                Some(status) if !r.release => {
+                    let headers = r
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            h.split_once(':')
+                                .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+                                .ok_or_else(|| format!("--header {h:?}: write NAME:VALUE"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    crate::api::validate_response(status, &headers)?;
+                    Resolution::Complete {
+                        status,
+                        headers,
+                        body: r.body,
+                    }
+                }
+                _ => Resolution::Release,
+            };
+            let changed = store
+                .backend
+                .resolve(&scope, &how, now)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !changed {
+                return Err("no in-progress or unknown record with this scope".into());
+            }
+            print_json(&crate::admin::Changed { changed })
+        }
+        Command::Purge(s) => {
+            let scope = s.scope()?;
+            let changed = store.backend.purge(&scope).await.map_err(|e| e.to_string())?;
+            if !changed {
+                return Err("no record with this scope".into());
+            }
+            print_json(&crate::admin::Changed { changed })
+        }
+        Command::Sweep(a) => {
+            let policy = SweepPolicy {
+                batch: a.sweep_batch.max(1),
+                audit_retention_ms: a.audit_retention_secs.saturating_mul(1000),
+            };
+            let mut total = crate::backend::SweepReport::default();
+            loop {
+                let report = crate::sweeper::sweep_all(&store, &policy)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                total.add(report);
+                if report.total() == 0 {
+                    break;
+                }
+            }
+            print_json(&total)
+        }
+    }
+}
+
+async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
+    let api = read_token(&s.api_token, &s.api_token_file, "api token")?;
+    let admin = read_token(&s.admin_token, &s.admin_token_file, "admin token")?;
+    if api == admin {
+        return Err("the API and admin tokens must differ".into());
+    }
+    let sweep = SweepSettings {
+        enabled: !s.no_sweeper,
+        interval: Duration::from_millis(s.sweep_interval_ms.max(10)),
+        batch: s.sweep.sweep_batch.max(1),
+        audit_retention_ms: s.sweep.audit_retention_secs.saturating_mul(1000),
+    };
+    let listener = tokio::net::TcpListener::bind(&s.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", s.listen))?;
+    tracing::info!(backend = store.backend.name(), database = %crate::backend::redact_url(url), "database ready");
+    let state = crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep);
+    crate::run(listener, state, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,183 @@
+//! The idemgate store: claims, leases, fencing tokens, replay and audit for
+//! the Envoy filter (semantics §4–§7, §9).
+//!
+//! The filter calls `POST /v1/claim` before forwarding a request and
+//! `/v1/complete`, `/v1/release` or `/v1/mark-unknown` afterwards, always with
+//! the fencing token it got from the claim. Every decision about an existing
+//! record is made by the pure rules in [`idemgate_core::record`], so the
+//! SQLite and PostgreSQL backends cannot disagree; a backend only loads the
+//! record and carries the decision out atomically. Expiry, archiving and
+//! purging are a batched background job ([`sweeper`]), never a scan on the
+//! request path.
+//!
+//! Tests start the whole service in a few lines: bind a listener on port 0,
+//! build an [`AppState`], and spawn [`run`].
+
+// Handlers use a ready `Response` as their error type: it is what they return
+// anyway, and boxing it would only add an allocation on the error path.
+#![allow(clippy::result_large_err)]
+
+pub mod admin;
+pub mod api;
+pub mod auth;
+pub mod backend;
+pub mod cli;
+pub mod clock;
+pub mod metrics;
+pub mod openapi;
+pub mod postgres;
+pub mod problem;
+pub mod service;
+pub mod sqlite;
+pub mod sweeper;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use backend::{open_backend, Backend, StoreError};
+pub use clock::Clock;
+pub use service::Store;
+
+/// Everything a request handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    pub store: Store,
+    pub api_token: auth::Credential,
+    pub admin_token: auth::Credential,
+    pub doc_base: String,
+    /// Largest request body accepted on any endpoint.
+    pub max_body_bytes: usize,
+    pub sweep: sweeper::SweepSettings,
+}
+
+impl AppState {
+    pub fn new(store: Store, api_token: &str, admin_token: &str) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                store,
+                api_token: auth::Credential::new(api_token),
+                admin_token: auth::Credential::new(admin_token),
+                doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                sweep: sweeper::SweepSettings::default(),
+            }),
+        }
+    }
+
+    pub fn with(
+        store: Store,
+        api_token: &str,
+        admin_token: &str,
+        doc_base: String,
+        max_body_bytes: usize,
+        sweep: sweeper::SweepSettings,
+    ) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                store,
+                api_token: auth::Credential::new(api_token),
+                admin_token: auth::Credential::new(admin_token),
+                doc_base,
+                max_body_bytes,
+                sweep,
+            }),
+        }
+    }
+}
+
+/// 8 MiB: a stored response is at most the filter's `max_stored_body` plus a
+/// metadata line.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Every route the service answers, as (method, path). The router and the
+/// OpenAPI document are both checked against this list in tests.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+    ("post", idemgate_core::protocol::CLAIM_PATH),
+    ("post", idemgate_core::protocol::COMPLETE_PATH),
+    ("post", idemgate_core::protocol::RELEASE_PATH),
+    ("post", idemgate_core::protocol::MARK_UNKNOWN_PATH),
+    ("get", admin::RECORDS_PATH),
+    ("get", admin::UNKNOWN_PATH),
+    ("get", admin::STUCK_PATH),
+    ("post", admin::RESOLVE_PATH),
+    ("post", admin::PURGE_PATH),
+    ("post", admin::SWEEP_PATH),
+];
+
+/// The whole HTTP surface.
+pub fn app(state: AppState) -> Router {
+    use idemgate_core::protocol::{CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
+    let v1 = Router::new()
+        .route(CLAIM_PATH, post(api::claim))
+        .route(COMPLETE_PATH, post(api::complete))
+        .route(RELEASE_PATH, post(api::release))
+        .route(MARK_UNKNOWN_PATH, post(api::mark_unknown))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api,
+        ));
+    let admin = Router::new()
+        .route(admin::RECORDS_PATH, get(admin::lookup))
+        .route(admin::UNKNOWN_PATH, get(admin::unknown))
+        .route(admin::STUCK_PATH, get(admin::stuck))
+        .route(admin::RESOLVE_PATH, post(admin::resolve))
+        .route(admin::PURGE_PATH, post(admin::purge))
+        .route(admin::SWEEP_PATH, post(admin::sweep))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ));
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(metrics::serve))
+        .route("/openapi.json", get(openapi::serve))
+        .merge(v1)
+        .merge(admin)
+        .fallback(api::not_found)
+        // Bodies are read with our own limit so an oversize body gets a
+        // problem+json 413 instead of axum's plain-text one.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, with the sweeper
+/// running alongside; in-flight requests finish before it returns.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sweeper = if state.inner.sweep.enabled {
+        Some(tokio::spawn(sweeper::run(
+            state.inner.store.clone(),
+            state.inner.sweep.clone(),
+            stop_rx,
+        )))
+    } else {
+        None
+    };
+    let addr = listener.local_addr()?;
+    tracing::info!("listening on {addr}");
+    let result = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    let _ = stop_tx.send(true);
+    if let Some(handle) = sweeper {
+        let _ = handle.await;
+    }
+    result
+}

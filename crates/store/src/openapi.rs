@@ -1,0 +1,208 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`. Written by hand and
+//! checked against [`crate::ROUTES`] by the HTTP tests.
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::admin;
+use idemgate_core::protocol::{CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
+
+fn frame_body(what: &str) -> Value {
+    json!({
+        "required": true,
+        "content": { "application/vnd.idemgate.frame": { "schema": { "type": "string", "format": "binary" } } },
+        "description": format!("A frame: one line of compact JSON ({what}), a newline, then raw bytes."),
+    })
+}
+
+fn problems(codes: &[&str]) -> Value {
+    let mut out = serde_json::Map::new();
+    for code in codes {
+        out.insert(
+            (*code).to_string(),
+            json!({ "description": "Problem details (RFC 9457)", "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } }),
+        );
+    }
+    Value::Object(out)
+}
+
+fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+fn api_op(summary: &str, meta: &str, ok: Value) -> Value {
+    json!({ "post": {
+        "summary": summary,
+        "security": [{ "api": [] }],
+        "requestBody": frame_body(meta),
+        "responses": merge(ok, problems(&["400", "401", "403", "413", "503"])),
+    }})
+}
+
+fn fence_responses() -> Value {
+    json!({
+        "200": { "description": "Done", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
+        "409": { "description": "Stale: the fencing token was superseded or the record is gone", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
+    })
+}
+
+fn admin_get(summary: &str, params: Value) -> Value {
+    json!({ "get": {
+        "summary": summary,
+        "security": [{ "admin": [] }],
+        "parameters": params,
+        "responses": merge(json!({ "200": { "description": "Records (bodies omitted)", "content": { "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/Record" } } } } } }), problems(&["400", "401", "403", "503"])),
+    }})
+}
+
+fn q(name: &str, required: bool, ty: &str) -> Value {
+    json!({ "name": name, "in": "query", "required": required, "schema": { "type": ty } })
+}
+
+fn admin_post(summary: &str, schema: Value, ok: &str) -> Value {
+    json!({ "post": {
+        "summary": summary,
+        "security": [{ "admin": [] }],
+        "requestBody": { "required": true, "content": { "application/json": { "schema": schema } } },
+        "responses": merge(json!({ "200": { "description": ok } }), problems(&["400", "401", "403", "404", "413", "503"])),
+    }})
+}
+
+pub fn document() -> Value {
+    let mut paths = serde_json::Map::new();
+    let plain = |summary: &str, ct: &str| json!({ "get": { "summary": summary, "responses": { "200": { "description": "OK", "content": { ct: {} } } } } });
+    paths.insert(
+        "/healthz".into(),
+        plain("Liveness: the process answers", "text/plain"),
+    );
+    paths.insert(
+        "/readyz".into(),
+        json!({ "get": { "summary": "Readiness: 200 only once the database is usable", "responses": { "200": { "description": "ready" }, "503": { "description": "database not ready" } } } }),
+    );
+    paths.insert(
+        "/metrics".into(),
+        plain("Prometheus metrics", "application/openmetrics-text"),
+    );
+    paths.insert("/openapi.json".into(), plain("This document", "application/json"));
+    paths.insert(
+        CLAIM_PATH.into(),
+        api_op(
+            "Claim a key, or learn what happened to it; may wait up to wait_ms for an in-flight record",
+            "ClaimRequest",
+            json!({ "200": { "description": "A frame: ClaimReply metadata, then the stored body for a replay", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/ClaimReply" } } } } }),
+        ),
+    );
+    paths.insert(
+        COMPLETE_PATH.into(),
+        api_op(
+            "Store the upstream's response (bytes = body); requires the current fence",
+            "CompleteRequest",
+            fence_responses(),
+        ),
+    );
+    paths.insert(
+        RELEASE_PATH.into(),
+        api_op(
+            "Give the key back; requires the current fence",
+            "FenceRequest",
+            fence_responses(),
+        ),
+    );
+    paths.insert(
+        MARK_UNKNOWN_PATH.into(),
+        api_op(
+            "Declare the outcome unknown; requires the current fence",
+            "FenceRequest",
+            fence_responses(),
+        ),
+    );
+    paths.insert(
+        admin::RECORDS_PATH.into(),
+        admin_get(
+            "Look records up by tenant and key (archived ones included)",
+            json!([
+                q("tenant", true, "string"),
+                q("key", true, "string"),
+                q("route", false, "string"),
+                q("principal", false, "string"),
+                q("namespace", false, "string"),
+                q("limit", false, "integer")
+            ]),
+        ),
+    );
+    paths.insert(
+        admin::UNKNOWN_PATH.into(),
+        admin_get(
+            "Records whose outcome is unknown",
+            json!([q("limit", false, "integer")]),
+        ),
+    );
+    paths.insert(
+        admin::STUCK_PATH.into(),
+        admin_get(
+            "Records in progress for longer than older_than_ms (default 300000)",
+            json!([q("older_than_ms", false, "integer"), q("limit", false, "integer")]),
+        ),
+    );
+    paths.insert(
+        admin::RESOLVE_PATH.into(),
+        admin_post(
+            "Resolve an in-progress or unknown record: complete it with a response, or release it",
+            json!({ "type": "object", "required": ["scope", "action"], "properties": {
+                "scope": { "$ref": "#/components/schemas/Scope" },
+                "action": { "enum": ["complete", "release"] },
+                "status": { "type": "integer" },
+                "headers": { "type": "array", "items": { "type": "array", "items": { "type": "string" }, "minItems": 2, "maxItems": 2 } },
+                "body": { "type": "string" } } }),
+            "{\"changed\": true}",
+        ),
+    );
+    paths.insert(
+        admin::PURGE_PATH.into(),
+        admin_post("Delete a record whatever its state", json!({ "type": "object", "required": ["scope"], "properties": { "scope": { "$ref": "#/components/schemas/Scope" } } }), "{\"changed\": true}"),
+    );
+    paths.insert(
+        admin::SWEEP_PATH.into(),
+        json!({ "post": { "summary": "Run the sweeper now (expire leases, archive, purge)", "security": [{ "admin": [] }],
+            "responses": merge(json!({ "200": { "description": "Rows changed", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SweepReport" } } } } }), problems(&["401", "403", "503"])) } }),
+    );
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "idemgate store", "version": env!("CARGO_PKG_VERSION"),
+            "description": "Claims, leases, fencing tokens and replay for the idemgate Envoy filter. Timestamps are milliseconds since the Unix epoch." },
+        "paths": Value::Object(paths),
+        "components": {
+            "securitySchemes": {
+                "api": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_API_TOKEN" },
+                "admin": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_ADMIN_TOKEN" }
+            },
+            "schemas": {
+                "Scope": { "type": "object", "required": ["version", "tenant", "principal", "route", "namespace", "key"], "properties": {
+                    "version": { "const": "v1" }, "tenant": { "type": "string", "maxLength": 255 }, "principal": { "type": "string", "maxLength": 255 },
+                    "route": { "type": "string", "maxLength": 255 }, "namespace": { "enum": ["u", "s"] }, "key": { "type": "string", "minLength": 1, "maxLength": 255 } } },
+                "ClaimRequest": { "type": "object", "required": ["scope", "fingerprint", "lease_ms", "ttl_ms", "after_expiry", "on_unknown"], "properties": {
+                    "scope": { "$ref": "#/components/schemas/Scope" }, "fingerprint": { "type": ["string", "null"], "pattern": "^[0-9a-f]{64}$" },
+                    "lease_ms": { "type": "integer" }, "ttl_ms": { "type": "integer" }, "wait_ms": { "type": "integer", "default": 0 },
+                    "after_expiry": { "enum": ["reject", "new"] }, "on_unknown": { "enum": ["conflict", "release"] } } },
+                "ClaimReply": { "type": "object", "required": ["outcome"], "properties": {
+                    "outcome": { "enum": ["owned", "replay", "result_unavailable", "in_progress", "mismatch", "unknown", "expired"] },
+                    "fence": { "type": "integer" }, "status": { "type": "integer" }, "headers": { "type": "array" }, "completed_at": { "type": ["integer", "null"] },
+                    "original_status": { "type": "integer" }, "retry_after_ms": { "type": "integer" } } },
+                "CompleteRequest": { "type": "object", "required": ["scope", "fence", "status", "headers", "body_stored"] },
+                "FenceRequest": { "type": "object", "required": ["scope", "fence"] },
+                "FenceReply": { "type": "object", "properties": { "outcome": { "enum": ["done", "stale"] } } },
+                "Record": { "type": "object", "description": "Everything stored about a record except its body" },
+                "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" } } },
+                "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } }
+            }
+        }
+    })
+}
+
+pub async fn serve() -> Response {
+    Json(document()).into_response()
+}

@@ -1,0 +1,536 @@
+//! PostgreSQL, for several store replicas sharing one database (≥ 13).
+//!
+//! A claim is one round trip in the common path: a single statement inserts
+//! the record if absent and, if it was present, returns the existing row
+//! instead. Under READ COMMITTED that statement can see neither (a competing
+//! insert committed after our snapshot was taken but before our insert looked
+//! for a conflict); we simply run it again. Changes to an existing record
+//! (take-over, replay count, turning unknown) are guarded by the fence we read,
+//! so two replicas deciding at once cannot both win; the loser re-reads.
+//! Fencing tokens come from one global SEQUENCE.
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use idemgate_core::config::OnUnknown;
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::record::{self, ClaimDecision, RecordView, State};
+use idemgate_core::scope::Scope;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::backend::*;
+
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    r#"
+CREATE SEQUENCE IF NOT EXISTS idempotency_fence_seq;
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    scope_version TEXT COLLATE "C" NOT NULL CHECK (octet_length(scope_version) BETWEEN 1 AND 16),
+    tenant TEXT COLLATE "C" NOT NULL CHECK (octet_length(tenant) BETWEEN 1 AND 255),
+    principal TEXT COLLATE "C" NOT NULL CHECK (octet_length(principal) BETWEEN 1 AND 255),
+    route TEXT COLLATE "C" NOT NULL CHECK (octet_length(route) BETWEEN 1 AND 255),
+    namespace TEXT COLLATE "C" NOT NULL CHECK (namespace IN ('u', 's')),
+    idem_key TEXT COLLATE "C" NOT NULL CHECK (octet_length(idem_key) BETWEEN 1 AND 255),
+    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'unknown')),
+    fingerprint TEXT CHECK (fingerprint IS NULL OR octet_length(fingerprint) = 64),
+    fence BIGINT NOT NULL CHECK (fence > 0),
+    lease_until BIGINT NOT NULL,
+    ttl_ms BIGINT NOT NULL CHECK (ttl_ms >= 0),
+    release_on_unknown BOOLEAN NOT NULL,
+    response_status INTEGER CHECK (response_status IS NULL OR response_status BETWEEN 100 AND 999),
+    response_headers TEXT CHECK (response_headers IS NULL OR octet_length(response_headers) <= 1048576),
+    response_body BYTEA CHECK (response_body IS NULL OR octet_length(response_body) <= 67108864),
+    body_stored BOOLEAN NOT NULL DEFAULT false,
+    created_at BIGINT NOT NULL,
+    completed_at BIGINT,
+    expires_at BIGINT,
+    archived_at BIGINT,
+    replay_count BIGINT NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_records_lease ON idempotency_records (state, lease_until);
+CREATE INDEX IF NOT EXISTS idempotency_records_created ON idempotency_records (state, created_at);
+CREATE INDEX IF NOT EXISTS idempotency_records_expires ON idempotency_records (expires_at) WHERE archived_at IS NULL;
+CREATE INDEX IF NOT EXISTS idempotency_records_archived ON idempotency_records (archived_at) WHERE archived_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS idempotency_records_tenant_key ON idempotency_records (tenant, idem_key);
+"#,
+)];
+
+const PK: &str = "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6";
+const PK_COLS: &str = "(scope_version, tenant, principal, route, namespace, idem_key)";
+const COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
+     release_on_unknown, response_status, response_headers, octet_length(response_body), body_stored, created_at, completed_at, \
+     expires_at, archived_at, replay_count";
+
+/// Insert if absent; otherwise the existing row. One statement, one round trip.
+const CLAIM_SQL: &str = "WITH ins AS ( \
+    INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, \
+        lease_until, ttl_ms, release_on_unknown, body_stored, created_at, replay_count) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'in_progress', $7, nextval('idempotency_fence_seq'), $8, $9, $10, false, $11, 0) \
+    ON CONFLICT DO NOTHING RETURNING fence) \
+  SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, NULL::bigint AS ttl_ms, \
+    NULL::integer AS response_status, NULL::text AS response_headers, NULL::bytea AS response_body, false AS body_stored, \
+    NULL::bigint AS completed_at, NULL::bigint AS expires_at FROM ins \
+  UNION ALL \
+  SELECT false, fence, state, fingerprint, lease_until, ttl_ms, response_status, response_headers, \
+    CASE WHEN state = 'completed' AND body_stored THEN response_body END, body_stored, completed_at, expires_at \
+  FROM idempotency_records WHERE scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 \
+    AND idem_key = $6 AND NOT EXISTS (SELECT 1 FROM ins)";
+
+const MAX_ATTEMPTS: usize = 20;
+
+pub struct Postgres {
+    pool: Pool,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+struct Pk {
+    cols: [String; 6],
+}
+
+impl Pk {
+    fn new(s: &Scope) -> Pk {
+        Pk {
+            cols: [
+                s.version().to_string(),
+                s.tenant().to_string(),
+                s.principal().to_string(),
+                s.route().to_string(),
+                s.namespace().as_str().to_string(),
+                s.key().as_str().to_string(),
+            ],
+        }
+    }
+
+    /// The six key parameters followed by `extra`.
+    fn with<'a>(&'a self, extra: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut v: Vec<&(dyn ToSql + Sync)> = self.cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        v.extend_from_slice(extra);
+        v
+    }
+}
+
+impl Postgres {
+    pub fn connect(url: &str, pool_size: usize) -> Result<Postgres> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Config(format!("bad postgres URL: {e}")))?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .build()
+            .map_err(|e| StoreError::Config(format!("postgres pool: {e}")))?;
+        Ok(Postgres { pool })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(unavailable)
+    }
+
+    async fn exec(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
+        client.execute(&stmt, params).await.map_err(unavailable)
+    }
+
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
+        client.query(&stmt, params).await.map_err(unavailable)
+    }
+}
+
+/// A loaded record: what the rules need, the ttl stored at claim time, and
+/// what a replay serves.
+type Loaded = (RecordView, u64, Option<Vec<(String, String)>>, Vec<u8>);
+
+fn view_from(row: &Row) -> Result<Loaded> {
+    let g = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+    let state: String = row.try_get("state").map_err(g)?;
+    let status: Option<i32> = row.try_get("response_status").map_err(g)?;
+    let headers: Option<String> = row.try_get("response_headers").map_err(g)?;
+    let body: Option<Vec<u8>> = row.try_get("response_body").map_err(g)?;
+    let view = RecordView {
+        state: State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+        fingerprint: fingerprint_from(row.try_get("fingerprint").map_err(g)?)?,
+        fence: u64_from(row.try_get("fence").map_err(g)?, "fence")?,
+        lease_until: row.try_get("lease_until").map_err(g)?,
+        status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+        body_stored: row.try_get("body_stored").map_err(g)?,
+        completed_at: row.try_get("completed_at").map_err(g)?,
+        expires_at: row.try_get("expires_at").map_err(g)?,
+    };
+    let ttl_ms = u64_from(row.try_get("ttl_ms").map_err(g)?, "ttl_ms")?;
+    Ok((
+        view,
+        ttl_ms,
+        decode_headers(headers.as_deref())?,
+        body.unwrap_or_default(),
+    ))
+}
+
+fn info_from(row: &Row) -> Result<RecordInfo> {
+    let g = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+    let text = |i: usize| row.try_get::<_, String>(i).map_err(g);
+    let scope = scope_from(&text(1)?, &text(2)?, &text(3)?, &text(4)?, &text(5)?)?;
+    let status: Option<i32> = row.try_get(12).map_err(g)?;
+    let headers: Option<String> = row.try_get(13).map_err(g)?;
+    let body_len: Option<i32> = row.try_get(14).map_err(g)?;
+    Ok(RecordInfo {
+        log_id: scope.log_id(),
+        scope,
+        state: text(6)?,
+        fingerprint: row.try_get(7).map_err(g)?,
+        fence: u64_from(row.try_get(8).map_err(g)?, "fence")?,
+        lease_until: row.try_get(9).map_err(g)?,
+        ttl_ms: u64_from(row.try_get(10).map_err(g)?, "ttl_ms")?,
+        on_unknown: on_unknown_from(row.try_get(11).map_err(g)?),
+        status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+        headers: decode_headers(headers.as_deref())?,
+        body_stored: row.try_get(15).map_err(g)?,
+        body_len: body_len.map(|l| u64::try_from(l).unwrap_or(0)),
+        created_at: row.try_get(16).map_err(g)?,
+        completed_at: row.try_get(17).map_err(g)?,
+        expires_at: row.try_get(18).map_err(g)?,
+        archived_at: row.try_get(19).map_err(g)?,
+        replay_count: u64_from(row.try_get(20).map_err(g)?, "replay_count")?,
+    })
+}
+
+#[async_trait]
+impl Backend for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        // Replicas starting together take turns; the lock ends with the transaction.
+        tx.execute("SELECT pg_advisory_xact_lock(7201865443)", &[])
+            .await
+            .map_err(unavailable)?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)")
+            .await
+            .map_err(unavailable)?;
+        for (version, sql) in MIGRATIONS {
+            let done = tx
+                .query_opt(
+                    "SELECT version FROM idempotency_schema_migrations WHERE version = $1",
+                    &[version],
+                )
+                .await
+                .map_err(unavailable)?;
+            if done.is_none() {
+                tx.batch_execute(sql).await.map_err(unavailable)?;
+                tx.execute(
+                    "INSERT INTO idempotency_schema_migrations (version, applied_at) VALUES ($1, $2)",
+                    &[version, &crate::clock::system_now()],
+                )
+                .await
+                .map_err(unavailable)?;
+            }
+        }
+        tx.commit().await.map_err(unavailable)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
+            .await
+            .map(|_| ())
+    }
+
+    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+        let pk = Pk::new(&req.scope);
+        let fingerprint = req.fingerprint.map(|f| f.to_hex());
+        let lease_until = record::lease_until(now, req.lease_ms);
+        let ttl_ms = i64_from(req.ttl_ms);
+        let release = req.on_unknown == OnUnknown::Release;
+        let client = self.client().await?;
+        let claim_stmt = client.prepare_cached(CLAIM_SQL).await.map_err(unavailable)?;
+        for _ in 0..MAX_ATTEMPTS {
+            let rows = client
+                .query(
+                    &claim_stmt,
+                    &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now]),
+                )
+                .await
+                .map_err(unavailable)?;
+            let Some(row) = rows.first() else {
+                // Lost a race with a concurrent insert we cannot see yet: look again.
+                continue;
+            };
+            if row
+                .try_get::<_, bool>("inserted")
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?
+            {
+                let fence = u64_from(
+                    row.try_get("fence")
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    "fence",
+                )?;
+                return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
+            }
+            let (view, stored_ttl, headers, body) = view_from(row)?;
+            let old_fence = i64_from(view.fence);
+            match record::decide_claim(Some(&view), req, now) {
+                ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
+                ClaimDecision::Claim => {
+                    let sql = format!(
+                        "UPDATE idempotency_records SET state = 'in_progress', fingerprint = $7, fence = nextval('idempotency_fence_seq'), \
+                         lease_until = $8, ttl_ms = $9, release_on_unknown = $10, response_status = NULL, response_headers = NULL, \
+                         response_body = NULL, body_stored = false, created_at = $11, completed_at = NULL, expires_at = NULL, \
+                         archived_at = NULL, replay_count = 0 WHERE {PK} AND fence = $12 RETURNING fence"
+                    );
+                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
+                    let rows = client
+                        .query(
+                            &stmt,
+                            &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now, &old_fence]),
+                        )
+                        .await
+                        .map_err(unavailable)?;
+                    if let Some(row) = rows.first() {
+                        let fence = u64_from(
+                            row.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                            "fence",
+                        )?;
+                        return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
+                    }
+                }
+                ClaimDecision::Replay { status, completed_at } => {
+                    let sql = format!("UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE {PK} AND fence = $7 AND state = 'completed'");
+                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
+                    if client
+                        .execute(&stmt, &pk.with(&[&old_fence]))
+                        .await
+                        .map_err(unavailable)?
+                        == 1
+                    {
+                        return Ok(ClaimOutcome {
+                            reply: ClaimReply::Replay {
+                                status,
+                                headers: headers.unwrap_or_default(),
+                                completed_at,
+                            },
+                            body,
+                            became_unknown: false,
+                        });
+                    }
+                }
+                ClaimDecision::BecomeUnknown => {
+                    let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE {PK} AND fence = $7 AND state = 'in_progress'");
+                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
+                    let expires = record::unknown_expiry(now, stored_ttl);
+                    if client
+                        .execute(&stmt, &pk.with(&[&old_fence, &expires]))
+                        .await
+                        .map_err(unavailable)?
+                        == 1
+                    {
+                        return Ok(ClaimOutcome {
+                            reply: ClaimReply::Unknown,
+                            body: Vec::new(),
+                            became_unknown: true,
+                        });
+                    }
+                }
+            }
+            // Someone changed the record between our read and our write: decide again.
+        }
+        Err(StoreError::Unavailable(
+            "claim kept racing with concurrent changes".into(),
+        ))
+    }
+
+    async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
+        let pk = Pk::new(&req.scope);
+        // The WHERE clause is record::may_complete; expires_at is
+        // record::completion_expiry with the ttl stored at claim time.
+        let sql = format!(
+            "UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
+             body_stored = $11, completed_at = $12, expires_at = $12 + ttl_ms, lease_until = $12 \
+             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')"
+        );
+        let fence = i64_from(req.fence);
+        let status = i32::from(req.status);
+        let headers = encode_headers(&req.headers);
+        let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
+        let n = self
+            .exec(
+                &sql,
+                &pk.with(&[&fence, &status, &headers, &body, &req.body_stored, &now]),
+            )
+            .await?;
+        Ok(if n == 1 {
+            FenceReply::Done
+        } else {
+            FenceReply::Stale
+        })
+    }
+
+    async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
+        let pk = Pk::new(&req.scope);
+        let sql = format!("DELETE FROM idempotency_records WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')");
+        let fence = i64_from(req.fence);
+        let n = self.exec(&sql, &pk.with(&[&fence])).await?;
+        Ok(if n == 1 {
+            FenceReply::Done
+        } else {
+            FenceReply::Stale
+        })
+    }
+
+    async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        let pk = Pk::new(&req.scope);
+        let sql = format!(
+            "UPDATE idempotency_records SET state = 'unknown', \
+             expires_at = CASE WHEN state = 'unknown' THEN expires_at ELSE $8 + ttl_ms END \
+             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')"
+        );
+        let fence = i64_from(req.fence);
+        let n = self.exec(&sql, &pk.with(&[&fence, &now])).await?;
+        Ok(if n == 1 {
+            FenceReply::Done
+        } else {
+            FenceReply::Stale
+        })
+    }
+
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM idempotency_records WHERE tenant = $1 AND idem_key = $2 \
+             AND ($3::text IS NULL OR route = $3) AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5) \
+             ORDER BY route, principal, namespace LIMIT $6"
+        );
+        let ns = q.namespace.map(|n| n.as_str().to_string());
+        let limit = i64::from(limit);
+        let rows = self
+            .query(&sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
+            .await?;
+        rows.iter().map(info_from).collect()
+    }
+
+    async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
+        let limit = i64::from(limit);
+        let rows = match which {
+            Listing::Unknown => {
+                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT $1");
+                self.query(&sql, &[&limit]).await?
+            }
+            Listing::Stuck { older_than_ms } => {
+                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'in_progress' AND created_at <= $1 ORDER BY created_at LIMIT $2");
+                let before = now.saturating_sub(i64_from(older_than_ms));
+                self.query(&sql, &[&before, &limit]).await?
+            }
+        };
+        rows.iter().map(info_from).collect()
+    }
+
+    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
+        let pk = Pk::new(scope);
+        let n = match how {
+            Resolution::Release => {
+                let sql = format!(
+                    "DELETE FROM idempotency_records WHERE {PK} AND state IN ('in_progress', 'unknown')"
+                );
+                self.exec(&sql, &pk.with(&[])).await?
+            }
+            Resolution::Complete {
+                status,
+                headers,
+                body,
+            } => {
+                let sql = format!(
+                    "UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
+                     response_headers = $8, response_body = $9, body_stored = true, completed_at = $10, expires_at = $10 + ttl_ms, \
+                     lease_until = $10 WHERE {PK} AND state IN ('in_progress', 'unknown')"
+                );
+                let status = i32::from(*status);
+                let headers = encode_headers(headers);
+                let body = body.as_bytes();
+                self.exec(&sql, &pk.with(&[&status, &headers, &body, &now]))
+                    .await?
+            }
+        };
+        Ok(n > 0)
+    }
+
+    async fn purge(&self, scope: &Scope) -> Result<bool> {
+        let pk = Pk::new(scope);
+        let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
+        Ok(self.exec(&sql, &pk.with(&[])).await? > 0)
+    }
+
+    async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
+        let batch = i64::from(policy.batch);
+        let pick = |cond: &str| {
+            format!("{PK_COLS} IN (SELECT {PK_COLS} FROM idempotency_records WHERE {cond} LIMIT $2 FOR UPDATE SKIP LOCKED)")
+        };
+        let released = self
+            .exec(
+                &format!(
+                    "DELETE FROM idempotency_records WHERE {}",
+                    pick("state = 'in_progress' AND lease_until <= $1 AND release_on_unknown")
+                ),
+                &[&now, &batch],
+            )
+            .await?;
+        let marked = self
+            .exec(
+                &format!(
+                    "UPDATE idempotency_records SET state = 'unknown', expires_at = $1 + ttl_ms WHERE {}",
+                    pick("state = 'in_progress' AND lease_until <= $1 AND NOT release_on_unknown")
+                ),
+                &[&now, &batch],
+            )
+            .await?;
+        let archived = self
+            .exec(
+                &format!(
+                    "UPDATE idempotency_records SET archived_at = $1, response_body = NULL WHERE {}",
+                    pick("archived_at IS NULL AND expires_at <= $1")
+                ),
+                &[&now, &batch],
+            )
+            .await?;
+        let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
+        let purged = self
+            .exec(
+                &format!(
+                    "DELETE FROM idempotency_records WHERE {}",
+                    pick("archived_at IS NOT NULL AND archived_at <= $1")
+                ),
+                &[&cutoff, &batch],
+            )
+            .await?;
+        Ok(SweepReport {
+            marked_unknown: marked,
+            released,
+            archived,
+            purged,
+        })
+    }
+
+    async fn oldest_in_progress(&self) -> Result<Option<i64>> {
+        let rows = self
+            .query(
+                "SELECT min(created_at) FROM idempotency_records WHERE state = 'in_progress'",
+                &[],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => row.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string())),
+            None => Ok(None),
+        }
+    }
+}

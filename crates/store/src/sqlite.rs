@@ -1,0 +1,721 @@
+//! SQLite, the embedded default: WAL, durable commits (`synchronous=FULL`)
+//! with group commit, one writer, readers in parallel.
+//!
+//! Every write runs on one dedicated thread. It takes the first job from its
+//! channel, drains whatever else is already queued, runs the whole batch in
+//! one transaction (each job inside its own savepoint, so one failing job does
+//! not undo the others), commits once, and only then answers every caller: 200
+//! concurrent claims cost one fsync, not 200. Because this thread is the only
+//! writer, "read the record, decide, write" needs no locking of its own, and
+//! the fencing counter row is simply incremented in the same transaction.
+//!
+//! Claims that only need to answer (mismatch, in progress, unknown, expired)
+//! are decided on a reader connection first and never queue behind writes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use async_trait::async_trait;
+use idemgate_core::config::OnUnknown;
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::record::{self, ClaimDecision, RecordView, State};
+use idemgate_core::scope::Scope;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::backend::*;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    r#"
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    scope_version TEXT NOT NULL CHECK (length(CAST(scope_version AS BLOB)) BETWEEN 1 AND 16),
+    tenant TEXT NOT NULL CHECK (length(CAST(tenant AS BLOB)) BETWEEN 1 AND 255),
+    principal TEXT NOT NULL CHECK (length(CAST(principal AS BLOB)) BETWEEN 1 AND 255),
+    route TEXT NOT NULL CHECK (length(CAST(route AS BLOB)) BETWEEN 1 AND 255),
+    namespace TEXT NOT NULL CHECK (namespace IN ('u', 's')),
+    idem_key TEXT NOT NULL CHECK (length(CAST(idem_key AS BLOB)) BETWEEN 1 AND 255),
+    state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed', 'unknown')),
+    fingerprint TEXT CHECK (fingerprint IS NULL OR length(fingerprint) = 64),
+    fence INTEGER NOT NULL CHECK (fence > 0),
+    lease_until INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL CHECK (ttl_ms >= 0),
+    release_on_unknown INTEGER NOT NULL CHECK (release_on_unknown IN (0, 1)),
+    response_status INTEGER CHECK (response_status IS NULL OR response_status BETWEEN 100 AND 999),
+    response_headers TEXT CHECK (response_headers IS NULL OR length(CAST(response_headers AS BLOB)) <= 1048576),
+    response_body BLOB CHECK (response_body IS NULL OR length(response_body) <= 67108864),
+    body_stored INTEGER NOT NULL DEFAULT 0 CHECK (body_stored IN (0, 1)),
+    created_at INTEGER NOT NULL,
+    completed_at INTEGER,
+    expires_at INTEGER,
+    archived_at INTEGER,
+    replay_count INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_records_lease ON idempotency_records (state, lease_until);
+CREATE INDEX IF NOT EXISTS idempotency_records_created ON idempotency_records (state, created_at);
+CREATE INDEX IF NOT EXISTS idempotency_records_expires ON idempotency_records (expires_at) WHERE archived_at IS NULL;
+CREATE INDEX IF NOT EXISTS idempotency_records_archived ON idempotency_records (archived_at) WHERE archived_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS idempotency_records_tenant_key ON idempotency_records (tenant, idem_key);
+CREATE TABLE IF NOT EXISTS idempotency_fence (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO idempotency_fence (id, value) VALUES (1, 0);
+"#,
+)];
+
+const PK: &str = "scope_version = ?1 AND tenant = ?2 AND principal = ?3 AND route = ?4 AND namespace = ?5 AND idem_key = ?6";
+const COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
+     release_on_unknown, response_status, response_headers, length(response_body), body_stored, created_at, completed_at, \
+     expires_at, archived_at, replay_count";
+const READERS: usize = 4;
+const MAX_BATCH: usize = 256;
+
+type Deliver = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> (bool, Deliver) + Send>;
+
+pub struct Sqlite {
+    writer: Mutex<mpsc::Sender<Job>>,
+    readers: Arc<Vec<Mutex<Connection>>>,
+    next_reader: AtomicUsize,
+}
+
+fn unavailable(e: rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
+    let conn = Connection::open(path).map_err(unavailable)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(unavailable)?;
+    let sync = if synchronous_full { "FULL" } else { "NORMAL" };
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON;"
+    ))
+    .map_err(unavailable)?;
+    Ok(conn)
+}
+
+impl Sqlite {
+    pub fn open(path: &str, synchronous_full: bool) -> Result<Sqlite> {
+        let writer = open_connection(path, synchronous_full)?;
+        let readers = (0..READERS)
+            .map(|_| open_connection(path, synchronous_full).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
+        Ok(Sqlite {
+            writer: Mutex::new(tx),
+            readers: Arc::new(readers),
+            next_reader: AtomicUsize::new(0),
+        })
+    }
+
+    /// Runs `f` on the writer thread inside the next group commit.
+    async fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let out = f(conn);
+            let ok = out.is_ok();
+            let deliver: Deliver = Box::new(move |commit| {
+                let _ = tx.send(commit.map_err(StoreError::Unavailable).and(out));
+            });
+            (ok, deliver)
+        });
+        {
+            let sender = self
+                .writer
+                .lock()
+                .map_err(|_| StoreError::Unavailable("writer lock poisoned".into()))?;
+            sender
+                .send(job)
+                .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))?;
+        }
+        rx.await
+            .map_err(|_| StoreError::Unavailable("the sqlite writer dropped the job".into()))?
+    }
+
+    /// Runs `f` on one of the reader connections, off the async runtime.
+    async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
+        let readers = Arc::clone(&self.readers);
+        tokio::task::spawn_blocking(move || {
+            // A std Mutex: the guard lives only inside this blocking closure.
+            let conn = readers[i]
+                .lock()
+                .map_err(|_| StoreError::Unavailable("reader lock poisoned".into()))?;
+            f(&conn)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("reader task: {e}")))?
+    }
+}
+
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Dropping the jobs drops their reply channels: callers see an error.
+            tracing::error!("sqlite: cannot begin a transaction: {e}");
+            continue;
+        }
+        let mut delivers = Vec::with_capacity(batch.len());
+        for job in batch {
+            if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+                tracing::error!("sqlite: savepoint: {e}");
+                continue;
+            }
+            let (ok, deliver) = job(&conn);
+            let end = if ok {
+                "RELEASE job"
+            } else {
+                "ROLLBACK TO job; RELEASE job"
+            };
+            if let Err(e) = conn.execute_batch(end) {
+                tracing::error!("sqlite: savepoint: {e}");
+            }
+            delivers.push(deliver);
+        }
+        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        if commit.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for deliver in delivers {
+            deliver(commit.clone());
+        }
+    }
+}
+
+/// The primary key columns of a scope, in `PK` order.
+fn pk(s: &Scope) -> [String; 6] {
+    [
+        s.version().to_string(),
+        s.tenant().to_string(),
+        s.principal().to_string(),
+        s.route().to_string(),
+        s.namespace().as_str().to_string(),
+        s.key().as_str().to_string(),
+    ]
+}
+
+/// A loaded row: what the rules need plus what a replay serves.
+struct Loaded {
+    view: RecordView,
+    ttl_ms: u64,
+    headers: Option<Vec<(String, String)>>,
+}
+
+fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
+    let sql = format!(
+        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at \
+         FROM idempotency_records WHERE {PK}"
+    );
+    let row = conn
+        .prepare_cached(&sql)
+        .map_err(unavailable)?
+        .query_row(params![key[0], key[1], key[2], key[3], key[4], key[5]], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, Option<i64>>(5)?,
+                r.get::<_, Option<String>>(6)?,
+                r.get::<_, bool>(7)?,
+                r.get::<_, Option<i64>>(8)?,
+                r.get::<_, Option<i64>>(9)?,
+            ))
+        })
+        .optional()
+        .map_err(unavailable)?;
+    let Some((state, fp, fence, lease_until, ttl_ms, status, headers, body_stored, completed_at, expires_at)) =
+        row
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Loaded {
+        view: RecordView {
+            state: State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+            fingerprint: fingerprint_from(fp)?,
+            fence: u64_from(fence, "fence")?,
+            lease_until,
+            status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+            body_stored,
+            completed_at,
+            expires_at,
+        },
+        ttl_ms: u64_from(ttl_ms, "ttl_ms")?,
+        headers: decode_headers(headers.as_deref())?,
+    }))
+}
+
+fn load_body(conn: &Connection, key: &[String; 6]) -> Result<Vec<u8>> {
+    let sql = format!("SELECT response_body FROM idempotency_records WHERE {PK}");
+    let body: Option<Vec<u8>> = conn
+        .prepare_cached(&sql)
+        .map_err(unavailable)?
+        .query_row(params![key[0], key[1], key[2], key[3], key[4], key[5]], |r| {
+            r.get(0)
+        })
+        .map_err(unavailable)?;
+    Ok(body.unwrap_or_default())
+}
+
+fn next_fence(conn: &Connection) -> Result<u64> {
+    let v: i64 = conn
+        .prepare_cached("UPDATE idempotency_fence SET value = value + 1 WHERE id = 1 RETURNING value")
+        .map_err(unavailable)?
+        .query_row([], |r| r.get(0))
+        .map_err(unavailable)?;
+    u64_from(v, "fence")
+}
+
+/// Read, decide with the shared rules, write: only ever called on the writer.
+fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+    let key = pk(&req.scope);
+    let loaded = load(conn, &key)?;
+    let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
+    match decision {
+        ClaimDecision::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
+        ClaimDecision::Claim => {
+            let fence = next_fence(conn)?;
+            let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
+                       fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
+                       response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
+                       VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, ?8, ?9, ?10, ?11, NULL, NULL, NULL, 0, ?12, NULL, NULL, NULL, 0) \
+                       ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO UPDATE SET \
+                       state = excluded.state, fingerprint = excluded.fingerprint, fence = excluded.fence, \
+                       lease_until = excluded.lease_until, ttl_ms = excluded.ttl_ms, release_on_unknown = excluded.release_on_unknown, \
+                       response_status = NULL, response_headers = NULL, response_body = NULL, body_stored = 0, \
+                       created_at = excluded.created_at, completed_at = NULL, expires_at = NULL, archived_at = NULL, replay_count = 0";
+            conn.prepare_cached(sql)
+                .map_err(unavailable)?
+                .execute(params![
+                    key[0],
+                    key[1],
+                    key[2],
+                    key[3],
+                    key[4],
+                    key[5],
+                    req.fingerprint.map(|f| f.to_hex()),
+                    i64_from(fence),
+                    record::lease_until(now, req.lease_ms),
+                    i64_from(req.ttl_ms),
+                    req.on_unknown == OnUnknown::Release,
+                    now,
+                ])
+                .map_err(unavailable)?;
+            Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
+        }
+        ClaimDecision::Replay { status, completed_at } => {
+            let sql = format!("UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE {PK}");
+            conn.prepare_cached(&sql)
+                .map_err(unavailable)?
+                .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
+                .map_err(unavailable)?;
+            let headers = loaded.and_then(|l| l.headers).unwrap_or_default();
+            Ok(ClaimOutcome {
+                reply: ClaimReply::Replay {
+                    status,
+                    headers,
+                    completed_at,
+                },
+                body: load_body(conn, &key)?,
+                became_unknown: false,
+            })
+        }
+        ClaimDecision::BecomeUnknown => {
+            let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
+            let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE {PK}");
+            conn.prepare_cached(&sql)
+                .map_err(unavailable)?
+                .execute(params![
+                    key[0],
+                    key[1],
+                    key[2],
+                    key[3],
+                    key[4],
+                    key[5],
+                    record::unknown_expiry(now, ttl_ms)
+                ])
+                .map_err(unavailable)?;
+            Ok(ClaimOutcome {
+                reply: ClaimReply::Unknown,
+                body: Vec::new(),
+                became_unknown: true,
+            })
+        }
+    }
+}
+
+fn info_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<RecordInfo, StoreError>> {
+    let cols = (
+        r.get::<_, String>(0)?,
+        r.get::<_, String>(1)?,
+        r.get::<_, String>(2)?,
+        r.get::<_, String>(3)?,
+        r.get::<_, String>(4)?,
+        r.get::<_, String>(5)?,
+    );
+    let state: String = r.get(6)?;
+    let fingerprint: Option<String> = r.get(7)?;
+    let fence: i64 = r.get(8)?;
+    let lease_until: i64 = r.get(9)?;
+    let ttl_ms: i64 = r.get(10)?;
+    let release: bool = r.get(11)?;
+    let status: Option<i64> = r.get(12)?;
+    let headers: Option<String> = r.get(13)?;
+    let body_len: Option<i64> = r.get(14)?;
+    let body_stored: bool = r.get(15)?;
+    let created_at: i64 = r.get(16)?;
+    let completed_at: Option<i64> = r.get(17)?;
+    let expires_at: Option<i64> = r.get(18)?;
+    let archived_at: Option<i64> = r.get(19)?;
+    let replay_count: i64 = r.get(20)?;
+    Ok((|| {
+        let _ = &cols.0;
+        let scope = scope_from(&cols.1, &cols.2, &cols.3, &cols.4, &cols.5)?;
+        Ok(RecordInfo {
+            log_id: scope.log_id(),
+            scope,
+            state,
+            fingerprint,
+            fence: u64_from(fence, "fence")?,
+            lease_until,
+            ttl_ms: u64_from(ttl_ms, "ttl_ms")?,
+            on_unknown: on_unknown_from(release),
+            status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+            headers: decode_headers(headers.as_deref())?,
+            body_stored,
+            body_len: body_len.map(|l| u64::try_from(l).unwrap_or(0)),
+            created_at,
+            completed_at,
+            expires_at,
+            archived_at,
+            replay_count: u64_from(replay_count, "replay_count")?,
+        })
+    })())
+}
+
+fn query_infos(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Vec<RecordInfo>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
+    let rows = stmt.query_map(params, info_from_row).map_err(unavailable)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row.map_err(unavailable)??);
+    }
+    Ok(out)
+}
+
+/// Changes a record only if the caller holds its current fence and it is
+/// still open; `record::may_fence` is the rule, checked on the writer.
+fn fenced(conn: &Connection, key: &[String; 6], fence: u64) -> Result<Option<Loaded>> {
+    Ok(load(conn, key)?.filter(|l| record::may_fence(l.view.state, l.view.fence, fence)))
+}
+
+#[async_trait]
+impl Backend for Sqlite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        self.write(|conn| {
+            conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
+                .map_err(unavailable)?;
+            for (version, sql) in MIGRATIONS {
+                let done: Option<i64> = conn
+                    .query_row("SELECT version FROM schema_migrations WHERE version = ?1", [version], |r| r.get(0))
+                    .optional()
+                    .map_err(unavailable)?;
+                if done.is_none() {
+                    conn.execute_batch(sql).map_err(unavailable)?;
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                        params![version, crate::clock::system_now()],
+                    )
+                    .map_err(unavailable)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.read(|conn| {
+            conn.query_row("SELECT value FROM idempotency_fence WHERE id = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+        // Answers that change nothing are decided on a reader, in parallel.
+        let key = pk(&req.scope);
+        let probe = req.clone();
+        let quick = self
+            .read(move |conn| {
+                let loaded = load(conn, &key)?;
+                Ok(
+                    match record::decide_claim(loaded.as_ref().map(|l| &l.view), &probe, now) {
+                        ClaimDecision::Answer(reply) => Some(reply),
+                        _ => None,
+                    },
+                )
+            })
+            .await?;
+        if let Some(reply) = quick {
+            return Ok(ClaimOutcome::answer(reply));
+        }
+        let req = req.clone();
+        self.write(move |conn| claim_on_writer(conn, &req, now)).await
+    }
+
+    async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
+        let key = pk(&req.scope);
+        let (fence, status, headers, body_stored) = (
+            req.fence,
+            req.status,
+            encode_headers(&req.headers),
+            req.body_stored,
+        );
+        let body = body.to_vec();
+        self.write(move |conn| {
+            let Some(loaded) = fenced(conn, &key, fence)? else {
+                return Ok(FenceReply::Stale);
+            };
+            let sql = format!(
+                "UPDATE idempotency_records SET state = 'completed', response_status = ?7, response_headers = ?8, \
+                 response_body = ?9, body_stored = ?10, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE {PK}"
+            );
+            conn.prepare_cached(&sql)
+                .map_err(unavailable)?
+                .execute(params![
+                    key[0],
+                    key[1],
+                    key[2],
+                    key[3],
+                    key[4],
+                    key[5],
+                    status,
+                    headers,
+                    if body_stored { Some(body) } else { None },
+                    body_stored,
+                    now,
+                    record::completion_expiry(now, loaded.ttl_ms),
+                ])
+                .map_err(unavailable)?;
+            Ok(FenceReply::Done)
+        })
+        .await
+    }
+
+    async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
+        let key = pk(&req.scope);
+        let fence = req.fence;
+        self.write(move |conn| {
+            if fenced(conn, &key, fence)?.is_none() {
+                return Ok(FenceReply::Stale);
+            }
+            let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
+            conn.prepare_cached(&sql)
+                .map_err(unavailable)?
+                .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
+                .map_err(unavailable)?;
+            Ok(FenceReply::Done)
+        })
+        .await
+    }
+
+    async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        let key = pk(&req.scope);
+        let fence = req.fence;
+        self.write(move |conn| {
+            let Some(loaded) = fenced(conn, &key, fence)? else {
+                return Ok(FenceReply::Stale);
+            };
+            if loaded.view.state == State::Unknown {
+                return Ok(FenceReply::Done);
+            }
+            let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE {PK}");
+            conn.prepare_cached(&sql)
+                .map_err(unavailable)?
+                .execute(params![
+                    key[0],
+                    key[1],
+                    key[2],
+                    key[3],
+                    key[4],
+                    key[5],
+                    record::unknown_expiry(now, loaded.ttl_ms)
+                ])
+                .map_err(unavailable)?;
+            Ok(FenceReply::Done)
+        })
+        .await
+    }
+
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+        let q = q.clone();
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idempotency_records WHERE tenant = ?1 AND idem_key = ?2 \
+                 AND (?3 IS NULL OR route = ?3) AND (?4 IS NULL OR principal = ?4) AND (?5 IS NULL OR namespace = ?5) \
+                 ORDER BY route, principal, namespace LIMIT ?6"
+            );
+            let ns = q.namespace.map(|n| n.as_str());
+            query_infos(conn, &sql, params![q.tenant, q.key, q.route, q.principal, ns, limit])
+        })
+        .await
+    }
+
+    async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
+        self.read(move |conn| match which {
+            Listing::Unknown => {
+                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT ?1");
+                query_infos(conn, &sql, params![limit])
+            }
+            Listing::Stuck { older_than_ms } => {
+                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'in_progress' AND created_at <= ?1 ORDER BY created_at LIMIT ?2");
+                let before = now.saturating_sub(i64_from(older_than_ms));
+                query_infos(conn, &sql, params![before, limit])
+            }
+        })
+        .await
+    }
+
+    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
+        let key = pk(scope);
+        let how = how.clone();
+        self.write(move |conn| {
+            let Some(loaded) = load(conn, &key)? else {
+                return Ok(false);
+            };
+            if !matches!(loaded.view.state, State::InProgress | State::Unknown) {
+                return Ok(false);
+            }
+            match how {
+                Resolution::Release => {
+                    let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
+                    conn.execute(&sql, params![key[0], key[1], key[2], key[3], key[4], key[5]]).map_err(unavailable)?;
+                }
+                Resolution::Complete { status, headers, body } => {
+                    // A new fence: the old owner's late completion must not
+                    // overwrite what the operator decided.
+                    let fence = next_fence(conn)?;
+                    let sql = format!(
+                        "UPDATE idempotency_records SET state = 'completed', fence = ?7, response_status = ?8, response_headers = ?9, \
+                         response_body = ?10, body_stored = 1, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE {PK}"
+                    );
+                    conn.execute(
+                        &sql,
+                        params![
+                            key[0],
+                            key[1],
+                            key[2],
+                            key[3],
+                            key[4],
+                            key[5],
+                            i64_from(fence),
+                            status,
+                            encode_headers(&headers),
+                            body.into_bytes(),
+                            now,
+                            record::completion_expiry(now, loaded.ttl_ms),
+                        ],
+                    )
+                    .map_err(unavailable)?;
+                }
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn purge(&self, scope: &Scope) -> Result<bool> {
+        let key = pk(scope);
+        self.write(move |conn| {
+            let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
+            let n = conn
+                .execute(&sql, params![key[0], key[1], key[2], key[3], key[4], key[5]])
+                .map_err(unavailable)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
+        let SweepPolicy {
+            batch,
+            audit_retention_ms,
+        } = *policy;
+        self.write(move |conn| {
+            let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+            let released = conn
+                .execute(
+                    "DELETE FROM idempotency_records WHERE rowid IN (SELECT rowid FROM idempotency_records \
+                     WHERE state = 'in_progress' AND lease_until <= ?1 AND release_on_unknown = 1 LIMIT ?2)",
+                    params![now, batch],
+                )
+                .map_err(unavailable)?;
+            // expires_at = now + ttl_ms is record::unknown_expiry, in SQL so a
+            // whole batch is one statement.
+            let marked = conn
+                .execute(
+                    "UPDATE idempotency_records SET state = 'unknown', expires_at = ?1 + ttl_ms WHERE rowid IN \
+                     (SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND lease_until <= ?1 \
+                     AND release_on_unknown = 0 LIMIT ?2)",
+                    params![now, batch],
+                )
+                .map_err(unavailable)?;
+            let archived = conn
+                .execute(
+                    "UPDATE idempotency_records SET archived_at = ?1, response_body = NULL WHERE rowid IN \
+                     (SELECT rowid FROM idempotency_records WHERE archived_at IS NULL AND expires_at <= ?1 LIMIT ?2)",
+                    params![now, batch],
+                )
+                .map_err(unavailable)?;
+            let purged = conn
+                .execute(
+                    "DELETE FROM idempotency_records WHERE rowid IN (SELECT rowid FROM idempotency_records \
+                     WHERE archived_at IS NOT NULL AND archived_at <= ?1 LIMIT ?2)",
+                    params![now.saturating_sub(i64_from(audit_retention_ms)), batch],
+                )
+                .map_err(unavailable)?;
+            Ok(SweepReport { marked_unknown: count(marked), released: count(released), archived: count(archived), purged: count(purged) })
+        })
+        .await
+    }
+
+    async fn oldest_in_progress(&self) -> Result<Option<i64>> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT min(created_at) FROM idempotency_records WHERE state = 'in_progress'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(unavailable)
+        })
+        .await
+    }
+}

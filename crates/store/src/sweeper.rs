@@ -1,0 +1,76 @@
+//! The background job: leases that ran out become unknown (or are released),
+//! expired records are archived, archived records are purged after the audit
+//! retention. It works in batches so no transaction holds the writer long, and
+//! it is the only thing that scans; the request path never does.
+
+use std::time::Duration;
+
+use crate::backend::{Result, SweepPolicy, SweepReport};
+use crate::service::Store;
+
+#[derive(Debug, Clone)]
+pub struct SweepSettings {
+    pub enabled: bool,
+    pub interval: Duration,
+    pub batch: u32,
+    pub audit_retention_ms: u64,
+}
+
+pub const DEFAULT_AUDIT_RETENTION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+
+impl Default for SweepSettings {
+    fn default() -> Self {
+        SweepSettings {
+            enabled: true,
+            interval: Duration::from_secs(1),
+            batch: 500,
+            audit_retention_ms: DEFAULT_AUDIT_RETENTION_MS,
+        }
+    }
+}
+
+/// Batches until a pass changes fewer rows than a full batch (at most 100
+/// batches, so one call stays bounded), updating the metrics.
+pub async fn sweep_all(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> {
+    let mut total = SweepReport::default();
+    for _ in 0..100 {
+        let report = store.backend.sweep(store.clock.now(), policy).await?;
+        store.metrics.observe_sweep(&report);
+        total.add(report);
+        let full = u64::from(policy.batch);
+        if report.marked_unknown < full
+            && report.released < full
+            && report.archived < full
+            && report.purged < full
+        {
+            break;
+        }
+    }
+    if total.total() > 0 {
+        store.notify_changed();
+    }
+    let oldest = store.backend.oldest_in_progress().await?;
+    let age = oldest
+        .map(|t| (store.clock.now().saturating_sub(t)).max(0) as f64 / 1000.0)
+        .unwrap_or(0.0);
+    store.metrics.oldest_in_progress_seconds.set(age);
+    Ok(total)
+}
+
+pub async fn run(store: Store, settings: SweepSettings, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let policy = SweepPolicy {
+        batch: settings.batch,
+        audit_retention_ms: settings.audit_retention_ms,
+    };
+    loop {
+        match sweep_all(&store, &policy).await {
+            Ok(report) if report.total() > 0 => tracing::info!(?report, "sweeper pass"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.interval) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
