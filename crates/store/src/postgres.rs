@@ -58,6 +58,7 @@ CREATE INDEX IF NOT EXISTS idempotency_records_tenant_key ON idempotency_records
 
 const PK: &str = "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6";
 const PK_COLS: &str = "(scope_version, tenant, principal, route, namespace, idem_key)";
+const PK_LIST: &str = "scope_version, tenant, principal, route, namespace, idem_key";
 const COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
      release_on_unknown, response_status, response_headers, octet_length(response_body), body_stored, created_at, completed_at, \
      expires_at, archived_at, replay_count";
@@ -83,8 +84,31 @@ pub struct Postgres {
     pool: Pool,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+trait Described {
+    fn describe(&self) -> String;
+}
+
+impl Described for tokio_postgres::Error {
+    /// The server's own message; `Display` only says "db error".
+    fn describe(&self) -> String {
+        match self.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => self.to_string(),
+        }
+    }
+}
+
+impl Described for deadpool_postgres::PoolError {
+    fn describe(&self) -> String {
+        match self {
+            deadpool_postgres::PoolError::Backend(e) => e.describe(),
+            other => other.to_string(),
+        }
+    }
+}
+
+fn unavailable(e: impl Described) -> StoreError {
+    StoreError::Unavailable(e.describe())
 }
 
 struct Pk {
@@ -474,7 +498,7 @@ impl Backend for Postgres {
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         let batch = i64::from(policy.batch);
         let pick = |cond: &str| {
-            format!("{PK_COLS} IN (SELECT {PK_COLS} FROM idempotency_records WHERE {cond} LIMIT $2 FOR UPDATE SKIP LOCKED)")
+            format!("{PK_COLS} IN (SELECT {PK_LIST} FROM idempotency_records WHERE {cond} LIMIT $2 FOR UPDATE SKIP LOCKED)")
         };
         let released = self
             .exec(

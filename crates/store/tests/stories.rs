@@ -1,0 +1,577 @@
+//! The story suite: written once, run against every backend. Time is a
+//! manual clock, so leases and expiry are driven by values, not sleeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::config::{AfterExpiry, OnUnknown};
+use idemgate_core::protocol::{ClaimReply, FenceReply};
+use idemgate_core::scope::Namespace;
+use idemgate_store::backend::{Backend, Listing, Lookup, Resolution, SweepPolicy};
+use idemgate_store::{Clock, Store};
+
+use crate::support::*;
+
+const T0: i64 = 1_800_000_000_000;
+
+struct Ctx {
+    store: Store,
+    clock: Clock,
+}
+
+impl Ctx {
+    fn new(backend: Arc<dyn Backend>) -> Ctx {
+        let clock = Clock::manual(T0);
+        Ctx {
+            store: Store::new(backend, clock.clone()),
+            clock,
+        }
+    }
+    fn b(&self) -> &dyn Backend {
+        self.store.backend.as_ref()
+    }
+    fn now(&self) -> i64 {
+        self.clock.now()
+    }
+    async fn owned(&self, req: &idemgate_core::protocol::ClaimRequest) -> u64 {
+        match self.store.claim(req).await.unwrap().reply {
+            ClaimReply::Owned { fence } => fence,
+            other => panic!("expected Owned, got {other:?}"),
+        }
+    }
+    async fn reply(&self, req: &idemgate_core::protocol::ClaimRequest) -> ClaimReply {
+        self.store.claim(req).await.unwrap().reply
+    }
+    async fn sweep(&self, retention_ms: u64) -> idemgate_store::backend::SweepReport {
+        self.b()
+            .sweep(
+                self.now(),
+                &SweepPolicy {
+                    batch: 100,
+                    audit_retention_ms: retention_ms,
+                },
+            )
+            .await
+            .unwrap()
+    }
+}
+
+async fn claim_complete_replay(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-replay");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, fence, 201), b"{\"id\":1}")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    let completed_at = cx.now();
+    cx.clock.advance(5);
+    let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    assert_eq!(
+        out.reply,
+        ClaimReply::Replay {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            completed_at
+        }
+    );
+    assert_eq!(out.body, b"{\"id\":1}");
+    cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    let rec = &cx
+        .b()
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: "k-replay".into(),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap()[0];
+    assert_eq!(rec.replay_count, 2);
+    assert_eq!(rec.state, "completed");
+    assert_eq!(rec.body_len, Some(8));
+    // Completing twice is refused: the record is no longer open.
+    assert_eq!(
+        cx.store.complete(&complete(&s, fence, 500), b"x").await.unwrap(),
+        FenceReply::Stale
+    );
+}
+
+async fn fingerprint_mismatch_in_every_state(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-mismatch");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    assert_eq!(
+        cx.reply(&claim(&s, Some(2))).await,
+        ClaimReply::Mismatch,
+        "in progress"
+    );
+    cx.clock.advance(2_000);
+    assert_eq!(
+        cx.reply(&claim(&s, Some(2))).await,
+        ClaimReply::Mismatch,
+        "lease ran out"
+    );
+    assert_eq!(cx.reply(&claim(&s, Some(1))).await, ClaimReply::Unknown);
+    assert_eq!(
+        cx.reply(&claim(&s, Some(2))).await,
+        ClaimReply::Mismatch,
+        "unknown"
+    );
+    assert_eq!(
+        cx.store.complete(&complete(&s, fence, 200), b"ok").await.unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(
+        cx.reply(&claim(&s, Some(2))).await,
+        ClaimReply::Mismatch,
+        "completed"
+    );
+    cx.clock.advance(20_000);
+    cx.sweep(u64::MAX / 4).await;
+    assert_eq!(
+        cx.reply(&claim(&s, Some(2))).await,
+        ClaimReply::Mismatch,
+        "archived"
+    );
+    // No fingerprint on either side cannot detect reuse.
+    assert!(matches!(
+        cx.reply(&claim(&s, None)).await,
+        ClaimReply::Expired { .. }
+    ));
+}
+
+async fn in_progress_answers_the_remaining_lease(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-inflight");
+    cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(300);
+    assert_eq!(
+        cx.reply(&claim(&s, Some(1))).await,
+        ClaimReply::InProgress { retry_after_ms: 700 }
+    );
+}
+
+async fn waiting_claim_returns_the_result(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-wait");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    let mut waiting = claim(&s, Some(1));
+    waiting.wait_ms = 10_000;
+    let store = cx.store.clone();
+    let waiter = tokio::spawn(async move { store.claim(&waiting).await.unwrap() });
+    // Let the waiter look once and start waiting, then finish the record.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, fence, 202), b"done")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    let out = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(out.reply, ClaimReply::Replay { status: 202, .. }),
+        "{:?}",
+        out.reply
+    );
+    assert_eq!(out.body, b"done");
+
+    // A wait that runs out answers in progress.
+    let s2 = scope("k-wait-timeout");
+    cx.owned(&claim(&s2, Some(1))).await;
+    let mut short = claim(&s2, Some(1));
+    short.wait_ms = 150;
+    let started = std::time::Instant::now();
+    assert!(matches!(cx.reply(&short).await, ClaimReply::InProgress { .. }));
+    assert!(started.elapsed() >= Duration::from_millis(150));
+}
+
+async fn lease_expiry_turns_the_record_unknown(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    // On the claim path...
+    let s = scope("k-lease-claim");
+    cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(1_000);
+    assert_eq!(cx.reply(&claim(&s, Some(1))).await, ClaimReply::Unknown);
+    // ...and by the sweeper.
+    let s2 = scope("k-lease-sweep");
+    cx.owned(&claim(&s2, Some(1))).await;
+    cx.clock.advance(1_000);
+    let report = cx.sweep(u64::MAX / 4).await;
+    assert_eq!(report.marked_unknown, 1);
+    let unknown = cx.b().list(Listing::Unknown, cx.now(), 10).await.unwrap();
+    assert_eq!(unknown.len(), 2);
+    assert_eq!(cx.reply(&claim(&s2, Some(1))).await, ClaimReply::Unknown);
+    // expires_at = when it became unknown + ttl.
+    let rec = &cx
+        .b()
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: "k-lease-sweep".into(),
+                ..Default::default()
+            },
+            1,
+        )
+        .await
+        .unwrap()[0];
+    assert_eq!(rec.expires_at, Some(cx.now() + 10_000));
+    // With on_unknown: release the key is claimed afresh instead.
+    let mut again = claim(&s, Some(1));
+    again.on_unknown = OnUnknown::Release;
+    cx.owned(&again).await;
+}
+
+async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-late");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(5_000);
+    cx.sweep(u64::MAX / 4).await;
+    assert_eq!(cx.reply(&claim(&s, Some(1))).await, ClaimReply::Unknown);
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, fence, 200), b"late")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    assert!(matches!(out.reply, ClaimReply::Replay { status: 200, .. }));
+    assert_eq!(out.body, b"late");
+}
+
+async fn a_superseded_token_is_refused(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-fence");
+    let mut req = claim(&s, Some(1));
+    req.on_unknown = OnUnknown::Release;
+    let old = cx.owned(&req).await;
+    cx.clock.advance(1_000);
+    let new = cx.owned(&req).await;
+    assert!(new > old, "fences come from one monotonic sequence");
+    assert_eq!(
+        cx.store.complete(&complete(&s, old, 200), b"old").await.unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store.release(&fence(&s, old)).await.unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store.mark_unknown(&fence(&s, old)).await.unwrap(),
+        FenceReply::Stale
+    );
+    // Released then reclaimed: the first owner's token is dead too.
+    assert_eq!(cx.store.release(&fence(&s, new)).await.unwrap(), FenceReply::Done);
+    let third = cx.owned(&req).await;
+    assert!(third > new);
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, new, 200), b"stale")
+            .await
+            .unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, third, 200), b"fresh")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    // A fence for a record that does not exist is stale.
+    assert_eq!(
+        cx.store
+            .complete(&complete(&scope("k-none"), 1, 200), b"")
+            .await
+            .unwrap(),
+        FenceReply::Stale
+    );
+}
+
+async fn release_frees_the_key(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-release");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    assert_eq!(cx.store.release(&fence(&s, f)).await.unwrap(), FenceReply::Done);
+    assert!(cx
+        .b()
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: "k-release".into(),
+                ..Default::default()
+            },
+            1
+        )
+        .await
+        .unwrap()
+        .is_empty());
+    // Even with another fingerprint: the released request never happened.
+    cx.owned(&claim(&s, Some(2))).await;
+}
+
+async fn mark_unknown_and_result_unavailable(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-mark");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    assert_eq!(
+        cx.store.mark_unknown(&fence(&s, f)).await.unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(cx.reply(&claim(&s, Some(1))).await, ClaimReply::Unknown);
+
+    let s2 = scope("k-big");
+    let f2 = cx.owned(&claim(&s2, Some(1))).await;
+    let mut c = complete(&s2, f2, 200);
+    c.body_stored = false;
+    assert_eq!(cx.store.complete(&c, b"").await.unwrap(), FenceReply::Done);
+    assert_eq!(
+        cx.reply(&claim(&s2, Some(1))).await,
+        ClaimReply::ResultUnavailable {
+            original_status: 200,
+            completed_at: cx.now()
+        }
+    );
+}
+
+async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-expiry");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, f, 201), b"body").await.unwrap();
+    let completed_at = cx.now();
+    cx.clock.advance(9_999);
+    assert_eq!(cx.sweep(60_000).await.archived, 0);
+    cx.clock.advance(1);
+    // Expired even before the sweeper gets to it.
+    assert_eq!(
+        cx.reply(&claim(&s, Some(1))).await,
+        ClaimReply::Expired {
+            completed_at: Some(completed_at)
+        }
+    );
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    let lookup = Lookup {
+        tenant: "acme".into(),
+        key: "k-expiry".into(),
+        ..Default::default()
+    };
+    let rec = &cx.b().lookup(&lookup, 1).await.unwrap()[0];
+    assert_eq!(rec.archived_at, Some(cx.now()));
+    assert_eq!(rec.body_len, None, "body dropped");
+    assert_eq!(rec.status, Some(201), "metadata kept");
+    assert_eq!(rec.fingerprint, Some(fp(1).to_hex()));
+    assert_eq!(
+        cx.reply(&claim(&s, Some(1))).await,
+        ClaimReply::Expired {
+            completed_at: Some(completed_at)
+        }
+    );
+    cx.clock.advance(59_999);
+    assert_eq!(cx.sweep(60_000).await.purged, 0);
+    cx.clock.advance(1);
+    assert_eq!(cx.sweep(60_000).await.purged, 1);
+    assert!(cx.b().lookup(&lookup, 1).await.unwrap().is_empty());
+    cx.owned(&claim(&s, Some(1))).await;
+}
+
+async fn after_expiry_reject_or_new(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-after");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, f, 200), b"v1").await.unwrap();
+    cx.clock.advance(10_000);
+    cx.sweep(u64::MAX / 4).await;
+    assert!(matches!(
+        cx.reply(&claim(&s, Some(1))).await,
+        ClaimReply::Expired {
+            completed_at: Some(_)
+        }
+    ));
+    let mut new = claim(&s, Some(1));
+    new.after_expiry = AfterExpiry::New;
+    let f2 = cx.owned(&new).await;
+    assert!(f2 > f);
+    cx.store.complete(&complete(&s, f2, 200), b"v2").await.unwrap();
+    let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    assert_eq!(out.body, b"v2");
+}
+
+async fn the_same_key_in_another_scope_is_another_record(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let key = "k-shared";
+    let base = scope_of("acme", "alice", "payments.create", Namespace::Client, key);
+    let f = cx.owned(&claim(&base, Some(1))).await;
+    cx.store
+        .complete(&complete(&base, f, 200), b"acme")
+        .await
+        .unwrap();
+    for other in [
+        scope_of("globex", "alice", "payments.create", Namespace::Client, key),
+        scope_of("acme", "bob", "payments.create", Namespace::Client, key),
+        scope_of("acme", "alice", "refunds.create", Namespace::Client, key),
+        scope_of("acme", "alice", "payments.create", Namespace::Server, key),
+    ] {
+        // A different fingerprint too: no 422 leaks across scopes.
+        cx.owned(&claim(&other, Some(9))).await;
+    }
+    let all = cx
+        .b()
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: key.into(),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 4);
+    let one = cx
+        .b()
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: key.into(),
+                route: Some("refunds.create".into()),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    let out = cx.store.claim(&claim(&base, Some(1))).await.unwrap();
+    assert_eq!(out.body, b"acme");
+}
+
+async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let stuck = scope("k-stuck");
+    let f = cx.owned(&claim(&stuck, Some(1))).await;
+    cx.clock.advance(500);
+    assert_eq!(
+        cx.b()
+            .list(Listing::Stuck { older_than_ms: 400 }, cx.now(), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        cx.b()
+            .list(Listing::Stuck { older_than_ms: 600 }, cx.now(), 10)
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    let how = Resolution::Complete {
+        status: 200,
+        headers: vec![("content-type".into(), "text/plain".into())],
+        body: "by hand".into(),
+    };
+    assert!(cx.b().resolve(&stuck, &how, cx.now()).await.unwrap());
+    // The operator's answer wins over the old owner's late completion.
+    assert_eq!(
+        cx.store
+            .complete(&complete(&stuck, f, 500), b"late")
+            .await
+            .unwrap(),
+        FenceReply::Stale
+    );
+    let out = cx.store.claim(&claim(&stuck, Some(1))).await.unwrap();
+    assert_eq!(out.body, b"by hand");
+    assert!(
+        !cx.b()
+            .resolve(&stuck, &Resolution::Release, cx.now())
+            .await
+            .unwrap(),
+        "completed records are not open"
+    );
+
+    let unknown = scope("k-unknown");
+    let f = cx.owned(&claim(&unknown, Some(1))).await;
+    cx.store.mark_unknown(&fence(&unknown, f)).await.unwrap();
+    assert!(cx
+        .b()
+        .resolve(&unknown, &Resolution::Release, cx.now())
+        .await
+        .unwrap());
+    cx.owned(&claim(&unknown, Some(1))).await;
+
+    assert!(cx.b().purge(&stuck).await.unwrap());
+    assert!(!cx.b().purge(&stuck).await.unwrap());
+}
+
+async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-sweep-release");
+    let mut req = claim(&s, Some(1));
+    req.on_unknown = OnUnknown::Release;
+    cx.owned(&req).await;
+    cx.clock.advance(1_000);
+    let report = cx.sweep(u64::MAX / 4).await;
+    assert_eq!((report.released, report.marked_unknown), (1, 0));
+    assert!(cx.b().oldest_in_progress().await.unwrap().is_none());
+    cx.owned(&claim(&s, Some(2))).await;
+}
+
+type Story = fn(Arc<dyn Backend>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+macro_rules! stories {
+    ($($name:ident),* $(,)?) => {
+        pub fn all() -> Vec<(&'static str, Story)> {
+            vec![$((stringify!($name), (|b| Box::pin($name(b))) as Story)),*]
+        }
+    };
+}
+
+stories!(
+    claim_complete_replay,
+    fingerprint_mismatch_in_every_state,
+    in_progress_answers_the_remaining_lease,
+    waiting_claim_returns_the_result,
+    lease_expiry_turns_the_record_unknown,
+    late_completion_with_the_current_token_resolves_unknown,
+    a_superseded_token_is_refused,
+    release_frees_the_key,
+    mark_unknown_and_result_unavailable,
+    expiry_archives_then_purges,
+    after_expiry_reject_or_new,
+    the_same_key_in_another_scope_is_another_record,
+    operators_resolve_list_and_purge,
+    sweeper_releases_when_the_policy_says_so,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_story_holds_on_sqlite() {
+    for (name, story) in all() {
+        eprintln!("sqlite story: {name}");
+        let dir = tempfile::tempdir().unwrap();
+        story(sqlite_backend(&dir).await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_story_holds_on_postgres() {
+    let cluster = crate::support::pg::PgCluster::start();
+    for (name, story) in all() {
+        eprintln!("postgres story: {name}");
+        let url = cluster.fresh_database().await;
+        story(pg_backend(&url).await).await;
+    }
+}

@@ -1,0 +1,222 @@
+//! Test harness: throwaway PostgreSQL clusters, the store started in-process
+//! or as the real binary, and a small HTTP client.
+
+pub mod pg;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idemgate_core::config::{AfterExpiry, OnUnknown};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::Key;
+use idemgate_core::protocol::{ClaimRequest, CompleteRequest, FenceRequest};
+use idemgate_core::scope::{Namespace, Scope};
+use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+use idemgate_store::{AppState, Clock, Store};
+
+pub const API: &str = "api-token";
+pub const ADMIN: &str = "admin-token";
+
+pub fn scope_of(tenant: &str, principal: &str, route: &str, ns: Namespace, key: &str) -> Scope {
+    Scope::new(
+        tenant,
+        principal,
+        route,
+        ns,
+        Key::try_from(key.to_string()).unwrap(),
+    )
+    .unwrap()
+}
+
+pub fn scope(key: &str) -> Scope {
+    scope_of("acme", "alice", "payments.create", Namespace::Client, key)
+}
+
+pub fn fp(b: u8) -> Fingerprint {
+    Fingerprint::try_from(format!("{b:02x}").repeat(32)).unwrap()
+}
+
+pub fn claim(scope: &Scope, fingerprint: Option<u8>) -> ClaimRequest {
+    ClaimRequest {
+        scope: scope.clone(),
+        fingerprint: fingerprint.map(fp),
+        lease_ms: 1_000,
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        after_expiry: AfterExpiry::Reject,
+        on_unknown: OnUnknown::Conflict,
+    }
+}
+
+pub fn complete(scope: &Scope, fence: u64, status: u16) -> CompleteRequest {
+    CompleteRequest {
+        scope: scope.clone(),
+        fence,
+        status,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body_stored: true,
+    }
+}
+
+pub fn fence(scope: &Scope, fence: u64) -> FenceRequest {
+    FenceRequest {
+        scope: scope.clone(),
+        fence,
+    }
+}
+
+/// A fresh SQLite backend in its own directory, migrated.
+pub async fn sqlite_backend(dir: &tempfile::TempDir) -> Arc<dyn Backend> {
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let b = open_backend(&url, &BackendOptions::default()).await.unwrap();
+    b.migrate().await.unwrap();
+    b
+}
+
+pub async fn pg_backend(url: &str) -> Arc<dyn Backend> {
+    let b = open_backend(url, &BackendOptions::default()).await.unwrap();
+    b.migrate().await.unwrap();
+    b
+}
+
+/// The app on a random port; returns its address. Stops with the runtime.
+pub async fn serve(store: Store) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(store, API, ADMIN);
+    tokio::spawn(idemgate_store::run(listener, state, std::future::pending()));
+    addr
+}
+
+pub fn store(backend: Arc<dyn Backend>, clock: Clock) -> Store {
+    Store::new(backend, clock)
+}
+
+pub struct HttpReply {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn request(
+    c: &HttpClient,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> HttpReply {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = c
+        .request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    HttpReply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The real binary, killed (SIGKILL) when dropped.
+pub struct StoreProcess {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl StoreProcess {
+    pub async fn start(database_url: &str) -> StoreProcess {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+            .args([
+                "serve",
+                "--listen",
+                &addr,
+                "--database-url",
+                database_url,
+                "--api-token",
+                API,
+                "--admin-token",
+                ADMIN,
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let p = StoreProcess { child, addr };
+        let c = client();
+        let url = format!("http://{}/readyz", p.addr);
+        let ready = eventually(Duration::from_secs(30), || {
+            let c = c.clone();
+            let url = url.clone();
+            async move {
+                match c.get(url.parse().unwrap()).await {
+                    Ok(r) => r.status() == 200,
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        assert!(ready, "the store at {} never became ready", p.addr);
+        p
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

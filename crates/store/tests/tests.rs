@@ -1,0 +1,5 @@
+//! Integration tests of the store: one binary (ripgrep style).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod stories;
+mod support;
