@@ -1,5 +1,6 @@
 //! Integration tests of the store: one binary (ripgrep style).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod concurrency;
 mod stories;
 mod support;
