@@ -124,8 +124,9 @@ pub fn number_to_string(f: f64) -> Result<String, JcsError> {
         return Ok("0".to_string());
     }
     let sign = if f < 0.0 { "-" } else { "" };
-    // Rust's `{:e}` is the shortest representation that round-trips, closest
-    // to `f` on ties: the same digits ECMAScript asks for.
+    // Rust's `{:e}` gives the shortest digits that read back as `f`, and of
+    // those the closest to `f`: what ECMAScript asks for, except on exact
+    // ties, which `even_on_tie` settles.
     let sci = format!("{:e}", f.abs());
     let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
@@ -137,14 +138,16 @@ pub fn number_to_string(f: f64) -> Result<String, JcsError> {
     let body = if k <= n && n <= 21 {
         format!("{digits}{}", "0".repeat(usize::try_from(n - k).unwrap_or(0)))
     } else if 0 < n && n <= 21 {
-        let (int, frac) = digits.split_at(usize::try_from(n).unwrap_or(0));
+        let (int, frac) = digits
+            .split_at_checked(usize::try_from(n).unwrap_or(0))
+            .unwrap_or((&digits, ""));
         format!("{int}.{frac}")
     } else if -6 < n && n <= 0 {
         format!("0.{}{digits}", "0".repeat(usize::try_from(-n).unwrap_or(0)))
     } else {
         let e = n - 1;
         let e_sign = if e < 0 { '-' } else { '+' };
-        let (first, rest) = digits.split_at(1.min(digits.len()));
+        let (first, rest) = digits.split_at_checked(1).unwrap_or((&digits, ""));
         let rest = if rest.is_empty() {
             String::new()
         } else {
