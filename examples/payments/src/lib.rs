@@ -1,0 +1,336 @@
+//! `payments`: the demo upstream that sits behind Envoy and the idemgate filter.
+//!
+//! It does not know anything about idempotency keys. It executes every request
+//! it receives and counts the executions per tenant, so the walkthrough can show
+//! what the filter kept away from it: `GET /_demo/executions`.
+//!
+//! The tenant is the `x-tenant-id` header, which Envoy's `jwt_authn` sets from
+//! the token's `tenant` claim after removing whatever the client sent.
+//!
+//! Request headers turn the knobs the walkthrough needs:
+//!
+//! - `x-demo-delay-ms: N`    work slowly (at most 60 s), to show 409 in progress
+//! - `x-demo-status: S`      answer with status S (e.g. 500, 429) instead of 201
+//! - `x-demo-outcome: O`     add `Idempotency-Control: O` (`no-store`, `uncertain`)
+//! - `x-demo-body-bytes: N`  pad the answer to about N bytes (at most 4 MiB)
+
+pub mod token;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const MAX_DELAY_MS: u64 = 60_000;
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Shown as the tenant when a request arrives without `x-tenant-id`.
+const NO_TENANT: &str = "-";
+
+/// What the service executes. Each kind is counted separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Payment,
+    Refund,
+    Order,
+    Quote,
+}
+
+impl Kind {
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Kind::Payment => "pay",
+            Kind::Refund => "re",
+            Kind::Order => "ord",
+            Kind::Quote => "quo",
+        }
+    }
+}
+
+/// Executions of one tenant, by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub payments: u64,
+    pub refunds: u64,
+    pub orders: u64,
+    pub quotes: u64,
+}
+
+impl Counts {
+    fn bump(&mut self, kind: Kind) {
+        let n = match kind {
+            Kind::Payment => &mut self.payments,
+            Kind::Refund => &mut self.refunds,
+            Kind::Order => &mut self.orders,
+            Kind::Quote => &mut self.quotes,
+        };
+        *n += 1;
+    }
+}
+
+#[derive(Default)]
+struct Books {
+    next_id: u64,
+    executions: BTreeMap<String, Counts>,
+    /// Payment id → (tenant, the payment as answered when it was created).
+    payments: HashMap<String, (String, Value)>,
+}
+
+/// The service's state: in memory, gone when the process stops.
+#[derive(Clone, Default)]
+pub struct Ledger {
+    books: Arc<Mutex<Books>>,
+}
+
+impl Ledger {
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A std Mutex: nothing awaits while it is held. A poisoned lock still
+        // holds consistent counters, so keep serving.
+        self.books.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Executions per tenant, as `GET /_demo/executions` shows them.
+    pub fn executions(&self) -> BTreeMap<String, Counts> {
+        self.books().executions.clone()
+    }
+}
+
+pub fn app(ledger: Ledger) -> Router {
+    Router::new()
+        .route("/v1/payments", post(|s, h, b| execute(s, Kind::Payment, h, b)))
+        .route("/v1/payments/{id}", get(show_payment))
+        .route("/v1/refunds", post(|s, h, b| execute(s, Kind::Refund, h, b)))
+        .route("/v1/orders", post(|s, h, b| execute(s, Kind::Order, h, b)))
+        .route("/v1/quotes", post(|s, h, b| execute(s, Kind::Quote, h, b)))
+        .route("/_demo/executions", get(executions))
+        .with_state(ledger)
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+fn tenant_of(headers: &HeaderMap) -> String {
+    header(headers, "x-tenant-id").unwrap_or(NO_TENANT).to_string()
+}
+
+fn error(status: StatusCode, detail: &str) -> Response {
+    (status, Json(json!({"status": status.as_u16(), "detail": detail}))).into_response()
+}
+
+async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = tenant_of(&headers);
+    // Counted when the work starts: a caller that gives up while we are slow
+    // does not undo what we do.
+    ledger
+        .books()
+        .executions
+        .entry(tenant.clone())
+        .or_default()
+        .bump(kind);
+
+    let delay = header(&headers, "x-demo-delay-ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
+    }
+    let mut response = answer(&ledger, kind, &tenant, &headers, &body);
+    if let Some(outcome) = header(&headers, "x-demo-outcome").and_then(|v| HeaderValue::from_str(v).ok()) {
+        response.headers_mut().insert("idempotency-control", outcome);
+    }
+    println!(
+        "{} tenant={tenant} -> {}",
+        kind.id_prefix(),
+        response.status().as_u16()
+    );
+    response
+}
+
+fn answer(ledger: &Ledger, kind: Kind, tenant: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    if let Some(forced) = header(headers, "x-demo-status") {
+        return match forced
+            .parse::<u16>()
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+        {
+            Some(status) => error(status, "answered as asked by x-demo-status"),
+            None => error(
+                StatusCode::BAD_REQUEST,
+                "x-demo-status must be an HTTP status such as 500",
+            ),
+        };
+    }
+    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
+        return error(StatusCode::BAD_REQUEST, "the body must be a JSON object");
+    };
+    let field = |name: &str| request.get(name).cloned().unwrap_or(Value::Null);
+    let mut books = ledger.books();
+    books.next_id += 1;
+    let id = format!("{}_{:04}", kind.id_prefix(), books.next_id);
+    let mut created = Map::new();
+    created.insert("id".into(), Value::String(id.clone()));
+    match kind {
+        Kind::Payment | Kind::Quote => {
+            created.insert("amount".into(), field("amount"));
+            created.insert("currency".into(), field("currency"));
+        }
+        Kind::Refund => {
+            created.insert("payment".into(), field("payment"));
+            created.insert("amount".into(), field("amount"));
+        }
+        Kind::Order => {
+            created.insert("items".into(), field("items"));
+        }
+    }
+    created.insert("status".into(), Value::String("succeeded".into()));
+    if let Some(size) = header(headers, "x-demo-body-bytes").and_then(|v| v.parse::<usize>().ok()) {
+        created.insert(
+            "padding".into(),
+            Value::String("x".repeat(size.min(MAX_BODY_BYTES))),
+        );
+    }
+    let created = Value::Object(created);
+    if kind == Kind::Payment {
+        books
+            .payments
+            .insert(id.clone(), (tenant.to_string(), created.clone()));
+    }
+    drop(books);
+    let mut response = (StatusCode::CREATED, Json(created)).into_response();
+    if kind == Kind::Payment {
+        if let Ok(location) = HeaderValue::from_str(&format!("/v1/payments/{id}")) {
+            response.headers_mut().insert("location", location);
+        }
+    }
+    response
+}
+
+/// A payment is visible only to the tenant that made it.
+async fn show_payment(State(ledger): State<Ledger>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let tenant = tenant_of(&headers);
+    match ledger.books().payments.get(&id) {
+        Some((owner, payment)) if *owner == tenant => Json(payment.clone()).into_response(),
+        _ => error(StatusCode::NOT_FOUND, "no such payment"),
+    }
+}
+
+async fn executions(State(ledger): State<Ledger>) -> Json<BTreeMap<String, Counts>> {
+    Json(ledger.executions())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn call(ledger: &Ledger, req: Request<Body>) -> (StatusCode, HeaderMap, Value) {
+        let res = app(ledger.clone()).oneshot(req).await.unwrap();
+        let (parts, body) = res.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (
+            parts.status,
+            parts.headers,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    fn post(path: &str, tenant: &str) -> axum::http::request::Builder {
+        Request::post(path)
+            .header("x-tenant-id", tenant)
+            .header("content-type", "application/json")
+    }
+
+    #[tokio::test]
+    async fn a_payment_is_created_with_an_id_a_location_and_its_amount() {
+        let ledger = Ledger::default();
+        let body = r#"{"amount": 4200, "currency": "EUR"}"#;
+        let (status, headers, json) = call(
+            &ledger,
+            post("/v1/payments", "tenant-a").body(Body::from(body)).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(json["amount"], 4200);
+        assert_eq!(json["currency"], "EUR");
+        let id = json["id"].as_str().unwrap();
+        assert_eq!(headers["location"], format!("/v1/payments/{id}").as_str());
+        assert_eq!(ledger.executions()["tenant-a"].payments, 1);
+    }
+
+    #[tokio::test]
+    async fn a_payment_is_visible_to_its_tenant_only() {
+        let ledger = Ledger::default();
+        let body = r#"{"amount": 1, "currency": "EUR"}"#;
+        let (_, _, json) = call(
+            &ledger,
+            post("/v1/payments", "tenant-a").body(Body::from(body)).unwrap(),
+        )
+        .await;
+        let path = format!("/v1/payments/{}", json["id"].as_str().unwrap());
+        let get = |tenant: &str| {
+            Request::get(&path)
+                .header("x-tenant-id", tenant)
+                .body(Body::empty())
+                .unwrap()
+        };
+        assert_eq!(call(&ledger, get("tenant-a")).await.0, StatusCode::OK);
+        assert_eq!(call(&ledger, get("tenant-b")).await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn knobs_force_a_status_and_an_idempotency_control_header() {
+        let ledger = Ledger::default();
+        let req = post("/v1/refunds", "tenant-b")
+            .header("x-demo-status", "429")
+            .header("x-demo-outcome", "no-store")
+            .body(Body::from("{}"))
+            .unwrap();
+        let (status, headers, _) = call(&ledger, req).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(headers["idempotency-control"], "no-store");
+        assert_eq!(ledger.executions()["tenant-b"].refunds, 1);
+    }
+
+    #[tokio::test]
+    async fn executions_are_counted_per_tenant_and_kind() {
+        let ledger = Ledger::default();
+        for (path, tenant) in [("/v1/orders", "a"), ("/v1/orders", "a"), ("/v1/quotes", "b")] {
+            call(&ledger, post(path, tenant).body(Body::from("{}")).unwrap()).await;
+        }
+        let req = Request::get("/_demo/executions").body(Body::empty()).unwrap();
+        let (status, _, json) = call(&ledger, req).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            json,
+            json!({"a": {"payments": 0, "refunds": 0, "orders": 2, "quotes": 0},
+                                "b": {"payments": 0, "refunds": 0, "orders": 0, "quotes": 1}})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_json_is_a_400() {
+        let ledger = Ledger::default();
+        let (status, _, _) = call(
+            &ledger,
+            post("/v1/payments", "a").body(Body::from("nope")).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+}
