@@ -2,5 +2,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod concurrency;
+mod http;
 mod stories;
 mod support;

@@ -1,0 +1,479 @@
+//! The axum app, in-process through `oneshot`: auth, bad input, the wire
+//! shape of every endpoint, and the OpenAPI document against the routes.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, FenceReply, FRAME_CONTENT_TYPE};
+use idemgate_store::backend::Lookup;
+use idemgate_store::sweeper::SweepSettings;
+use idemgate_store::{app, AppState, Clock, Store};
+use tower::ServiceExt;
+
+use crate::support::*;
+
+struct Harness {
+    state: AppState,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(sqlite_backend(&dir).await, Clock::System);
+    let state = AppState::with(
+        store,
+        API,
+        ADMIN,
+        "https://docs.example/problems/".into(),
+        4096,
+        SweepSettings::default(),
+    );
+    Harness { state, _dir: dir }
+}
+
+struct Resp {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+    fn assert_problem(&self, status: u16, slug: &str) {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(self.headers["content-type"], "application/problem+json");
+        assert_eq!(self.headers["cache-control"], "no-store");
+        let link = self.headers["link"].to_str().unwrap();
+        assert!(link.contains("rel=\"describedby\""), "{link}");
+        let p = self.json();
+        assert_eq!(p["type"], format!("https://docs.example/problems/{slug}"));
+        assert_eq!(p["status"], status);
+        assert!(p["title"].is_string() && p["detail"].is_string());
+    }
+}
+
+impl Harness {
+    async fn send(&self, method: &str, path: &str, token: Option<&str>, body: Vec<u8>) -> Resp {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let resp = app(self.state.clone())
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
+        Resp {
+            status,
+            headers,
+            body,
+        }
+    }
+}
+
+fn claim_json(tenant: &str, key: &str) -> serde_json::Value {
+    serde_json::json!({
+        "scope": { "version": "v1", "tenant": tenant, "principal": "*", "route": "payments.create", "namespace": "u", "key": key },
+        "fingerprint": null, "lease_ms": 5000, "ttl_ms": 60000, "after_expiry": "reject", "on_unknown": "conflict"
+    })
+}
+
+fn frame(meta: &serde_json::Value, bytes: &[u8]) -> Vec<u8> {
+    let mut v = serde_json::to_vec(meta).unwrap();
+    v.push(b'\n');
+    v.extend_from_slice(bytes);
+    v
+}
+
+#[tokio::test]
+async fn the_api_needs_its_own_bearer_credential() {
+    let h = harness().await;
+    let body = frame(&claim_json("acme", "k1"), b"");
+    h.send("POST", "/v1/claim", None, body.clone())
+        .await
+        .assert_problem(401, "unauthorized");
+    h.send("POST", "/v1/claim", Some("wrong"), body.clone())
+        .await
+        .assert_problem(401, "unauthorized");
+    h.send("POST", "/v1/claim", Some(ADMIN), body.clone())
+        .await
+        .assert_problem(403, "forbidden");
+    let r = h.send("POST", "/v1/claim", Some(API), body).await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn admin_endpoints_need_the_admin_credential() {
+    let h = harness().await;
+    let path = "/admin/v1/records?tenant=acme&key=k1";
+    h.send("GET", path, None, vec![])
+        .await
+        .assert_problem(401, "unauthorized");
+    h.send("GET", path, Some("nope"), vec![])
+        .await
+        .assert_problem(401, "unauthorized");
+    h.send("GET", path, Some(API), vec![])
+        .await
+        .assert_problem(403, "forbidden");
+    let r = h.send("GET", path, Some(ADMIN), vec![]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json(), serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn claim_complete_and_replay_over_http() {
+    let h = harness().await;
+    let r = h
+        .send(
+            "POST",
+            "/v1/claim",
+            Some(API),
+            frame(&claim_json("acme", "k1"), b""),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], FRAME_CONTENT_TYPE);
+    let (reply, bytes) = decode_frame::<ClaimReply>(&r.body).unwrap();
+    let ClaimReply::Owned { fence } = reply else {
+        panic!("{reply:?}")
+    };
+    assert!(bytes.is_empty());
+    let s = scope_of(
+        "acme",
+        "*",
+        "payments.create",
+        idemgate_core::scope::Namespace::Client,
+        "k1",
+    );
+    let done = h
+        .send(
+            "POST",
+            "/v1/complete",
+            Some(API),
+            encode_frame(&complete(&s, fence, 201), b"\x00binary\nbody"),
+        )
+        .await;
+    assert_eq!(done.status, 200);
+    assert_eq!(
+        serde_json::from_slice::<FenceReply>(&done.body).unwrap(),
+        FenceReply::Done
+    );
+    let stale = h
+        .send(
+            "POST",
+            "/v1/complete",
+            Some(API),
+            encode_frame(&complete(&s, fence + 100, 201), b""),
+        )
+        .await;
+    assert_eq!(stale.status, 409);
+    assert_eq!(
+        serde_json::from_slice::<FenceReply>(&stale.body).unwrap(),
+        FenceReply::Stale
+    );
+    let r = h
+        .send(
+            "POST",
+            "/v1/claim",
+            Some(API),
+            frame(&claim_json("acme", "k1"), b""),
+        )
+        .await;
+    let (reply, bytes) = decode_frame::<ClaimReply>(&r.body).unwrap();
+    assert!(matches!(reply, ClaimReply::Replay { status: 201, .. }));
+    assert_eq!(bytes, b"\x00binary\nbody");
+    for path in ["/v1/release", "/v1/mark-unknown"] {
+        let r = h
+            .send("POST", path, Some(API), encode_frame(&fence_req(&s, fence), b""))
+            .await;
+        assert_eq!(r.status, 409, "{path}: a completed record is not open");
+    }
+    let admin = h
+        .send(
+            "GET",
+            "/admin/v1/records?tenant=acme&key=k1&route=payments.create",
+            Some(ADMIN),
+            vec![],
+        )
+        .await;
+    assert_eq!(admin.json()[0]["replay_count"], 1);
+}
+
+fn fence_req(s: &idemgate_core::scope::Scope, f: u64) -> idemgate_core::protocol::FenceRequest {
+    fence(s, f)
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_and_never_reaches_the_database() {
+    let h = harness().await;
+    let good = claim_json("acme", "k-bad");
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("no metadata line", b"{}".to_vec()),
+        ("not JSON", b"claim please\n".to_vec()),
+        ("empty", Vec::new()),
+        ("bytes after a claim", frame(&good, b"extra")),
+    ];
+    let mut mutate = |name: &'static str, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        cases.push((name, frame(&v, b"")));
+    };
+    mutate("missing scope", &|v| {
+        v.as_object_mut().unwrap().remove("scope");
+    });
+    mutate("missing lease", &|v| {
+        v.as_object_mut().unwrap().remove("lease_ms");
+    });
+    mutate("unknown field", &|v| v["surprise"] = 1.into());
+    mutate("control character in tenant", &|v| {
+        v["scope"]["tenant"] = "ac\u{1}me".into()
+    });
+    mutate("empty tenant", &|v| v["scope"]["tenant"] = "".into());
+    mutate("tenant too long", &|v| {
+        v["scope"]["tenant"] = "t".repeat(256).into()
+    });
+    mutate("unsupported scope version", &|v| {
+        v["scope"]["version"] = "v2".into()
+    });
+    mutate("bad namespace", &|v| v["scope"]["namespace"] = "x".into());
+    mutate("key with a space", &|v| v["scope"]["key"] = "a b".into());
+    mutate("empty key", &|v| v["scope"]["key"] = "".into());
+    mutate("key too long", &|v| v["scope"]["key"] = "k".repeat(256).into());
+    mutate("short fingerprint", &|v| v["fingerprint"] = "abcd".into());
+    mutate("zero lease", &|v| v["lease_ms"] = 0.into());
+    mutate("negative ttl", &|v| v["ttl_ms"] = (-1).into());
+    mutate("wait too long", &|v| v["wait_ms"] = 3_600_000.into());
+    mutate("bad policy enum", &|v| v["after_expiry"] = "maybe".into());
+    for (name, body) in cases {
+        let r = h.send("POST", "/v1/claim", Some(API), body).await;
+        assert_eq!(r.status, 400, "{name}: {}", String::from_utf8_lossy(&r.body));
+        r.assert_problem(400, "bad-request");
+    }
+    let s = scope_of(
+        "acme",
+        "*",
+        "payments.create",
+        idemgate_core::scope::Namespace::Client,
+        "k-bad",
+    );
+    let mut bad_status = complete(&s, 1, 99);
+    let r = h
+        .send("POST", "/v1/complete", Some(API), encode_frame(&bad_status, b""))
+        .await;
+    r.assert_problem(400, "bad-request");
+    bad_status.status = 200;
+    bad_status.headers = vec![("bad header".into(), "v".into())];
+    h.send("POST", "/v1/complete", Some(API), encode_frame(&bad_status, b""))
+        .await
+        .assert_problem(400, "bad-request");
+    bad_status.headers = vec![("x-ok".into(), "line\r\nbreak".into())];
+    h.send("POST", "/v1/complete", Some(API), encode_frame(&bad_status, b""))
+        .await
+        .assert_problem(400, "bad-request");
+    let mut unstored = complete(&s, 1, 200);
+    unstored.body_stored = false;
+    h.send(
+        "POST",
+        "/v1/complete",
+        Some(API),
+        encode_frame(&unstored, b"bytes"),
+    )
+    .await
+    .assert_problem(400, "bad-request");
+    h.send("POST", "/admin/v1/resolve", Some(ADMIN), b"{not json".to_vec())
+        .await
+        .assert_problem(400, "bad-request");
+    h.send("GET", "/admin/v1/records?tenant=acme", Some(ADMIN), vec![])
+        .await
+        .assert_problem(400, "bad-request");
+
+    let found = h
+        .state
+        .inner
+        .store
+        .backend
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: "k-bad".into(),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[tokio::test]
+async fn an_oversize_body_is_a_413_problem() {
+    let h = harness().await;
+    let big = frame(&claim_json("acme", "k1"), &vec![b'x'; 5000]);
+    h.send("POST", "/v1/claim", Some(API), big.clone())
+        .await
+        .assert_problem(413, "body-too-large");
+    h.send("POST", "/v1/complete", Some(API), big)
+        .await
+        .assert_problem(413, "body-too-large");
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_problems() {
+    let h = harness().await;
+    h.send("GET", "/v2/claim", None, vec![])
+        .await
+        .assert_problem(404, "not-found");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served() {
+    let h = harness().await;
+    assert_eq!(h.send("GET", "/healthz", None, vec![]).await.status, 200);
+    assert_eq!(h.send("GET", "/readyz", None, vec![]).await.status, 200);
+    h.send(
+        "POST",
+        "/v1/claim",
+        Some(API),
+        frame(&claim_json("acme", "m1"), b""),
+    )
+    .await;
+    h.send(
+        "POST",
+        "/v1/claim",
+        Some(API),
+        frame(&claim_json("acme", "m1"), b""),
+    )
+    .await;
+    let m = h.send("GET", "/metrics", None, vec![]).await;
+    let text = String::from_utf8(m.body).unwrap();
+    for name in [
+        "idemgate_store_claims_total{outcome=\"owned\"} 1",
+        "idemgate_store_claims_total{outcome=\"in_progress\"} 1",
+        "idemgate_store_conflicts_total 1",
+        "idemgate_store_replays_total",
+        "idemgate_store_mismatches_total",
+        "idemgate_store_unknown_records_total",
+        "idemgate_store_claim_duration_seconds_bucket",
+        "idemgate_store_oldest_in_progress_age_seconds",
+        "idemgate_store_sweeper_runs_total",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    assert!(!text.contains("m1"), "raw keys never appear in metrics");
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_exactly_the_routes() {
+    let h = harness().await;
+    let r = h.send("GET", "/openapi.json", None, vec![]).await;
+    assert_eq!(r.status, 200);
+    let doc = r.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            documented.push((method.clone(), path.clone()));
+        }
+    }
+    documented.sort();
+    let mut routes: Vec<(String, String)> = idemgate_store::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    routes.sort();
+    assert_eq!(documented, routes);
+    // Every documented route is really served (never the 404 fallback).
+    for (method, path) in routes {
+        let r = h.send(&method.to_uppercase(), &path, None, vec![]).await;
+        assert_ne!(r.status, 404, "{method} {path}");
+        assert_ne!(r.status, 405, "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn operators_resolve_and_purge_over_http() {
+    let h = harness().await;
+    h.send(
+        "POST",
+        "/v1/claim",
+        Some(API),
+        frame(&claim_json("acme", "op1"), b""),
+    )
+    .await;
+    let scope = claim_json("acme", "op1")["scope"].clone();
+    let stuck = h
+        .send(
+            "GET",
+            "/admin/v1/records/stuck?older_than_ms=0",
+            Some(ADMIN),
+            vec![],
+        )
+        .await;
+    assert_eq!(stuck.json().as_array().unwrap().len(), 1);
+    let body = serde_json::json!({ "scope": scope, "action": "complete", "status": 200, "headers": [["content-type", "text/plain"]], "body": "fixed" });
+    let r = h
+        .send(
+            "POST",
+            "/admin/v1/resolve",
+            Some(ADMIN),
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let replay = h
+        .send(
+            "POST",
+            "/v1/claim",
+            Some(API),
+            frame(&claim_json("acme", "op1"), b""),
+        )
+        .await;
+    assert_eq!(decode_frame::<ClaimReply>(&replay.body).unwrap().1, b"fixed");
+    let again = h
+        .send(
+            "POST",
+            "/admin/v1/resolve",
+            Some(ADMIN),
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+    again.assert_problem(404, "not-found");
+    assert_eq!(
+        h.send("GET", "/admin/v1/records/unknown", Some(ADMIN), vec![])
+            .await
+            .json(),
+        serde_json::json!([])
+    );
+    let purge = serde_json::json!({ "scope": scope });
+    assert_eq!(
+        h.send(
+            "POST",
+            "/admin/v1/purge",
+            Some(ADMIN),
+            serde_json::to_vec(&purge).unwrap()
+        )
+        .await
+        .status,
+        200
+    );
+    h.send(
+        "POST",
+        "/admin/v1/purge",
+        Some(ADMIN),
+        serde_json::to_vec(&purge).unwrap(),
+    )
+    .await
+    .assert_problem(404, "not-found");
+    let sweep = h.send("POST", "/admin/v1/sweep", Some(ADMIN), vec![]).await;
+    assert_eq!(sweep.status, 200);
+    assert!(sweep.json()["archived"].is_number());
+}
