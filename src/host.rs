@@ -13,7 +13,9 @@ pub fn log(level: LogLevel, message: &str) {
 }
 
 pub fn plugin_configuration() -> Option<Bytes> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        .ok()
+        .flatten()
 }
 
 pub fn counter(name: &str) -> Option<u32> {
@@ -54,7 +56,10 @@ fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
     if size == 0 {
         return Vec::new();
     }
-    hostcalls::get_buffer(buffer, start, size).ok().flatten().unwrap_or_default()
+    hostcalls::get_buffer(buffer, start, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 pub fn resume_request() {
@@ -70,9 +75,16 @@ pub fn resume_response() {
 }
 
 pub fn send_reply(reply: &Reply) {
-    let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
     if hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body)).is_err() {
-        log(LogLevel::Error, "idemgate: could not send a local reply; resetting the stream");
+        log(
+            LogLevel::Error,
+            "idemgate: could not send a local reply; resetting the stream",
+        );
         let _ = hostcalls::reset_http_request();
     }
 }
@@ -80,12 +92,19 @@ pub fn send_reply(reply: &Reply) {
 /// Dispatches a store call; `None` when Envoy refuses it (unknown cluster, no
 /// healthy host), which the caller treats as an unreachable store.
 pub fn dispatch(cluster: &str, call: &StoreCall) -> Option<u32> {
-    let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let headers: Vec<(&str, &str)> = call
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
     let timeout = Duration::from_millis(call.timeout_ms.max(1));
     match hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout) {
         Ok(token) => Some(token),
         Err(status) => {
-            log(LogLevel::Warn, &format!("idemgate: store call to cluster {cluster} refused: {status:?}"));
+            log(
+                LogLevel::Warn,
+                &format!("idemgate: store call to cluster {cluster} refused: {status:?}"),
+            );
             None
         }
     }
@@ -97,7 +116,12 @@ pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {
     if num_headers == 0 {
         return None;
     }
-    let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten()?;
+    let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()?;
     let status = std::str::from_utf8(&status).ok()?.parse::<u16>().ok()?;
-    Some((status, read_buffer(BufferType::HttpCallResponseBody, 0, body_size)))
+    Some((
+        status,
+        read_buffer(BufferType::HttpCallResponseBody, 0, body_size),
+    ))
 }

@@ -30,7 +30,14 @@ pub struct Filter {
 
 impl Filter {
     pub fn new(config: Option<Rc<Config>>, metrics: Rc<Metrics>) -> Filter {
-        Filter { config, metrics, exchange: None, request_seen: 0, response_seen: 0, waiting: None }
+        Filter {
+            config,
+            metrics,
+            exchange: None,
+            request_seen: 0,
+            response_seen: 0,
+            waiting: None,
+        }
     }
 
     /// Carries out a step inside a stream callback.
@@ -42,7 +49,11 @@ impl Filter {
                 host::send_reply(&reply);
                 Action::Pause
             }
-            Step::Call(call) => match self.config.as_ref().and_then(|c| host::dispatch(&c.store.cluster, &call)) {
+            Step::Call(call) => match self
+                .config
+                .as_ref()
+                .and_then(|c| host::dispatch(&c.store.cluster, &call))
+            {
                 Some(_) => {
                     self.waiting = Some(direction);
                     Action::Pause
@@ -60,7 +71,9 @@ impl Filter {
 
     /// Carries out a step outside a stream callback (after a store reply).
     fn resume(&mut self, step: Step) {
-        let Some(direction) = self.waiting.take() else { return };
+        let Some(direction) = self.waiting.take() else {
+            return;
+        };
         match self.act(step, direction) {
             Action::Continue if direction == Direction::Request => host::resume_request(),
             Action::Continue => host::resume_response(),
@@ -70,7 +83,10 @@ impl Filter {
 }
 
 fn header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
-    headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice())
 }
 
 fn text(headers: &[(String, Bytes)], name: &str) -> String {
@@ -78,15 +94,30 @@ fn text(headers: &[(String, Bytes)], name: &str) -> String {
 }
 
 fn content_length(headers: &[(String, Bytes)]) -> Option<u64> {
-    std::str::from_utf8(header(headers, "content-length")?).ok()?.trim().parse().ok()
+    std::str::from_utf8(header(headers, "content-length")?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
+/// An identity header that appears twice is ambiguous and counts as absent.
 fn identity_value(source: &Source, headers: &[(String, Bytes)]) -> Option<Vec<u8>> {
     match source {
-        Source::Header(name) => header(headers, name).map(<[u8]>::to_vec),
-        Source::Jwt { payload, claim } => {
-            host::property(&["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", payload, claim])
+        Source::Header(name) => {
+            let mut values = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
+            match (values.next(), values.next()) {
+                (Some((_, value)), None) => Some(value.clone()),
+                _ => None,
+            }
         }
+        Source::Jwt { payload, claim } => host::property(&[
+            "metadata",
+            "filter_metadata",
+            "envoy.filters.http.jwt_authn",
+            payload,
+            claim,
+        ]),
     }
 }
 
@@ -94,8 +125,13 @@ fn identity_value(source: &Source, headers: &[(String, Bytes)]) -> Option<Vec<u8
 fn origin() -> Origin {
     let details = host::property(&["response", "code_details"]).unwrap_or_default();
     let details = String::from_utf8_lossy(&details);
-    const NEVER_REACHED: [&str; 5] =
-        ["connection_failure", "no_healthy_upstream", "cluster_not_found", "route_not_found", "maintenance_mode"];
+    const NEVER_REACHED: [&str; 5] = [
+        "connection_failure",
+        "no_healthy_upstream",
+        "cluster_not_found",
+        "route_not_found",
+        "maintenance_mode",
+    ];
     if details.is_empty() || details == "via_upstream" {
         Origin::Upstream
     } else if NEVER_REACHED.iter().any(|d| details.contains(d)) {
@@ -117,11 +153,16 @@ impl Context for Filter {
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(config) = self.config.clone() else { return Action::Continue };
+        let Some(config) = self.config.clone() else {
+            return Action::Continue;
+        };
         let headers = host::request_headers();
         let method = text(&headers, ":method");
         let path = text(&headers, ":path");
-        let Some(policy) = config.policy_for(&method, &text(&headers, ":authority"), &path).cloned() else {
+        let Some(policy) = config
+            .policy_for(&method, &text(&headers, ":authority"), &path)
+            .cloned()
+        else {
             return Action::Continue;
         };
         let (tenant, principal) = match &policy.identity {
@@ -156,7 +197,9 @@ impl HttpContext for Filter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else { return Action::Continue };
+        let Some(ex) = self.exchange.as_mut() else {
+            return Action::Continue;
+        };
         let chunk = host::request_body(self.request_seen, body_size.saturating_sub(self.request_seen));
         self.request_seen = body_size;
         let step = ex.request_body(&chunk, end_of_stream);
@@ -164,13 +207,17 @@ impl HttpContext for Filter {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(ex) = self.exchange.as_mut() else { return Action::Continue };
+        let Some(ex) = self.exchange.as_mut() else {
+            return Action::Continue;
+        };
         let step = ex.request_body(&[], true);
         self.act(step, Direction::Request)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else { return Action::Continue };
+        let Some(ex) = self.exchange.as_mut() else {
+            return Action::Continue;
+        };
         if !ex.owns_response() {
             return Action::Continue;
         }
@@ -192,7 +239,9 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else { return Action::Continue };
+        let Some(ex) = self.exchange.as_mut() else {
+            return Action::Continue;
+        };
         if !ex.owns_response() {
             return Action::Continue;
         }
@@ -205,7 +254,9 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(ex) = self.exchange.as_mut() else { return Action::Continue };
+        let Some(ex) = self.exchange.as_mut() else {
+            return Action::Continue;
+        };
         let step = ex.response_body(&[], true);
         self.act(step, Direction::Response)
     }
@@ -213,9 +264,16 @@ impl HttpContext for Filter {
     fn on_log(&mut self) {
         let Some(ex) = self.exchange.as_mut() else { return };
         if let Some(call) = ex.finish() {
-            let cluster = self.config.as_ref().map(|c| c.store.cluster.as_str()).unwrap_or_default();
+            let cluster = self
+                .config
+                .as_ref()
+                .map(|c| c.store.cluster.as_str())
+                .unwrap_or_default();
             if host::dispatch(cluster, &call).is_none() {
-                host::log(LogLevel::Warn, "idemgate: could not report an unknown outcome; the lease will expire it");
+                host::log(
+                    LogLevel::Warn,
+                    "idemgate: could not report an unknown outcome; the lease will expire it",
+                );
             }
         }
         self.metrics.count(ex.outcome(), ex.settlement());

@@ -21,7 +21,10 @@ pub struct Metrics {
 impl Metrics {
     fn define() -> Metrics {
         Metrics {
-            outcomes: Outcome::ALL.iter().map(|o| (*o, host::counter(&format!("idemgate.requests.{}", o.as_str())))).collect(),
+            outcomes: Outcome::ALL
+                .iter()
+                .map(|o| (*o, host::counter(&format!("idemgate.requests.{}", o.as_str()))))
+                .collect(),
             settlements: Settlement::ALL
                 .iter()
                 .map(|s| (*s, host::counter(&format!("idemgate.records.{}", s.as_str()))))

@@ -20,7 +20,9 @@ pub const API_TOKEN: &str = "e2e-api-token";
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 
 fn env_path(name: &str, fallback: &str) -> PathBuf {
-    std::env::var_os(name).map(PathBuf::from).unwrap_or_else(|| repo_root().join(fallback))
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(fallback))
 }
 
 pub fn repo_root() -> PathBuf {
@@ -28,9 +30,10 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or_else(|e| {
-        panic!("no free port: {e}")
-    })
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
 }
 
 /// A process whose output goes to a log file we can print on failure.
@@ -50,7 +53,11 @@ impl Proc {
             .stdin(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
-        Proc { name, child: Some(child), log }
+        Proc {
+            name,
+            child: Some(child),
+            log,
+        }
     }
 
     pub fn kill(&mut self) {
@@ -126,8 +133,17 @@ impl Harness {
             .replace("port_value: 10000", &format!("port_value: {port}"))
             .replace("port_value: 9901", &format!("port_value: {admin_port}"))
             .replace("port_value: 8787", &format!("port_value: {store_port}"))
-            .replace("port_value: 8080", &format!("port_value: {}", upstream.addr.port()))
-            .replace("filename: target/idemgate.wasm", &format!("filename: {}", env_path("IDEMGATE_WASM", "target/idemgate.wasm").display()));
+            .replace(
+                "port_value: 8080",
+                &format!("port_value: {}", upstream.addr.port()),
+            )
+            .replace(
+                "filename: target/idemgate.wasm",
+                &format!(
+                    "filename: {}",
+                    env_path("IDEMGATE_WASM", "target/idemgate.wasm").display()
+                ),
+            );
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
         let envoy_bin = env_path("ENVOY_BIN", ".tools/venv/bin/envoy");
@@ -141,7 +157,10 @@ impl Harness {
             dir.path().join("envoy.log"),
         );
         let harness = Harness {
-            client: reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_else(|e| panic!("client: {e}")),
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap_or_else(|e| panic!("client: {e}")),
             dir,
             upstream,
             store,
@@ -180,14 +199,25 @@ impl Harness {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    /// A POST through Envoy with an optional key and tenant.
+    /// A POST through Envoy with an optional key, as alice of tenant-a.
     pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        self.post_as("tenant-a", "alice", path, key, body)
+    }
+
+    pub fn post_as(
+        &self,
+        tenant: &str,
+        user: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::RequestBuilder {
         let mut req = self
             .client
             .post(self.url(path))
             .header("content-type", "application/json")
-            .header("x-tenant-id", "tenant-a")
-            .header("x-user-id", "alice")
+            .header("x-tenant-id", tenant)
+            .header("x-user-id", user)
             .body(body.to_string());
         if let Some(key) = key {
             req = req.header("idempotency-key", key);
@@ -240,7 +270,10 @@ fn start_store(dir: &Path, port: u16) -> Proc {
         Command::new(bin)
             .arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--database-url", &format!("sqlite://{}", dir.join("store.db").display())])
+            .args([
+                "--database-url",
+                &format!("sqlite://{}", dir.join("store.db").display()),
+            ])
             .args(["--api-token", API_TOKEN, "--admin-token", ADMIN_TOKEN])
             .env("RUST_LOG", "info"),
         dir.join(format!("store-{port}.log")),
@@ -260,7 +293,11 @@ impl Answer {
         let status = res.status().as_u16();
         let headers = res.headers().clone();
         let body = res.bytes().await.unwrap_or_default();
-        Answer { status, headers, body }
+        Answer {
+            status,
+            headers,
+            body,
+        }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

@@ -41,8 +41,12 @@ impl std::error::Error for Reset {}
 
 impl Upstream {
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("upstream bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("upstream addr: {e}"));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("upstream bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("upstream addr: {e}"));
         let executions: Executions = Arc::default();
         let counter = Arc::new(AtomicU64::new(0));
         let shared = executions.clone();
@@ -51,16 +55,25 @@ impl Upstream {
                 let (executions, counter) = (shared.clone(), counter.clone());
                 tokio::spawn(async move {
                     let service = service_fn(move |req| handle(req, executions.clone(), counter.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });
-        Upstream { addr, executions, task }
+        Upstream {
+            addr,
+            executions,
+            task,
+        }
     }
 
     /// How many times a request with this key reached the upstream.
     pub fn executions(&self, key: &str) -> u64 {
-        self.executions.lock().map(|m| m.get(key).copied().unwrap_or(0)).unwrap_or(0)
+        self.executions
+            .lock()
+            .map(|m| m.get(key).copied().unwrap_or(0))
+            .unwrap_or(0)
     }
 
     pub fn total(&self) -> u64 {
@@ -68,16 +81,34 @@ impl Upstream {
     }
 }
 
-async fn handle(req: Request<Incoming>, executions: Executions, counter: Arc<AtomicU64>) -> Result<Response<Full<Bytes>>, Reset> {
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+async fn handle(
+    req: Request<Incoming>,
+    executions: Executions,
+    counter: Arc<AtomicU64>,
+) -> Result<Response<Full<Bytes>>, Reset> {
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     let key = header("idempotency-key").unwrap_or_default();
-    let delay: u64 = header("x-test-delay-ms").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let status: u16 = header("x-test-status").and_then(|v| v.parse().ok()).unwrap_or(201);
+    let delay: u64 = header("x-test-delay-ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let status: u16 = header("x-test-status")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(201);
     let control = header("x-test-control");
     let reset = header("x-test-reset").is_some();
     let big: Option<usize> = header("x-test-body-size").and_then(|v| v.parse().ok());
     let path = req.uri().path().to_string();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if let Ok(mut m) = executions.lock() {
         *m.entry(key.clone()).or_default() += 1;
     }
@@ -91,7 +122,8 @@ async fn handle(req: Request<Incoming>, executions: Executions, counter: Arc<Ato
     let payload = match big {
         Some(size) => Bytes::from(vec![b'x'; size]),
         None => Bytes::from(
-            serde_json::json!({"execution": n, "path": path, "request": String::from_utf8_lossy(&body)}).to_string(),
+            serde_json::json!({"execution": n, "path": path, "request": String::from_utf8_lossy(&body)})
+                .to_string(),
         ),
     };
     let mut res = Response::builder()
@@ -104,6 +136,7 @@ async fn handle(req: Request<Incoming>, executions: Executions, counter: Arc<Ato
     if let Some(control) = control {
         res = res.header("idempotency-control", control);
     }
-    Ok(res.body(Full::new(payload)).unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+    Ok(res
+        .body(Full::new(payload))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
 }
-

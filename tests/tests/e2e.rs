@@ -9,16 +9,26 @@ use e2e::{eventually, poll, send, Answer, Harness};
 fn key(label: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!("{label}-{nanos:x}-{}", N.fetch_add(1, Ordering::SeqCst))
 }
 
 fn assert_problem(answer: &Answer, status: u16, slug: &str) {
     assert_eq!(answer.status, status, "status of {answer:?}");
-    assert_eq!(answer.problem().as_deref(), Some(slug), "problem type of {answer:?}");
+    assert_eq!(
+        answer.problem().as_deref(),
+        Some(slug),
+        "problem type of {answer:?}"
+    );
     assert_eq!(answer.header("cache-control"), Some("no-store"));
     let link = answer.header("link").unwrap_or_default();
-    assert!(link.contains(slug) && link.ends_with("rel=\"describedby\""), "link header {link:?}");
+    assert!(
+        link.contains(slug) && link.ends_with("rel=\"describedby\""),
+        "link header {link:?}"
+    );
     assert_eq!(answer.json()["status"], status);
 }
 
@@ -61,7 +71,10 @@ async fn malformed_and_repeated_keys_are_rejected() {
         let a = send(h.post("/pay", Some(bad), PAYMENT)).await;
         assert_problem(&a, 400, "key-invalid");
     }
-    let twice = h.post("/pay", None, PAYMENT).header("idempotency-key", "one").header("idempotency-key", "two");
+    let twice = h
+        .post("/pay", None, PAYMENT)
+        .header("idempotency-key", "one")
+        .header("idempotency-key", "two");
     assert_problem(&send(twice).await, 400, "key-invalid");
     let strict = send(h.post("/strict", Some("bare-token"), PAYMENT)).await;
     assert_problem(&strict, 400, "key-invalid");
@@ -94,10 +107,17 @@ async fn a_completed_key_replays_the_stored_response_byte_for_byte() {
 async fn a_reused_key_with_another_request_gets_422_in_every_state() {
     let h = Harness::start().await;
     let k = key("reuse");
-    let slow = h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "1500");
+    let slow = h
+        .post("/pay", Some(&k), PAYMENT)
+        .header("x-test-delay-ms", "1500");
     let first = tokio::spawn(send(slow));
     let executed = || async { h.upstream.executions(&k) == 1 };
-    eventually("the first request to reach the upstream", Duration::from_secs(10), executed).await;
+    eventually(
+        "the first request to reach the upstream",
+        Duration::from_secs(10),
+        executed,
+    )
+    .await;
     // In progress: 422 is checked before 409.
     let other = r#"{"amount": 1, "currency": "EUR"}"#;
     assert_problem(&send(h.post("/pay", Some(&k), other)).await, 422, "key-reused");
@@ -110,11 +130,22 @@ async fn a_reused_key_with_another_request_gets_422_in_every_state() {
 async fn a_key_in_progress_gets_409_with_retry_after() {
     let h = Harness::start().await;
     let k = key("busy");
-    let first = tokio::spawn(send(h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "1500")));
-    eventually("the first request to reach the upstream", Duration::from_secs(10), || async { h.upstream.executions(&k) == 1 }).await;
+    let first = tokio::spawn(send(
+        h.post("/pay", Some(&k), PAYMENT)
+            .header("x-test-delay-ms", "1500"),
+    ));
+    eventually(
+        "the first request to reach the upstream",
+        Duration::from_secs(10),
+        || async { h.upstream.executions(&k) == 1 },
+    )
+    .await;
     let busy = send(h.post("/pay", Some(&k), PAYMENT)).await;
     assert_problem(&busy, 409, "request-in-progress");
-    let retry: u64 = busy.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let retry: u64 = busy
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     assert!(retry >= 1, "retry-after {retry}");
     assert_eq!(first.await.map(|a| a.status).ok(), Some(201));
     assert_eq!(h.upstream.executions(&k), 1);
@@ -124,8 +155,16 @@ async fn a_key_in_progress_gets_409_with_retry_after() {
 async fn under_wait_an_in_progress_key_gets_the_result_when_it_is_ready() {
     let h = Harness::start().await;
     let k = key("wait");
-    let first = tokio::spawn(send(h.post("/wait", Some(&k), PAYMENT).header("x-test-delay-ms", "800")));
-    eventually("the first request to reach the upstream", Duration::from_secs(10), || async { h.upstream.executions(&k) == 1 }).await;
+    let first = tokio::spawn(send(
+        h.post("/wait", Some(&k), PAYMENT)
+            .header("x-test-delay-ms", "800"),
+    ));
+    eventually(
+        "the first request to reach the upstream",
+        Duration::from_secs(10),
+        || async { h.upstream.executions(&k) == 1 },
+    )
+    .await;
     let waited = send(h.post("/wait", Some(&k), PAYMENT)).await;
     let first = first.await.ok();
     assert_eq!(waited.status, 201);
@@ -140,7 +179,9 @@ async fn fifty_simultaneous_duplicates_execute_once() {
     let k = key("herd");
     let mut all = Vec::new();
     for _ in 0..50 {
-        all.push(tokio::spawn(send(h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "500"))));
+        all.push(tokio::spawn(send(
+            h.post("/pay", Some(&k), PAYMENT).header("x-test-delay-ms", "500"),
+        )));
     }
     let (mut created, mut conflicts) = (0, 0);
     for task in all {
@@ -164,8 +205,8 @@ async fn the_same_key_from_another_tenant_or_on_another_route_is_another_record(
     let h = Harness::start().await;
     let k = key("shared");
     let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
-    let b = send(h.post("/pay", Some(&k), PAYMENT).header("x-tenant-id", "tenant-b")).await;
-    let c = send(h.post("/pay", Some(&k), PAYMENT).header("x-user-id", "bob")).await;
+    let b = send(h.post_as("tenant-b", "alice", "/pay", Some(&k), PAYMENT)).await;
+    let c = send(h.post_as("tenant-a", "bob", "/pay", Some(&k), PAYMENT)).await;
     let d = send(h.post("/refund", Some(&k), PAYMENT)).await;
     for other in [&b, &c, &d] {
         assert_eq!(other.status, 201);
@@ -173,8 +214,12 @@ async fn the_same_key_from_another_tenant_or_on_another_route_is_another_record(
         assert_ne!(other.header("location"), a.header("location"));
     }
     assert_eq!(h.upstream.executions(&k), 4);
-    let anonymous = send(h.post("/pay", Some(&k), PAYMENT).header("x-tenant-id", "")).await;
-    assert_problem(&anonymous, 400, "identity-missing");
+    let nobody = send(h.post_as("", "alice", "/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&nobody, 400, "identity-missing");
+    let ambiguous = h
+        .post("/pay", Some(&k), PAYMENT)
+        .header("x-tenant-id", "tenant-b");
+    assert_problem(&send(ambiguous).await, 400, "identity-missing");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -190,10 +235,14 @@ async fn an_expired_key_is_rejected_or_renewed_as_the_policy_says() {
     .await;
     assert_problem(&expired, 422, "key-expired");
     assert!(expired.json()["completed_at"].is_string());
-    eventually("the renewable key to run again", Duration::from_secs(10), || async {
-        send(h.post("/renew", Some(&k2), PAYMENT)).await;
-        h.upstream.executions(&k2) == 2
-    })
+    eventually(
+        "the renewable key to run again",
+        Duration::from_secs(10),
+        || async {
+            send(h.post("/renew", Some(&k2), PAYMENT)).await;
+            h.upstream.executions(&k2) == 2
+        },
+    )
     .await;
     assert_eq!(h.upstream.executions(&k1), 1);
 }
@@ -215,7 +264,12 @@ async fn errors_the_upstream_produced_are_stored_and_replayed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_before_acting_release_the_key() {
     let h = Harness::start().await;
-    let cases = [("/pay", "x-test-status", "429"), ("/pay", "x-test-status", "408"), ("/pay", "x-test-control", "no-store"), ("/accounts/7/charges", "x-test-status", "503")];
+    let cases = [
+        ("/pay", "x-test-status", "429"),
+        ("/pay", "x-test-status", "408"),
+        ("/pay", "x-test-control", "no-store"),
+        ("/accounts/7/charges", "x-test-status", "503"),
+    ];
     for (path, knob, value) in cases {
         let k = key("release");
         let first = send(h.post(path, Some(&k), PAYMENT).header(knob, value)).await;
@@ -231,7 +285,11 @@ async fn refusals_before_acting_release_the_key() {
 async fn an_uncertain_upstream_makes_the_outcome_unknown() {
     let h = Harness::start().await;
     let k = key("uncertain");
-    let first = send(h.post("/pay", Some(&k), PAYMENT).header("x-test-control", "uncertain")).await;
+    let first = send(
+        h.post("/pay", Some(&k), PAYMENT)
+            .header("x-test-control", "uncertain"),
+    )
+    .await;
     assert_eq!(first.status, 201);
     assert!(first.header("idempotency-control").is_none());
     let again = send(h.post("/pay", Some(&k), PAYMENT)).await;
@@ -247,7 +305,11 @@ async fn an_upstream_reset_or_timeout_after_forwarding_makes_the_outcome_unknown
     let first = send(h.post("/pay", Some(&reset), PAYMENT).header("x-test-reset", "1")).await;
     assert!(first.status >= 500, "{first:?}");
     let timeout = key("timeout");
-    let slow = send(h.post("/timeout", Some(&timeout), PAYMENT).header("x-test-delay-ms", "2500")).await;
+    let slow = send(
+        h.post("/timeout", Some(&timeout), PAYMENT)
+            .header("x-test-delay-ms", "2500"),
+    )
+    .await;
     assert_eq!(slow.status, 504);
     for (path, k) in [("/pay", &reset), ("/timeout", &timeout)] {
         let again = send(h.post(path, Some(k), PAYMENT)).await;
@@ -263,7 +325,10 @@ async fn an_upstream_never_reached_releases_the_key() {
     for _ in 0..2 {
         let a = send(h.post("/unreachable", Some(&k), PAYMENT)).await;
         assert_eq!(a.status, 503);
-        assert!(a.problem().is_none(), "the retry must reach the router again, not a conflict: {a:?}");
+        assert!(
+            a.problem().is_none(),
+            "the retry must reach the router again, not a conflict: {a:?}"
+        );
     }
 }
 
@@ -271,9 +336,17 @@ async fn an_upstream_never_reached_releases_the_key() {
 async fn bodies_over_the_limits_are_refused_or_streamed_without_storing() {
     let h = Harness::start().await;
     let big_request = format!("{{\"pad\": \"{}\"}}", "x".repeat(100));
-    assert_problem(&send(h.post("/small", Some(&key("big")), &big_request)).await, 413, "body-too-large");
+    assert_problem(
+        &send(h.post("/small", Some(&key("big")), &big_request)).await,
+        413,
+        "body-too-large",
+    );
     let k = key("big-response");
-    let first = send(h.post("/small", Some(&k), "{}").header("x-test-body-size", "5000")).await;
+    let first = send(
+        h.post("/small", Some(&k), "{}")
+            .header("x-test-body-size", "5000"),
+    )
+    .await;
     assert_eq!(first.status, 201);
     assert_eq!(first.body.len(), 5000);
     let again = send(h.post("/small", Some(&k), "{}")).await;
@@ -294,7 +367,8 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
     assert_eq!(send(h.post("/observe", None, PAYMENT)).await.status, 201);
     assert_eq!(h.upstream.executions(&k), 2);
     eventually("observe counters", Duration::from_secs(10), || async {
-        h.counter("idemgate.requests.would_replay").await >= 1 && h.counter("idemgate.requests.would_reject").await >= 1
+        h.counter("idemgate.requests.would_replay").await >= 1
+            && h.counter("idemgate.requests.would_reject").await >= 1
     })
     .await;
 }
@@ -314,7 +388,12 @@ async fn a_dead_store_fails_closed_and_service_resumes_when_it_returns() {
     h.restart_store();
     h.wait_store().await;
     assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
-    assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        send(h.post("/pay", Some(&k), PAYMENT))
+            .await
+            .header("idempotent-replayed"),
+        Some("true")
+    );
     assert_eq!(h.upstream.executions(&k), 1);
 }
 
@@ -322,14 +401,23 @@ async fn a_dead_store_fails_closed_and_service_resumes_when_it_returns() {
 async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
     let h = Harness::start().await;
     let huge = "k".repeat(10 * 1024);
-    let hostile: Vec<Vec<u8>> = vec![b"\xff\xfe\xfd".to_vec(), b"caf\xc3\xa9".to_vec(), huge.into_bytes(), b"\"a\\qb\"".to_vec()];
+    let hostile: Vec<Vec<u8>> = vec![
+        b"\xff\xfe\xfd".to_vec(),
+        b"caf\xc3\xa9".to_vec(),
+        huge.into_bytes(),
+        b"\"a\\qb\"".to_vec(),
+    ];
     for bytes in hostile {
         let value = reqwest::header::HeaderValue::from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
         let a = send(h.post("/pay", None, PAYMENT).header("idempotency-key", value)).await;
         assert_problem(&a, 400, "key-invalid");
     }
     // Control characters never reach the filter: Envoy's codec refuses them.
-    let raw = raw_request(h.port, b"POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: a\x01b\r\ncontent-length: 2\r\n\r\n{}").await;
+    let raw = raw_request(
+        h.port,
+        b"POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: a\x01b\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await;
     assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
     // Fresh connections spread over both workers; every one must still work.
     for i in 0..20 {
@@ -341,7 +429,9 @@ async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
 
 async fn raw_request(port: u16, request: &[u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(e2e::addr(port)).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut stream = tokio::net::TcpStream::connect(e2e::addr(port))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let _ = stream.write_all(request).await;
     let mut out = vec![0u8; 4096];
     let n = stream.read(&mut out).await.unwrap_or(0);

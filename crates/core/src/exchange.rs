@@ -160,8 +160,12 @@ pub enum Settlement {
 }
 
 impl Settlement {
-    pub const ALL: [Settlement; 4] =
-        [Settlement::Completed, Settlement::Released, Settlement::MarkedUnknown, Settlement::Failed];
+    pub const ALL: [Settlement; 4] = [
+        Settlement::Completed,
+        Settlement::Released,
+        Settlement::MarkedUnknown,
+        Settlement::Failed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -178,12 +182,24 @@ enum State {
     Passing,
     /// We answered locally; our own reply must not be treated as the upstream's.
     Answered,
-    ReadingBody { fingerprint: Fingerprinter, seen: usize },
+    ReadingBody {
+        fingerprint: Fingerprinter,
+        seen: usize,
+    },
     Claiming,
-    Forwarded { fence: u64 },
-    Capturing { fence: u64, status: u16, headers: Vec<(String, String)>, body: Option<Vec<u8>> },
+    Forwarded {
+        fence: u64,
+    },
+    Capturing {
+        fence: u64,
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Option<Vec<u8>>,
+    },
     /// A complete / release / mark-unknown call is in flight.
-    Settling { as_: Settlement },
+    Settling {
+        as_: Settlement,
+    },
     Done,
 }
 
@@ -199,7 +215,14 @@ pub struct Exchange {
 impl Exchange {
     /// Starts the exchange from the request headers.
     pub fn begin(config: Rc<Config>, policy: Rc<Policy>, head: RequestHead) -> (Exchange, Step) {
-        let mut ex = Exchange { config, policy, scope: None, state: State::Passing, outcome: Outcome::Passed, settlement: None };
+        let mut ex = Exchange {
+            config,
+            policy,
+            scope: None,
+            state: State::Passing,
+            outcome: Outcome::Passed,
+            settlement: None,
+        };
         let step = ex.start(head);
         (ex, step)
     }
@@ -223,7 +246,10 @@ impl Exchange {
 
     /// Whether the response path should run at all (and strip `Idempotency-Control`).
     pub fn owns_response(&self) -> bool {
-        matches!(self.state, State::Forwarded { .. } | State::Capturing { .. } | State::Settling { .. })
+        matches!(
+            self.state,
+            State::Forwarded { .. } | State::Capturing { .. } | State::Settling { .. }
+        )
     }
 
     fn start(&mut self, head: RequestHead) -> Step {
@@ -241,7 +267,12 @@ impl Exchange {
         };
         let (tenant, principal) = match identity(&self.policy.identity, &head) {
             Ok(ids) => ids,
-            Err(detail) => return self.reject(Outcome::IdentityMissing, Problem::new(ProblemKind::IdentityMissing, detail)),
+            Err(detail) => {
+                return self.reject(
+                    Outcome::IdentityMissing,
+                    Problem::new(ProblemKind::IdentityMissing, detail),
+                )
+            }
         };
         let scope = match Scope::new(&tenant, &principal, &self.policy.name, Namespace::Client, key) {
             Ok(scope) => scope,
@@ -253,11 +284,19 @@ impl Exchange {
             }
         };
         self.scope = Some(scope);
-        if head.content_length.is_some_and(|n| n > self.policy.max_request_body as u64) {
+        if head
+            .content_length
+            .is_some_and(|n| n > self.policy.max_request_body as u64)
+        {
             return self.too_large();
         }
-        let fingerprint =
-            Fingerprinter::new(&self.policy.fingerprint, &head.method, &self.policy.name, &head.path, &head.fingerprint_headers);
+        let fingerprint = Fingerprinter::new(
+            &self.policy.fingerprint,
+            &head.method,
+            &self.policy.name,
+            &head.path,
+            &head.fingerprint_headers,
+        );
         if head.end_of_stream {
             return self.claim(fingerprint);
         }
@@ -285,7 +324,9 @@ impl Exchange {
     }
 
     fn claim(&mut self, fingerprint: Fingerprinter) -> Step {
-        let Some(scope) = self.scope.clone() else { return Step::Continue };
+        let Some(scope) = self.scope.clone() else {
+            return Step::Continue;
+        };
         let wait_ms = match self.policy.in_flight {
             InFlight::Conflict => 0,
             InFlight::Wait { max_ms } => max_ms,
@@ -321,7 +362,9 @@ impl Exchange {
 
     fn claimed(&mut self, answer: StoreAnswer) -> Step {
         let reply = match answer {
-            Some((200, body)) => decode_frame::<ClaimReply>(&body).map(|(meta, bytes)| (meta, bytes.to_vec())).ok(),
+            Some((200, body)) => decode_frame::<ClaimReply>(&body)
+                .map(|(meta, bytes)| (meta, bytes.to_vec()))
+                .ok(),
             _ => None,
         };
         let Some((reply, body)) = reply else {
@@ -404,11 +447,22 @@ impl Exchange {
             .headers
             .into_iter()
             .filter(|(name, _)| self.policy.replays_header(name))
-            .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name.to_ascii_lowercase(), v)))
+            .filter_map(|(name, value)| {
+                String::from_utf8(value)
+                    .ok()
+                    .map(|v| (name.to_ascii_lowercase(), v))
+            })
             .collect();
-        let fits = head.content_length.is_none_or(|n| n <= self.policy.max_stored_body as u64);
+        let fits = head
+            .content_length
+            .is_none_or(|n| n <= self.policy.max_stored_body as u64);
         let streaming = !fits;
-        self.state = State::Capturing { fence, status: head.status, headers, body: fits.then(Vec::new) };
+        self.state = State::Capturing {
+            fence,
+            status: head.status,
+            headers,
+            body: fits.then(Vec::new),
+        };
         if head.end_of_stream {
             return self.complete();
         }
@@ -421,8 +475,12 @@ impl Exchange {
 
     /// A chunk of an owned response's body.
     pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
-        let State::Capturing { body, .. } = &mut self.state else {
-            return Step::Continue;
+        let body = match &mut self.state {
+            State::Capturing { body, .. } => body,
+            // A release or mark-unknown is in flight: the client must not see
+            // the response before the store has recorded it.
+            State::Settling { .. } => return Step::Pause,
+            _ => return Step::Continue,
         };
         let streaming = match body {
             Some(kept) if kept.len() + chunk.len() <= self.policy.max_stored_body => {
@@ -445,14 +503,30 @@ impl Exchange {
     }
 
     fn complete(&mut self) -> Step {
-        let State::Capturing { fence, status, headers, body } = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Capturing {
+            fence,
+            status,
+            headers,
+            body,
+        } = std::mem::replace(&mut self.state, State::Done)
+        else {
             return Step::Continue;
         };
-        let Some(scope) = self.scope.clone() else { return Step::Continue };
+        let Some(scope) = self.scope.clone() else {
+            return Step::Continue;
+        };
         let body_stored = body.is_some();
-        let request = CompleteRequest { scope, fence, status, headers, body_stored };
+        let request = CompleteRequest {
+            scope,
+            fence,
+            status,
+            headers,
+            body_stored,
+        };
         let frame = encode_frame(&request, body.as_deref().unwrap_or_default());
-        self.state = State::Settling { as_: Settlement::Completed };
+        self.state = State::Settling {
+            as_: Settlement::Completed,
+        };
         Step::Call(self.call(COMPLETE_PATH, frame, 0))
     }
 
@@ -530,7 +604,12 @@ impl Exchange {
         let max = self.policy.max_request_body;
         self.reject(
             Outcome::TooLarge,
-            Problem::new(ProblemKind::BodyTooLarge, format!("the request body exceeds the {max}-byte limit for idempotent requests on this route")),
+            Problem::new(
+                ProblemKind::BodyTooLarge,
+                format!(
+                    "the request body exceeds the {max}-byte limit for idempotent requests on this route"
+                ),
+            ),
         )
     }
 }
@@ -546,7 +625,9 @@ fn identity(identity: &Identity, head: &RequestHead) -> Result<(String, String),
     };
     let read = |value: &Option<Vec<u8>>, what: &str| -> Result<String, String> {
         match value.as_deref() {
-            None | Some([]) => Err(format!("this route requires an authenticated {what}, and the request carries none")),
+            None | Some([]) => {
+                Err(format!("this route requires exactly one authenticated {what}, and the request carries none or several"))
+            }
             Some(bytes) => String::from_utf8(bytes.to_vec()).map_err(|_| format!("the request's {what} is not valid UTF-8")),
         }
     };
@@ -595,9 +676,13 @@ mod tests {
     }
 
     fn claim_of(step: &Step) -> ClaimRequest {
-        let Step::Call(call) = step else { panic!("expected a claim, got {step:?}") };
+        let Step::Call(call) = step else {
+            panic!("expected a claim, got {step:?}")
+        };
         assert!(call.headers.contains(&(":path".into(), CLAIM_PATH.into())));
-        assert!(call.headers.contains(&("authorization".into(), "Bearer t".into())));
+        assert!(call
+            .headers
+            .contains(&("authorization".into(), "Bearer t".into())));
         decode_frame::<ClaimRequest>(&call.body).unwrap().0
     }
 
@@ -606,16 +691,30 @@ mod tests {
     }
 
     fn problem_slug(step: &Step) -> (u16, String) {
-        let Step::Respond(reply) = step else { panic!("expected a reply, got {step:?}") };
+        let Step::Respond(reply) = step else {
+            panic!("expected a reply, got {step:?}")
+        };
         let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-        (reply.status, body["type"].as_str().unwrap().rsplit('/').next().unwrap().to_string())
+        (
+            reply.status,
+            body["type"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string(),
+        )
     }
 
     fn upstream(status: u16, headers: &[(&str, &str)], end_of_stream: bool) -> ResponseHead {
         ResponseHead {
             status,
             origin: Origin::Upstream,
-            headers: headers.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())).collect(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
             content_length: None,
             end_of_stream,
         }
@@ -624,30 +723,49 @@ mod tests {
     fn owned(path: &str) -> Exchange {
         let (mut ex, step) = begin(path, Some("k1"), Some("{}"));
         claim_of(&step);
-        assert_eq!(ex.store_reply(reply(ClaimReply::Owned { fence: 7 }, b"")), Step::Continue);
+        assert_eq!(
+            ex.store_reply(reply(ClaimReply::Owned { fence: 7 }, b"")),
+            Step::Continue
+        );
         ex
     }
 
     fn called_path(step: &Step) -> String {
-        let Step::Call(call) = step else { panic!("expected a call, got {step:?}") };
-        call.headers.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone()).unwrap()
+        let Step::Call(call) = step else {
+            panic!("expected a call, got {step:?}")
+        };
+        call.headers
+            .iter()
+            .find(|(n, _)| n == ":path")
+            .map(|(_, v)| v.clone())
+            .unwrap()
     }
 
     #[test]
     fn a_request_without_a_required_key_is_answered_400_key_missing() {
-        assert_eq!(problem_slug(&begin("/pay", None, None).1), (400, "key-missing".into()));
+        assert_eq!(
+            problem_slug(&begin("/pay", None, None).1),
+            (400, "key-missing".into())
+        );
     }
 
     #[test]
     fn a_malformed_key_is_answered_400_key_invalid() {
-        assert_eq!(problem_slug(&begin("/pay", Some("a b"), None).1), (400, "key-invalid".into()));
+        assert_eq!(
+            problem_slug(&begin("/pay", Some("a b"), None).1),
+            (400, "key-invalid".into())
+        );
     }
 
     #[test]
     fn a_missing_tenant_is_answered_400_identity_missing() {
         let config = Rc::new(Config::parse(CONFIG.as_bytes()).unwrap());
         let policy = config.policies[0].clone();
-        let head = RequestHead { key_fields: vec![b"k".to_vec()], end_of_stream: true, ..RequestHead::default() };
+        let head = RequestHead {
+            key_fields: vec![b"k".to_vec()],
+            end_of_stream: true,
+            ..RequestHead::default()
+        };
         let (_, step) = Exchange::begin(config, policy, head);
         assert_eq!(problem_slug(&step), (400, "identity-missing".into()));
     }
@@ -664,7 +782,10 @@ mod tests {
 
     #[test]
     fn a_body_over_the_limit_is_answered_413() {
-        assert_eq!(problem_slug(&begin("/small", Some("k"), Some("12345")).1), (413, "body-too-large".into()));
+        assert_eq!(
+            problem_slug(&begin("/small", Some("k"), Some("12345")).1),
+            (413, "body-too-large".into())
+        );
     }
 
     #[test]
@@ -679,10 +800,27 @@ mod tests {
     fn store_verdicts_map_to_the_contract_answers() {
         let cases: [(ClaimReply, u16, &str); 5] = [
             (ClaimReply::Mismatch, 422, "key-reused"),
-            (ClaimReply::InProgress { retry_after_ms: 1500 }, 409, "request-in-progress"),
+            (
+                ClaimReply::InProgress { retry_after_ms: 1500 },
+                409,
+                "request-in-progress",
+            ),
             (ClaimReply::Unknown, 409, "outcome-unknown"),
-            (ClaimReply::Expired { completed_at: Some(0) }, 422, "key-expired"),
-            (ClaimReply::ResultUnavailable { original_status: 201, completed_at: 0 }, 409, "result-unavailable"),
+            (
+                ClaimReply::Expired {
+                    completed_at: Some(0),
+                },
+                422,
+                "key-expired",
+            ),
+            (
+                ClaimReply::ResultUnavailable {
+                    original_status: 201,
+                    completed_at: 0,
+                },
+                409,
+                "result-unavailable",
+            ),
         ];
         for (verdict, status, slug) in cases {
             let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
@@ -697,10 +835,15 @@ mod tests {
     #[test]
     fn in_progress_carries_retry_after_rounded_up_and_unknown_carries_none() {
         let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-        let Step::Respond(busy) = ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 1001 }, b"")) else { panic!() };
+        let Step::Respond(busy) = ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 1001 }, b""))
+        else {
+            panic!()
+        };
         assert!(busy.headers.contains(&("retry-after".into(), "2".into())));
         let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-        let Step::Respond(unknown) = ex.store_reply(reply(ClaimReply::Unknown, b"")) else { panic!() };
+        let Step::Respond(unknown) = ex.store_reply(reply(ClaimReply::Unknown, b"")) else {
+            panic!()
+        };
         assert!(!unknown.headers.iter().any(|(n, _)| n == "retry-after"));
     }
 
@@ -709,21 +852,40 @@ mod tests {
         let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
         let stored = ClaimReply::Replay {
             status: 201,
-            headers: vec![("location".into(), "/p/1".into()), ("set-cookie".into(), "s=1".into())],
+            headers: vec![
+                ("location".into(), "/p/1".into()),
+                ("set-cookie".into(), "s=1".into()),
+            ],
             completed_at: 1,
         };
-        let Step::Respond(r) = ex.store_reply(reply(stored, b"{\"id\":1}")) else { panic!() };
+        let Step::Respond(r) = ex.store_reply(reply(stored, b"{\"id\":1}")) else {
+            panic!()
+        };
         assert_eq!((r.status, r.body.as_slice()), (201, b"{\"id\":1}".as_slice()));
-        assert_eq!(r.headers, vec![("location".into(), "/p/1".into()), ("idempotent-replayed".into(), "true".into())]);
+        assert_eq!(
+            r.headers,
+            vec![
+                ("location".into(), "/p/1".into()),
+                ("idempotent-replayed".into(), "true".into())
+            ]
+        );
         assert_eq!(ex.outcome(), Outcome::Replayed);
     }
 
     #[test]
     fn every_store_failure_shape_fails_closed_with_503() {
-        let answers: [StoreAnswer; 4] = [None, Some((503, b"no healthy upstream".to_vec())), Some((200, b"garbage".to_vec())), Some((401, vec![]))];
+        let answers: [StoreAnswer; 4] = [
+            None,
+            Some((503, b"no healthy upstream".to_vec())),
+            Some((200, b"garbage".to_vec())),
+            Some((401, vec![])),
+        ];
         for answer in answers {
             let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-            assert_eq!(problem_slug(&ex.store_reply(answer)), (503, "store-unavailable".into()));
+            assert_eq!(
+                problem_slug(&ex.store_reply(answer)),
+                (503, "store-unavailable".into())
+            );
             assert_eq!(ex.outcome(), Outcome::StoreError);
         }
     }
@@ -741,29 +903,55 @@ mod tests {
         let (_, step) = begin("/watch", None, None);
         assert_eq!(step, Step::Continue);
         let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
-        let replay = ClaimReply::Replay { status: 200, headers: vec![], completed_at: 1 };
+        let replay = ClaimReply::Replay {
+            status: 200,
+            headers: vec![],
+            completed_at: 1,
+        };
         assert_eq!(ex.store_reply(reply(replay, b"")), Step::Continue);
         assert_eq!(ex.outcome(), Outcome::WouldReplay);
         let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
-        assert_eq!(ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 5 }, b"")), Step::Continue);
+        assert_eq!(
+            ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 5 }, b"")),
+            Step::Continue
+        );
         assert_eq!(ex.outcome(), Outcome::WouldConflict);
     }
 
     #[test]
     fn an_owned_response_is_held_captured_and_completed() {
         let mut ex = owned("/pay");
-        let head = upstream(201, &[("content-type", "application/json"), ("set-cookie", "x"), ("Location", "/p/1")], false);
+        let head = upstream(
+            201,
+            &[
+                ("content-type", "application/json"),
+                ("set-cookie", "x"),
+                ("Location", "/p/1"),
+            ],
+            false,
+        );
         assert_eq!(ex.response_headers(head), Step::Pause);
         assert_eq!(ex.response_body(b"{\"id\"", false), Step::Pause);
         let step = ex.response_body(b":1}", true);
-        let Step::Call(call) = &step else { panic!("{step:?}") };
+        let Step::Call(call) = &step else {
+            panic!("{step:?}")
+        };
         let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
         assert_eq!(done.fence, 7);
         assert_eq!(done.status, 201);
         assert!(done.body_stored);
-        assert_eq!(done.headers, vec![("content-type".into(), "application/json".into()), ("location".into(), "/p/1".into())]);
+        assert_eq!(
+            done.headers,
+            vec![
+                ("content-type".into(), "application/json".into()),
+                ("location".into(), "/p/1".into())
+            ]
+        );
         assert_eq!(body, b"{\"id\":1}");
-        assert_eq!(ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))), Step::Continue);
+        assert_eq!(
+            ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+            Step::Continue
+        );
         assert_eq!(ex.settlement(), Some(Settlement::Completed));
         assert_eq!(ex.finish(), None);
     }
@@ -775,7 +963,9 @@ mod tests {
         assert_eq!(ex.response_body(b"abc", false), Step::Pause);
         assert_eq!(ex.response_body(b"defg", false), Step::Continue);
         let step = ex.response_body(b"h", true);
-        let Step::Call(call) = &step else { panic!("{step:?}") };
+        let Step::Call(call) = &step else {
+            panic!("{step:?}")
+        };
         let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
         assert!(!done.body_stored);
         assert!(body.is_empty());
@@ -786,15 +976,34 @@ mod tests {
         let cases: [(ResponseHead, &str); 6] = [
             (upstream(429, &[], false), RELEASE_PATH),
             (upstream(408, &[], false), RELEASE_PATH),
-            (upstream(200, &[("idempotency-control", "no-store")], false), RELEASE_PATH),
-            (upstream(200, &[("Idempotency-Control", " Uncertain ")], false), MARK_UNKNOWN_PATH),
-            (ResponseHead { origin: Origin::NeverReached, ..upstream(503, &[], false) }, RELEASE_PATH),
-            (ResponseHead { origin: Origin::LostAfterForwarding, ..upstream(504, &[], false) }, MARK_UNKNOWN_PATH),
+            (
+                upstream(200, &[("idempotency-control", "no-store")], false),
+                RELEASE_PATH,
+            ),
+            (
+                upstream(200, &[("Idempotency-Control", " Uncertain ")], false),
+                MARK_UNKNOWN_PATH,
+            ),
+            (
+                ResponseHead {
+                    origin: Origin::NeverReached,
+                    ..upstream(503, &[], false)
+                },
+                RELEASE_PATH,
+            ),
+            (
+                ResponseHead {
+                    origin: Origin::LostAfterForwarding,
+                    ..upstream(504, &[], false)
+                },
+                MARK_UNKNOWN_PATH,
+            ),
         ];
         for (head, path) in cases {
             let mut ex = owned("/pay");
             let step = ex.response_headers(head);
             assert_eq!(called_path(&step), path);
+            assert_eq!(ex.response_body(b"late", true), Step::Pause);
             let Step::Call(call) = step else { unreachable!() };
             assert_eq!(decode_frame::<FenceRequest>(&call.body).unwrap().0.fence, 7);
         }
@@ -814,7 +1023,10 @@ mod tests {
     fn a_refused_completion_is_reported_as_failed() {
         let mut ex = owned("/pay");
         ex.response_headers(upstream(200, &[], true));
-        assert_eq!(ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec()))), Step::Continue);
+        assert_eq!(
+            ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec()))),
+            Step::Continue
+        );
         assert_eq!(ex.settlement(), Some(Settlement::Failed));
     }
 }
