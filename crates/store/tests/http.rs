@@ -477,3 +477,22 @@ async fn operators_resolve_and_purge_over_http() {
     assert_eq!(sweep.status, 200);
     assert!(sweep.json()["archived"].is_number());
 }
+
+#[tokio::test]
+async fn run_serves_on_a_listener_until_shutdown() {
+    let h = harness().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(idemgate_store::run(listener, h.state.clone(), async move {
+        let _ = stopped.await;
+    }));
+    let r = request(&client(), "GET", &format!("http://{addr}/readyz"), None, vec![]).await;
+    assert_eq!(r.status, 200);
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

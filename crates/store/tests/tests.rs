@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod concurrency;
+mod crash;
 mod http;
 mod stories;
 mod support;

@@ -3,7 +3,6 @@
 
 pub mod pg;
 
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +17,6 @@ use idemgate_core::key::Key;
 use idemgate_core::protocol::{ClaimRequest, CompleteRequest, FenceRequest};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
-use idemgate_store::{AppState, Clock, Store};
 
 pub const API: &str = "api-token";
 pub const ADMIN: &str = "admin-token";
@@ -85,22 +83,8 @@ pub async fn pg_backend(url: &str) -> Arc<dyn Backend> {
     b
 }
 
-/// The app on a random port; returns its address. Stops with the runtime.
-pub async fn serve(store: Store) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(store, API, ADMIN);
-    tokio::spawn(idemgate_store::run(listener, state, std::future::pending()));
-    addr
-}
-
-pub fn store(backend: Arc<dyn Backend>, clock: Clock) -> Store {
-    Store::new(backend, clock)
-}
-
 pub struct HttpReply {
     pub status: u16,
-    pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
@@ -126,13 +110,8 @@ pub async fn request(
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
-    HttpReply {
-        status,
-        headers,
-        body,
-    }
+    HttpReply { status, body }
 }
 
 /// Polls `cond` every 20 ms until it holds or `within` passes.
