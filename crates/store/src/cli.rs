@@ -124,12 +124,16 @@ pub struct SweepArgs {
 
 #[derive(Debug, Args)]
 pub struct Inspect {
+    /// Tenant of the records to look up (archived ones included).
     #[arg(long, required_unless_present_any = ["unknown", "stuck"])]
     pub tenant: Option<String>,
+    /// The Idempotency-Key, unquoted.
     #[arg(long, required_unless_present_any = ["unknown", "stuck"])]
     pub key: Option<String>,
+    /// Only records of this route (policy name).
     #[arg(long)]
     pub route: Option<String>,
+    /// Only records of this principal.
     #[arg(long)]
     pub principal: Option<String>,
     /// List records whose outcome is unknown.
@@ -138,14 +142,17 @@ pub struct Inspect {
     /// List records in progress for longer than --older-than-ms.
     #[arg(long, conflicts_with_all = ["tenant", "key"])]
     pub stuck: bool,
+    /// With --stuck: in progress for at least this many milliseconds.
     #[arg(long, default_value_t = crate::admin::DEFAULT_STUCK_AFTER_MS)]
     pub older_than_ms: u64,
+    /// At most this many records.
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
 }
 
 #[derive(Debug, Args)]
 pub struct ScopeArgs {
+    /// Tenant of the record.
     #[arg(long)]
     pub tenant: String,
     /// `*` when the policy has no principal.
@@ -157,6 +164,7 @@ pub struct ScopeArgs {
     /// `u` (client keys) or `s` (server keys).
     #[arg(long, default_value = "u")]
     pub namespace: String,
+    /// The Idempotency-Key, unquoted.
     #[arg(long)]
     pub key: String,
 }

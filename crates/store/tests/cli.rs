@@ -1,0 +1,124 @@
+//! The operator's CLI against a real database file.
+
+use std::process::Command;
+
+use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
+
+use crate::support::*;
+
+fn cli(db: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args(args)
+        .args(["--database-url", db])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_documents_every_subcommand_and_flag() {
+    let (ok, out, _) = cli("sqlite://unused.db", &["--help"]);
+    assert!(ok);
+    for word in [
+        "serve",
+        "migrate",
+        "inspect",
+        "resolve",
+        "purge",
+        "sweep",
+        "--database-url",
+    ] {
+        assert!(out.contains(word), "{word} missing from --help:\n{out}");
+    }
+    let (ok, out, _) = cli("sqlite://unused.db", &["serve", "--help"]);
+    assert!(ok);
+    for flag in [
+        "--listen",
+        "--api-token",
+        "--api-token-file",
+        "--admin-token",
+        "--admin-token-file",
+        "--sweep-batch",
+        "--audit-retention-secs",
+        "IDEMGATE_API_TOKEN",
+    ] {
+        assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let (ok, _, err) = cli(&db, &["migrate"]);
+    assert!(ok, "{err}");
+    let s = scope("k-cli");
+    {
+        let p = StoreProcess::start(&db).await;
+        let r = request(
+            &client(),
+            "POST",
+            &p.url("/v1/claim"),
+            Some(API),
+            encode_frame(&claim(&s, Some(1)), b""),
+        )
+        .await;
+        assert!(matches!(
+            decode_frame::<ClaimReply>(&r.body).unwrap().0,
+            ClaimReply::Owned { .. }
+        ));
+    }
+    let (ok, out, err) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
+    assert!(ok, "{err}");
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["state"], "in_progress");
+    let (ok, out, _) = cli(&db, &["inspect", "--stuck", "--older-than-ms", "0"]);
+    assert!(ok);
+    assert!(out.contains("k-cli"));
+    let scope_args = [
+        "--tenant",
+        "acme",
+        "--principal",
+        "alice",
+        "--route",
+        "payments.create",
+        "--key",
+        "k-cli",
+    ];
+    let mut args = vec!["resolve"];
+    args.extend(scope_args);
+    args.extend([
+        "--status",
+        "200",
+        "--header",
+        "content-type: text/plain",
+        "--body",
+        "fixed by hand",
+    ]);
+    let (ok, _, err) = cli(&db, &args);
+    assert!(ok, "{err}");
+    let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
+    assert!(ok);
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["state"], "completed");
+    assert_eq!(records[0]["body_len"], 13);
+    let (ok, _, err) = cli(&db, &args);
+    assert!(!ok && err.contains("no in-progress or unknown record"), "{err}");
+    let (ok, out, _) = cli(&db, &["sweep"]);
+    assert!(ok);
+    assert!(out.contains("archived"), "{out}");
+    let mut purge = vec!["purge"];
+    purge.extend(scope_args);
+    let (ok, _, err) = cli(&db, &purge);
+    assert!(ok, "{err}");
+    let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
+    assert!(ok);
+    assert_eq!(out.trim(), "[]");
+    let (ok, _, err) = cli("mysql://nope", &["migrate"]);
+    assert!(!ok && err.contains("sqlite://"), "{err}");
+}
