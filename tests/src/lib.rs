@@ -5,6 +5,9 @@
 //! Ports are picked free, readiness is polled, every process is killed on drop,
 //! and when a test fails the Envoy and store logs are printed.
 
+// Test support: failing loudly is how a harness reports a broken environment.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
@@ -331,4 +334,16 @@ pub type Executions = Arc<Mutex<HashMap<String, u64>>>;
 
 pub fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Sends bytes no HTTP client would, and returns what came back.
+pub async fn raw_request(port: u16, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr(port))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = stream.write_all(request).await;
+    let mut out = vec![0u8; 4096];
+    let n = stream.read(&mut out).await.unwrap_or(0);
+    String::from_utf8_lossy(&out[..n]).into_owned()
 }

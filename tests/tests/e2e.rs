@@ -413,7 +413,7 @@ async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
         assert_problem(&a, 400, "key-invalid");
     }
     // Control characters never reach the filter: Envoy's codec refuses them.
-    let raw = raw_request(
+    let raw = e2e::raw_request(
         h.port,
         b"POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: a\x01b\r\ncontent-length: 2\r\n\r\n{}",
     )
@@ -425,15 +425,4 @@ async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
         assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
     }
     assert!(!h.envoy.log().contains("panicked"), "a VM panicked");
-}
-
-async fn raw_request(port: u16, request: &[u8]) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(e2e::addr(port))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let _ = stream.write_all(request).await;
-    let mut out = vec![0u8; 4096];
-    let n = stream.read(&mut out).await.unwrap_or(0);
-    String::from_utf8_lossy(&out[..n]).into_owned()
 }
