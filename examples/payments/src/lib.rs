@@ -147,21 +147,28 @@ async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, b
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
     }
-    let mut response = answer(&ledger, kind, &tenant, &headers, &body);
+    let (mut response, id) = answer(&ledger, kind, &tenant, &headers, &body);
     if let Some(outcome) = header(&headers, "x-demo-outcome").and_then(|v| HeaderValue::from_str(v).ok()) {
         response.headers_mut().insert("idempotency-control", outcome);
     }
+    let status = response.status().as_u16();
     println!(
-        "{} tenant={tenant} -> {}",
-        kind.id_prefix(),
-        response.status().as_u16()
+        "{kind:?} for tenant={tenant} -> {status} {}",
+        id.unwrap_or_default()
     );
     response
 }
 
-fn answer(ledger: &Ledger, kind: Kind, tenant: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+/// The answer, and the id of what was created (if anything).
+fn answer(
+    ledger: &Ledger,
+    kind: Kind,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (Response, Option<String>) {
     if let Some(forced) = header(headers, "x-demo-status") {
-        return match forced
+        let response = match forced
             .parse::<u16>()
             .ok()
             .and_then(|s| StatusCode::from_u16(s).ok())
@@ -172,9 +179,13 @@ fn answer(ledger: &Ledger, kind: Kind, tenant: &str, headers: &HeaderMap, body: 
                 "x-demo-status must be an HTTP status such as 500",
             ),
         };
+        return (response, None);
     }
     let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
-        return error(StatusCode::BAD_REQUEST, "the body must be a JSON object");
+        return (
+            error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
+            None,
+        );
     };
     let field = |name: &str| request.get(name).cloned().unwrap_or(Value::Null);
     let mut books = ledger.books();
@@ -215,7 +226,7 @@ fn answer(ledger: &Ledger, kind: Kind, tenant: &str, headers: &HeaderMap, body: 
             response.headers_mut().insert("location", location);
         }
     }
-    response
+    (response, Some(id))
 }
 
 /// A payment is visible only to the tenant that made it.
