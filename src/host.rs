@@ -64,13 +64,13 @@ fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
 
 pub fn resume_request() {
     if hostcalls::resume_http_request().is_err() {
-        log(LogLevel::Warn, "idemgate: could not resume the request");
+        log(LogLevel::Warn, "could not resume the request");
     }
 }
 
 pub fn resume_response() {
     if hostcalls::resume_http_response().is_err() {
-        log(LogLevel::Warn, "idemgate: could not resume the response");
+        log(LogLevel::Warn, "could not resume the response");
     }
 }
 
@@ -83,7 +83,7 @@ pub fn send_reply(reply: &Reply) {
     if hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body)).is_err() {
         log(
             LogLevel::Error,
-            "idemgate: could not send a local reply; resetting the stream",
+            "could not send a local reply; resetting the stream",
         );
         let _ = hostcalls::reset_http_request();
     }
@@ -103,7 +103,7 @@ pub fn dispatch(cluster: &str, call: &StoreCall) -> Option<u32> {
         Err(status) => {
             log(
                 LogLevel::Warn,
-                &format!("idemgate: store call to cluster {cluster} refused: {status:?}"),
+                &format!("store call to cluster {cluster} refused: {status:?}"),
             );
             None
         }

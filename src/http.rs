@@ -272,7 +272,7 @@ impl HttpContext for Filter {
             if host::dispatch(cluster, &call).is_none() {
                 host::log(
                     LogLevel::Warn,
-                    "idemgate: could not report an unknown outcome; the lease will expire it",
+                    "could not report an unknown outcome; the lease will expire it",
                 );
             }
         }

@@ -60,7 +60,7 @@ impl RootContext for Root {
                 true
             }
             Err(e) => {
-                host::log(LogLevel::Error, &format!("idemgate: {e}"));
+                host::log(LogLevel::Error, &format!("{e}"));
                 false
             }
         }

@@ -228,16 +228,18 @@ impl Harness {
         req
     }
 
-    /// Envoy's counter value for `name` from the admin stats.
+    /// The filter's counter `name` (e.g. `requests_owned`) as Envoy's
+    /// Prometheus endpoint shows it.
     pub async fn counter(&self, name: &str) -> u64 {
-        let url = format!("http://127.0.0.1:{}/stats?filter={name}", self.admin_port);
+        let url = format!("http://127.0.0.1:{}/stats/prometheus", self.admin_port);
         let text = match self.client.get(url).send().await {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
+        let metric = format!("idemgate_{name}");
         text.lines()
-            .filter_map(|l| l.split_once(": "))
-            .filter(|(n, _)| n.ends_with(name))
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(n, _)| n.split('{').next() == Some(metric.as_str()))
             .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
             .sum()
     }

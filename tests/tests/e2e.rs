@@ -101,6 +101,10 @@ async fn a_completed_key_replays_the_stored_response_byte_for_byte() {
     assert!(again.header("set-cookie").is_none());
     assert!(again.header("x-not-replayed").is_none());
     assert_eq!(h.upstream.executions(&k), 1);
+    eventually("the replay to be counted", Duration::from_secs(10), || async {
+        h.counter("requests_replayed").await == 1 && h.counter("records_completed").await == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -367,8 +371,7 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
     assert_eq!(send(h.post("/observe", None, PAYMENT)).await.status, 201);
     assert_eq!(h.upstream.executions(&k), 2);
     eventually("observe counters", Duration::from_secs(10), || async {
-        h.counter("idemgate.requests.would_replay").await >= 1
-            && h.counter("idemgate.requests.would_reject").await >= 1
+        h.counter("requests_would_replay").await >= 1 && h.counter("requests_would_reject").await >= 1
     })
     .await;
 }
@@ -425,4 +428,72 @@ async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
         assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
     }
     assert!(!h.envoy.log().contains("panicked"), "a VM panicked");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_disconnects_after_forwarding_leaves_the_outcome_unknown() {
+    let h = Harness::start().await;
+    let k = key("gone");
+    let slow = h
+        .post("/pay", Some(&k), PAYMENT)
+        .header("x-test-delay-ms", "3000");
+    let pending = tokio::spawn(slow.send());
+    eventually(
+        "the request to reach the upstream",
+        Duration::from_secs(10),
+        || async { h.upstream.executions(&k) == 1 },
+    )
+    .await;
+    pending.abort();
+    // The lease is a minute long: only the filter's report from on_log can
+    // turn the record unknown this quickly.
+    let again = poll(
+        "the record to become unknown",
+        Duration::from_secs(10),
+        || async {
+            let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+            (a.problem().as_deref() != Some("request-in-progress")).then_some(a)
+        },
+    )
+    .await;
+    assert_problem(&again, 409, "outcome-unknown");
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[test]
+fn the_wasm_module_is_under_one_megabyte() {
+    let wasm = std::env::var_os("IDEMGATE_WASM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| e2e::repo_root().join("target/idemgate.wasm"));
+    let size = std::fs::metadata(&wasm)
+        .map(|m| m.len())
+        .unwrap_or_else(|e| panic!("{wasm:?}: {e}"));
+    assert!(size < 1024 * 1024, "{wasm:?} is {size} bytes");
+}
+
+#[test]
+fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::env::var("IDEMGATE_WASM").unwrap_or_else(|_| "target/idemgate.wasm".into());
+    let config = std::fs::read_to_string(e2e::repo_root().join("envoy/e2e.yaml"))
+        .unwrap()
+        .replace("\"ttl_seconds\": 1}", "\"ttl_seconds\": 0}")
+        .replace("filename: target/idemgate.wasm", &format!("filename: {wasm}"))
+        .replace("port_value: 10000", &format!("port_value: {}", e2e::free_port()))
+        .replace("port_value: 9901", &format!("port_value: {}", e2e::free_port()));
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, config).unwrap();
+    let envoy = std::env::var("ENVOY_BIN").unwrap_or_else(|_| ".tools/venv/bin/envoy".into());
+    let out = std::process::Command::new(envoy)
+        .arg("-c")
+        .arg(&path)
+        .args(["--disable-hot-restart", "-l", "warning"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        log.contains("invalid configuration at `policies[5].ttl_seconds`"),
+        "{log}"
+    );
 }
