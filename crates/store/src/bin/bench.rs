@@ -1,1 +1,247 @@
-fn main() {}
+//! Throughput and latency of claim+complete, through the HTTP API and
+//! straight against the backend, side by side in one run (ratios, not
+//! absolute numbers, are what to compare across machines).
+//!
+//! `idempotency-store-bench [--database-url URL] [--concurrency N] [--seconds S]`
+//! Without a URL it uses a fresh SQLite file in the temp directory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idemgate_core::config::{AfterExpiry, OnUnknown};
+use idemgate_core::key::Key;
+use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest};
+use idemgate_core::scope::{Namespace, Scope};
+use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+use idemgate_store::sweeper::SweepSettings;
+use idemgate_store::{AppState, Clock, Store};
+
+#[derive(Parser)]
+#[command(about = "Claims+completes per second and p50/p99, via HTTP and via the raw backend")]
+struct Args {
+    /// sqlite://FILE or postgres://…; default: a fresh SQLite file in the temp directory.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// SQLite synchronous=NORMAL instead of FULL.
+    #[arg(long)]
+    sqlite_normal: bool,
+}
+
+fn request(scope: Scope) -> ClaimRequest {
+    ClaimRequest {
+        scope,
+        fingerprint: None,
+        lease_ms: 30_000,
+        ttl_ms: 3_600_000,
+        wait_ms: 0,
+        after_expiry: AfterExpiry::Reject,
+        on_unknown: OnUnknown::Conflict,
+    }
+}
+
+fn scope(run: &str, worker: usize, i: u64) -> Result<Scope, String> {
+    let key = Key::try_from(format!("{run}-{worker}-{i}")).map_err(|e| e.to_string())?;
+    Scope::new("bench", "*", "bench.create", Namespace::Client, key).map_err(|e| format!("{e:?}"))
+}
+
+struct Report {
+    ops: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Report {
+    fn print(&mut self, name: &str) {
+        self.latencies.sort();
+        let pct = |p: f64| {
+            let i = ((self.latencies.len() as f64 * p) as usize).min(self.latencies.len().saturating_sub(1));
+            self.latencies
+                .get(i)
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .unwrap_or(0.0)
+        };
+        println!(
+            "{name:<10} {:>10.0} claim+complete/s   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} pairs)",
+            self.ops as f64 / self.elapsed.as_secs_f64(),
+            pct(0.50),
+            pct(0.99),
+            self.ops
+        );
+    }
+}
+
+async fn measure<F, Fut>(concurrency: usize, seconds: u64, op: F) -> Result<Report, String>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let op = Arc::new(op);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                op(w, i).await?;
+                lat.push(t.elapsed());
+                i += 1;
+            }
+            Ok::<_, String>(lat)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(Report {
+        ops: latencies.len(),
+        elapsed: start.elapsed(),
+        latencies,
+    })
+}
+
+async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
+    measure(args.concurrency, args.seconds, move |w, i| {
+        let backend = backend.clone();
+        async move {
+            let s = scope("raw", w, i)?;
+            let now = idemgate_store::clock::system_now();
+            let out = backend
+                .claim(&request(s.clone()), now)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ClaimReply::Owned { fence } = out.reply else {
+                return Err(format!("unexpected {:?}", out.reply));
+            };
+            let c = CompleteRequest {
+                scope: s,
+                fence,
+                status: 201,
+                headers: vec![],
+                body_stored: true,
+            };
+            backend
+                .complete(&c, b"{\"ok\":true}", now)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn http(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
+    let store = Store::new(backend, Clock::System);
+    let sweep = SweepSettings {
+        enabled: false,
+        ..SweepSettings::default()
+    };
+    let state = AppState::with(
+        store,
+        "bench-api",
+        "bench-admin",
+        idemgate_core::config::DEFAULT_DOC_BASE.into(),
+        1 << 20,
+        sweep,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(idemgate_store::run(listener, state, std::future::pending()));
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let post = move |path: &'static str, body: Vec<u8>| {
+        let client = client.clone();
+        async move {
+            let req = hyper::Request::post(format!("http://{addr}{path}"))
+                .header("authorization", "Bearer bench-api")
+                .body(Full::new(Bytes::from(body)))
+                .map_err(|e| e.to_string())?;
+            let resp = client.request(req).await.map_err(|e| e.to_string())?;
+            resp.into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| e.to_string())
+        }
+    };
+    measure(args.concurrency, args.seconds, move |w, i| {
+        let post = post.clone();
+        async move {
+            let s = scope("http", w, i)?;
+            let body = post("/v1/claim", encode_frame(&request(s.clone()), b"")).await?;
+            let (reply, _) = decode_frame::<ClaimReply>(&body).map_err(|e| e.to_string())?;
+            let ClaimReply::Owned { fence } = reply else {
+                return Err(format!("unexpected {reply:?}"));
+            };
+            let c = CompleteRequest {
+                scope: s,
+                fence,
+                status: 201,
+                headers: vec![],
+                body_stored: true,
+            };
+            post("/v1/complete", encode_frame(&c, b"{\"ok\":true}")).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let args = Args::parse();
+    let url = args.database_url.clone().unwrap_or_else(|| {
+        let dir = std::env::temp_dir().join(format!("idemgate-bench-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        format!("sqlite://{}", dir.join("bench.db").display())
+    });
+    let opts = BackendOptions {
+        sqlite_synchronous_full: Some(!args.sqlite_normal),
+        pg_pool_size: Some(args.concurrency.max(4)),
+    };
+    let backend = open_backend(&url, &opts).await.map_err(|e| e.to_string())?;
+    backend.migrate().await.map_err(|e| e.to_string())?;
+    println!(
+        "backend {}  concurrency {}  {} s each{}",
+        backend.name(),
+        args.concurrency,
+        args.seconds,
+        if url.starts_with("sqlite") && !args.sqlite_normal {
+            "  (synchronous=FULL, group commit)"
+        } else {
+            ""
+        }
+    );
+    let mut r = raw(backend.clone(), &args).await?;
+    r.print("raw db");
+    let mut h = http(backend, &args).await?;
+    h.print("http");
+    println!(
+        "http / raw throughput: {:.2}",
+        (h.ops as f64 / h.elapsed.as_secs_f64()) / (r.ops as f64 / r.elapsed.as_secs_f64()).max(1e-9)
+    );
+    if args.database_url.is_none() {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if let Some(dir) = std::path::Path::new(path).parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+    Ok(())
+}
