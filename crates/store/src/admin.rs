@@ -151,7 +151,11 @@ pub async fn resolve(State(state): State<AppState>, body: Body) -> Response {
         .await
     {
         Ok(true) => {
-            tracing::info!(record = %req.scope.log_id(), action = ?std::mem::discriminant(&req.resolution), "resolved by an operator");
+            let action = match req.resolution {
+                Resolution::Complete { .. } => "complete",
+                Resolution::Release => "release",
+            };
+            tracing::info!(record = %req.scope.log_id(), action, "resolved by an operator");
             state.inner.store.notify_changed();
             Json(Changed { changed: true }).into_response()
         }

@@ -12,7 +12,7 @@
 //! Claims that only need to answer (mismatch, in progress, unknown, expired)
 //! are decided on a reader connection first and never queue behind writes.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use async_trait::async_trait;
@@ -78,6 +78,8 @@ pub struct Sqlite {
     writer: Mutex<mpsc::Sender<Job>>,
     readers: Arc<Vec<Mutex<Connection>>>,
     next_reader: AtomicUsize,
+    /// Transactions committed by the writer (each one fsync with FULL).
+    commits: Arc<AtomicU64>,
 }
 
 fn unavailable(e: rusqlite::Error) -> StoreError {
@@ -103,15 +105,24 @@ impl Sqlite {
             .map(|_| open_connection(path, synchronous_full).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
         let (tx, rx) = mpsc::channel::<Job>();
+        let commits = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&commits);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer_loop(writer, rx))
+            .spawn(move || writer_loop(writer, rx, &counter))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
         Ok(Sqlite {
             writer: Mutex::new(tx),
             readers: Arc::new(readers),
             next_reader: AtomicUsize::new(0),
+            commits,
         })
+    }
+
+    /// How many transactions the writer has committed: with group commit,
+    /// far fewer than the writes it carried out.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on the writer thread inside the next group commit.
@@ -160,7 +171,7 @@ impl Sqlite {
     }
 }
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, commits: &AtomicU64) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -194,6 +205,8 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
         let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
+        } else {
+            commits.fetch_add(1, Ordering::Relaxed);
         }
         for deliver in delivers {
             deliver(commit.clone());

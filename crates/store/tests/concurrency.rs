@@ -92,3 +92,34 @@ async fn two_store_processes_sharing_postgres_have_one_owner() {
     }
     assert_eq!(count(&replies), (1, CLAIMS - 1), "{replies:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sqlite_claims_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let sqlite = Arc::new(idemgate_store::sqlite::Sqlite::open(path.to_str().unwrap(), true).unwrap());
+    sqlite.migrate().await.unwrap();
+    let before = sqlite.commits();
+    let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMS));
+    let tasks: Vec<_> = (0..CLAIMS)
+        .map(|i| {
+            let (sqlite, barrier) = (sqlite.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                sqlite
+                    .claim(&claim(&scope(&format!("k-group-{i}")), Some(1)), 0)
+                    .await
+                    .unwrap()
+                    .reply
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert!(matches!(t.await.unwrap(), ClaimReply::Owned { .. }));
+    }
+    let commits = sqlite.commits() - before;
+    assert!(
+        commits < CLAIMS as u64 / 2,
+        "{CLAIMS} claims took {commits} commits: no group commit"
+    );
+}
