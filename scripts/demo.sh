@@ -38,14 +38,17 @@ done
 mkdir -p "$DIR"
 rm -f "$DIR"/store.db "$DIR"/store.db-*
 
-pids=()
-names=()
+pids=()    # the three services
+loggers=() # one line-prefixing sed per service
 start() { # name command...
-    local name=$1
+    local name=$1 fifo="$DIR/$1.out"
     shift
-    "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
+    rm -f "$fifo"
+    mkfifo "$fifo"
+    sed -u "s/^/[$name] /" <"$fifo" &
+    loggers+=($!)
+    "$@" >"$fifo" 2>&1 &
     pids+=($!)
-    names+=("$name")
     echo $! >"$DIR/$name.pid"
 }
 
@@ -64,7 +67,9 @@ stop() {
     done
     for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
     wait "${pids[@]}" 2>/dev/null || true
-    rm -f "$DIR"/*.pid
+    # The loggers end when their service's output closes; wait so no line is lost.
+    wait "${loggers[@]}" 2>/dev/null || true
+    rm -f "$DIR"/*.pid "$DIR"/*.out
     say "stopped"
 }
 trap 'stop; exit 130' INT

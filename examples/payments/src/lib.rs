@@ -132,14 +132,14 @@ fn error(status: StatusCode, detail: &str) -> Response {
 
 async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = tenant_of(&headers);
-    // Counted when the work starts: a caller that gives up while we are slow
-    // does not undo what we do.
-    ledger
-        .books()
-        .executions
-        .entry(tenant.clone())
-        .or_default()
-        .bump(kind);
+    // Counted, and numbered, when the work starts: a caller that gives up
+    // while we are slow does not undo what we do, and ids follow arrival order.
+    let id = {
+        let mut books = ledger.books();
+        books.executions.entry(tenant.clone()).or_default().bump(kind);
+        books.next_id += 1;
+        format!("{}_{:04}", kind.id_prefix(), books.next_id)
+    };
 
     let delay = header(&headers, "x-demo-delay-ms")
         .and_then(|v| v.parse::<u64>().ok())
@@ -147,22 +147,23 @@ async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, b
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
     }
-    let (mut response, id) = answer(&ledger, kind, &tenant, &headers, &body);
+    let (mut response, created) = answer(&ledger, kind, id, &tenant, &headers, &body);
     if let Some(outcome) = header(&headers, "x-demo-outcome").and_then(|v| HeaderValue::from_str(v).ok()) {
         response.headers_mut().insert("idempotency-control", outcome);
     }
     let status = response.status().as_u16();
     println!(
         "{kind:?} for tenant={tenant} -> {status} {}",
-        id.unwrap_or_default()
+        created.unwrap_or_default()
     );
     response
 }
 
-/// The answer, and the id of what was created (if anything).
+/// The answer, and the id if something was created under it.
 fn answer(
     ledger: &Ledger,
     kind: Kind,
+    id: String,
     tenant: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -188,9 +189,6 @@ fn answer(
         );
     };
     let field = |name: &str| request.get(name).cloned().unwrap_or(Value::Null);
-    let mut books = ledger.books();
-    books.next_id += 1;
-    let id = format!("{}_{:04}", kind.id_prefix(), books.next_id);
     let mut created = Map::new();
     created.insert("id".into(), Value::String(id.clone()));
     match kind {
@@ -215,11 +213,11 @@ fn answer(
     }
     let created = Value::Object(created);
     if kind == Kind::Payment {
-        books
+        ledger
+            .books()
             .payments
             .insert(id.clone(), (tenant.to_string(), created.clone()));
     }
-    drop(books);
     let mut response = (StatusCode::CREATED, Json(created)).into_response();
     if kind == Kind::Payment {
         if let Ok(location) = HeaderValue::from_str(&format!("/v1/payments/{id}")) {
