@@ -3,6 +3,9 @@
 //! WasmPlugin) is accepted by the filter's own parser, so a reader who copies
 //! one gets a configuration the filter loads.
 
+// Helpers of a test file are test code too: fail loudly.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 
 use idemgate_core::config::Config;
@@ -104,12 +107,15 @@ fn every_plugin_configuration_in_the_examples_is_one_the_filter_accepts() {
                 Some(true),
                 "{file}: a wasm filter without allow_on_headers_stop_iteration: true hangs"
             );
-            let policy = get(config, "failure_policy").and_then(Value::as_str);
-            assert_eq!(
-                policy,
-                Some("FAIL_RELOAD"),
-                "{file}: set failure_policy: FAIL_RELOAD"
-            );
+            // What readers copy recreates a crashed VM; test bootstraps may differ on purpose.
+            if file.starts_with("examples/") || file == "envoy/demo.yaml" {
+                let policy = get(config, "failure_policy").and_then(Value::as_str);
+                assert_eq!(
+                    policy,
+                    Some("FAIL_RELOAD"),
+                    "{file}: set failure_policy: FAIL_RELOAD"
+                );
+            }
         }
     }
     // envoy/demo.yaml, envoy/e2e.yaml, compose/envoy.yaml, EnvoyFilter, WasmPlugin
