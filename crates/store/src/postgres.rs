@@ -383,7 +383,7 @@ impl Backend for Postgres {
         let sql = format!(
             "UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
              body_stored = $11, completed_at = $12, expires_at = $12 + ttl_ms, lease_until = $12 \
-             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')"
+             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
         );
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
@@ -404,7 +404,7 @@ impl Backend for Postgres {
 
     async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
         let pk = Pk::new(&req.scope);
-        let sql = format!("DELETE FROM idempotency_records WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')");
+        let sql = format!("DELETE FROM idempotency_records WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
         let fence = i64_from(req.fence);
         let n = self.exec(&sql, &pk.with(&[&fence])).await?;
         Ok(if n == 1 {
@@ -419,7 +419,7 @@ impl Backend for Postgres {
         let sql = format!(
             "UPDATE idempotency_records SET state = 'unknown', \
              expires_at = CASE WHEN state = 'unknown' THEN expires_at ELSE $8 + ttl_ms END \
-             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown')"
+             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
         );
         let fence = i64_from(req.fence);
         let n = self.exec(&sql, &pk.with(&[&fence, &now])).await?;
@@ -465,7 +465,7 @@ impl Backend for Postgres {
         let n = match how {
             Resolution::Release => {
                 let sql = format!(
-                    "DELETE FROM idempotency_records WHERE {PK} AND state IN ('in_progress', 'unknown')"
+                    "DELETE FROM idempotency_records WHERE {PK} AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
                 );
                 self.exec(&sql, &pk.with(&[])).await?
             }
@@ -477,7 +477,7 @@ impl Backend for Postgres {
                 let sql = format!(
                     "UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
                      response_headers = $8, response_body = $9, body_stored = true, completed_at = $10, expires_at = $10 + ttl_ms, \
-                     lease_until = $10 WHERE {PK} AND state IN ('in_progress', 'unknown')"
+                     lease_until = $10 WHERE {PK} AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
                 );
                 let status = i32::from(*status);
                 let headers = encode_headers(headers);

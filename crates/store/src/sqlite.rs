@@ -231,12 +231,14 @@ struct Loaded {
     view: RecordView,
     ttl_ms: u64,
     headers: Option<Vec<(String, String)>>,
+    /// Archived records are history: no fence opens them again.
+    archived: bool,
 }
 
 fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
     let sql = format!(
-        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at \
-         FROM idempotency_records WHERE {PK}"
+        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at, \
+         archived_at IS NOT NULL FROM idempotency_records WHERE {PK}"
     );
     let row = conn
         .prepare_cached(&sql)
@@ -253,12 +255,24 @@ fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
                 r.get::<_, bool>(7)?,
                 r.get::<_, Option<i64>>(8)?,
                 r.get::<_, Option<i64>>(9)?,
+                r.get::<_, bool>(10)?,
             ))
         })
         .optional()
         .map_err(unavailable)?;
-    let Some((state, fp, fence, lease_until, ttl_ms, status, headers, body_stored, completed_at, expires_at)) =
-        row
+    let Some((
+        state,
+        fp,
+        fence,
+        lease_until,
+        ttl_ms,
+        status,
+        headers,
+        body_stored,
+        completed_at,
+        expires_at,
+        archived,
+    )) = row
     else {
         return Ok(None);
     };
@@ -275,6 +289,7 @@ fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
         },
         ttl_ms: u64_from(ttl_ms, "ttl_ms")?,
         headers: decode_headers(headers.as_deref())?,
+        archived,
     }))
 }
 
@@ -439,7 +454,7 @@ fn query_infos(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) ->
 /// Changes a record only if the caller holds its current fence and it is
 /// still open; `record::may_fence` is the rule, checked on the writer.
 fn fenced(conn: &Connection, key: &[String; 6], fence: u64) -> Result<Option<Loaded>> {
-    Ok(load(conn, key)?.filter(|l| record::may_fence(l.view.state, l.view.fence, fence)))
+    Ok(load(conn, key)?.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence)))
 }
 
 #[async_trait]
@@ -624,7 +639,7 @@ impl Backend for Sqlite {
             let Some(loaded) = load(conn, &key)? else {
                 return Ok(false);
             };
-            if !matches!(loaded.view.state, State::InProgress | State::Unknown) {
+            if loaded.archived || !matches!(loaded.view.state, State::InProgress | State::Unknown) {
                 return Ok(false);
             }
             match how {

@@ -249,6 +249,25 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
     let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     assert!(matches!(out.reply, ClaimReply::Replay { status: 200, .. }));
     assert_eq!(out.body, b"late");
+
+    // Once an unknown record is archived, even the current fence is too late.
+    let s2 = scope("k-too-late");
+    let f2 = cx.owned(&claim(&s2, Some(1))).await;
+    cx.store
+        .mark_unknown(&crate::support::fence(&s2, f2))
+        .await
+        .unwrap();
+    cx.clock.advance(10_000);
+    assert!(cx.sweep(u64::MAX / 4).await.archived >= 1);
+    assert_eq!(
+        cx.store.complete(&complete(&s2, f2, 200), b"x").await.unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store.release(&crate::support::fence(&s2, f2)).await.unwrap(),
+        FenceReply::Stale
+    );
+    assert!(!cx.b().resolve(&s2, &Resolution::Release, cx.now()).await.unwrap());
 }
 
 async fn a_superseded_token_is_refused(b: Arc<dyn Backend>) {
