@@ -132,12 +132,14 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
                 }
             }
         }
-        State::Completed | State::Unknown if rec.expires_at.is_some_and(|at| now >= at) => match req.after_expiry {
-            AfterExpiry::Reject => ClaimDecision::Answer(ClaimReply::Expired {
-                completed_at: rec.completed_at,
-            }),
-            AfterExpiry::New => ClaimDecision::Claim,
-        },
+        State::Completed | State::Unknown if rec.expires_at.is_some_and(|at| now >= at) => {
+            match req.after_expiry {
+                AfterExpiry::Reject => ClaimDecision::Answer(ClaimReply::Expired {
+                    completed_at: rec.completed_at,
+                }),
+                AfterExpiry::New => ClaimDecision::Claim,
+            }
+        }
         State::Completed => {
             // A completed record always has a status and a completion time; a
             // row without them is treated like a result we cannot replay.
@@ -196,7 +198,14 @@ mod tests {
 
     fn req(fingerprint: Option<Fingerprint>) -> ClaimRequest {
         ClaimRequest {
-            scope: Scope::new("t", "p", "r", Namespace::Client, Key::try_from("k".to_string()).unwrap()).unwrap(),
+            scope: Scope::new(
+                "t",
+                "p",
+                "r",
+                Namespace::Client,
+                Key::try_from("k".to_string()).unwrap(),
+            )
+            .unwrap(),
             fingerprint,
             lease_ms: 1_000,
             ttl_ms: 10_000,
@@ -214,8 +223,16 @@ mod tests {
             lease_until: 2_000,
             status: Some(201),
             body_stored: true,
-            completed_at: if state == State::Completed { Some(1_500) } else { None },
-            expires_at: if state == State::InProgress { None } else { Some(11_500) },
+            completed_at: if state == State::Completed {
+                Some(1_500)
+            } else {
+                None
+            },
+            expires_at: if state == State::InProgress {
+                None
+            } else {
+                Some(11_500)
+            },
         }
     }
 
@@ -229,7 +246,11 @@ mod tests {
         for state in [State::InProgress, State::Completed, State::Unknown] {
             for now in [0, 1_999, 2_000, 11_500, 99_999] {
                 let d = decide_claim(Some(&rec(state)), &req(Some(fp(2))), now);
-                assert_eq!(d, ClaimDecision::Answer(ClaimReply::Mismatch), "{state:?} at {now}");
+                assert_eq!(
+                    d,
+                    ClaimDecision::Answer(ClaimReply::Mismatch),
+                    "{state:?} at {now}"
+                );
             }
         }
     }
@@ -237,9 +258,15 @@ mod tests {
     #[test]
     fn a_missing_fingerprint_on_either_side_matches() {
         let mut r = rec(State::Completed);
-        assert!(matches!(decide_claim(Some(&r), &req(None), 1_600), ClaimDecision::Replay { .. }));
+        assert!(matches!(
+            decide_claim(Some(&r), &req(None), 1_600),
+            ClaimDecision::Replay { .. }
+        ));
         r.fingerprint = None;
-        assert!(matches!(decide_claim(Some(&r), &req(Some(fp(9))), 1_600), ClaimDecision::Replay { .. }));
+        assert!(matches!(
+            decide_claim(Some(&r), &req(Some(fp(9))), 1_600),
+            ClaimDecision::Replay { .. }
+        ));
     }
 
     #[test]
@@ -247,11 +274,16 @@ mod tests {
         let r = rec(State::Completed);
         assert_eq!(
             decide_claim(Some(&r), &req(Some(fp(1))), 11_499),
-            ClaimDecision::Replay { status: 201, completed_at: 1_500 }
+            ClaimDecision::Replay {
+                status: 201,
+                completed_at: 1_500
+            }
         );
         assert_eq!(
             decide_claim(Some(&r), &req(Some(fp(1))), 11_500),
-            ClaimDecision::Answer(ClaimReply::Expired { completed_at: Some(1_500) })
+            ClaimDecision::Answer(ClaimReply::Expired {
+                completed_at: Some(1_500)
+            })
         );
         let mut new = req(Some(fp(1)));
         new.after_expiry = AfterExpiry::New;
@@ -264,7 +296,10 @@ mod tests {
         r.body_stored = false;
         assert_eq!(
             decide_claim(Some(&r), &req(Some(fp(1))), 1_600),
-            ClaimDecision::Answer(ClaimReply::ResultUnavailable { original_status: 201, completed_at: 1_500 })
+            ClaimDecision::Answer(ClaimReply::ResultUnavailable {
+                original_status: 201,
+                completed_at: 1_500
+            })
         );
     }
 
@@ -280,7 +315,10 @@ mod tests {
     #[test]
     fn a_lease_that_ran_out_turns_unknown_or_is_claimed_afresh() {
         let r = rec(State::InProgress);
-        assert_eq!(decide_claim(Some(&r), &req(Some(fp(1))), 2_000), ClaimDecision::BecomeUnknown);
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 2_000),
+            ClaimDecision::BecomeUnknown
+        );
         let mut release = req(Some(fp(1)));
         release.on_unknown = OnUnknown::Release;
         assert_eq!(decide_claim(Some(&r), &release, 2_000), ClaimDecision::Claim);
@@ -289,7 +327,10 @@ mod tests {
     #[test]
     fn an_unknown_record_conflicts_unless_the_policy_releases_it() {
         let r = rec(State::Unknown);
-        assert_eq!(decide_claim(Some(&r), &req(Some(fp(1))), 3_000), ClaimDecision::Answer(ClaimReply::Unknown));
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 3_000),
+            ClaimDecision::Answer(ClaimReply::Unknown)
+        );
         let mut release = req(Some(fp(1)));
         release.on_unknown = OnUnknown::Release;
         assert_eq!(decide_claim(Some(&r), &release, 3_000), ClaimDecision::Claim);
