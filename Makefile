@@ -35,6 +35,7 @@ test: setup lint wasm
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(ENVOY) \
 	    cargo test --workspace
+	scripts/demo-smoke.sh
 
 demo: wasm
 	@if [ -x scripts/demo.sh ]; then \

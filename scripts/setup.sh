@@ -65,7 +65,11 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     need_debs "PostgreSQL server binaries (initdb, pg_ctl, postgres)" postgresql
 fi
 
-# (d) wrk, for benchmarks only.
+# (d) curl and python3, which the demo and its smoke test drive.
+command -v curl >/dev/null || need_debs "curl" curl
+command -v python3 >/dev/null || need_debs "python3" python3
+
+# (e) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi

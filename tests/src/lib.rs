@@ -15,9 +15,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod chaos;
+pub mod pg;
+pub mod report;
+pub mod stack;
 mod upstream;
 
-pub use upstream::Upstream;
+pub use upstream::{Execution, ExecutionLog, Upstream};
 
 pub const API_TOKEN: &str = "e2e-api-token";
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
@@ -26,6 +30,16 @@ fn env_path(name: &str, fallback: &str) -> PathBuf {
     std::env::var_os(name)
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(fallback))
+}
+
+/// The wasm module under test (`IDEMGATE_WASM`, or the one `make wasm` builds).
+pub fn wasm_path() -> PathBuf {
+    env_path("IDEMGATE_WASM", "target/idemgate.wasm")
+}
+
+/// The Envoy binary (`ENVOY_BIN`, or the one `make setup` installs).
+pub fn envoy_bin() -> PathBuf {
+    env_path("ENVOY_BIN", ".tools/venv/bin/envoy")
 }
 
 pub fn repo_root() -> PathBuf {
@@ -72,6 +86,10 @@ impl Proc {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 }
 
@@ -149,7 +167,7 @@ impl Harness {
             );
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
-        let envoy_bin = env_path("ENVOY_BIN", ".tools/venv/bin/envoy");
+        let envoy_bin = envoy_bin();
         let envoy = Proc::spawn(
             "envoy",
             Command::new(&envoy_bin)

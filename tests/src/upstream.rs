@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +20,32 @@ pub struct Upstream {
     pub addr: SocketAddr,
     executions: Executions,
     task: tokio::task::JoinHandle<()>,
+    /// Every execution in arrival order, for audits.
+    log: ExecutionLog,
+    /// Open connections, so a fault can reset them all at once.
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
+
+/// One request the upstream acted on.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// 1-based arrival order; the response body carries it as `execution`.
+    pub n: u64,
+    pub key: String,
+    pub tenant: String,
+    pub user: String,
+    pub path: String,
+    /// SHA-256 of the request body, hex.
+    pub body_sha256: String,
+    /// What the upstream answered (or was about to answer, if it reset).
+    pub status: u16,
+    pub control: Option<String>,
+    /// The response body it sent; empty when it reset instead.
+    pub response: Bytes,
+    pub reset: bool,
+}
+
+pub type ExecutionLog = Arc<Mutex<Vec<Execution>>>;
 
 impl Drop for Upstream {
     fn drop(&mut self) {
@@ -48,24 +73,53 @@ impl Upstream {
             .local_addr()
             .unwrap_or_else(|e| panic!("upstream addr: {e}"));
         let executions: Executions = Arc::default();
+        let log: ExecutionLog = Arc::default();
+        let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let counter = Arc::new(AtomicU64::new(0));
-        let shared = executions.clone();
+        let (shared, shared_log, open) = (executions.clone(), log.clone(), connections.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (executions, counter) = (shared.clone(), counter.clone());
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, executions.clone(), counter.clone()));
+                let (executions, counter, log) = (shared.clone(), counter.clone(), shared_log.clone());
+                let conn = tokio::spawn(async move {
+                    let service =
+                        service_fn(move |req| handle(req, executions.clone(), counter.clone(), log.clone()));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
+                if let Ok(mut open) = open.lock() {
+                    open.retain(|c| !c.is_finished());
+                    open.push(conn.abort_handle());
+                }
             }
         });
         Upstream {
             addr,
             executions,
             task,
+            log,
+            connections,
         }
+    }
+
+    /// A copy of the execution log.
+    pub fn log(&self) -> Vec<Execution> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Drops every open connection at once, in-flight requests included (the
+    /// peer sees a reset); returns how many were open.
+    pub fn reset_connections(&self) -> usize {
+        let open: Vec<_> = self
+            .connections
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default();
+        let n = open.iter().filter(|c| !c.is_finished()).count();
+        for conn in open {
+            conn.abort();
+        }
+        n
     }
 
     /// How many times a request with this key reached the upstream.
@@ -85,6 +139,7 @@ async fn handle(
     req: Request<Incoming>,
     executions: Executions,
     counter: Arc<AtomicU64>,
+    log: ExecutionLog,
 ) -> Result<Response<Full<Bytes>>, Reset> {
     let header = |name: &str| {
         req.headers()
@@ -103,6 +158,8 @@ async fn handle(
     let reset = header("x-test-reset").is_some();
     let big: Option<usize> = header("x-test-body-size").and_then(|v| v.parse().ok());
     let path = req.uri().path().to_string();
+    let tenant = header("x-tenant-id").unwrap_or_default();
+    let user = header("x-user-id").unwrap_or_default();
     let body = req
         .into_body()
         .collect()
@@ -113,12 +170,10 @@ async fn handle(
         *m.entry(key.clone()).or_default() += 1;
     }
     let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
-    if reset {
-        return Err(Reset);
-    }
+    let body_sha256 = {
+        use sha2::{Digest, Sha256};
+        hex_of(&Sha256::digest(&body))
+    };
     let payload = match big {
         Some(size) => Bytes::from(vec![b'x'; size]),
         None => Bytes::from(
@@ -126,6 +181,26 @@ async fn handle(
                 .to_string(),
         ),
     };
+    if let Ok(mut l) = log.lock() {
+        l.push(Execution {
+            n,
+            key: key.clone(),
+            tenant,
+            user,
+            path: path.clone(),
+            body_sha256,
+            status,
+            control: control.clone(),
+            response: if reset { Bytes::new() } else { payload.clone() },
+            reset,
+        });
+    }
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    if reset {
+        return Err(Reset);
+    }
     let mut res = Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -139,4 +214,8 @@ async fn handle(
     Ok(res
         .body(Full::new(payload))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

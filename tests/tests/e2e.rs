@@ -462,9 +462,7 @@ async fn a_client_that_disconnects_after_forwarding_leaves_the_outcome_unknown()
 
 #[test]
 fn the_wasm_module_is_under_one_megabyte() {
-    let wasm = std::env::var_os("IDEMGATE_WASM")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| e2e::repo_root().join("target/idemgate.wasm"));
+    let wasm = e2e::wasm_path();
     let size = std::fs::metadata(&wasm)
         .map(|m| m.len())
         .unwrap_or_else(|e| panic!("{wasm:?}: {e}"));
@@ -474,7 +472,7 @@ fn the_wasm_module_is_under_one_megabyte() {
 #[test]
 fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let wasm = std::env::var("IDEMGATE_WASM").unwrap_or_else(|_| "target/idemgate.wasm".into());
+    let wasm = e2e::wasm_path().display().to_string();
     let config = std::fs::read_to_string(e2e::repo_root().join("envoy/e2e.yaml"))
         .unwrap()
         .replace("\"ttl_seconds\": 1}", "\"ttl_seconds\": 0}")
@@ -483,8 +481,7 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
         .replace("port_value: 9901", &format!("port_value: {}", e2e::free_port()));
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, config).unwrap();
-    let envoy = std::env::var("ENVOY_BIN").unwrap_or_else(|_| ".tools/venv/bin/envoy".into());
-    let out = std::process::Command::new(envoy)
+    let out = std::process::Command::new(e2e::envoy_bin())
         .arg("-c")
         .arg(&path)
         .args(["--disable-hot-restart", "-l", "warning"])

@@ -116,6 +116,13 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
     let Some(rec) = existing else {
         return ClaimDecision::Claim;
     };
+    let expired =
+        matches!(rec.state, State::Completed | State::Unknown) && rec.expires_at.is_some_and(|at| now >= at);
+    // Under `after_expiry: new` an expired key is forgotten: whatever the
+    // request, it is a first one.
+    if expired && req.after_expiry == AfterExpiry::New {
+        return ClaimDecision::Claim;
+    }
     if fingerprints_conflict(rec.fingerprint.as_ref(), req.fingerprint.as_ref()) {
         return ClaimDecision::Answer(ClaimReply::Mismatch);
     }
@@ -132,14 +139,9 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
                 }
             }
         }
-        State::Completed | State::Unknown if rec.expires_at.is_some_and(|at| now >= at) => {
-            match req.after_expiry {
-                AfterExpiry::Reject => ClaimDecision::Answer(ClaimReply::Expired {
-                    completed_at: rec.completed_at,
-                }),
-                AfterExpiry::New => ClaimDecision::Claim,
-            }
-        }
+        State::Completed | State::Unknown if expired => ClaimDecision::Answer(ClaimReply::Expired {
+            completed_at: rec.completed_at,
+        }),
         State::Completed => {
             // A completed record always has a status and a completion time; a
             // row without them is treated like a result we cannot replay.
@@ -287,6 +289,9 @@ mod tests {
         );
         let mut new = req(Some(fp(1)));
         new.after_expiry = AfterExpiry::New;
+        assert_eq!(decide_claim(Some(&r), &new, 11_500), ClaimDecision::Claim);
+        // An expired key is forgotten under `new`: another request is no mismatch.
+        new.fingerprint = Some(fp(2));
         assert_eq!(decide_claim(Some(&r), &new, 11_500), ClaimDecision::Claim);
     }
 

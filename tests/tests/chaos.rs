@@ -1,0 +1,181 @@
+//! Exactly-once under faults: mixed traffic through the real Envoy while store
+//! replicas are SIGKILLed and restarted, Envoy is restarted and upstream
+//! connections are reset; then the audit in `e2e::chaos` compares the
+//! upstream's executions, the store's records and every answer.
+//!
+//! `CHAOS_SECONDS` sets the traffic time per run (20 s here, 60 s under
+//! `make chaos`). The soak run is `#[ignore]`d: `make soak` runs it.
+
+use std::time::{Duration, Instant};
+
+use e2e::chaos::{audit, inject_faults, worker, Traffic};
+use e2e::report::{write, Row};
+use e2e::stack::{Database, Options, Stack};
+
+/// One run at a time: they share two cores, and their timing matters.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const WORKERS: u64 = 12;
+
+fn seconds(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn chaos_run(run: &str, database: Database, replicas: usize) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = seconds("CHAOS_SECONDS", 20);
+    let mut stack = Stack::start(Options::new("envoy/chaos.yaml", database, replicas)).await;
+    let traffic = Traffic::new(stack.url(""));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|id| {
+            tokio::spawn(worker(
+                traffic.clone(),
+                id,
+                deadline,
+                100_000,
+                Duration::ZERO,
+                100,
+            ))
+        })
+        .collect();
+    let faults = inject_faults(&mut stack, deadline, Duration::from_millis(1_800)).await;
+    for w in workers {
+        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Everything is up again (inject_faults leaves it so); wait for health.
+    stack.wait_envoy().await;
+    let report = audit(&stack, &traffic).await;
+    println!("{run}: {secs} s, {}; {}", faults.summary(), report.summary());
+    write(&Row {
+        run,
+        load: format!(
+            "{secs} s, {WORKERS} clients: {} requests ({:.0}/s), {} upstream executions, {} scopes",
+            report.requests,
+            report.requests as f64 / elapsed,
+            report.executions,
+            report.scopes
+        ),
+        faults: faults.summary(),
+        hostile: "changed bodies, concurrent duplicates, one key from two tenants".into(),
+        fuzz_execs: "—".into(),
+        violations: format!(
+            "{} double executions, {} contract violations ({} replays, {} unknown records re-checked)",
+            report.double_executions.len(),
+            report.violations.len(),
+            report.replays_checked,
+            report.unknown_checked
+        ),
+    });
+    assert!(
+        faults.store_kills >= 1 && faults.envoy_restarts >= 1,
+        "too short to inject faults"
+    );
+    assert!(
+        report.executions > 0 && report.replays_checked > 0,
+        "{}",
+        report.summary()
+    );
+    assert_eq!(report.total_violations(), 0, "{}", report.summary());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_on_sqlite_executes_every_key_at_most_once_and_keeps_the_contract() {
+    chaos_run("chaos, SQLite", Database::Sqlite, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_on_postgresql_executes_every_key_at_most_once_and_keeps_the_contract() {
+    chaos_run("chaos, PostgreSQL", Database::Postgres, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_with_two_store_replicas_on_postgresql_executes_every_key_at_most_once() {
+    chaos_run("chaos, 2 store replicas on PostgreSQL", Database::Postgres, 2).await;
+}
+
+/// `make soak`: moderate load without faults for `SOAK_SECONDS` (600); Envoy's
+/// and the store's memory after warm-up and at the end must be flat, and no
+/// request may fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "ten minutes; run by make soak"]
+async fn soak_holds_memory_flat_with_zero_errors() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = seconds("SOAK_SECONDS", 600);
+    let warmup = Duration::from_secs((secs / 10).max(5));
+    let stack = Stack::start(Options::new("envoy/chaos.yaml", Database::Sqlite, 1)).await;
+    let traffic = Traffic::new(stack.url(""));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let workers: Vec<_> = (0..4)
+        .map(|id| {
+            tokio::spawn(worker(
+                traffic.clone(),
+                id,
+                deadline,
+                u64::MAX,
+                Duration::from_millis(20),
+                70,
+            ))
+        })
+        .collect();
+    let rss = |stack: &Stack| {
+        let envoy = stack.envoy.as_ref().and_then(Stack::rss_kib).unwrap_or(0);
+        let store = stack.stores[0]
+            .proc
+            .as_ref()
+            .and_then(Stack::rss_kib)
+            .unwrap_or(0);
+        (envoy, store)
+    };
+    tokio::time::sleep(warmup).await;
+    let (envoy_warm, store_warm) = rss(&stack);
+    for w in workers {
+        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
+    }
+    let (envoy_end, store_end) = rss(&stack);
+    let elapsed = started.elapsed().as_secs_f64();
+    let report = audit(&stack, &traffic).await;
+    let errors = report.transport_errors
+        + report
+            .by_outcome
+            .iter()
+            .filter(|(k, _)| k.starts_with('5'))
+            .map(|(_, v)| v)
+            .sum::<usize>()
+        + report.by_outcome.get("store-unavailable").copied().unwrap_or(0);
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let memory = format!(
+        "Envoy {:.1} → {:.1} MiB, store {:.1} → {:.1} MiB (after {} s warm-up → end)",
+        mib(envoy_warm),
+        mib(envoy_end),
+        mib(store_warm),
+        mib(store_end),
+        warmup.as_secs()
+    );
+    println!("soak: {secs} s; {memory}; {errors} errors; {}", report.summary());
+    write(&Row {
+        run: "soak (make soak, not in CI)",
+        load: format!(
+            "{secs} s, 4 clients: {} requests ({:.0}/s); {memory}",
+            report.requests,
+            report.requests as f64 / elapsed
+        ),
+        faults: "none".into(),
+        hostile: "changed bodies, concurrent duplicates".into(),
+        fuzz_execs: "—".into(),
+        violations: format!("{errors} errors, {} violations", report.total_violations()),
+    });
+    assert!(envoy_warm > 0 && store_warm > 0, "could not read memory");
+    // Flat: at most 20 % plus 8 MiB of growth after warm-up.
+    let flat = |warm: u64, end: u64| end <= warm + warm / 5 + 8 * 1024;
+    assert!(flat(envoy_warm, envoy_end), "Envoy memory grew: {memory}");
+    assert!(flat(store_warm, store_end), "store memory grew: {memory}");
+    assert_eq!(errors, 0, "{}", report.summary());
+    assert_eq!(report.total_violations(), 0, "{}", report.summary());
+}
