@@ -42,8 +42,14 @@ demo: wasm
 	    cargo build -p idemgate-store && scripts/demo.sh; \
 	else echo "make demo: not yet"; fi
 
+# Side-by-side benchmark (scripts/bench.sh): Envoy with and without the filter,
+# the store on SQLite and PostgreSQL, the replay path, and express-idempotency as
+# the peer. Writes bench/results/ and the README's Performance section.
 bench:
-	@echo "make bench: not yet"
+	@scripts/setup.sh bench
+	@scripts/wasm.sh
+	cargo build --release -p idemgate-store
+	@scripts/bench.sh
 
 clean:
 	cargo clean

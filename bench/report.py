@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Turns the raw lines of one `make bench` run into bench/results/latest.json,
+latest.md and latest.svg, and rewrites the README's "## Performance" section
+(and nothing else in the README) to match.
+
+    bench/report.py RAW.jsonl OUT_DIR README.md
+"""
+import json
+import sys
+from pathlib import Path
+
+NAMES = {
+    "baseline": "1. Envoy passthrough (baseline)",
+    "uncovered": "2. Envoy + filter, uncovered route",
+    "sqlite": "3. + store on SQLite, new keys",
+    "postgres": "4. + store on PostgreSQL, new keys",
+    "replay": "5. replay of completed keys (SQLite)",
+    "peer-base": "6a. Express handler alone (peer baseline)",
+    "peer": "6. express-idempotency + Redis, new keys",
+}
+SHORT = {
+    "baseline": "1 baseline",
+    "uncovered": "2 uncovered",
+    "sqlite": "3 SQLite",
+    "postgres": "4 PostgreSQL",
+    "replay": "5 replay",
+    "peer-base": "6a peer base",
+    "peer": "6 peer",
+}
+ORDER = ["baseline", "uncovered", "sqlite", "postgres", "replay", "peer-base", "peer"]
+COUNTERS = ["owned", "replayed", "conflict", "store_error", "passed", "invalid", "missing"]
+
+
+def load(path):
+    meta, scen, extra, probes = {}, {}, {}, {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        if "meta" in d:
+            meta = d["meta"]
+        elif "scenario" in d:
+            scen[d["scenario"]] = d
+        elif "probe" in d:
+            probes[d["probe"]] = d["result"]
+        else:
+            extra.update(d)
+    return meta, scen, extra, probes
+
+
+def counters(s):
+    before, after = s.get("stats_before") or {}, s.get("stats_after") or {}
+    out = {}
+    for name in COUNTERS:
+        key = f"wasmcustom.idemgate.requests.{name}"
+        delta = after.get(key, 0) - before.get(key, 0)
+        if delta:
+            out[name] = delta
+    return out
+
+
+def summarize(meta, scen, extra, probes):
+    rows = []
+    base = scen.get("baseline", {}).get("wrk")
+    peer_base = scen.get("peer-base", {}).get("wrk")
+    for name in ORDER:
+        if name not in scen:
+            continue
+        w = scen[name]["wrk"]
+        ref = peer_base if name == "peer" else base
+        own = peer_base if name in ("peer", "peer-base") else base
+        row = {
+            "scenario": name,
+            "label": NAMES[name],
+            "rps": w["rps"],
+            "p50_ms": w["p50_us"] / 1000,
+            "p99_ms": w["p99_us"] / 1000,
+            "p999_ms": w["p999_us"] / 1000,
+            "non_2xx": w["err_status"],
+            "socket_errors": w["err_connect"] + w["err_read"] + w["err_write"] + w["err_timeout"],
+            "requests": w["requests"],
+            "counters": counters(scen[name]),
+        }
+        if base:
+            row["rps_x"] = w["rps"] / base["rps"]
+            row["p50_x"] = w["p50_us"] / base["p50_us"]
+            row["p99_x"] = w["p99_us"] / base["p99_us"]
+            row["p999_x"] = w["p999_us"] / base["p999_us"]
+        if own:
+            row["added_p50_ms"] = (w["p50_us"] - own["p50_us"]) / 1000
+            row["added_p99_ms"] = (w["p99_us"] - own["p99_us"]) / 1000
+            row["rps_own_x"] = w["rps"] / own["rps"]
+        row["reference"] = "6a" if ref is peer_base else "1"
+        rows.append(row)
+
+    mem = {}
+    if "baseline" in scen:
+        mem["envoy_without_filter_rss_kb"] = scen["baseline"]["envoy_rss_kb"]
+        mem["envoy_without_filter_hwm_kb"] = scen["baseline"]["envoy_hwm_kb"]
+    with_filter = [scen[n] for n in ("uncovered", "sqlite", "replay", "postgres") if n in scen]
+    if with_filter:
+        mem["envoy_with_filter_rss_kb"] = max(s["envoy_rss_kb"] for s in with_filter)
+        mem["envoy_with_filter_hwm_kb"] = max(s["envoy_hwm_kb"] for s in with_filter)
+    for n in ("sqlite", "replay", "postgres"):
+        if n in scen:
+            mem[f"store_{n}_rss_kb"] = scen[n]["store_rss_kb"]
+            mem[f"store_{n}_hwm_kb"] = scen[n]["store_hwm_kb"]
+    if "peer" in scen:
+        mem["peer_node_rss_kb"] = scen["peer"]["node_rss_kb"]
+        mem["peer_redis_rss_kb"] = scen["peer"]["redis_rss_kb"]
+    if "peer-base" in scen:
+        mem["upstream_node_rss_kb"] = scen["peer-base"]["node_rss_kb"]
+
+    per_record = {}
+    for key, label in (("sqlite_size", "sqlite"), ("postgres_size", "postgres")):
+        if key in extra and extra[key]["records"]:
+            per_record[label] = {
+                "records": extra[key]["records"],
+                "bytes": extra[key]["bytes"],
+                "bytes_per_record": extra[key]["bytes"] / extra[key]["records"],
+            }
+    if "redis_size" in extra and extra["redis_size"]["records"]:
+        r = extra["redis_size"]
+        per_record["redis"] = {
+            "records": r["records"],
+            "bytes": r["used_memory_delta"],
+            "bytes_per_record": r["used_memory_delta"] / r["records"],
+        }
+    return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes}
+
+
+def row_of(summary, name):
+    return next((r for r in summary["rows"] if r["scenario"] == name), None)
+
+
+def targets(summary):
+    """(target, measured, met) for each target of the issue; None where not measured."""
+    out = []
+    r2, r3, r5 = row_of(summary, "uncovered"), row_of(summary, "sqlite"), row_of(summary, "replay")
+    peer = row_of(summary, "peer")
+    if r2:
+        out.append(("uncovered route ≥ 95% of baseline req/s", f"{r2['rps_x']:.0%}", r2["rps_x"] >= 0.95))
+    if r3:
+        out.append(("SQLite, new keys ≥ 50% of baseline req/s", f"{r3['rps_x']:.0%}", r3["rps_x"] >= 0.50))
+        out.append(("SQLite, new keys: added p50 ≤ 1 ms", f"{r3['added_p50_ms']:+.2f} ms", r3["added_p50_ms"] <= 1.0))
+    if r5:
+        out.append(("replay ≥ 80% of baseline req/s", f"{r5['rps_x']:.0%}", r5["rps_x"] >= 0.80))
+    if r3 and peer:
+        out.append((
+            "added p50 below the peer's (each vs its own baseline)",
+            f"{r3['added_p50_ms']:+.2f} ms vs {peer['added_p50_ms']:+.2f} ms",
+            r3["added_p50_ms"] < peer["added_p50_ms"],
+        ))
+    probes = summary["probes"]
+    if "idemgate" in probes:
+        e = probes["idemgate"]["executions"]
+        out.append(("0 duplicate executions (50 at once, one key)", f"{e - 1 if e else 0} duplicates", e <= 1))
+    wasm = summary["meta"].get("wasm_bytes")
+    if wasm:
+        out.append(("wasm module ≤ 1 MB", f"{wasm / 1e6:.2f} MB ({wasm} bytes)", wasm <= 1_000_000))
+    m = summary["memory"]
+    if m.get("envoy_without_filter_rss_kb") and m.get("envoy_with_filter_rss_kb"):
+        x = m["envoy_with_filter_rss_kb"] / m["envoy_without_filter_rss_kb"]
+        out.append(("Envoy RSS with the filter ≤ 1.5× without", f"{x:.2f}×", x <= 1.5))
+    return out
+
+
+def fmt_counters(c):
+    return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
+
+
+def conditions(meta):
+    return (
+        f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
+        f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
+        f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('warmup')} s warm-up then "
+        f"{meta.get('seconds')} s measured per scenario, on loopback. Envoy {meta.get('envoy')}, Node "
+        f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
+        f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
+        f"(no fsync per write)."
+    )
+
+
+def markdown(summary):
+    meta, rows = summary["meta"], summary["rows"]
+    out = ["# `make bench`: latest run", "", conditions(summary["meta"]), ""]
+    out += [
+        "Every request is a `POST` of a small JSON body with `x-tenant-id`/`x-user-id` and an",
+        "`Idempotency-Key`. The upstream of every Envoy scenario is the same Express handler",
+        "(`bench/peer/app.js`, `BENCH_MODE=plain`); the peer (6) is that handler behind",
+        "`express-idempotency` with `express-idempotency-redis-adapter`, called directly, and its",
+        "own baseline (6a) is the same handler without the middleware. Ratios are to scenario 1;",
+        "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peer).",
+        "",
+        "| scenario | req/s | × base | p50 ms | × base | p99 ms | × base | p99.9 ms | × base "
+        "| added p50 | added p99 | non-2xx | filter counters |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['label']} | {r['rps']:.0f} | {r.get('rps_x', 0):.2f} | {r['p50_ms']:.2f} | {r.get('p50_x', 0):.2f} "
+            f"| {r['p99_ms']:.2f} | {r.get('p99_x', 0):.2f} | {r['p999_ms']:.2f} | {r.get('p999_x', 0):.2f} "
+            f"| {r.get('added_p50_ms', 0):+.2f} | {r.get('added_p99_ms', 0):+.2f} | {r['non_2xx']} "
+            f"| {fmt_counters(r['counters'])} |"
+        )
+    out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
+            "|---|---|---|"]
+    for t, v, ok in targets(summary):
+        out.append(f"| {t} | {v} | {'yes' if ok else '**no**'} |")
+    out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
+            "| stack | answers | executions |", "|---|---|--:|"]
+    for name, label in (("idemgate", "idemgate (Envoy + filter + store on SQLite)"),
+                        ("peer", "express-idempotency + Redis")):
+        p = summary["probes"].get(name)
+        if p:
+            answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
+            out.append(f"| {label} | {answers} | {p['executions']} |")
+    m = summary["memory"]
+    kb = lambda k: f"{m[k] / 1024:.1f} MiB" if m.get(k) else "–"  # noqa: E731
+    out += ["", "## Memory (VmRSS after the scenario; VmHWM = peak)", "", "| process | RSS | peak |", "|---|--:|--:|",
+            f"| Envoy without the filter (after 1) | {kb('envoy_without_filter_rss_kb')} | {kb('envoy_without_filter_hwm_kb')} |",
+            f"| Envoy with the filter (largest after 2–5) | {kb('envoy_with_filter_rss_kb')} | {kb('envoy_with_filter_hwm_kb')} |",
+            f"| store on SQLite (after 3) | {kb('store_sqlite_rss_kb')} | {kb('store_sqlite_hwm_kb')} |",
+            f"| store on SQLite (after 5) | {kb('store_replay_rss_kb')} | {kb('store_replay_hwm_kb')} |",
+            f"| store on PostgreSQL (after 4; the server's own memory not counted) | {kb('store_postgres_rss_kb')} | {kb('store_postgres_hwm_kb')} |",
+            f"| Node, handler alone (after 6a) | {kb('upstream_node_rss_kb')} | – |",
+            f"| Node with express-idempotency (after 6) | {kb('peer_node_rss_kb')} | – |",
+            f"| redis-server (after 6) | {kb('peer_redis_rss_kb')} | – |"]
+    out += ["", "## Bytes per record", "", "| where | records | bytes | bytes/record |", "|---|--:|--:|--:|"]
+    for name, label in (("sqlite", "SQLite file, pages in use (after 3)"),
+                        ("postgres", "PostgreSQL `pg_total_relation_size` (after 4)"),
+                        ("redis", "Redis `used_memory` growth (peer, after 6)")):
+        p = summary["per_record"].get(name)
+        if p:
+            out.append(f"| {label} | {p['records']} | {p['bytes']} | {p['bytes_per_record']:.0f} |")
+    out += ["", "Records hold the scope, fingerprint, lease, fence, timestamps and the stored response",
+            "(status, replayed headers, body); the peer stores the request (with all its headers) and the",
+            "response as one JSON string.", "",
+            "![chart](latest.svg)", ""]
+    return "\n".join(out)
+
+
+def svg(summary):
+    rows = summary["rows"]
+    W, bar_h, gap, left = 760, 18, 8, 190
+    scale_w = W - left - 80
+    panels = [
+        ("Throughput, req/s as a share of the baseline (1)", [(SHORT[r["scenario"]], r.get("rps_x", 0)) for r in rows],
+         lambda v: f"{v:.0%}", 1.0),
+        ("p50 latency, ms (lighter: p99)", [(SHORT[r["scenario"]], (r["p50_ms"], r["p99_ms"])) for r in rows],
+         lambda v: f"{v:.1f}", None),
+    ]
+    y = 30
+    parts = []
+    for title, data, fmt, mark in panels:
+        parts.append(f'<text x="10" y="{y}" font-size="14" font-weight="bold">{title}</text>')
+        y += 14
+        vmax = max((max(v) if isinstance(v, tuple) else v) for _, v in data) or 1
+        if mark:
+            vmax = max(vmax, mark)
+        for label, v in data:
+            parts.append(f'<text x="{left - 8}" y="{y + 13}" font-size="12" text-anchor="end">{label}</text>')
+            if isinstance(v, tuple):
+                p50, p99 = v
+                parts.append(f'<rect x="{left}" y="{y}" width="{p99 / vmax * scale_w:.1f}" height="{bar_h}" fill="#9ecae1"/>')
+                parts.append(f'<rect x="{left}" y="{y + 4}" width="{p50 / vmax * scale_w:.1f}" height="{bar_h - 8}" fill="#3182bd"/>')
+                parts.append(f'<text x="{left + p99 / vmax * scale_w + 4:.1f}" y="{y + 13}" font-size="11">'
+                             f'{fmt(p50)} / {fmt(p99)}</text>')
+            else:
+                color = "#d95f0e" if label.startswith("6") else "#31a354"
+                parts.append(f'<rect x="{left}" y="{y}" width="{v / vmax * scale_w:.1f}" height="{bar_h}" fill="{color}"/>')
+                parts.append(f'<text x="{left + v / vmax * scale_w + 4:.1f}" y="{y + 13}" font-size="11">{fmt(v)}</text>')
+            y += bar_h + gap
+        if mark:
+            x = left + mark / vmax * scale_w
+            top = y - len(data) * (bar_h + gap)
+            parts.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{y}" stroke="#555" stroke-dasharray="3,3"/>')
+        y += 30
+    meta = summary["meta"]
+    parts.append(f'<text x="10" y="{y - 10}" font-size="10" fill="#555">make bench, {meta.get("date", "")}: '
+                 f'{meta.get("cores")} cores, wrk -c{meta.get("concurrency")}, {meta.get("seconds")} s per scenario, loopback</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{y}" font-family="sans-serif">'
+            f'<rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
+
+
+def readme_section(summary):
+    meta = summary["meta"]
+    out = [
+        "## Performance",
+        "",
+        "Numbers come from `make bench`: every scenario measured side by side in one run,",
+        "on loopback, at one fixed concurrency, and reported as ratios to the same run's",
+        "baseline (Envoy without the filter, in front of the same upstream). Latest run:",
+        "",
+        "| scenario | req/s × baseline | p50 × | p99 × | p99.9 × | added p50 |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in summary["rows"]:
+        out.append(f"| {r['label']} | {r.get('rps_x', 0):.2f} | {r.get('p50_x', 0):.2f} | {r.get('p99_x', 0):.2f} "
+                   f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms |")
+    p = summary["probes"]
+    if "idemgate" in p and "peer" in p:
+        out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler executed it "
+                    f"**{p['idemgate']['executions']}×** behind idemgate and **{p['peer']['executions']}×** "
+                    f"behind express-idempotency with Redis."]
+    m, pr = summary["memory"], summary["per_record"]
+    facts = []
+    if meta.get("wasm_bytes"):
+        facts.append(f"wasm module {meta['wasm_bytes'] / 1e6:.2f} MB")
+    if m.get("envoy_with_filter_rss_kb") and m.get("envoy_without_filter_rss_kb"):
+        facts.append(f"Envoy RSS with the filter {m['envoy_with_filter_rss_kb'] / m['envoy_without_filter_rss_kb']:.2f}× without")
+    if m.get("store_sqlite_rss_kb"):
+        facts.append(f"store RSS {m['store_sqlite_rss_kb'] / 1024:.0f} MiB")
+    for k, label in (("sqlite", "SQLite"), ("postgres", "PostgreSQL"), ("redis", "the peer's Redis")):
+        if k in pr:
+            facts.append(f"{pr[k]['bytes_per_record']:.0f} bytes per record on {label}")
+    if facts:
+        out += ["", "; ".join(facts) + "."]
+    out += ["", "Conditions: " + conditions(meta) + " Absolute numbers, memory, targets and the chart:",
+            "[bench/results/latest.md](bench/results/latest.md).", ""]
+    return "\n".join(out)
+
+
+def update_readme(path, section):
+    text = Path(path).read_text()
+    start = text.find("\n## Performance\n")
+    if start < 0:
+        print(f"report: no '## Performance' section in {path}; left as is", file=sys.stderr)
+        return
+    end = text.find("\n## ", start + 1)
+    end = len(text) if end < 0 else end
+    Path(path).write_text(text[: start + 1] + section + text[end:])
+
+
+def main():
+    raw, out_dir, readme = sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None
+    summary = summarize(*load(raw))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
+    md = markdown(summary)
+    (out_dir / "latest.md").write_text(md)
+    (out_dir / "latest.svg").write_text(svg(summary))
+    if readme:
+        update_readme(readme, readme_section(summary))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
