@@ -348,7 +348,8 @@ struct RawPolicy {
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 60 * 60;
 pub const DEFAULT_LEASE_SECONDS: u64 = 60;
 pub const DEFAULT_WAIT_MAX_MS: u64 = 5_000;
-pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// Below Envoy's default 1 MiB buffer limit, so the filter answers 413 itself with a problem.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 512 * 1024;
 pub const DEFAULT_MAX_STORED_BODY: usize = 512 * 1024;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
 
