@@ -10,24 +10,28 @@ import sys
 from pathlib import Path
 
 NAMES = {
-    "baseline": "1. Envoy passthrough (baseline)",
+    "reference": "1. Envoy passthrough (baseline; mean of its runs)",
     "uncovered": "2. Envoy + filter, uncovered route",
     "sqlite": "3. + store on SQLite, new keys",
+    "sqlite-normal": "3b. the same, SQLite synchronous=normal",
     "postgres": "4. + store on PostgreSQL, new keys",
     "replay": "5. replay of completed keys (SQLite)",
     "peer-base": "6a. Express handler alone (peer baseline)",
     "peer": "6. express-idempotency + Redis, new keys",
 }
 SHORT = {
-    "baseline": "1 baseline",
+    "reference": "1 baseline",
     "uncovered": "2 uncovered",
     "sqlite": "3 SQLite",
+    "sqlite-normal": "3b SQLite normal",
     "postgres": "4 PostgreSQL",
     "replay": "5 replay",
     "peer-base": "6a peer base",
     "peer": "6 peer",
 }
-ORDER = ["baseline", "uncovered", "sqlite", "postgres", "replay", "peer-base", "peer"]
+ORDER = ["reference", "uncovered", "sqlite", "sqlite-normal", "postgres", "replay",
+         "peer-base", "peer"]
+WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 COUNTERS = ["owned", "replayed", "conflict", "store_error", "passed", "invalid", "missing"]
 
 
@@ -43,8 +47,20 @@ def load(path):
             scen[d["scenario"]] = d
         elif "probe" in d:
             probes[d["probe"]] = d["result"]
+        elif "envoy_idle" in d:
+            extra.setdefault("envoy_idle", {}).update(d["envoy_idle"])
         else:
             extra.update(d)
+    # The reference row: the mean of the baseline runs (one before each of 2-5).
+    bases = [v for n, v in scen.items() if n.startswith("baseline")]
+    if bases:
+        ref = {"scenario": "reference"}
+        for w in ("wrk", "wrk1"):
+            runs = [b[w] for b in bases if w in b]
+            if runs:
+                ref[w] = {f: sum(r[f] for r in runs) / len(runs) for f in WRK_FIELDS}
+                ref[w].update({f: sum(r[f] for r in runs) for f in runs[0] if f not in WRK_FIELDS})
+        scen["reference"] = ref
     return meta, scen, extra, probes
 
 
@@ -61,14 +77,21 @@ def counters(s):
 
 def summarize(meta, scen, extra, probes):
     rows = []
-    base = scen.get("baseline", {}).get("wrk")
+    base = scen.get("reference", {}).get("wrk")
     peer_base = scen.get("peer-base", {}).get("wrk")
+    base1 = scen.get("reference", {}).get("wrk1")
+    peer_base1 = scen.get("peer-base", {}).get("wrk1")
     for name in ORDER:
         if name not in scen:
             continue
         w = scen[name]["wrk"]
-        ref = peer_base if name == "peer" else base
-        own = peer_base if name in ("peer", "peer-base") else base
+        paired = scen.get(f"baseline@{name}")
+        if paired:
+            base_of = paired["wrk"]
+        else:
+            base_of = base
+        own = peer_base if name in ("peer", "peer-base") else base_of
+        ref = base_of
         row = {
             "scenario": name,
             "label": NAMES[name],
@@ -81,27 +104,40 @@ def summarize(meta, scen, extra, probes):
             "requests": w["requests"],
             "counters": counters(scen[name]),
         }
-        if base:
-            row["rps_x"] = w["rps"] / base["rps"]
-            row["p50_x"] = w["p50_us"] / base["p50_us"]
-            row["p99_x"] = w["p99_us"] / base["p99_us"]
-            row["p999_x"] = w["p999_us"] / base["p999_us"]
+        if ref:
+            row["rps_x"] = w["rps"] / ref["rps"]
+            row["p50_x"] = w["p50_us"] / ref["p50_us"]
+            row["p99_x"] = w["p99_us"] / ref["p99_us"]
+            row["p999_x"] = w["p999_us"] / ref["p999_us"]
         if own:
             row["added_p50_ms"] = (w["p50_us"] - own["p50_us"]) / 1000
             row["added_p99_ms"] = (w["p99_us"] - own["p99_us"]) / 1000
             row["rps_own_x"] = w["rps"] / own["rps"]
-        row["reference"] = "6a" if ref is peer_base else "1"
+        row["paired_baseline_rps"] = paired["wrk"]["rps"] if paired else None
+        one = scen[name].get("wrk1")
+        own1 = peer_base1 if name in ("peer", "peer-base") else (paired.get("wrk1") if paired else base1)
+        if one:
+            row["one_p50_ms"] = one["p50_us"] / 1000
+            row["one_p99_ms"] = one["p99_us"] / 1000
+            if own1:
+                row["one_added_p50_ms"] = (one["p50_us"] - own1["p50_us"]) / 1000
+                row["one_added_p99_ms"] = (one["p99_us"] - own1["p99_us"]) / 1000
         rows.append(row)
 
     mem = {}
-    if "baseline" in scen:
-        mem["envoy_without_filter_rss_kb"] = scen["baseline"]["envoy_rss_kb"]
-        mem["envoy_without_filter_hwm_kb"] = scen["baseline"]["envoy_hwm_kb"]
-    with_filter = [scen[n] for n in ("uncovered", "sqlite", "replay", "postgres") if n in scen]
+    without = [v for n, v in scen.items() if n.startswith("baseline")]
+    if without:
+        mem["envoy_without_filter_rss_kb"] = max(s["envoy_rss_kb"] for s in without)
+        mem["envoy_without_filter_hwm_kb"] = max(s["envoy_hwm_kb"] for s in without)
+    idle = extra.get("envoy_idle", {})
+    if idle:
+        mem["envoy_idle_without_rss_kb"] = idle.get("without")
+        mem["envoy_idle_with_rss_kb"] = idle.get("with")
+    with_filter = [scen[n] for n in ("uncovered", "sqlite", "sqlite-normal", "replay", "postgres") if n in scen]
     if with_filter:
         mem["envoy_with_filter_rss_kb"] = max(s["envoy_rss_kb"] for s in with_filter)
         mem["envoy_with_filter_hwm_kb"] = max(s["envoy_hwm_kb"] for s in with_filter)
-    for n in ("sqlite", "replay", "postgres"):
+    for n in ("sqlite", "sqlite-normal", "replay", "postgres"):
         if n in scen:
             mem[f"store_{n}_rss_kb"] = scen[n]["store_rss_kb"]
             mem[f"store_{n}_hwm_kb"] = scen[n]["store_hwm_kb"]
@@ -142,15 +178,25 @@ def targets(summary):
         out.append(("uncovered route ≥ 95% of baseline req/s", f"{r2['rps_x']:.0%}", r2["rps_x"] >= 0.95))
     if r3:
         out.append(("SQLite, new keys ≥ 50% of baseline req/s", f"{r3['rps_x']:.0%}", r3["rps_x"] >= 0.50))
-        out.append(("SQLite, new keys: added p50 ≤ 1 ms", f"{r3['added_p50_ms']:+.2f} ms", r3["added_p50_ms"] <= 1.0))
+        out.append((f"SQLite, new keys: added p50 ≤ 1 ms, at {summary['meta'].get('concurrency')} connections",
+                    f"{r3['added_p50_ms']:+.2f} ms", r3["added_p50_ms"] <= 1.0))
+        if "one_added_p50_ms" in r3:
+            out.append(("SQLite, new keys: added p50 ≤ 1 ms, at 1 connection", f"{r3['one_added_p50_ms']:+.2f} ms",
+                        r3["one_added_p50_ms"] <= 1.0))
     if r5:
         out.append(("replay ≥ 80% of baseline req/s", f"{r5['rps_x']:.0%}", r5["rps_x"] >= 0.80))
     if r3 and peer:
         out.append((
-            "added p50 below the peer's (each vs its own baseline)",
+            f"added p50 below the peer's (each vs its own baseline), at {summary['meta'].get('concurrency')} connections",
             f"{r3['added_p50_ms']:+.2f} ms vs {peer['added_p50_ms']:+.2f} ms",
             r3["added_p50_ms"] < peer["added_p50_ms"],
         ))
+        if "one_added_p50_ms" in r3 and "one_added_p50_ms" in peer:
+            out.append((
+                "added p50 below the peer's, at 1 connection",
+                f"{r3['one_added_p50_ms']:+.2f} ms vs {peer['one_added_p50_ms']:+.2f} ms",
+                r3["one_added_p50_ms"] < peer["one_added_p50_ms"],
+            ))
     probes = summary["probes"]
     if "idemgate" in probes:
         e = probes["idemgate"]["executions"]
@@ -174,7 +220,8 @@ def conditions(meta):
         f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
         f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
         f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('warmup')} s warm-up then "
-        f"{meta.get('seconds')} s measured per scenario, on loopback. Envoy {meta.get('envoy')}, Node "
+        f"{meta.get('seconds')} s measured per scenario, then {meta.get('latency_seconds')} s at one connection "
+        f"(`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
         f"(no fsync per write)."
@@ -191,17 +238,21 @@ def markdown(summary):
         "`express-idempotency` with `express-idempotency-redis-adapter`, called directly, and its",
         "own baseline (6a) is the same handler without the middleware. Ratios are to scenario 1;",
         "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peer).",
+        "Both Envoys run side by side and each of 2–5 is measured right after its own baseline",
+        "run; its ratios and added latencies are to that run (its req/s is in the last column).",
+        "Row 1 is the mean of those baseline runs. Latencies in ms; \"@1\" is the one-connection run.",
         "",
-        "| scenario | req/s | × base | p50 ms | × base | p99 ms | × base | p99.9 ms | × base "
-        "| added p50 | added p99 | non-2xx | filter counters |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        f"| scenario | req/s | × base | p50 | × base | p99 | × base | p99.9 | × base "
+        f"| added p50 | added p99 | non-2xx | p50 @1 | added p50 @1 | added p99 @1 | filter counters | its baseline req/s |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|",
     ]
     for r in rows:
         out.append(
             f"| {r['label']} | {r['rps']:.0f} | {r.get('rps_x', 0):.2f} | {r['p50_ms']:.2f} | {r.get('p50_x', 0):.2f} "
             f"| {r['p99_ms']:.2f} | {r.get('p99_x', 0):.2f} | {r['p999_ms']:.2f} | {r.get('p999_x', 0):.2f} "
             f"| {r.get('added_p50_ms', 0):+.2f} | {r.get('added_p99_ms', 0):+.2f} | {r['non_2xx']} "
-            f"| {fmt_counters(r['counters'])} |"
+            f"| {r.get('one_p50_ms', 0):.2f} | {r.get('one_added_p50_ms', 0):+.2f} | {r.get('one_added_p99_ms', 0):+.2f} "
+            f"| {fmt_counters(r['counters'])} | {r['paired_baseline_rps'] or 0:.0f} |"
         )
     out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
             "|---|---|---|"]
@@ -218,10 +269,13 @@ def markdown(summary):
     m = summary["memory"]
     kb = lambda k: f"{m[k] / 1024:.1f} MiB" if m.get(k) else "–"  # noqa: E731
     out += ["", "## Memory (VmRSS after the scenario; VmHWM = peak)", "", "| process | RSS | peak |", "|---|--:|--:|",
-            f"| Envoy without the filter (after 1) | {kb('envoy_without_filter_rss_kb')} | {kb('envoy_without_filter_hwm_kb')} |",
+            f"| Envoy without the filter, idle | {kb('envoy_idle_without_rss_kb')} | – |",
+            f"| Envoy with the filter loaded, idle | {kb('envoy_idle_with_rss_kb')} | – |",
+            f"| Envoy without the filter (largest after a baseline run) | {kb('envoy_without_filter_rss_kb')} | {kb('envoy_without_filter_hwm_kb')} |",
             f"| Envoy with the filter (largest after 2–5) | {kb('envoy_with_filter_rss_kb')} | {kb('envoy_with_filter_hwm_kb')} |",
             f"| store on SQLite (after 3) | {kb('store_sqlite_rss_kb')} | {kb('store_sqlite_hwm_kb')} |",
             f"| store on SQLite (after 5) | {kb('store_replay_rss_kb')} | {kb('store_replay_hwm_kb')} |",
+            f"| store on SQLite, synchronous=normal (after 3b) | {kb('store_sqlite-normal_rss_kb')} | {kb('store_sqlite-normal_hwm_kb')} |",
             f"| store on PostgreSQL (after 4; the server's own memory not counted) | {kb('store_postgres_rss_kb')} | {kb('store_postgres_hwm_kb')} |",
             f"| Node, handler alone (after 6a) | {kb('upstream_node_rss_kb')} | – |",
             f"| Node with express-idempotency (after 6) | {kb('peer_node_rss_kb')} | – |",
@@ -245,7 +299,7 @@ def svg(summary):
     W, bar_h, gap, left = 760, 18, 8, 190
     scale_w = W - left - 80
     panels = [
-        ("Throughput, req/s as a share of the baseline (1)", [(SHORT[r["scenario"]], r.get("rps_x", 0)) for r in rows],
+        ("Throughput, req/s as a share of the baseline (2–5: of the run just before each)", [(SHORT[r["scenario"]], r.get("rps_x", 0)) for r in rows],
          lambda v: f"{v:.0%}", 1.0),
         ("p50 latency, ms (lighter: p99)", [(SHORT[r["scenario"]], (r["p50_ms"], r["p99_ms"])) for r in rows],
          lambda v: f"{v:.1f}", None),
@@ -292,12 +346,12 @@ def readme_section(summary):
         "on loopback, at one fixed concurrency, and reported as ratios to the same run's",
         "baseline (Envoy without the filter, in front of the same upstream). Latest run:",
         "",
-        "| scenario | req/s × baseline | p50 × | p99 × | p99.9 × | added p50 |",
-        "|---|--:|--:|--:|--:|--:|",
+        f"| scenario | req/s × baseline | p50 × | p99 × | p99.9 × | added p50 | added p50, 1 connection |",
+        "|---|--:|--:|--:|--:|--:|--:|",
     ]
     for r in summary["rows"]:
         out.append(f"| {r['label']} | {r.get('rps_x', 0):.2f} | {r.get('p50_x', 0):.2f} | {r.get('p99_x', 0):.2f} "
-                   f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms |")
+                   f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms | {r.get('one_added_p50_ms', 0):+.2f} ms |")
     p = summary["probes"]
     if "idemgate" in p and "peer" in p:
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler executed it "

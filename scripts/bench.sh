@@ -3,9 +3,11 @@
 # fixed concurrency, then bench/report.py turns the numbers into
 # bench/results/latest.{md,svg,json} and the README's Performance section.
 #
-#   1 baseline     Envoy without the filter -> upstream
+#   1 baseline     Envoy without the filter -> upstream, run just before each
+#                  of 2-5 (the ratios of each are to its own baseline run)
 #   2 uncovered    Envoy + filter, a route no policy covers
 #   3 sqlite       Envoy + filter + store on SQLite, a new key per request
+#   3b             3 with SQLite synchronous=normal (what the fsync costs)
 #   4 postgres     the same with the store on PostgreSQL
 #   5 replay       retries of completed keys (store on SQLite)
 #   6 peer         the same handler behind express-idempotency + Redis, new keys
@@ -16,7 +18,9 @@
 # Knobs (environment): BENCH_SECONDS (15) per measurement, BENCH_WARMUP (2),
 # BENCH_CONCURRENCY (32 connections), BENCH_THREADS (1 wrk thread),
 # ENVOY_BIN, IDEMGATE_STORE_BIN (target/release/idempotency-store),
-# IDEMGATE_WASM (target/idemgate.wasm), BENCH_OUT (bench/results).
+# IDEMGATE_WASM (target/idemgate.wasm), BENCH_OUT (bench/results), BENCH_README
+# (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (5,
+# the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir.
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js and the peer's npm packages here) and says what it installs.
 set -euo pipefail
@@ -24,6 +28,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SECS=${BENCH_SECONDS:-15}
+LAT_SECS=${BENCH_LATENCY_SECONDS:-5}
 WARMUP=${BENCH_WARMUP:-2}
 CONC=${BENCH_CONCURRENCY:-32}
 THREADS=${BENCH_THREADS:-1}
@@ -122,13 +127,14 @@ UP_PORT=$(free_port)
 PEER_PORT=$(free_port)
 STORE_PORT=$(free_port)
 REDIS_PORT=$(free_port)
-PORT=$(free_port)
-ADMIN_PORT=$(free_port)
 PG_PORT=$(free_port)
+declare -A port admin pid_of
+port[without]=$(free_port) admin[without]=$(free_port)
+port[with]=$(free_port) admin[with]=$(free_port)
 
 envoy_config() { # with|without -> path
     local f=$W/envoy-$1.yaml
-    sed -e "s|@PORT@|$PORT|; s|@ADMIN_PORT@|$ADMIN_PORT|; s|@UPSTREAM_PORT@|$UP_PORT|" \
+    sed -e "s|@PORT@|${port[$1]}|; s|@ADMIN_PORT@|${admin[$1]}|; s|@UPSTREAM_PORT@|$UP_PORT|" \
         -e "s|@STORE_PORT@|$STORE_PORT|; s|@WASM@|$WASM|" bench/envoy.yaml >"$f"
     if [[ $1 == without ]]; then
         sed -i '/# BEGIN idemgate/,/# END idemgate/d' "$f"
@@ -139,70 +145,87 @@ start_envoy() { # with|without
     local cfg
     cfg=$(envoy_config "$1")
     start "envoy-$1" "$ENVOY" -c "$cfg" --concurrency 2 --disable-hot-restart -l warn
-    envoy_pid=$last_pid
-    wait_http "http://127.0.0.1:$ADMIN_PORT/ready" "Envoy ($1 the filter)"
+    pid_of[$1]=$last_pid
+    wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
+    sleep 1
+    read -r rss _ < <(mem "$last_pid")
+    record "{\"envoy_idle\":{\"$1\":$rss}}"
 }
-start_store() { # database-url
+start_store() { # database-url [flags]
     start store env RUST_LOG=warn "$STORE_BIN" serve --listen "127.0.0.1:$STORE_PORT" --database-url "$1" \
-        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN"
+        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
     store_pid=$last_pid
     wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)"
 }
 filter_stats() { # -> "name value" lines of the filter's counters
-    curl -fsS "http://127.0.0.1:$ADMIN_PORT/stats?filter=idemgate" 2>/dev/null |
+    curl -fsS "http://127.0.0.1:${admin[with]}/stats?filter=idemgate" 2>/dev/null |
         sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
 }
 stats_json() { # -> {"name": value, ...}
     filter_stats | awk 'BEGIN {printf "{"} {printf "%s\"%s\":%s", (NR > 1 ? "," : ""), $1, $2} END {printf "}"}'
 }
 
-# wrk: warm-up (unmeasured), then the measurement; prints wrk's JSON line.
+# wrk: warm-up (unmeasured), the measurement at $CONC connections, then
+# $LAT_SECS at one connection (latency without queueing); prints two JSON lines.
 load() { # url mode prefix [pool]
     wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
     wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3" "${4:-1000}" | tail -1
+    wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
 }
-scenario() { # name url mode prefix [pool]  (Envoy scenarios: memory and filter counters)
-    local name=$1 before after result
-    say "$name: $2 ($3 keys, ${SECS}s, $CONC connections)"
+scenario() { # name envoy(with|without) path mode prefix [pool]  (memory and filter counters)
+    local name=$1 envoy=$2 before after result one url="http://127.0.0.1:${port[$2]}$3"
+    say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
-    result=$(load "$2" "$3" "$4" "${5:-}")
+    { read -r result; read -r one; } < <(load "$url" "$4" "$5" "${6:-}")
     after=$(stats_json)
     echo "$result"
-    read -r e_rss e_hwm < <(mem "$envoy_pid")
+    echo "$one"
+    read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
     read -r s_rss s_hwm < <(mem "${store_pid:-0}")
-    record "{\"scenario\":\"$name\",\"wrk\":$result,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after}"
+    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after}"
 }
 
 say "machine: $(nproc) cores; Envoy $("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); node $(node --version); $(redis-server --version | cut -d' ' -f1-3); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
-record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\"}}"
+record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\"}}"
 
 # The upstream of every Envoy scenario: the Express handler, alone.
 start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
+up_pid=$last_pid
 wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
 
-# 1. Baseline: Envoy without the filter.
-start_envoy without
-store_pid=
-scenario baseline "http://127.0.0.1:$PORT/pay" unique base
-stop "$envoy_pid"
-
-# 2, 3, 5: Envoy with the filter, store on SQLite.
+# Both Envoys run side by side (they differ by the filter only). Every filter
+# scenario is paired with a baseline run just before it and its ratios are to
+# that run, so load from elsewhere on a shared machine drifts both alike.
+paired() { # scenario args...
+    scenario "baseline@$1" without /pay unique "b-$1"
+    scenario "$@"
+}
 start_store "sqlite://$W/store.db"
+start_envoy without
 start_envoy with
-scenario uncovered "http://127.0.0.1:$PORT/free" unique free
-scenario sqlite "http://127.0.0.1:$PORT/pay" unique sq
+
+# 1 + 2, 1 + 3, 1 + 5: Envoy with the filter, store on SQLite.
+paired uncovered with /free unique free
+paired sqlite with /pay unique sq
 records=$(python3 bench/sqlite_size.py "$W/store.db")
 record "{\"sqlite_size\":$records}"
 echo "SQLite: $records"
 
 say "replay: completing 1000 keys, then retrying them"
-wrk -t1 -c"$CONC" -d2s -s bench/lua/post.lua "http://127.0.0.1:$PORT/pay" -- pool rp 1000 >/dev/null
-scenario replay "http://127.0.0.1:$PORT/pay" pool rp 1000
+wrk -t1 -c"$CONC" -d2s -s bench/lua/post.lua "http://127.0.0.1:${port[with]}/pay" -- pool rp 1000 >/dev/null
+paired replay with /pay pool rp 1000
 
 say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler)"
-probe=$(node bench/burst.js "http://127.0.0.1:$PORT/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions")
+probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions")
 echo "$probe"
 record "{\"probe\":\"idemgate\",\"result\":$probe}"
+stop "$store_pid"
+
+# 3b. What SQLite's fsync per group commit costs: the same as 3 on a fresh file
+# with synchronous=normal (WAL stays consistent; the last commits may be lost on
+# power loss).
+start_store "sqlite://$W/store-normal.db" --sqlite-synchronous normal
+paired sqlite-normal with /pay unique sn
 stop "$store_pid"
 
 # 4. The store on PostgreSQL (same Envoy; the store's cluster points at the same port).
@@ -213,13 +236,14 @@ pg initdb -D "$W/pg/data" -A trust -U idem >/dev/null
 pg_data=$W/pg/data
 pg pg_ctl -D "$pg_data" -l "$W/pg/log" -o "-p $PG_PORT -k $W/pg -c listen_addresses=127.0.0.1" -w start >/dev/null
 start_store "postgres://idem@127.0.0.1:$PG_PORT/postgres"
-scenario postgres "http://127.0.0.1:$PORT/pay" unique pg
+paired postgres with /pay unique pg
 pgsize=$("$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -At -F' ' \
     -c "SELECT count(*), pg_total_relation_size('idempotency_records') FROM idempotency_records")
 record "{\"postgres_size\":{\"records\":${pgsize%% *},\"bytes\":${pgsize##* }}}"
 echo "PostgreSQL: records and bytes: $pgsize"
 stop "$store_pid"
-stop "$envoy_pid"
+stop "${pid_of[with]}"
+stop "${pid_of[without]}"
 store_pid=
 
 # 6. The peer: the same handler behind express-idempotency + Redis, called directly.
@@ -230,16 +254,16 @@ for ((i = 0; i < 100; i++)); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 
 start peer env BENCH_MODE=peer PORT="$PEER_PORT" REDIS_URL="redis://127.0.0.1:$REDIS_PORT" node bench/peer/app.js
 peer_pid=$last_pid
 wait_http "http://127.0.0.1:$PEER_PORT/_bench/ready" "the peer"
-peer_scenario() { # name port
-    local result
-    say "$1: direct to Node on :$2 (unique keys, ${SECS}s, $CONC connections)"
-    result=$(load "http://127.0.0.1:$2/pay" unique "$1")
+peer_scenario() { # name port pid
+    local result one
+    say "$1: direct to Node on :$2 (unique keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
+    { read -r result; read -r one; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
     echo "$result"
+    echo "$one"
     read -r n_rss n_hwm < <(mem "$3")
     read -r r_rss r_hwm < <(mem "$redis_pid")
-    record "{\"scenario\":\"$1\",\"wrk\":$result,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
+    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
 }
-up_pid=${pids[0]}
 peer_scenario peer-base "$UP_PORT" "$up_pid"
 used0=$(redis-cli -p "$REDIS_PORT" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
 peer_scenario peer "$PEER_PORT" "$peer_pid"
@@ -252,4 +276,4 @@ echo "$probe"
 record "{\"probe\":\"peer\",\"result\":$probe}"
 
 say "report"
-python3 bench/report.py "$RAW" "$OUT" README.md
+python3 bench/report.py "$RAW" "$OUT" "${BENCH_README:-README.md}"
