@@ -1,12 +1,23 @@
 # idemgate: the front door.
 #   make demo    watch the filter at work in a real Envoy
 #   make test    everything CI runs: lint, wasm build, bootstrap validation, tests
+#                (with 20 s chaos runs and 25 s per fuzz target)
+#   make fuzz    each fuzz target for FUZZ_SECONDS (300)
+#   make chaos   the chaos runs for CHAOS_SECONDS (60) each
+#   make soak    10 minutes at moderate load; memory and errors (not in CI)
+# test, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at any Envoy >= 1.35 to use it instead of the pinned wheel.
 
 ENVOY ?= $(or $(ENVOY_BIN),$(CURDIR)/.tools/venv/bin/envoy)
 WASM  := target/idemgate.wasm
+E2E_ENV = IDEMGATE_WASM=$(CURDIR)/$(WASM) \
+	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
+	ENVOY_BIN=$(ENVOY) IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md
+FUZZ_SECONDS ?= 300
+CHAOS_SECONDS ?= 60
+SOAK_SECONDS ?= 600
 
-.PHONY: setup wasm build lint test demo bench clean
+.PHONY: setup wasm build lint test demo bench clean fuzz chaos soak
 .NOTPARALLEL:
 
 setup:
@@ -34,8 +45,22 @@ test: setup lint wasm
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(ENVOY) \
+	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md \
 	    cargo test --workspace
 	scripts/demo-smoke.sh
+	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh 25
+
+fuzz: setup
+	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh $(FUZZ_SECONDS)
+
+chaos: setup wasm
+	cargo build -p idemgate-store
+	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
+
+soak: setup wasm
+	cargo build -p idemgate-store
+	$(E2E_ENV) SOAK_SECONDS=$(SOAK_SECONDS) \
+	    cargo test -p e2e --test chaos -- --ignored soak --nocapture
 
 demo: wasm
 	@if [ -x scripts/demo.sh ]; then \
