@@ -91,7 +91,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         // xorshift64*
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -99,7 +99,7 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
 }
 
@@ -551,19 +551,8 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     audit.scopes = sent_by_scope.len();
 
     // 1. Exactly once: nothing runs after an execution that was not released.
-    for (scope, list) in &execs {
-        if let Some(first) = list.iter().position(|e| !released(e)) {
-            if list.len() > first + 1 {
-                audit.double_executions.push(format!(
-                    "{} {} {} executed {} times (executions {:?})",
-                    scope.tenant,
-                    scope.route,
-                    scope.key,
-                    list.len(),
-                    list.iter().map(|e| e.n).collect::<Vec<_>>()
-                ));
-            }
-        }
+    audit.double_executions = double_executions(&execs);
+    for scope in execs.keys() {
         if !sent_by_scope.contains_key(scope) {
             audit
                 .violations
@@ -731,6 +720,26 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     audit
 }
 
+/// Scopes that ran again after an execution that was not released.
+fn double_executions(execs: &BTreeMap<ScopeId, Vec<&Execution>>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (scope, list) in execs {
+        if let Some(first) = list.iter().position(|e| !released(e)) {
+            if list.len() > first + 1 {
+                found.push(format!(
+                    "{} {} {} executed {} times (executions {:?})",
+                    scope.tenant,
+                    scope.route,
+                    scope.key,
+                    list.len(),
+                    list.iter().map(|e| e.n).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    found
+}
+
 fn path_of(scope: &ScopeId) -> &'static str {
     if scope.route == "orders.wait" {
         "/wait"
@@ -767,4 +776,136 @@ async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Out
     })
     .await;
     out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The audit must be able to fail: each broken promise, fabricated.
+    use super::*;
+
+    fn scope(tenant: &str) -> ScopeId {
+        ScopeId {
+            tenant: tenant.into(),
+            user: "u".into(),
+            route: "payments.create",
+            key: "k".into(),
+        }
+    }
+
+    fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
+        Execution {
+            n,
+            key: "k".into(),
+            tenant: tenant.into(),
+            user: "u".into(),
+            path: "/pay".into(),
+            body_sha256: sha256_hex(body.as_bytes()),
+            status,
+            control: None,
+            response: bytes::Bytes::from(format!("{{\"execution\":{n}}}")),
+            reset: false,
+        }
+    }
+
+    fn answer(status: u16, headers: &[(&'static str, &str)], body: &str) -> Answer {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, value.parse().unwrap());
+        }
+        Answer {
+            status,
+            headers: map,
+            body: bytes::Bytes::from(body.to_string()),
+        }
+    }
+
+    fn sent(tenant: &str, body: &str) -> Sent {
+        Sent {
+            scope: scope(tenant),
+            path: "/pay",
+            body: body.into(),
+            knobs: vec![],
+            outcome: Err(String::new()),
+        }
+    }
+
+    fn verdict(s: &Sent, a: &Answer, execs: &[Execution], bodies: &[&str]) -> Option<String> {
+        let refs: Vec<&Execution> = execs.iter().filter(|e| execution_scope(e) == s.scope).collect();
+        let by_n: HashMap<u64, &Execution> = execs.iter().map(|e| (e.n, e)).collect();
+        check_answer(s, a, &refs, &by_n, bodies)
+    }
+
+    const REPLAYED: (&str, &str) = ("idempotent-replayed", "true");
+
+    #[test]
+    fn a_faithful_replay_and_a_fresh_answer_pass() {
+        let e = [exec(1, "a", "A", 201)];
+        let s = sent("a", "A");
+        assert_eq!(
+            verdict(&s, &answer(201, &[REPLAYED], "{\"execution\":1}"), &e, &["A"]),
+            None
+        );
+        assert_eq!(
+            verdict(&s, &answer(201, &[], "{\"execution\":1}"), &e, &["A"]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_replay_with_other_bytes_or_for_another_body_is_a_violation() {
+        let e = [exec(1, "a", "A", 201)];
+        assert!(verdict(
+            &sent("a", "A"),
+            &answer(201, &[REPLAYED], "{\"execution\":2}"),
+            &e,
+            &["A"]
+        )
+        .is_some());
+        assert!(verdict(
+            &sent("a", "B"),
+            &answer(201, &[REPLAYED], "{\"execution\":1}"),
+            &e,
+            &["A", "B"]
+        )
+        .is_some());
+    }
+
+    #[test]
+    fn another_tenants_execution_is_a_violation() {
+        let e = [exec(1, "a", "A", 201)];
+        assert!(verdict(
+            &sent("b", "A"),
+            &answer(201, &[], "{\"execution\":1}"),
+            &e,
+            &["A"]
+        )
+        .is_some());
+    }
+
+    #[test]
+    fn a_422_for_the_same_body_is_a_violation() {
+        let problem = r#"{"type":"https://x/key-reused","title":"t","status":422,"detail":"d"}"#;
+        let headers = [
+            ("content-type", "application/problem+json"),
+            ("cache-control", "no-store"),
+        ];
+        let a = answer(422, &headers, problem);
+        assert!(verdict(&sent("a", "A"), &a, &[], &["A"]).is_some());
+        assert_eq!(verdict(&sent("a", "B"), &a, &[], &["A", "B"]), None);
+    }
+
+    #[test]
+    fn running_again_after_a_stored_execution_is_a_double_execution() {
+        let (one, two, released) = (
+            exec(1, "a", "A", 201),
+            exec(2, "a", "A", 201),
+            exec(3, "a", "A", 429),
+        );
+        fn map(list: Vec<&Execution>) -> BTreeMap<ScopeId, Vec<&Execution>> {
+            BTreeMap::from([(scope("a"), list)])
+        }
+        assert_eq!(double_executions(&map(vec![&one, &two])).len(), 1);
+        assert!(double_executions(&map(vec![&released, &one])).is_empty());
+        assert_eq!(double_executions(&map(vec![&one, &released])).len(), 1);
+    }
 }

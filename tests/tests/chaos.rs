@@ -6,6 +6,9 @@
 //! `CHAOS_SECONDS` sets the traffic time per run (20 s here, 60 s under
 //! `make chaos`). The soak run is `#[ignore]`d: `make soak` runs it.
 
+// Test support: failing loudly is how a helper reports a broken run.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use e2e::chaos::{audit, inject_faults, worker, Traffic};

@@ -6,6 +6,9 @@
 //! Each test collects its failed checks before asserting, so it can write its
 //! row of docs/reliability.md (under `IDEMGATE_REPORT`) either way.
 
+// Test support: failing loudly is how a helper reports a broken run.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -61,7 +64,12 @@ fn shape(a: &Answer) -> (u16, BTreeSet<String>, BTreeSet<String>) {
         .headers
         .keys()
         .map(|k| k.as_str().to_string())
-        .filter(|k| !matches!(k.as_str(), "date" | "x-envoy-upstream-service-time" | "content-length"))
+        .filter(|k| {
+            !matches!(
+                k.as_str(),
+                "date" | "x-envoy-upstream-service-time" | "content-length"
+            )
+        })
         .collect();
     let members = a
         .json()
@@ -100,20 +108,40 @@ async fn another_tenant_using_a_key_in_flight_or_completed_executes_on_its_own_a
     let fresh = send(h.post_as("tenant-b", "alice", "/pay", Some(&key("fresh")), PAYMENT)).await;
 
     c.check(a.status == 201, format!("A: {a:?}"));
-    for (name, x) in [("B in flight", &b), ("C in flight, other body", &c_ans), ("D after completion", &d)] {
-        c.check(x.status == 201, format!("{name} did not execute on its own: {x:?}"));
-        c.check(x.header("idempotent-replayed").is_none(), format!("{name} got a replay"));
+    for (name, x) in [
+        ("B in flight", &b),
+        ("C in flight, other body", &c_ans),
+        ("D after completion", &d),
+    ] {
+        c.check(
+            x.status == 201,
+            format!("{name} did not execute on its own: {x:?}"),
+        );
+        c.check(
+            x.header("idempotent-replayed").is_none(),
+            format!("{name} got a replay"),
+        );
         c.check(
             execution(x).is_some() && execution(x) != execution(&a),
             format!("{name} saw A's execution"),
         );
         c.check(x.body != a.body, format!("{name} got A's body"));
-        c.check(x.header("location") != a.header("location"), format!("{name} got A's location"));
+        c.check(
+            x.header("location") != a.header("location"),
+            format!("{name} got A's location"),
+        );
         c.check(
             x.problem().is_none(),
             format!("{name} got a problem that reveals A's key: {x:?}"),
         );
-        c.check(shape(x) == shape(&fresh), format!("{name} looks unlike a fresh key: {:?} vs {:?}", shape(x), shape(&fresh)));
+        c.check(
+            shape(x) == shape(&fresh),
+            format!(
+                "{name} looks unlike a fresh key: {:?} vs {:?}",
+                shape(x),
+                shape(&fresh)
+            ),
+        );
     }
     c.check(
         a_again.header("idempotent-replayed") == Some("true") && a_again.body == a.body,
@@ -126,7 +154,10 @@ async fn another_tenant_using_a_key_in_flight_or_completed_executes_on_its_own_a
         .filter(|e| e.key == k)
         .map(|e| e.tenant)
         .collect();
-    c.check(h.upstream.executions(&k) == 4, format!("{} executions of the shared key", h.upstream.executions(&k)));
+    c.check(
+        h.upstream.executions(&k) == 4,
+        format!("{} executions of the shared key", h.upstream.executions(&k)),
+    );
     c.check(tenants.len() == 4, format!("executed for tenants {tenants:?}"));
     c.finish(
         "security: another tenant's key",
@@ -147,7 +178,10 @@ fn base64url(bytes: &[u8]) -> String {
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
         for i in 0..=chunk.len() {
             out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
         }
@@ -184,32 +218,59 @@ async fn identity_headers_and_forged_tokens_cannot_choose_a_tenant() {
             .header("x-user-id", "bob"),
     )
     .await;
-    c.check(forged.status == 201, format!("tenant-a with forged headers: {forged:?}"));
+    c.check(
+        forged.status == 201,
+        format!("tenant-a with forged headers: {forged:?}"),
+    );
     c.check(
         forged.header("idempotent-replayed").is_none() && forged.body != b.body,
         "identity headers chose tenant-b: got its replay",
     );
     let log = s.upstream.log();
-    let tenants: Vec<&str> = log.iter().filter(|e| e.key == k).map(|e| e.tenant.as_str()).collect();
+    let tenants: Vec<&str> = log
+        .iter()
+        .filter(|e| e.key == k)
+        .map(|e| e.tenant.as_str())
+        .collect();
     c.check(
         tenants == ["tenant-b", "tenant-a"],
         format!("the upstream saw tenants {tenants:?}"),
     );
-    let a_records = s.records("tenant-a", "alice", "payments.create", &k).await.unwrap_or_default();
-    let b_records = s.records("tenant-b", "bob", "payments.create", &k).await.unwrap_or_default();
-    c.check(a_records.len() == 1 && b_records.len() == 1, format!("records {a_records:?} {b_records:?}"));
+    let a_records = s
+        .records("tenant-a", "alice", "payments.create", &k)
+        .await
+        .unwrap_or_default();
+    let b_records = s
+        .records("tenant-b", "bob", "payments.create", &k)
+        .await
+        .unwrap_or_default();
+    c.check(
+        a_records.len() == 1 && b_records.len() == 1,
+        format!("records {a_records:?} {b_records:?}"),
+    );
     // No token, a tampered token, an unsigned token: refused before anything runs.
     let before = s.upstream.total();
     let mut parts: Vec<String> = token_a.split('.').map(str::to_string).collect();
     let claims = br#"{"aud":"payments-demo","exp":4102444800,"iss":"https://demo.idemgate.invalid","sub":"bob","tenant":"tenant-b"}"#;
     parts[1] = base64url(claims);
     let tampered = parts.join(".");
-    let unsigned = format!("{}.{}.", base64url(br#"{"alg":"none","typ":"JWT"}"#), base64url(claims));
-    for (name, bearer) in [("no token", None), ("tampered token", Some(tampered.as_str())), ("alg none", Some(unsigned.as_str()))] {
+    let unsigned = format!(
+        "{}.{}.",
+        base64url(br#"{"alg":"none","typ":"JWT"}"#),
+        base64url(claims)
+    );
+    for (name, bearer) in [
+        ("no token", None),
+        ("tampered token", Some(tampered.as_str())),
+        ("alg none", Some(unsigned.as_str())),
+    ] {
         let a = send(post(bearer, &key("forged")).header("x-tenant-id", "tenant-b")).await;
         c.check(a.status == 401, format!("{name}: {} {:?}", a.status, a.body));
     }
-    c.check(s.upstream.total() == before, "a request without a valid token reached the upstream");
+    c.check(
+        s.upstream.total() == before,
+        "a request without a valid token reached the upstream",
+    );
     c.finish(
         "security: identity headers and tokens",
         "envoy/demo.yaml (jwt_authn)".into(),
@@ -265,7 +326,10 @@ async fn the_store_refuses_missing_and_wrong_credentials_and_admin_refuses_the_a
         }
         let a = send(req).await;
         let text = String::from_utf8_lossy(&a.body).to_string();
-        c.check(a.status == *want, format!("{method} {url} with {bearer:?}: {} {text}", a.status));
+        c.check(
+            a.status == *want,
+            format!("{method} {url} with {bearer:?}: {} {text}", a.status),
+        );
         c.check(
             a.header("content-type") == Some("application/problem+json"),
             format!("{method} {url}: not a problem: {text}"),
@@ -276,11 +340,19 @@ async fn the_store_refuses_missing_and_wrong_credentials_and_admin_refuses_the_a
         );
     }
     // A wrong scheme is no credential either.
-    let basic = send(h.client.post(store("/v1/claim")).header("authorization", format!("Basic {API_TOKEN}"))).await;
+    let basic = send(
+        h.client
+            .post(store("/v1/claim"))
+            .header("authorization", format!("Basic {API_TOKEN}")),
+    )
+    .await;
     c.check(basic.status == 401, format!("Basic scheme: {}", basic.status));
     c.finish(
         "security: store credentials",
-        format!("{} requests to the store's API and admin endpoints", cases.len() + 1),
+        format!(
+            "{} requests to the store's API and admin endpoints",
+            cases.len() + 1
+        ),
         "no, empty, wrong, truncated and swapped bearer credentials".into(),
     );
 }
@@ -320,18 +392,34 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     answers.push(("fresh".into(), send(post("/pay", Some(&done), PAYMENT)).await));
     answers.push(("replay".into(), send(post("/pay", Some(&done), PAYMENT)).await));
     answers.push(("key-reused".into(), send(post("/pay", Some(&done), "{}")).await));
-    let slow = tokio::spawn(send(post("/pay", Some(&busy), PAYMENT).header("x-test-delay-ms", "1000")));
-    eventually("the slow request to reach the upstream", Duration::from_secs(10), || async {
-        s.upstream.log().iter().any(|e| e.key == busy)
-    })
+    let slow = tokio::spawn(send(
+        post("/pay", Some(&busy), PAYMENT).header("x-test-delay-ms", "1000"),
+    ));
+    eventually(
+        "the slow request to reach the upstream",
+        Duration::from_secs(10),
+        || async { s.upstream.log().iter().any(|e| e.key == busy) },
+    )
     .await;
-    answers.push(("in-progress".into(), send(post("/pay", Some(&busy), PAYMENT)).await));
+    answers.push((
+        "in-progress".into(),
+        send(post("/pay", Some(&busy), PAYMENT)).await,
+    ));
     let _ = slow.await;
     send(post("/pay", Some(&unknown), PAYMENT).header("x-test-control", "uncertain")).await;
-    answers.push(("outcome-unknown".into(), send(post("/pay", Some(&unknown), PAYMENT)).await));
+    answers.push((
+        "outcome-unknown".into(),
+        send(post("/pay", Some(&unknown), PAYMENT)).await,
+    ));
     send(post("/small", Some(&big), "{}").header("x-test-body-size", "5000")).await;
-    answers.push(("result-unavailable".into(), send(post("/small", Some(&big), "{}")).await));
-    answers.push(("body-too-large".into(), send(post("/small", Some(&k("large")), &"x".repeat(100))).await));
+    answers.push((
+        "result-unavailable".into(),
+        send(post("/small", Some(&big), "{}")).await,
+    ));
+    answers.push((
+        "body-too-large".into(),
+        send(post("/small", Some(&k("large")), &"x".repeat(100))).await,
+    ));
     answers.push(("key-missing".into(), send(post("/pay", None, PAYMENT)).await));
     let hostile_keys = [
         format!("{tag} with spaces"),
@@ -341,8 +429,12 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
         format!("{tag}\u{e9}"),
     ];
     for bad in &hostile_keys {
-        let value = reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        answers.push(("key-invalid".into(), send(post("/pay", None, PAYMENT).header("idempotency-key", value)).await));
+        let value =
+            reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        answers.push((
+            "key-invalid".into(),
+            send(post("/pay", None, PAYMENT).header("idempotency-key", value)).await,
+        ));
     }
     let nobody = s
         .client
@@ -368,7 +460,10 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     ));
     // The database dies under the store, then the store dies.
     drop(s.pg.take());
-    answers.push(("database down, via Envoy".into(), send(post("/pay", Some(&k("pgdown")), PAYMENT)).await));
+    answers.push((
+        "database down, via Envoy".into(),
+        send(post("/pay", Some(&k("pgdown")), PAYMENT)).await,
+    ));
     let claim = format!(
         "{{\"scope\":{{\"version\":\"v1\",\"tenant\":\"t\",\"principal\":\"p\",\"route\":\"r\",\"namespace\":\"u\",\"key\":\"{tag}\"}},\"fingerprint\":null,\"lease_ms\":1000,\"ttl_ms\":1000,\"after_expiry\":\"reject\",\"on_unknown\":\"conflict\"}}\n"
     );
@@ -377,22 +472,47 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
         send(s.client.post(&store).bearer_auth(API_TOKEN).body(claim)).await,
     ));
     s.kill_store(0);
-    answers.push(("store down".into(), send(post("/pay", Some(&k("down")), PAYMENT)).await));
+    answers.push((
+        "store down".into(),
+        send(post("/pay", Some(&k("down")), PAYMENT)).await,
+    ));
 
     for (what, a) in &answers {
         let text = String::from_utf8_lossy(&a.body).to_string();
         if what != "fresh" && what != "replay" {
-            c.check(a.problem().is_some(), format!("{what}: not a problem: {} {text}", a.status));
+            c.check(
+                a.problem().is_some(),
+                format!("{what}: not a problem: {} {text}", a.status),
+            );
         }
         if let Some(m) = INTERNALS.iter().find(|m| text.contains(*m)) {
-            c.check(false, format!("{what}: problem body shows internals ({m}): {text}"));
+            c.check(
+                false,
+                format!("{what}: problem body shows internals ({m}): {text}"),
+            );
         }
-        c.check(!text.contains(&tag), format!("{what}: the answer repeats a raw key: {text}"));
+        c.check(
+            !text.contains(&tag),
+            format!("{what}: the answer repeats a raw key: {text}"),
+        );
     }
-    let expected = ["key-reused", "request-in-progress", "outcome-unknown", "result-unavailable", "body-too-large", "key-missing", "key-invalid", "identity-missing", "store-unavailable"];
+    let expected = [
+        "key-reused",
+        "request-in-progress",
+        "outcome-unknown",
+        "result-unavailable",
+        "body-too-large",
+        "key-missing",
+        "key-invalid",
+        "identity-missing",
+        "store-unavailable",
+    ];
     let seen: BTreeSet<String> = answers.iter().filter_map(|(_, a)| a.problem()).collect();
     for slug in expected {
-        c.check(seen.contains(slug), format!("never produced {slug}; saw {seen:?}"));
+        c.check(
+            seen.contains(slug),
+            format!("never produced {slug}; saw {seen:?}"),
+        );
     }
     let lines = s.log_lines();
     c.check(lines.len() > 20, format!("only {} log lines", lines.len()));
@@ -401,7 +521,11 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     }
     c.finish(
         "security: logs and problem bodies",
-        format!("{} requests, {} log lines (Envoy wasm and store at debug)", answers.len(), lines.len()),
+        format!(
+            "{} requests, {} log lines (Envoy wasm and store at debug)",
+            answers.len(),
+            lines.len()
+        ),
         "every problem type, hostile keys, malformed store frames, database and store killed".into(),
     );
 }
