@@ -60,6 +60,9 @@ def load(path):
             if runs:
                 ref[w] = {f: sum(r[f] for r in runs) / len(runs) for f in WRK_FIELDS}
                 ref[w].update({f: sum(r[f] for r in runs) for f in runs[0] if f not in WRK_FIELDS})
+        cpus = [b["cpu_ms"] for b in bases if "cpu_ms" in b]
+        if cpus and len(cpus) == len(bases):
+            ref["cpu_ms"] = {k: sum(c.get(k, 0) for c in cpus) for k in cpus[0]}
         scen["reference"] = ref
     return meta, scen, extra, probes
 
@@ -104,6 +107,9 @@ def summarize(meta, scen, extra, probes):
             "requests": w["requests"],
             "counters": counters(scen[name]),
         }
+        cpu = scen[name].get("cpu_ms")
+        if cpu and w["requests"]:
+            row["cpu_us_per_request"] = {k: v * 1000 / w["requests"] for k, v in cpu.items()}
         if ref:
             row["rps_x"] = w["rps"] / ref["rps"]
             row["p50_x"] = w["p50_us"] / ref["p50_us"]
@@ -266,6 +272,23 @@ def markdown(summary):
         if p:
             answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
             out.append(f"| {label} | {answers} | {p['executions']} |")
+    out += ["", "## CPU time per request (µs, user + system, during the measured run)", "",
+            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums.", "",
+            "| scenario | Envoy | store | upstream Node | peer Node | Redis | total | × baseline |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    base_cpu = None
+    for r in summary["rows"]:
+        c = r.get("cpu_us_per_request")
+        if not c:
+            continue
+        total = sum(c.values())
+        if r["scenario"] == "reference":
+            base_cpu = total
+        cell = lambda k: f"{c[k]:.0f}" if k in c else "–"  # noqa: E731
+        node_up = cell("upstream") if "upstream" in c else (cell("node") if r["scenario"] == "peer-base" else "–")
+        node_peer = cell("node") if r["scenario"] == "peer" else "–"
+        out.append(f"| {r['label']} | {cell('envoy')} | {cell('store')} | {node_up} | {node_peer} | {cell('redis')} "
+                   f"| {total:.0f} | {total / base_cpu if base_cpu else 0:.2f} |")
     m = summary["memory"]
     kb = lambda k: f"{m[k] / 1024:.1f} MiB" if m.get(k) else "–"  # noqa: E731
     out += ["", "## Memory (VmRSS after the scenario; VmHWM = peak)", "", "| process | RSS | peak |", "|---|--:|--:|",

@@ -165,24 +165,42 @@ stats_json() { # -> {"name": value, ...}
     filter_stats | awk 'BEGIN {printf "{"} {printf "%s\"%s\":%s", (NR > 1 ? "," : ""), $1, $2} END {printf "}"}'
 }
 
+TICK=$(getconf CLK_TCK)
+cpu_ms() { # pid -> user+system CPU time so far, ms
+    awk -v t="$TICK" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
 # wrk: warm-up (unmeasured), the measurement at $CONC connections, then
-# $LAT_SECS at one connection (latency without queueing); prints two JSON lines.
+# $LAT_SECS at one connection (latency without queueing). Prints three JSON
+# lines: the measurement, the CPU time each process in $cpu_pids (name=pid)
+# spent during it, and the one-connection run.
 load() { # url mode prefix [pool]
+    local before=() after=() p i cpu=
     wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
+    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
     wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3" "${4:-1000}" | tail -1
+    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
+    i=0
+    for p in $cpu_pids; do
+        cpu+="${cpu:+,}\"${p%%=*}\":$((after[i] - before[i]))"
+        i=$((i + 1))
+    done
+    echo "{$cpu}"
     wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
 }
 scenario() { # name envoy(with|without) path mode prefix [pool]  (memory and filter counters)
-    local name=$1 envoy=$2 before after result one url="http://127.0.0.1:${port[$2]}$3"
+    local name=$1 envoy=$2 before after result one cpu url="http://127.0.0.1:${port[$2]}$3"
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
-    { read -r result; read -r one; } < <(load "$url" "$4" "$5" "${6:-}")
+    cpu_pids="envoy=${pid_of[$envoy]} upstream=$up_pid"
+    [[ $envoy == with && -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid"
+    { read -r result; read -r cpu; read -r one; } < <(load "$url" "$4" "$5" "${6:-}")
     after=$(stats_json)
     echo "$result"
     echo "$one"
+    echo "CPU ms: $cpu"
     read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
     read -r s_rss s_hwm < <(mem "${store_pid:-0}")
-    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after}"
+    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after}"
 }
 
 say "machine: $(nproc) cores; Envoy $("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); node $(node --version); $(redis-server --version | cut -d' ' -f1-3); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
@@ -255,14 +273,16 @@ start peer env BENCH_MODE=peer PORT="$PEER_PORT" REDIS_URL="redis://127.0.0.1:$R
 peer_pid=$last_pid
 wait_http "http://127.0.0.1:$PEER_PORT/_bench/ready" "the peer"
 peer_scenario() { # name port pid
-    local result one
+    local result one cpu
     say "$1: direct to Node on :$2 (unique keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
-    { read -r result; read -r one; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
+    cpu_pids="node=$3 redis=$redis_pid"
+    { read -r result; read -r cpu; read -r one; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
     echo "$result"
     echo "$one"
+    echo "CPU ms: $cpu"
     read -r n_rss n_hwm < <(mem "$3")
     read -r r_rss r_hwm < <(mem "$redis_pid")
-    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
+    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
 }
 peer_scenario peer-base "$UP_PORT" "$up_pid"
 used0=$(redis-cli -p "$REDIS_PORT" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
