@@ -63,7 +63,7 @@ for t in "${targets[@]}"; do
     fi
     echo "fuzz: $t: $runs executions, $crashes crashes (log: $log)"
     if [[ -n ${IDEMGATE_REPORT:-} ]]; then
-        scripts/reliability-row.sh "$IDEMGATE_REPORT" "fuzz: $t" "${secs} s, 1 core" "—" \
+        scripts/reliability-row.sh "$IDEMGATE_REPORT" "fuzz: $t ($secs s)" "1 core" "—" \
             "${hostile[$t]}" "$runs" "$crashes crashes"
     fi
 done

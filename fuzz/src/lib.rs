@@ -248,10 +248,12 @@ pub fn store_request(data: &[u8]) {
     }
     // A marker the client sent itself may be echoed back (e.g. the name of an
     // unknown field in a 400's detail); only one it did not send is a leak.
+    // Only errors are checked: a 200 from an admin listing shows records
+    // that earlier inputs stored, whatever they contain.
     let sent = String::from_utf8_lossy(data);
-    for marker in INTERNALS {
+    for marker in INTERNALS.iter().filter(|_| status >= 400) {
         assert!(
-            !text.contains(marker) || sent.contains(marker),
+            !shows(&text, marker) || sent.contains(marker),
             "{method} {path} answered internals ({marker}): {text}"
         );
     }
@@ -271,6 +273,18 @@ pub fn store_request(data: &[u8]) {
     if path == "/v1/claim" && status == 200 {
         decode_frame::<ClaimReply>(&bytes)
             .unwrap_or_else(|e| panic!("claim answered a bad frame: {e}: {text}"));
+    }
+}
+
+/// Whether `text` shows `marker`; a source location (`.rs:`) only counts
+/// with its line number, because an echoed `….rs` followed by the store's own
+/// `: unknown field` is no location.
+fn shows(text: &str, marker: &str) -> bool {
+    if marker == ".rs:" {
+        text.match_indices(marker)
+            .any(|(i, m)| text[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
+    } else {
+        text.contains(marker)
     }
 }
 

@@ -389,6 +389,12 @@ pub struct Audit {
     pub replays_checked: usize,
     pub unknown_checked: usize,
     pub by_outcome: BTreeMap<String, usize>,
+    /// Requests that repeated a key (same or changed body).
+    pub duplicates: usize,
+    /// Requests that reused a key with another body.
+    pub changed_bodies: usize,
+    /// Keys sent by more than one tenant.
+    pub shared_keys: usize,
     pub double_executions: Vec<String>,
     pub violations: Vec<String>,
 }
@@ -396,6 +402,14 @@ pub struct Audit {
 impl Audit {
     pub fn total_violations(&self) -> usize {
         self.double_executions.len() + self.violations.len()
+    }
+
+    /// The hostile part of the traffic, for the results table.
+    pub fn hostile(&self) -> String {
+        format!(
+            "{} duplicate requests, {} with a changed body, {} keys sent by two tenants",
+            self.duplicates, self.changed_bodies, self.shared_keys
+        )
     }
 
     pub fn summary(&self) -> String {
@@ -549,6 +563,18 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
         sent_by_scope.entry(s.scope.clone()).or_default().push(s);
     }
     audit.scopes = sent_by_scope.len();
+    for list in sent_by_scope.values() {
+        audit.duplicates += list.len() - 1;
+        audit.changed_bodies += list.iter().filter(|s| s.body != list[0].body).count();
+    }
+    let mut tenants_by_key: HashMap<&str, std::collections::HashSet<&str>> = HashMap::new();
+    for scope in sent_by_scope.keys() {
+        tenants_by_key
+            .entry(&scope.key)
+            .or_default()
+            .insert(&scope.tenant);
+    }
+    audit.shared_keys = tenants_by_key.values().filter(|t| t.len() > 1).count();
 
     // 1. Exactly once: nothing runs after an execution that was not released.
     audit.double_executions = double_executions(&execs);

@@ -56,7 +56,7 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
     let report = audit(&stack, &traffic).await;
     println!("{run}: {secs} s, {}; {}", faults.summary(), report.summary());
     write(&Row {
-        run,
+        run: &format!("{run} ({secs} s)"),
         load: format!(
             "{secs} s, {WORKERS} clients: {} requests ({:.0}/s), {} upstream executions, {} scopes",
             report.requests,
@@ -65,7 +65,7 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
             report.scopes
         ),
         faults: faults.summary(),
-        hostile: "changed bodies, concurrent duplicates, one key from two tenants".into(),
+        hostile: report.hostile(),
         fuzz_execs: "—".into(),
         violations: format!(
             "{} double executions, {} contract violations ({} replays, {} unknown records re-checked)",
@@ -163,14 +163,14 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     );
     println!("soak: {secs} s; {memory}; {errors} errors; {}", report.summary());
     write(&Row {
-        run: "soak (make soak, not in CI)",
+        run: &format!("soak ({secs} s, not in CI)"),
         load: format!(
             "{secs} s, 4 clients: {} requests ({:.0}/s); {memory}",
             report.requests,
             report.requests as f64 / elapsed
         ),
         faults: "none".into(),
-        hostile: "changed bodies, concurrent duplicates".into(),
+        hostile: report.hostile(),
         fuzz_execs: "—".into(),
         violations: format!("{errors} errors, {} violations", report.total_violations()),
     });
