@@ -64,6 +64,7 @@ def load(path):
         if cpus and len(cpus) == len(bases):
             ref["cpu_ms"] = {k: sum(c.get(k, 0) for c in cpus) for k in cpus[0]}
         scen["reference"] = ref
+        meta["baseline_runs_rps"] = [round(b["wrk"]["rps"]) for b in bases]
     return meta, scen, extra, probes
 
 
@@ -110,6 +111,7 @@ def summarize(meta, scen, extra, probes):
         cpu = scen[name].get("cpu_ms")
         if cpu and w["requests"]:
             row["cpu_us_per_request"] = {k: v * 1000 / w["requests"] for k, v in cpu.items()}
+            row["cpu_us_total"] = sum(row["cpu_us_per_request"].values())
         if ref:
             row["rps_x"] = w["rps"] / ref["rps"]
             row["p50_x"] = w["p50_us"] / ref["p50_us"]
@@ -168,6 +170,10 @@ def summarize(meta, scen, extra, probes):
             "bytes": r["used_memory_delta"],
             "bytes_per_record": r["used_memory_delta"] / r["records"],
         }
+    ref_cpu = next((r.get("cpu_us_total") for r in rows if r["scenario"] == "reference"), None)
+    for r in rows:
+        if ref_cpu and r.get("cpu_us_total"):
+            r["cpu_x"] = r["cpu_us_total"] / ref_cpu
     return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes}
 
 
@@ -230,7 +236,10 @@ def conditions(meta):
         f"(`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
-        f"(no fsync per write)."
+        f"(no fsync per write). The baseline's own runs in this run ranged "
+        f"{min(meta.get('baseline_runs_rps') or [0])}–{max(meta.get('baseline_runs_rps') or [0])} req/s: "
+        f"on a shared 2-core machine throughput ratios carry that much noise, and CPU time per request "
+        f"is the steadier measure."
     )
 
 
@@ -273,7 +282,8 @@ def markdown(summary):
             answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
             out.append(f"| {label} | {answers} | {p['executions']} |")
     out += ["", "## CPU time per request (µs, user + system, during the measured run)", "",
-            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums.", "",
+            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. The",
+            "PostgreSQL server's own processes are not counted in 4.", "",
             "| scenario | Envoy | store | upstream Node | peer Node | Redis | total | × baseline |",
             "|---|--:|--:|--:|--:|--:|--:|--:|"]
     base_cpu = None
@@ -324,6 +334,8 @@ def svg(summary):
     panels = [
         ("Throughput, req/s as a share of the baseline (2–5: of the run just before each)", [(SHORT[r["scenario"]], r.get("rps_x", 0)) for r in rows],
          lambda v: f"{v:.0%}", 1.0),
+        ("CPU time per request, all processes, × the baseline's (steadier than req/s)",
+         [(SHORT[r["scenario"]], r.get("cpu_x", 0)) for r in rows], lambda v: f"{v:.2f}×", 1.0),
         ("p50 latency, ms (lighter: p99)", [(SHORT[r["scenario"]], (r["p50_ms"], r["p99_ms"])) for r in rows],
          lambda v: f"{v:.1f}", None),
     ]
@@ -369,12 +381,14 @@ def readme_section(summary):
         "on loopback, at one fixed concurrency, and reported as ratios to the same run's",
         "baseline (Envoy without the filter, in front of the same upstream). Latest run:",
         "",
-        f"| scenario | req/s × baseline | p50 × | p99 × | p99.9 × | added p50 | added p50, 1 connection |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        f"| scenario | req/s × baseline | p50 × | p99 × | p99.9 × | added p50 | added p50, 1 connection "
+        f"| CPU per request × baseline |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in summary["rows"]:
         out.append(f"| {r['label']} | {r.get('rps_x', 0):.2f} | {r.get('p50_x', 0):.2f} | {r.get('p99_x', 0):.2f} "
-                   f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms | {r.get('one_added_p50_ms', 0):+.2f} ms |")
+                   f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms | {r.get('one_added_p50_ms', 0):+.2f} ms "
+                   f"| {r.get('cpu_x', 0):.2f} |")
     p = summary["probes"]
     if "idemgate" in p and "peer" in p:
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler executed it "
@@ -393,8 +407,9 @@ def readme_section(summary):
             facts.append(f"{pr[k]['bytes_per_record']:.0f} bytes per record on {label}")
     if facts:
         out += ["", "; ".join(facts) + "."]
-    out += ["", "Conditions: " + conditions(meta) + " Absolute numbers, memory, targets and the chart:",
-            "[bench/results/latest.md](bench/results/latest.md).", ""]
+    out += ["", "Conditions: " + conditions(meta) + " Absolute numbers, CPU per process, memory, targets and",
+            "the chart: [bench/results/latest.md](bench/results/latest.md); where the time goes and what to",
+            "change: [bench/results/profile.md](bench/results/profile.md).", ""]
     return "\n".join(out)
 
 

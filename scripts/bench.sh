@@ -296,4 +296,7 @@ echo "$probe"
 record "{\"probe\":\"peer\",\"result\":$probe}"
 
 say "report"
-python3 bench/report.py "$RAW" "$OUT" "${BENCH_README:-README.md}"
+mkdir -p "$OUT"
+cp "$RAW" "$OUT/latest.raw.jsonl"
+# Re-render without re-running: python3 bench/report.py bench/results/latest.raw.jsonl bench/results README.md
+python3 bench/report.py "$OUT/latest.raw.jsonl" "$OUT" "${BENCH_README:-README.md}"
