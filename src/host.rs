@@ -32,6 +32,12 @@ pub fn request_headers() -> Vec<(String, Bytes)> {
     hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
 }
 
+pub fn request_header(name: &str) -> Option<Bytes> {
+    hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+}
+
 pub fn response_headers() -> Vec<(String, Bytes)> {
     hostcalls::get_map_bytes(MapType::HttpResponseHeaders).unwrap_or_default()
 }

@@ -89,10 +89,6 @@ fn header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
         .map(|(_, v)| v.as_slice())
 }
 
-fn text(headers: &[(String, Bytes)], name: &str) -> String {
-    String::from_utf8_lossy(header(headers, name).unwrap_or_default()).into_owned()
-}
-
 fn content_length(headers: &[(String, Bytes)]) -> Option<u64> {
     std::str::from_utf8(header(headers, "content-length")?)
         .ok()?
@@ -156,15 +152,15 @@ impl HttpContext for Filter {
         let Some(config) = self.config.clone() else {
             return Action::Continue;
         };
-        let headers = host::request_headers();
-        let method = text(&headers, ":method");
-        let path = text(&headers, ":path");
-        let Some(policy) = config
-            .policy_for(&method, &text(&headers, ":authority"), &path)
-            .cloned()
-        else {
+        // Three lookups decide whether the request is ours; only then is the
+        // whole header map copied out of Envoy.
+        let pseudo =
+            |name| String::from_utf8_lossy(&host::request_header(name).unwrap_or_default()).into_owned();
+        let (method, path) = (pseudo(":method"), pseudo(":path"));
+        let Some(policy) = config.policy_for(&method, &pseudo(":authority"), &path).cloned() else {
             return Action::Continue;
         };
+        let headers = host::request_headers();
         let (tenant, principal) = match &policy.identity {
             Identity::Anonymous => (None, None),
             Identity::Sourced { tenant, principal } => (

@@ -194,7 +194,7 @@ enum State {
         fence: u64,
         status: u16,
         headers: Vec<(String, String)>,
-        body: Option<Vec<u8>>,
+        body: Vec<u8>,
     },
     /// A complete / release / mark-unknown call is in flight.
     Settling {
@@ -453,56 +453,47 @@ impl Exchange {
                     .map(|v| (name.to_ascii_lowercase(), v))
             })
             .collect();
-        let fits = head
-            .content_length
-            .is_none_or(|n| n <= self.policy.max_stored_body as u64);
-        let streaming = !fits;
         self.state = State::Capturing {
             fence,
             status: head.status,
             headers,
-            body: fits.then(Vec::new),
+            body: Vec::new(),
         };
+        if head
+            .content_length
+            .is_some_and(|n| n > self.policy.max_stored_body as u64)
+        {
+            return self.complete(false);
+        }
         if head.end_of_stream {
-            return self.complete();
+            return self.complete(true);
         }
-        if streaming {
-            Step::Continue
-        } else {
-            Step::Pause
-        }
+        Step::Pause
     }
 
     /// A chunk of an owned response's body.
     pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
-        let body = match &mut self.state {
+        let kept = match &mut self.state {
             State::Capturing { body, .. } => body,
-            // A release or mark-unknown is in flight: the client must not see
-            // the response before the store has recorded it.
+            // A call about this response is in flight: hold the rest until the
+            // store has recorded it, so no client can retry before that.
             State::Settling { .. } => return Step::Pause,
             _ => return Step::Continue,
         };
-        let streaming = match body {
-            Some(kept) if kept.len() + chunk.len() <= self.policy.max_stored_body => {
-                kept.extend_from_slice(chunk);
-                false
-            }
-            // Too large to keep: let it stream and complete without the body.
-            _ => {
-                *body = None;
-                true
-            }
-        };
+        // Too large to keep: record the outcome without the body now, while
+        // this chunk is held, and let the rest stream once that is done.
+        if kept.len() + chunk.len() > self.policy.max_stored_body {
+            return self.complete(false);
+        }
+        kept.extend_from_slice(chunk);
         if end_of_stream {
-            self.complete()
-        } else if streaming {
-            Step::Continue
+            self.complete(true)
         } else {
             Step::Pause
         }
     }
 
-    fn complete(&mut self) -> Step {
+    fn complete(&mut self, body_stored: bool) -> Step {
         let State::Capturing {
             fence,
             status,
@@ -515,7 +506,6 @@ impl Exchange {
         let Some(scope) = self.scope.clone() else {
             return Step::Continue;
         };
-        let body_stored = body.is_some();
         let request = CompleteRequest {
             scope,
             fence,
@@ -523,11 +513,11 @@ impl Exchange {
             headers,
             body_stored,
         };
-        let frame = encode_frame(&request, body.as_deref().unwrap_or_default());
+        let kept: &[u8] = if body_stored { &body } else { &[] };
         self.state = State::Settling {
             as_: Settlement::Completed,
         };
-        Step::Call(self.call(COMPLETE_PATH, frame, 0))
+        Step::Call(self.call(COMPLETE_PATH, encode_frame(&request, kept), 0))
     }
 
     fn settle(&mut self, fence: u64, as_: Settlement) -> Step {
@@ -961,14 +951,36 @@ mod tests {
         let mut ex = owned("/small");
         assert_eq!(ex.response_headers(upstream(200, &[], false)), Step::Pause);
         assert_eq!(ex.response_body(b"abc", false), Step::Pause);
-        assert_eq!(ex.response_body(b"defg", false), Step::Continue);
-        let step = ex.response_body(b"h", true);
+        // The chunk that outgrows the limit is held while the outcome is recorded.
+        let step = ex.response_body(b"defg", false);
         let Step::Call(call) = &step else {
             panic!("{step:?}")
         };
         let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
         assert!(!done.body_stored);
         assert!(body.is_empty());
+        assert_eq!(ex.response_body(b"h", false), Step::Pause);
+        assert_eq!(
+            ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+            Step::Continue
+        );
+        assert_eq!(ex.response_body(b"i", true), Step::Continue);
+        assert_eq!(ex.settlement(), Some(Settlement::Completed));
+    }
+
+    #[test]
+    fn a_response_announced_too_large_is_completed_at_its_headers() {
+        let mut ex = owned("/small");
+        let head = ResponseHead {
+            content_length: Some(5),
+            ..upstream(201, &[], false)
+        };
+        let step = ex.response_headers(head);
+        let Step::Call(call) = &step else {
+            panic!("{step:?}")
+        };
+        let (done, _) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+        assert_eq!((done.status, done.body_stored), (201, false));
     }
 
     #[test]
