@@ -51,6 +51,7 @@ def load(path):
             extra.setdefault("envoy_idle", {}).update(d["envoy_idle"])
         else:
             extra.update(d)
+    scen = merge_rounds(scen)
     # The reference row: the mean of the baseline runs (one before each of 2-5).
     bases = [v for n, v in scen.items() if n.startswith("baseline")]
     if bases:
@@ -64,8 +65,61 @@ def load(path):
         if cpus and len(cpus) == len(bases):
             ref["cpu_ms"] = {k: sum(c.get(k, 0) for c in cpus) for k in cpus[0]}
         scen["reference"] = ref
-        meta["baseline_runs_rps"] = [round(b["wrk"]["rps"]) for b in bases]
+        meta["baseline_runs_rps"] = [round(r["wrk"]["rps"]) for b in bases for r in b.get("rounds", [b])]
     return meta, scen, extra, probes
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return (v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2) if n else 0
+
+
+def merge_wrk(runs):
+    """Several wrk runs as one: pooled throughput, median percentiles."""
+    out = {f: sum(r[f] for r in runs) for f in runs[0] if f not in WRK_FIELDS}
+    out["rps"] = out["requests"] / out["seconds"] if out.get("seconds") else 0
+    for f in WRK_FIELDS[1:]:
+        out[f] = median([r[f] for r in runs])
+    return out
+
+
+def merge_rounds(scen):
+    """`name#1`, `name#2`, ... (alternating rounds) become `name`, keeping the rounds."""
+    groups = {}
+    for name, v in scen.items():
+        base, _, r = name.partition("#")
+        if r:
+            groups.setdefault(base, []).append((int(r), v))
+    for base, runs in groups.items():
+        runs = [v for _, v in sorted(runs, key=lambda x: x[0])]
+        merged = dict(runs[-1])
+        merged["scenario"] = base
+        merged["rounds"] = runs
+        for w in ("wrk", "wrk1"):
+            if all(w in r for r in runs):
+                merged[w] = merge_wrk([r[w] for r in runs])
+        if all("cpu_ms" in r for r in runs):
+            merged["cpu_ms"] = {k: sum(r["cpu_ms"].get(k, 0) for r in runs) for k in runs[0]["cpu_ms"]}
+        for k in ("envoy_rss_kb", "envoy_hwm_kb", "store_rss_kb", "store_hwm_kb"):
+            if k in merged:
+                merged[k] = max(r.get(k, 0) for r in runs)
+        if "stats_before" in runs[0]:
+            merged["stats_before"] = runs[0]["stats_before"]
+        for name in [n for n in scen if n.partition("#")[0] == base]:
+            del scen[name]
+        scen[base] = merged
+    return scen
+
+
+def paired_ratio(x, b, w, field, diff=False):
+    """Median over alternating rounds of x/b (or x-b); None without rounds."""
+    xr, br = x.get("rounds"), b.get("rounds") if b else None
+    if not xr or not br or len(xr) != len(br) or not all(w in r for r in xr + br):
+        return None
+    if diff:
+        return median([a[w][field] - c[w][field] for a, c in zip(xr, br)])
+    return median([a[w][field] / c[w][field] for a, c in zip(xr, br) if c[w][field]])
 
 
 def counters(s):
@@ -117,10 +171,20 @@ def summarize(meta, scen, extra, probes):
             row["p50_x"] = w["p50_us"] / ref["p50_us"]
             row["p99_x"] = w["p99_us"] / ref["p99_us"]
             row["p999_x"] = w["p999_us"] / ref["p999_us"]
+        if paired:
+            for key, field in (("rps_x", "rps"), ("p50_x", "p50_us"), ("p99_x", "p99_us"), ("p999_x", "p999_us")):
+                v = paired_ratio(scen[name], paired, "wrk", field)
+                if v is not None:
+                    row[key] = v
         if own:
             row["added_p50_ms"] = (w["p50_us"] - own["p50_us"]) / 1000
             row["added_p99_ms"] = (w["p99_us"] - own["p99_us"]) / 1000
             row["rps_own_x"] = w["rps"] / own["rps"]
+        if paired:
+            for key, field in (("added_p50_ms", "p50_us"), ("added_p99_ms", "p99_us")):
+                v = paired_ratio(scen[name], paired, "wrk", field, diff=True)
+                if v is not None:
+                    row[key] = v / 1000
         row["paired_baseline_rps"] = paired["wrk"]["rps"] if paired else None
         one = scen[name].get("wrk1")
         own1 = peer_base1 if name in ("peer", "peer-base") else (paired.get("wrk1") if paired else base1)
@@ -130,6 +194,11 @@ def summarize(meta, scen, extra, probes):
             if own1:
                 row["one_added_p50_ms"] = (one["p50_us"] - own1["p50_us"]) / 1000
                 row["one_added_p99_ms"] = (one["p99_us"] - own1["p99_us"]) / 1000
+            if paired:
+                for key, field in (("one_added_p50_ms", "p50_us"), ("one_added_p99_ms", "p99_us")):
+                    v = paired_ratio(scen[name], paired, "wrk1", field, diff=True)
+                    if v is not None:
+                        row[key] = v / 1000
         rows.append(row)
 
     mem = {}
@@ -231,9 +300,9 @@ def conditions(meta):
     return (
         f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
         f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
-        f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('warmup')} s warm-up then "
-        f"{meta.get('seconds')} s measured per scenario, then {meta.get('latency_seconds')} s at one connection "
-        f"(`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
+        f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('seconds')} s measured per scenario "
+        f"(for 1–5 in {meta.get('rounds', 1)} alternating rounds, each after a {meta.get('warmup')} s warm-up), "
+        f"then {meta.get('latency_seconds')} s at one connection (`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
         f"(no fsync per write). The baseline's own runs in this run ranged "
@@ -253,9 +322,12 @@ def markdown(summary):
         "`express-idempotency` with `express-idempotency-redis-adapter`, called directly, and its",
         "own baseline (6a) is the same handler without the middleware. Ratios are to scenario 1;",
         "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peer).",
-        "Both Envoys run side by side and each of 2–5 is measured right after its own baseline",
-        "run; its ratios and added latencies are to that run (its req/s is in the last column).",
-        "Row 1 is the mean of those baseline runs. Latencies in ms; \"@1\" is the one-connection run.",
+        f"Both Envoys run side by side, and each of 2–5 alternates with its own baseline runs in "
+        f"{meta.get('rounds', 1)} rounds",
+        "(baseline, scenario, baseline, scenario, …): its ratios and added latencies are the median of",
+        "the per-round ratios and differences; its req/s is pooled over the rounds and its percentiles",
+        "are the rounds' medians (its baseline's pooled req/s is in the last column). Row 1 pools all",
+        "baseline runs. Latencies in ms; \"@1\" is the one-connection run after each measurement.",
         "",
         f"| scenario | req/s | × base | p50 | × base | p99 | × base | p99.9 | × base "
         f"| added p50 | added p99 | non-2xx | p50 @1 | added p50 @1 | added p99 @1 | filter counters | its baseline req/s |",

@@ -15,11 +15,12 @@
 #   + the duplicate-execution probe: 50 identical requests at once, one key,
 #     a 200 ms handler, for the peer and for idemgate.
 #
-# Knobs (environment): BENCH_SECONDS (15) per measurement, BENCH_WARMUP (2),
+# Knobs (environment): BENCH_SECONDS (15) per measurement (split over
+# BENCH_ROUNDS (3) alternating rounds for 2-5), BENCH_WARMUP (2) per run,
 # BENCH_CONCURRENCY (32 connections), BENCH_THREADS (1 wrk thread),
 # ENVOY_BIN, IDEMGATE_STORE_BIN (target/release/idempotency-store),
 # IDEMGATE_WASM (target/idemgate.wasm), BENCH_OUT (bench/results), BENCH_README
-# (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (5,
+# (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (6,
 # the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir.
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js and the peer's npm packages here) and says what it installs.
@@ -28,7 +29,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SECS=${BENCH_SECONDS:-15}
-LAT_SECS=${BENCH_LATENCY_SECONDS:-5}
+LAT_SECS=${BENCH_LATENCY_SECONDS:-6}
+ROUNDS=${BENCH_ROUNDS:-3}
 WARMUP=${BENCH_WARMUP:-2}
 CONC=${BENCH_CONCURRENCY:-32}
 THREADS=${BENCH_THREADS:-1}
@@ -204,7 +206,7 @@ scenario() { # name envoy(with|without) path mode prefix [pool]  (memory and fil
 }
 
 say "machine: $(nproc) cores; Envoy $("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); node $(node --version); $(redis-server --version | cut -d' ' -f1-3); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
-record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\"}}"
+record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\"}}"
 
 # The upstream of every Envoy scenario: the Express handler, alone.
 start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
@@ -212,11 +214,21 @@ up_pid=$last_pid
 wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
 
 # Both Envoys run side by side (they differ by the filter only). Every filter
-# scenario is paired with a baseline run just before it and its ratios are to
-# that run, so load from elsewhere on a shared machine drifts both alike.
-paired() { # scenario args...
-    scenario "baseline@$1" without /pay unique "b-$1"
-    scenario "$@"
+# scenario alternates with the baseline in $ROUNDS rounds (baseline, scenario,
+# baseline, scenario, ...), each a share of $SECS; its ratios are the median of
+# the per-round ratios, so load from elsewhere on a shared machine affects both
+# sides alike.
+paired() { # name envoy path mode prefix [pool]
+    local r secs=$SECS lat=$LAT_SECS prefix
+    SECS=$(((secs + ROUNDS - 1) / ROUNDS))
+    LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
+    for ((r = 1; r <= ROUNDS; r++)); do
+        prefix=$5-$r
+        [[ $4 == pool ]] && prefix=$5 # the replay keys stay the completed ones
+        scenario "baseline@$1#$r" without /pay unique "b-$1-$r"
+        scenario "$1#$r" "$2" "$3" "$4" "$prefix" "${6:-}"
+    done
+    SECS=$secs LAT_SECS=$lat
 }
 start_store "sqlite://$W/store.db"
 start_envoy without
