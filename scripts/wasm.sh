@@ -31,9 +31,9 @@ fi
 
 case ${1:-build} in
 build)
-    "$cargo" build "${build_std[@]}" --release --target "$TARGET" \
+    "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
         -p idemgate-filter --target-dir "$target_dir"
-    cp "$target_dir/$TARGET/release/idemgate_filter.wasm" "$OUT"
+    cp "$target_dir/$TARGET/wasm/idemgate_filter.wasm" "$OUT"
     echo "$OUT"
     ;;
 clippy)
