@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::{StoreAnswer, StoreCall};
+use idemgate_core::protocol::FRAME_CONTENT_TYPE;
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
@@ -97,19 +99,21 @@ pub fn send_reply(reply: &Reply) {
 
 /// Dispatches a store call; `None` when Envoy refuses it (unknown cluster, no
 /// healthy host), which the caller treats as an unreachable store.
-pub fn dispatch(cluster: &str, call: &StoreCall) -> Option<u32> {
-    let headers: Vec<(&str, &str)> = call
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
+pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
+    let headers = vec![
+        (":method", "POST"),
+        (":path", call.path),
+        (":authority", store.authority.as_str()),
+        ("authorization", store.authorization.as_str()),
+        ("content-type", FRAME_CONTENT_TYPE),
+    ];
     let timeout = Duration::from_millis(call.timeout_ms.max(1));
-    match hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout) {
+    match hostcalls::dispatch_http_call(&store.cluster, headers, Some(&call.body), vec![], timeout) {
         Ok(token) => Some(token),
         Err(status) => {
             log(
                 LogLevel::Warn,
-                &format!("store call to cluster {cluster} refused: {status:?}"),
+                &format!("store call to cluster {} refused: {status:?}", store.cluster),
             );
             None
         }

@@ -49,11 +49,7 @@ impl Filter {
                 host::send_reply(&reply);
                 Action::Pause
             }
-            Step::Call(call) => match self
-                .config
-                .as_ref()
-                .and_then(|c| host::dispatch(&c.store.cluster, &call))
-            {
+            Step::Call(call) => match self.config.as_ref().and_then(|c| host::dispatch(&c.store, &call)) {
                 Some(_) => {
                     self.waiting = Some(direction);
                     Action::Pause
@@ -259,13 +255,8 @@ impl HttpContext for Filter {
 
     fn on_log(&mut self) {
         let Some(ex) = self.exchange.as_mut() else { return };
-        if let Some(call) = ex.finish() {
-            let cluster = self
-                .config
-                .as_ref()
-                .map(|c| c.store.cluster.as_str())
-                .unwrap_or_default();
-            if host::dispatch(cluster, &call).is_none() {
+        if let (Some(call), Some(config)) = (ex.finish(), self.config.as_ref()) {
+            if host::dispatch(&config.store, &call).is_none() {
                 host::log(
                     LogLevel::Warn,
                     "could not report an unknown outcome; the lease will expire it",

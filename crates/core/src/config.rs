@@ -32,7 +32,8 @@ pub struct StoreConfig {
     pub cluster: String,
     pub authority: String,
     pub timeout_ms: u64,
-    pub token: String,
+    /// `Bearer <token>`, built once rather than on every store call.
+    pub authorization: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -437,7 +438,7 @@ impl RawStore {
             authority,
             cluster: self.cluster,
             timeout_ms,
-            token: self.token,
+            authorization: format!("Bearer {}", self.token),
         })
     }
 }
@@ -660,7 +661,7 @@ mod tests {
                 cluster: "idempotency_store".into(),
                 authority: "idempotency-store".into(),
                 timeout_ms: DEFAULT_STORE_TIMEOUT_MS,
-                token: "secret".into(),
+                authorization: "Bearer secret".into(),
             }
         );
         assert_eq!(config.doc_base, DEFAULT_DOC_BASE);

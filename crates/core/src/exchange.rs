@@ -17,7 +17,7 @@ use crate::key::{parse_key, KeyError};
 use crate::problem::{Problem, ProblemKind};
 use crate::protocol::{
     decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
-    CLAIM_PATH, COMPLETE_PATH, FRAME_CONTENT_TYPE, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
 use crate::scope::{Namespace, Scope, EVERYONE};
 use crate::Reply;
@@ -35,10 +35,11 @@ pub enum Step {
     Respond(Reply),
 }
 
-/// An HTTP call to the store, complete with every header it needs.
+/// A `POST` to the store: the filter adds `:authority`, `authorization` and
+/// `content-type` from the [`crate::config::StoreConfig`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreCall {
-    pub headers: Vec<(String, String)>,
+    pub path: &'static str,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
 }
@@ -553,18 +554,11 @@ impl Exchange {
         self.settle_call(fence, Settlement::MarkedUnknown)
     }
 
-    fn call(&self, path: &str, body: Vec<u8>, extra_ms: u64) -> StoreCall {
-        let store = &self.config.store;
+    fn call(&self, path: &'static str, body: Vec<u8>, extra_ms: u64) -> StoreCall {
         StoreCall {
-            headers: vec![
-                (":method".into(), "POST".into()),
-                (":path".into(), path.into()),
-                (":authority".into(), store.authority.clone()),
-                ("authorization".into(), format!("Bearer {}", store.token)),
-                ("content-type".into(), FRAME_CONTENT_TYPE.into()),
-            ],
+            path,
             body,
-            timeout_ms: store.timeout_ms.saturating_add(extra_ms),
+            timeout_ms: self.config.store.timeout_ms.saturating_add(extra_ms),
         }
     }
 
@@ -669,10 +663,7 @@ mod tests {
         let Step::Call(call) = step else {
             panic!("expected a claim, got {step:?}")
         };
-        assert!(call.headers.contains(&(":path".into(), CLAIM_PATH.into())));
-        assert!(call
-            .headers
-            .contains(&("authorization".into(), "Bearer t".into())));
+        assert_eq!(call.path, CLAIM_PATH);
         decode_frame::<ClaimRequest>(&call.body).unwrap().0
     }
 
@@ -720,15 +711,11 @@ mod tests {
         ex
     }
 
-    fn called_path(step: &Step) -> String {
+    fn called_path(step: &Step) -> &'static str {
         let Step::Call(call) = step else {
             panic!("expected a call, got {step:?}")
         };
-        call.headers
-            .iter()
-            .find(|(n, _)| n == ":path")
-            .map(|(_, v)| v.clone())
-            .unwrap()
+        call.path
     }
 
     #[test]
@@ -1025,7 +1012,7 @@ mod tests {
     fn a_stream_that_ends_before_the_response_came_back_marks_the_record_unknown() {
         let mut ex = owned("/pay");
         let call = ex.finish().unwrap();
-        assert!(call.headers.contains(&(":path".into(), MARK_UNKNOWN_PATH.into())));
+        assert_eq!(call.path, MARK_UNKNOWN_PATH);
         let mut ex = owned("/pay");
         ex.response_headers(upstream(200, &[], false));
         assert!(ex.finish().is_some());

@@ -116,8 +116,12 @@ impl std::error::Error for FrameError {}
 pub fn encode_frame<T: Serialize>(meta: &T, bytes: &[u8]) -> Vec<u8> {
     // Serializing plain data structs to a Vec cannot fail; an empty object is a
     // safe fallback that the peer rejects as invalid metadata.
-    let mut out = serde_json::to_vec(meta).unwrap_or_else(|_| b"{}".to_vec());
-    out.reserve(bytes.len() + 1);
+    // One allocation: metadata lines are a few hundred bytes.
+    let mut out = Vec::with_capacity(256 + bytes.len());
+    if serde_json::to_writer(&mut out, meta).is_err() {
+        out.clear();
+        out.extend_from_slice(b"{}");
+    }
     out.push(b'\n');
     out.extend_from_slice(bytes);
     out
