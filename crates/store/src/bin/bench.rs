@@ -1,6 +1,7 @@
-//! Throughput and latency of claim+complete, through the HTTP API and
-//! straight against the backend, side by side in one run (ratios, not
-//! absolute numbers, are what to compare across machines).
+//! Throughput and latency of claim+complete, then of replays (a claim of a
+//! completed key), through the HTTP API and straight against the backend,
+//! side by side in one run (ratios, not absolute numbers, are what to compare
+//! across machines).
 //!
 //! `idempotency-store-bench [--database-url URL] [--concurrency N] [--seconds S]`
 //! Without a URL it uses a fresh SQLite file in the temp directory.
@@ -63,6 +64,10 @@ struct Report {
 
 impl Report {
     fn print(&mut self, name: &str) {
+        self.print_as(name, "claim+complete/s");
+    }
+
+    fn print_as(&mut self, name: &str, unit: &str) {
         self.latencies.sort();
         let pct = |p: f64| {
             let i = ((self.latencies.len() as f64 * p) as usize).min(self.latencies.len().saturating_sub(1));
@@ -72,7 +77,7 @@ impl Report {
                 .unwrap_or(0.0)
         };
         println!(
-            "{name:<10} {:>10.0} claim+complete/s   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} pairs)",
+            "{name:<10} {:>10.0} {unit:<16}   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} ops)",
             self.ops as f64 / self.elapsed.as_secs_f64(),
             pct(0.50),
             pct(0.99),
@@ -145,7 +150,17 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
     .await
 }
 
-async fn http(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
+type Post = Arc<
+    dyn Fn(
+            &'static str,
+            Vec<u8>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Bytes, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Starts the HTTP API on a free port and returns a client posting to it.
+async fn serve(backend: Arc<dyn Backend>) -> Result<Post, String> {
     let store = Store::new(backend, Clock::System);
     let sweep = SweepSettings {
         enabled: false,
@@ -165,9 +180,9 @@ async fn http(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> 
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(idemgate_store::run(listener, state, std::future::pending()));
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let post = move |path: &'static str, body: Vec<u8>| {
+    Ok(Arc::new(move |path: &'static str, body: Vec<u8>| {
         let client = client.clone();
-        async move {
+        Box::pin(async move {
             let req = hyper::Request::post(format!("http://{addr}{path}"))
                 .header("authorization", "Bearer bench-api")
                 .body(Full::new(Bytes::from(body)))
@@ -178,8 +193,11 @@ async fn http(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> 
                 .await
                 .map(|b| b.to_bytes())
                 .map_err(|e| e.to_string())
-        }
-    };
+        })
+    }))
+}
+
+async fn http(post: Post, args: &Args) -> Result<Report, String> {
     measure(args.concurrency, args.seconds, move |w, i| {
         let post = post.clone();
         async move {
@@ -198,6 +216,70 @@ async fn http(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> 
             };
             post("/v1/complete", encode_frame(&c, b"{\"ok\":true}")).await?;
             Ok(())
+        }
+    })
+    .await
+}
+
+/// Keys completed once, for the replay measurements: one per worker.
+async fn completed_keys(backend: &Arc<dyn Backend>, args: &Args) -> Result<Vec<Scope>, String> {
+    let now = idemgate_store::clock::system_now();
+    let mut keys = Vec::new();
+    for w in 0..args.concurrency {
+        let s = scope("replay", w, 0)?;
+        let out = backend
+            .claim(&request(s.clone()), now)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ClaimReply::Owned { fence } = out.reply else {
+            return Err(format!("unexpected {:?}", out.reply));
+        };
+        let c = CompleteRequest {
+            scope: s.clone(),
+            fence,
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body_stored: true,
+        };
+        backend
+            .complete(&c, b"{\"ok\":true}", now)
+            .await
+            .map_err(|e| e.to_string())?;
+        keys.push(s);
+    }
+    Ok(keys)
+}
+
+fn expect_replay(reply: &ClaimReply) -> Result<(), String> {
+    match reply {
+        ClaimReply::Replay { .. } => Ok(()),
+        other => Err(format!("unexpected {other:?}")),
+    }
+}
+
+async fn raw_replay(backend: Arc<dyn Backend>, keys: Arc<Vec<Scope>>, args: &Args) -> Result<Report, String> {
+    measure(args.concurrency, args.seconds, move |w, _| {
+        let backend = backend.clone();
+        let keys = keys.clone();
+        async move {
+            let s = keys.get(w).cloned().ok_or("no key")?;
+            let now = idemgate_store::clock::system_now();
+            let out = backend.claim(&request(s), now).await.map_err(|e| e.to_string())?;
+            expect_replay(&out.reply)
+        }
+    })
+    .await
+}
+
+async fn http_replay(post: Post, keys: Arc<Vec<Scope>>, args: &Args) -> Result<Report, String> {
+    measure(args.concurrency, args.seconds, move |w, _| {
+        let post = post.clone();
+        let keys = keys.clone();
+        async move {
+            let s = keys.get(w).cloned().ok_or("no key")?;
+            let body = post("/v1/claim", encode_frame(&request(s), b"")).await?;
+            let (reply, _) = decode_frame::<ClaimReply>(&body).map_err(|e| e.to_string())?;
+            expect_replay(&reply)
         }
     })
     .await
@@ -230,12 +312,19 @@ async fn main() -> Result<(), String> {
     );
     let mut r = raw(backend.clone(), &args).await?;
     r.print("raw db");
-    let mut h = http(backend, &args).await?;
+    let post = serve(backend.clone()).await?;
+    let mut h = http(post.clone(), &args).await?;
     h.print("http");
     println!(
         "http / raw throughput: {:.2}",
         (h.ops as f64 / h.elapsed.as_secs_f64()) / (r.ops as f64 / r.elapsed.as_secs_f64()).max(1e-9)
     );
+    // Retries of completed keys: one claim each, answered with the stored response.
+    let keys = Arc::new(completed_keys(&backend, &args).await?);
+    raw_replay(backend, keys.clone(), &args)
+        .await?
+        .print_as("raw db", "replay/s");
+    http_replay(post, keys, &args).await?.print_as("http", "replay/s");
     if args.database_url.is_none() {
         if let Some(path) = url.strip_prefix("sqlite://") {
             if let Some(dir) = std::path::Path::new(path).parent() {
