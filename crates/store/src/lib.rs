@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod postgres;
 pub mod problem;
+mod replays;
 pub mod service;
 pub mod sqlite;
 pub mod sweeper;

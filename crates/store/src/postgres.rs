@@ -8,6 +8,12 @@
 //! (take-over, replay count, turning unknown) are guarded by the fence we read,
 //! so two replicas deciding at once cannot both win; the loser re-reads.
 //! Fencing tokens come from one global SEQUENCE.
+//!
+//! A replay is answered from the row that statement returned; its
+//! `replay_count` increment is applied afterwards on a spawned task, batched
+//! with other replays (see [`crate::replays`]), not on the request path.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -19,6 +25,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::backend::*;
+use crate::replays::ReplayTally;
 
 const MIGRATIONS: &[(i32, &str)] = &[(
     1,
@@ -78,10 +85,58 @@ const CLAIM_SQL: &str = "WITH ins AS ( \
   FROM idempotency_records WHERE scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 \
     AND idem_key = $6 AND NOT EXISTS (SELECT 1 FROM ins)";
 
+/// Pending replay counts, one row per record. The fence and state guard keep
+/// a late count off a newer record under the same key.
+const REPLAYS_SQL: &str = "UPDATE idempotency_records r SET replay_count = r.replay_count + v.n \
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[]) \
+      AS v(scope_version, tenant, principal, route, namespace, idem_key, fence, n) \
+    WHERE r.scope_version = v.scope_version AND r.tenant = v.tenant AND r.principal = v.principal AND r.route = v.route \
+      AND r.namespace = v.namespace AND r.idem_key = v.idem_key AND r.fence = v.fence AND r.state = 'completed'";
+
 const MAX_ATTEMPTS: usize = 20;
 
 pub struct Postgres {
     pool: Pool,
+    replays: Arc<Replays>,
+}
+
+/// Replays served and not yet counted, and the one task at a time that
+/// applies them.
+struct Replays {
+    pool: Pool,
+    tally: ReplayTally,
+    /// Held from taking a batch until it is applied, so a lookup that
+    /// flushes also waits for a batch already on its way.
+    flushing: tokio::sync::Mutex<()>,
+}
+
+impl Replays {
+    async fn flush(&self) -> Result<()> {
+        let _turn = self.flushing.lock().await;
+        let mut batch = self.tally.take();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Sorted, so replicas flushing at once take row locks in the same order.
+        batch.sort_unstable();
+        let mut cols: [Vec<&str>; 6] = Default::default();
+        let (mut fences, mut counts) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+        for ((key, fence), n) in &batch {
+            for (col, v) in cols.iter_mut().zip(key) {
+                col.push(v.as_str());
+            }
+            fences.push(i64_from(*fence));
+            counts.push(i64_from(*n));
+        }
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let stmt = client.prepare_cached(REPLAYS_SQL).await.map_err(unavailable)?;
+        let [c0, c1, c2, c3, c4, c5] = &cols;
+        client
+            .execute(&stmt, &[c0, c1, c2, c3, c4, c5, &fences, &counts])
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
 }
 
 trait Described {
@@ -153,7 +208,25 @@ impl Postgres {
             .max_size(pool_size.max(1))
             .build()
             .map_err(|e| StoreError::Config(format!("postgres pool: {e}")))?;
-        Ok(Postgres { pool })
+        let replays = Arc::new(Replays {
+            pool: pool.clone(),
+            tally: ReplayTally::default(),
+            flushing: tokio::sync::Mutex::new(()),
+        });
+        Ok(Postgres { pool, replays })
+    }
+
+    /// Counts a replay; the first one since the last flush spawns the task
+    /// that applies every pending count. Nobody waits for it.
+    fn count_replay(&self, key: [String; 6], fence: u64) {
+        if self.replays.tally.add(key, fence) {
+            let replays = Arc::clone(&self.replays);
+            tokio::spawn(async move {
+                if let Err(e) = replays.flush().await {
+                    tracing::warn!("postgres: replay counts lost: {e}");
+                }
+            });
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -332,24 +405,17 @@ impl Backend for Postgres {
                     }
                 }
                 ClaimDecision::Replay { status, completed_at } => {
-                    let sql = format!("UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE {PK} AND fence = $7 AND state = 'completed'");
-                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
-                    if client
-                        .execute(&stmt, &pk.with(&[&old_fence]))
-                        .await
-                        .map_err(unavailable)?
-                        == 1
-                    {
-                        return Ok(ClaimOutcome {
-                            reply: ClaimReply::Replay {
-                                status,
-                                headers: headers.unwrap_or_default(),
-                                completed_at,
-                            },
-                            body,
-                            became_unknown: false,
-                        });
-                    }
+                    // Served from the committed row this statement returned.
+                    self.count_replay(pk.cols, view.fence);
+                    return Ok(ClaimOutcome {
+                        reply: ClaimReply::Replay {
+                            status,
+                            headers: headers.unwrap_or_default(),
+                            completed_at,
+                        },
+                        body,
+                        became_unknown: false,
+                    });
                 }
                 ClaimDecision::BecomeUnknown => {
                     let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE {PK} AND fence = $7 AND state = 'in_progress'");
@@ -431,6 +497,10 @@ impl Backend for Postgres {
     }
 
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+        // Operators see every replay this process served so far.
+        if let Err(e) = self.replays.flush().await {
+            tracing::warn!("postgres: replay counts not applied before a lookup: {e}");
+        }
         let sql = format!(
             "SELECT {COLUMNS} FROM idempotency_records WHERE tenant = $1 AND idem_key = $2 \
              AND ($3::text IS NULL OR route = $3) AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5) \

@@ -10,7 +10,9 @@
 //! the fencing counter row is simply incremented in the same transaction.
 //!
 //! Claims that only need to answer (mismatch, in progress, unknown, expired)
-//! are decided on a reader connection first and never queue behind writes.
+//! or replay a completed record are decided on a reader connection first and
+//! never queue behind writes. A replay's `replay_count` increment goes to the
+//! writer afterwards without being awaited (see [`crate::replays`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -23,6 +25,7 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::backend::*;
+use crate::replays::ReplayTally;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -80,6 +83,8 @@ pub struct Sqlite {
     next_reader: AtomicUsize,
     /// Transactions committed by the writer (each one fsync with FULL).
     commits: Arc<AtomicU64>,
+    /// Replays served from a reader, not yet counted in `replay_count`.
+    replays: Arc<ReplayTally>,
 }
 
 fn unavailable(e: rusqlite::Error) -> StoreError {
@@ -116,6 +121,7 @@ impl Sqlite {
             readers: Arc::new(readers),
             next_reader: AtomicUsize::new(0),
             commits,
+            replays: Arc::default(),
         })
     }
 
@@ -139,17 +145,44 @@ impl Sqlite {
             });
             (ok, deliver)
         });
-        {
-            let sender = self
-                .writer
-                .lock()
-                .map_err(|_| StoreError::Unavailable("writer lock poisoned".into()))?;
-            sender
-                .send(job)
-                .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))?;
-        }
+        self.enqueue(job)?;
         rx.await
             .map_err(|_| StoreError::Unavailable("the sqlite writer dropped the job".into()))?
+    }
+
+    fn enqueue(&self, job: Job) -> Result<()> {
+        let sender = self
+            .writer
+            .lock()
+            .map_err(|_| StoreError::Unavailable("writer lock poisoned".into()))?;
+        sender
+            .send(job)
+            .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))
+    }
+
+    /// Counts a replay served from a reader. The first replay since the last
+    /// flush queues one job that applies every pending count with the
+    /// writer's next batch; nobody waits for it.
+    fn count_replay(&self, key: [String; 6], fence: u64) {
+        if !self.replays.add(key, fence) {
+            return;
+        }
+        let tally = Arc::clone(&self.replays);
+        let job: Job = Box::new(move |conn| {
+            let applied = apply_replays(conn, &tally);
+            if let Err(e) = &applied {
+                tracing::warn!("sqlite: replay counts lost: {e}");
+            }
+            let deliver: Deliver = Box::new(|commit| {
+                if let Err(e) = commit {
+                    tracing::warn!("sqlite: replay counts lost: {e}");
+                }
+            });
+            (applied.is_ok(), deliver)
+        });
+        if let Err(e) = self.enqueue(job) {
+            tracing::warn!("sqlite: replay counts not applied: {e}");
+        }
     }
 
     /// Runs `f` on one of the reader connections, off the async runtime.
@@ -312,6 +345,40 @@ fn next_fence(conn: &Connection) -> Result<u64> {
         .query_row([], |r| r.get(0))
         .map_err(unavailable)?;
     u64_from(v, "fence")
+}
+
+/// Adds the pending replay counts; only ever called on the writer. The fence
+/// and state guard keep a late count off a newer record under the same key.
+fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
+    let batch = tally.take();
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "UPDATE idempotency_records SET replay_count = replay_count + ?8 WHERE {PK} AND fence = ?7 AND state = 'completed'"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+    for ((key, fence), n) in batch {
+        stmt.execute(params![
+            key[0],
+            key[1],
+            key[2],
+            key[3],
+            key[4],
+            key[5],
+            i64_from(fence),
+            i64_from(n)
+        ])
+        .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+/// A claim decided on a reader.
+enum Quick {
+    Answer(ClaimReply),
+    /// A replay of the completed record with this key and fence.
+    Replay(ClaimOutcome, [String; 6], u64),
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
@@ -498,22 +565,40 @@ impl Backend for Sqlite {
     }
 
     async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
-        // Answers that change nothing are decided on a reader, in parallel.
+        // Answers and replays change nothing the caller waits for: they are
+        // decided on a reader, in parallel, from the last committed state.
         let key = pk(&req.scope);
         let probe = req.clone();
         let quick = self
             .read(move |conn| {
-                let loaded = load(conn, &key)?;
-                Ok(
-                    match record::decide_claim(loaded.as_ref().map(|l| &l.view), &probe, now) {
-                        ClaimDecision::Answer(reply) => Some(reply),
-                        _ => None,
-                    },
-                )
+                let Some(loaded) = load(conn, &key)? else {
+                    return Ok(None);
+                };
+                Ok(match record::decide_claim(Some(&loaded.view), &probe, now) {
+                    ClaimDecision::Answer(reply) => Some(Quick::Answer(reply)),
+                    ClaimDecision::Replay { status, completed_at } => {
+                        let outcome = ClaimOutcome {
+                            reply: ClaimReply::Replay {
+                                status,
+                                headers: loaded.headers.unwrap_or_default(),
+                                completed_at,
+                            },
+                            body: load_body(conn, &key)?,
+                            became_unknown: false,
+                        };
+                        Some(Quick::Replay(outcome, key, loaded.view.fence))
+                    }
+                    _ => None,
+                })
             })
             .await?;
-        if let Some(reply) = quick {
-            return Ok(ClaimOutcome::answer(reply));
+        match quick {
+            Some(Quick::Answer(reply)) => return Ok(ClaimOutcome::answer(reply)),
+            Some(Quick::Replay(outcome, key, fence)) => {
+                self.count_replay(key, fence);
+                return Ok(outcome);
+            }
+            None => {}
         }
         let req = req.clone();
         self.write(move |conn| claim_on_writer(conn, &req, now)).await
@@ -604,6 +689,12 @@ impl Backend for Sqlite {
     }
 
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+        // Operators see every replay served so far: pending counts are
+        // applied first (and any flush already queued is committed by then).
+        let tally = Arc::clone(&self.replays);
+        if let Err(e) = self.write(move |conn| apply_replays(conn, &tally)).await {
+            tracing::warn!("sqlite: replay counts not applied before a lookup: {e}");
+        }
         let q = q.clone();
         self.read(move |conn| {
             let sql = format!(

@@ -102,6 +102,42 @@ async fn claim_complete_replay(b: Arc<dyn Backend>) {
     );
 }
 
+/// Replays are counted off the request path; a lookup still sees every one,
+/// and a key claimed afresh counts its own replays only.
+async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-count");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, f, 201), b"v1").await.unwrap();
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let (store, req) = (cx.store.clone(), claim(&s, Some(1)));
+            tokio::spawn(async move { store.claim(&req).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        let out = t.await.unwrap();
+        assert!(matches!(out.reply, ClaimReply::Replay { status: 201, .. }));
+        assert_eq!(out.body, b"v1");
+    }
+    let lookup = Lookup {
+        tenant: "acme".into(),
+        key: "k-count".into(),
+        ..Default::default()
+    };
+    assert_eq!(cx.b().lookup(&lookup, 10).await.unwrap()[0].replay_count, 40);
+    // Replays of the old record, then the key is claimed afresh after expiry.
+    cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    cx.clock.advance(10_000);
+    let mut new = claim(&s, Some(1));
+    new.after_expiry = AfterExpiry::New;
+    let f2 = cx.owned(&new).await;
+    cx.store.complete(&complete(&s, f2, 200), b"v2").await.unwrap();
+    let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
+    assert_eq!(out.body, b"v2");
+    assert_eq!(cx.b().lookup(&lookup, 10).await.unwrap()[0].replay_count, 1);
+}
+
 async fn fingerprint_mismatch_in_every_state(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let s = scope("k-mismatch");
@@ -561,6 +597,7 @@ macro_rules! stories {
 
 stories!(
     claim_complete_replay,
+    replay_counts_reach_the_record,
     fingerprint_mismatch_in_every_state,
     in_progress_answers_the_remaining_lease,
     waiting_claim_returns_the_result,
