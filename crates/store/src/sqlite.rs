@@ -269,31 +269,45 @@ struct Loaded {
 }
 
 fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
+    load_with(conn, key, |loaded, _| Ok(loaded))
+}
+
+/// Loads a row and hands it to `f` together with a reader of its stored body,
+/// so a replay gets status, headers and body from one statement while other
+/// decisions never copy the body.
+fn load_with<T>(
+    conn: &Connection,
+    key: &[String; 6],
+    f: impl FnOnce(Option<Loaded>, &dyn Fn() -> Result<Vec<u8>>) -> Result<T>,
+) -> Result<T> {
     let sql = format!(
         "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at, \
-         archived_at IS NOT NULL FROM idempotency_records WHERE {PK}"
+         archived_at IS NOT NULL, response_body FROM idempotency_records WHERE {PK}"
     );
-    let row = conn
-        .prepare_cached(&sql)
-        .map_err(unavailable)?
-        .query_row(params![key[0], key[1], key[2], key[3], key[4], key[5]], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, i64>(4)?,
-                r.get::<_, Option<i64>>(5)?,
-                r.get::<_, Option<String>>(6)?,
-                r.get::<_, bool>(7)?,
-                r.get::<_, Option<i64>>(8)?,
-                r.get::<_, Option<i64>>(9)?,
-                r.get::<_, bool>(10)?,
-            ))
-        })
-        .optional()
+    let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+    let mut rows = stmt
+        .query(params![key[0], key[1], key[2], key[3], key[4], key[5]])
         .map_err(unavailable)?;
-    let Some((
+    let Some(r) = rows.next().map_err(unavailable)? else {
+        return f(None, &|| Ok(Vec::new()));
+    };
+    let cols = (|| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, i64>(4)?,
+            r.get::<_, Option<i64>>(5)?,
+            r.get::<_, Option<String>>(6)?,
+            r.get::<_, bool>(7)?,
+            r.get::<_, Option<i64>>(8)?,
+            r.get::<_, Option<i64>>(9)?,
+            r.get::<_, bool>(10)?,
+        ))
+    })()
+    .map_err(unavailable)?;
+    let (
         state,
         fp,
         fence,
@@ -305,11 +319,8 @@ fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
         completed_at,
         expires_at,
         archived,
-    )) = row
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Loaded {
+    ) = cols;
+    let loaded = Loaded {
         view: RecordView {
             state: State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
             fingerprint: fingerprint_from(fp)?,
@@ -323,19 +334,13 @@ fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
         ttl_ms: u64_from(ttl_ms, "ttl_ms")?,
         headers: decode_headers(headers.as_deref())?,
         archived,
-    }))
-}
-
-fn load_body(conn: &Connection, key: &[String; 6]) -> Result<Vec<u8>> {
-    let sql = format!("SELECT response_body FROM idempotency_records WHERE {PK}");
-    let body: Option<Vec<u8>> = conn
-        .prepare_cached(&sql)
-        .map_err(unavailable)?
-        .query_row(params![key[0], key[1], key[2], key[3], key[4], key[5]], |r| {
-            r.get(0)
-        })
-        .map_err(unavailable)?;
-    Ok(body.unwrap_or_default())
+    };
+    let body = || {
+        r.get::<_, Option<Vec<u8>>>(11)
+            .map(Option::unwrap_or_default)
+            .map_err(unavailable)
+    };
+    f(Some(loaded), &body)
 }
 
 fn next_fence(conn: &Connection) -> Result<u64> {
@@ -377,15 +382,21 @@ fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
 /// A claim decided on a reader.
 enum Quick {
     Answer(ClaimReply),
-    /// A replay of the completed record with this key and fence.
-    Replay(ClaimOutcome, [String; 6], u64),
+    /// A replay of the completed record with this fence.
+    Replay(ClaimOutcome, u64),
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
 fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
     let key = pk(&req.scope);
-    let loaded = load(conn, &key)?;
-    let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
+    let (loaded, decision, body) = load_with(conn, &key, |loaded, body| {
+        let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
+        let body = match decision {
+            ClaimDecision::Replay { .. } => body()?,
+            _ => Vec::new(),
+        };
+        Ok((loaded, decision, body))
+    })?;
     match decision {
         ClaimDecision::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
         ClaimDecision::Claim => {
@@ -431,7 +442,7 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
                     headers,
                     completed_at,
                 },
-                body: load_body(conn, &key)?,
+                body,
                 became_unknown: false,
             })
         }
@@ -571,30 +582,33 @@ impl Backend for Sqlite {
         let probe = req.clone();
         let quick = self
             .read(move |conn| {
-                let Some(loaded) = load(conn, &key)? else {
-                    return Ok(None);
-                };
-                Ok(match record::decide_claim(Some(&loaded.view), &probe, now) {
-                    ClaimDecision::Answer(reply) => Some(Quick::Answer(reply)),
-                    ClaimDecision::Replay { status, completed_at } => {
-                        let outcome = ClaimOutcome {
-                            reply: ClaimReply::Replay {
-                                status,
-                                headers: loaded.headers.unwrap_or_default(),
-                                completed_at,
-                            },
-                            body: load_body(conn, &key)?,
-                            became_unknown: false,
-                        };
-                        Some(Quick::Replay(outcome, key, loaded.view.fence))
-                    }
-                    _ => None,
-                })
+                let quick = load_with(conn, &key, |loaded, body| {
+                    let Some(loaded) = loaded else {
+                        return Ok(None);
+                    };
+                    Ok(match record::decide_claim(Some(&loaded.view), &probe, now) {
+                        ClaimDecision::Answer(reply) => Some(Quick::Answer(reply)),
+                        ClaimDecision::Replay { status, completed_at } => {
+                            let outcome = ClaimOutcome {
+                                reply: ClaimReply::Replay {
+                                    status,
+                                    headers: loaded.headers.unwrap_or_default(),
+                                    completed_at,
+                                },
+                                body: body()?,
+                                became_unknown: false,
+                            };
+                            Some(Quick::Replay(outcome, loaded.view.fence))
+                        }
+                        _ => None,
+                    })
+                })?;
+                Ok(quick.map(|q| (q, key)))
             })
             .await?;
         match quick {
-            Some(Quick::Answer(reply)) => return Ok(ClaimOutcome::answer(reply)),
-            Some(Quick::Replay(outcome, key, fence)) => {
+            Some((Quick::Answer(reply), _)) => return Ok(ClaimOutcome::answer(reply)),
+            Some((Quick::Replay(outcome, fence), key)) => {
                 self.count_replay(key, fence);
                 return Ok(outcome);
             }
