@@ -95,6 +95,9 @@ fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
     let conn = Connection::open(path).map_err(unavailable)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(unavailable)?;
+    // Room for every statement the writer repeats (queries and transaction
+    // control), so none is evicted and parsed again.
+    conn.set_prepared_statement_cache_capacity(64);
     let sync = if synchronous_full { "FULL" } else { "NORMAL" };
     conn.execute_batch(&format!(
         "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON;"
@@ -204,6 +207,12 @@ impl Sqlite {
     }
 }
 
+/// Runs one cached transaction-control statement. These run several times
+/// per job, so they are parsed once per connection, not on every use.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, commits: &AtomicU64) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -213,31 +222,31 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, commits: &AtomicU64) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = control(&conn, "BEGIN IMMEDIATE") {
             // Dropping the jobs drops their reply channels: callers see an error.
             tracing::error!("sqlite: cannot begin a transaction: {e}");
             continue;
         }
         let mut delivers = Vec::with_capacity(batch.len());
         for job in batch {
-            if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            if let Err(e) = control(&conn, "SAVEPOINT job") {
                 tracing::error!("sqlite: savepoint: {e}");
                 continue;
             }
             let (ok, deliver) = job(&conn);
             let end = if ok {
-                "RELEASE job"
+                control(&conn, "RELEASE job")
             } else {
-                "ROLLBACK TO job; RELEASE job"
+                control(&conn, "ROLLBACK TO job").and_then(|()| control(&conn, "RELEASE job"))
             };
-            if let Err(e) = conn.execute_batch(end) {
+            if let Err(e) = end {
                 tracing::error!("sqlite: savepoint: {e}");
             }
             delivers.push(deliver);
         }
-        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        let commit = control(&conn, "COMMIT").map_err(|e| e.to_string());
         if commit.is_err() {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = control(&conn, "ROLLBACK");
         } else {
             commits.fetch_add(1, Ordering::Relaxed);
         }
