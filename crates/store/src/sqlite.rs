@@ -388,11 +388,62 @@ fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
     Ok(())
 }
 
-/// A claim decided on a reader.
-enum Quick {
+/// What a reader's look at a claim's record found.
+enum Probe {
+    /// An answer that changes nothing.
     Answer(ClaimReply),
     /// A replay of the completed record with this fence.
     Replay(ClaimOutcome, u64),
+    /// No record: the writer inserts one unless another claim got there first.
+    Absent,
+    /// A record the writer must change (take over, turn unknown): it loads
+    /// and decides again, since the record may have changed since.
+    Write,
+}
+
+/// A new key's claim, on the writer, when a reader saw no record: one insert
+/// that does nothing if a record appeared since, which is exactly when
+/// `decide_claim` would no longer say `Claim` unconditionally. `None` sends
+/// the claim through [`claim_on_writer`]. The fence is the counter's next
+/// value, taken only when the insert happened, so fences stay dense.
+fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[String; 6], now: i64) -> Result<Option<u64>> {
+    let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
+               fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
+               response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, (SELECT value + 1 FROM idempotency_fence WHERE id = 1), \
+               ?8, ?9, ?10, NULL, NULL, NULL, 0, ?11, NULL, NULL, NULL, 0) \
+               ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO NOTHING RETURNING fence";
+    let inserted: Option<i64> = conn
+        .prepare_cached(sql)
+        .map_err(unavailable)?
+        .query_row(
+            params![
+                key[0],
+                key[1],
+                key[2],
+                key[3],
+                key[4],
+                key[5],
+                req.fingerprint.map(|f| f.to_hex()),
+                record::lease_until(now, req.lease_ms),
+                i64_from(req.ttl_ms),
+                req.on_unknown == OnUnknown::Release,
+                now,
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(unavailable)?;
+    let Some(inserted) = inserted else {
+        return Ok(None);
+    };
+    let fence = next_fence(conn)?;
+    if i64_from(fence) != inserted {
+        return Err(StoreError::Corrupt(format!(
+            "fence counter moved during an insert: {inserted} then {fence}"
+        )));
+    }
+    Ok(Some(fence))
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
@@ -589,14 +640,14 @@ impl Backend for Sqlite {
         // decided on a reader, in parallel, from the last committed state.
         let key = pk(&req.scope);
         let probe = req.clone();
-        let quick = self
+        let (probe, key) = self
             .read(move |conn| {
-                let quick = load_with(conn, &key, |loaded, body| {
+                let probe = load_with(conn, &key, |loaded, body| {
                     let Some(loaded) = loaded else {
-                        return Ok(None);
+                        return Ok(Probe::Absent);
                     };
                     Ok(match record::decide_claim(Some(&loaded.view), &probe, now) {
-                        ClaimDecision::Answer(reply) => Some(Quick::Answer(reply)),
+                        ClaimDecision::Answer(reply) => Probe::Answer(reply),
                         ClaimDecision::Replay { status, completed_at } => {
                             let outcome = ClaimOutcome {
                                 reply: ClaimReply::Replay {
@@ -607,24 +658,33 @@ impl Backend for Sqlite {
                                 body: body()?,
                                 became_unknown: false,
                             };
-                            Some(Quick::Replay(outcome, loaded.view.fence))
+                            Probe::Replay(outcome, loaded.view.fence)
                         }
-                        _ => None,
+                        ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Probe::Write,
                     })
                 })?;
-                Ok(quick.map(|q| (q, key)))
+                Ok((probe, key))
             })
             .await?;
-        match quick {
-            Some((Quick::Answer(reply), _)) => return Ok(ClaimOutcome::answer(reply)),
-            Some((Quick::Replay(outcome, fence), key)) => {
+        let absent = match probe {
+            Probe::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
+            Probe::Replay(outcome, fence) => {
                 self.count_replay(key, fence);
                 return Ok(outcome);
             }
-            None => {}
-        }
+            Probe::Absent => true,
+            Probe::Write => false,
+        };
         let req = req.clone();
-        self.write(move |conn| claim_on_writer(conn, &req, now)).await
+        self.write(move |conn| {
+            if absent {
+                if let Some(fence) = claim_absent(conn, &req, &key, now)? {
+                    return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
+                }
+            }
+            claim_on_writer(conn, &req, now)
+        })
+        .await
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
