@@ -142,6 +142,36 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
     }
     let (envoy_end, store_end) = rss(&stack);
+    // Where store errors come from, if any: timeouts, resets, health checks.
+    let stats = stack
+        .client
+        .get(format!(
+            "http://127.0.0.1:{}/stats?filter=^cluster\\.idempotency_store\\.",
+            stack.admin_port
+        ))
+        .send()
+        .await
+        .ok();
+    let stats = match stats {
+        Some(r) => r.text().await.unwrap_or_default(),
+        None => String::new(),
+    };
+    let store_stats: Vec<&str> = stats
+        .lines()
+        .filter(|l| {
+            [
+                "health_check.failure",
+                "upstream_rq_timeout",
+                "upstream_cx_destroy_remote_with_active_rq",
+                "upstream_cx_connect_fail",
+                "upstream_rq_pending_failure_eject",
+                "upstream_cx_none_healthy",
+            ]
+            .iter()
+            .any(|s| l.contains(s))
+        })
+        .collect();
+    println!("soak: store cluster: {store_stats:?}");
     let elapsed = started.elapsed().as_secs_f64();
     let report = audit(&stack, &traffic).await;
     let errors = report.transport_errors
