@@ -666,7 +666,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
                             match body {
                                 Some(body) => {
                                     audit.replays_checked += 1;
-                                    let a = traffic.send(scope, path_of(scope), body, &[]).await;
+                                    let a = settled(traffic, scope, body).await;
                                     match a {
                                         Ok(a) if a.header("idempotent-replayed") == Some("true")
                                             && a.status == e.status
@@ -696,7 +696,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
                                 .and_then(|e| list_body(&sent_by_scope[scope], &e.body_sha256))
                                 .map(str::to_string)
                                 .unwrap_or(body);
-                            match traffic.send(scope, path_of(scope), &body, &[]).await {
+                            match settled(traffic, scope, &body).await {
                                 Ok(a) if a.problem().as_deref() == Some("outcome-unknown") => {}
                                 Ok(a) => audit.violations.push(format!(
                                     "{what}: unknown record answered {} {:?}",
@@ -764,6 +764,23 @@ fn double_executions(execs: &BTreeMap<ScopeId, Vec<&Execution>>) -> Vec<String> 
         }
     }
     found
+}
+
+/// A re-check's answer; a 503 `store-unavailable` says nothing about the
+/// record (it is the contract's answer while the store does not answer in
+/// time), so it is asked again, a few times.
+async fn settled(traffic: &Traffic, scope: &ScopeId, body: &str) -> Result<Answer, String> {
+    let mut last = Err("not sent".to_string());
+    for _ in 0..5 {
+        last = traffic.send(scope, path_of(scope), body, &[]).await;
+        match &last {
+            Ok(a) if a.problem().as_deref() == Some("store-unavailable") => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => break,
+        }
+    }
+    last
 }
 
 fn path_of(scope: &ScopeId) -> &'static str {
