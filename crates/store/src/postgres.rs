@@ -63,12 +63,22 @@ CREATE INDEX IF NOT EXISTS idempotency_records_tenant_key ON idempotency_records
 "#,
 )];
 
-const PK: &str = "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6";
+// Request-path SQL is assembled at compile time (`concat!`), so no call
+// formats a string before `prepare_cached` looks its statement up.
+macro_rules! pk_where {
+    () => {
+        "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6"
+    };
+}
 const PK_COLS: &str = "(scope_version, tenant, principal, route, namespace, idem_key)";
 const PK_LIST: &str = "scope_version, tenant, principal, route, namespace, idem_key";
-const COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
-     release_on_unknown, response_status, response_headers, octet_length(response_body), body_stored, created_at, completed_at, \
-     expires_at, archived_at, replay_count";
+macro_rules! columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
+         release_on_unknown, response_status, response_headers, octet_length(response_body), body_stored, created_at, completed_at, \
+         expires_at, archived_at, replay_count"
+    };
+}
 
 /// Insert if absent; otherwise the existing row. One statement, one round trip.
 const CLAIM_SQL: &str = "WITH ins AS ( \
@@ -166,27 +176,29 @@ fn unavailable(e: impl Described) -> StoreError {
     StoreError::Unavailable(e.describe())
 }
 
-struct Pk {
-    cols: [String; 6],
+/// A scope's primary key columns, borrowed from the scope.
+struct Pk<'s> {
+    cols: [&'s str; 6],
 }
 
-impl Pk {
-    fn new(s: &Scope) -> Pk {
+impl<'s> Pk<'s> {
+    fn new(s: &'s Scope) -> Pk<'s> {
         Pk {
             cols: [
-                s.version().to_string(),
-                s.tenant().to_string(),
-                s.principal().to_string(),
-                s.route().to_string(),
-                s.namespace().as_str().to_string(),
-                s.key().as_str().to_string(),
+                s.version(),
+                s.tenant(),
+                s.principal(),
+                s.route(),
+                s.namespace().as_str(),
+                s.key().as_str(),
             ],
         }
     }
 
     /// The six key parameters followed by `extra`.
     fn with<'a>(&'a self, extra: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
-        let mut v: Vec<&(dyn ToSql + Sync)> = self.cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(6 + extra.len());
+        v.extend(self.cols.iter().map(|c| c as &(dyn ToSql + Sync)));
         v.extend_from_slice(extra);
         v
     }
@@ -382,13 +394,11 @@ impl Backend for Postgres {
             match record::decide_claim(Some(&view), req, now) {
                 ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
                 ClaimDecision::Claim => {
-                    let sql = format!(
-                        "UPDATE idempotency_records SET state = 'in_progress', fingerprint = $7, fence = nextval('idempotency_fence_seq'), \
+                    let sql = concat!("UPDATE idempotency_records SET state = 'in_progress', fingerprint = $7, fence = nextval('idempotency_fence_seq'), \
                          lease_until = $8, ttl_ms = $9, release_on_unknown = $10, response_status = NULL, response_headers = NULL, \
                          response_body = NULL, body_stored = false, created_at = $11, completed_at = NULL, expires_at = NULL, \
-                         archived_at = NULL, replay_count = 0 WHERE {PK} AND fence = $12 RETURNING fence"
-                    );
-                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
+                         archived_at = NULL, replay_count = 0 WHERE ", pk_where!(), " AND fence = $12 RETURNING fence");
+                    let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
                     let rows = client
                         .query(
                             &stmt,
@@ -406,7 +416,7 @@ impl Backend for Postgres {
                 }
                 ClaimDecision::Replay { status, completed_at } => {
                     // Served from the committed row this statement returned.
-                    self.count_replay(pk.cols, view.fence);
+                    self.count_replay(pk.cols.map(String::from), view.fence);
                     return Ok(ClaimOutcome {
                         reply: ClaimReply::Replay {
                             status,
@@ -418,8 +428,12 @@ impl Backend for Postgres {
                     });
                 }
                 ClaimDecision::BecomeUnknown => {
-                    let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE {PK} AND fence = $7 AND state = 'in_progress'");
-                    let stmt = client.prepare_cached(&sql).await.map_err(unavailable)?;
+                    let sql = concat!(
+                        "UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE ",
+                        pk_where!(),
+                        " AND fence = $7 AND state = 'in_progress'"
+                    );
+                    let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
                     let expires = record::unknown_expiry(now, stored_ttl);
                     if client
                         .execute(&stmt, &pk.with(&[&old_fence, &expires]))
@@ -446,18 +460,16 @@ impl Backend for Postgres {
         let pk = Pk::new(&req.scope);
         // The WHERE clause is record::may_complete; expires_at is
         // record::completion_expiry with the ttl stored at claim time.
-        let sql = format!(
-            "UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
+        let sql = concat!("UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
              body_stored = $11, completed_at = $12, expires_at = $12 + ttl_ms, lease_until = $12 \
-             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
-        );
+             WHERE ", pk_where!(), " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
         let headers = encode_headers(&req.headers);
         let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
         let n = self
             .exec(
-                &sql,
+                sql,
                 &pk.with(&[&fence, &status, &headers, &body, &req.body_stored, &now]),
             )
             .await?;
@@ -470,9 +482,13 @@ impl Backend for Postgres {
 
     async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
         let pk = Pk::new(&req.scope);
-        let sql = format!("DELETE FROM idempotency_records WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
+        let sql = concat!(
+            "DELETE FROM idempotency_records WHERE ",
+            pk_where!(),
+            " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
+        );
         let fence = i64_from(req.fence);
-        let n = self.exec(&sql, &pk.with(&[&fence])).await?;
+        let n = self.exec(sql, &pk.with(&[&fence])).await?;
         Ok(if n == 1 {
             FenceReply::Done
         } else {
@@ -482,13 +498,15 @@ impl Backend for Postgres {
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         let pk = Pk::new(&req.scope);
-        let sql = format!(
+        let sql = concat!(
             "UPDATE idempotency_records SET state = 'unknown', \
              expires_at = CASE WHEN state = 'unknown' THEN expires_at ELSE $8 + ttl_ms END \
-             WHERE {PK} AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
+             WHERE ",
+            pk_where!(),
+            " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
         );
         let fence = i64_from(req.fence);
-        let n = self.exec(&sql, &pk.with(&[&fence, &now])).await?;
+        let n = self.exec(sql, &pk.with(&[&fence, &now])).await?;
         Ok(if n == 1 {
             FenceReply::Done
         } else {
@@ -501,15 +519,13 @@ impl Backend for Postgres {
         if let Err(e) = self.replays.flush().await {
             tracing::warn!("postgres: replay counts not applied before a lookup: {e}");
         }
-        let sql = format!(
-            "SELECT {COLUMNS} FROM idempotency_records WHERE tenant = $1 AND idem_key = $2 \
+        let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE tenant = $1 AND idem_key = $2 \
              AND ($3::text IS NULL OR route = $3) AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5) \
-             ORDER BY route, principal, namespace LIMIT $6"
-        );
+             ORDER BY route, principal, namespace LIMIT $6");
         let ns = q.namespace.map(|n| n.as_str().to_string());
         let limit = i64::from(limit);
         let rows = self
-            .query(&sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
+            .query(sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
             .await?;
         rows.iter().map(info_from).collect()
     }
@@ -518,13 +534,13 @@ impl Backend for Postgres {
         let limit = i64::from(limit);
         let rows = match which {
             Listing::Unknown => {
-                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT $1");
-                self.query(&sql, &[&limit]).await?
+                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT $1");
+                self.query(sql, &[&limit]).await?
             }
             Listing::Stuck { older_than_ms } => {
-                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'in_progress' AND created_at <= $1 ORDER BY created_at LIMIT $2");
+                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'in_progress' AND created_at <= $1 ORDER BY created_at LIMIT $2");
                 let before = now.saturating_sub(i64_from(older_than_ms));
-                self.query(&sql, &[&before, &limit]).await?
+                self.query(sql, &[&before, &limit]).await?
             }
         };
         rows.iter().map(info_from).collect()
@@ -534,25 +550,25 @@ impl Backend for Postgres {
         let pk = Pk::new(scope);
         let n = match how {
             Resolution::Release => {
-                let sql = format!(
-                    "DELETE FROM idempotency_records WHERE {PK} AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
+                let sql = concat!(
+                    "DELETE FROM idempotency_records WHERE ",
+                    pk_where!(),
+                    " AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
                 );
-                self.exec(&sql, &pk.with(&[])).await?
+                self.exec(sql, &pk.with(&[])).await?
             }
             Resolution::Complete {
                 status,
                 headers,
                 body,
             } => {
-                let sql = format!(
-                    "UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
+                let sql = concat!("UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
                      response_headers = $8, response_body = $9, body_stored = true, completed_at = $10, expires_at = $10 + ttl_ms, \
-                     lease_until = $10 WHERE {PK} AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
-                );
+                     lease_until = $10 WHERE ", pk_where!(), " AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
                 let status = i32::from(*status);
                 let headers = encode_headers(headers);
                 let body = body.as_bytes();
-                self.exec(&sql, &pk.with(&[&status, &headers, &body, &now]))
+                self.exec(sql, &pk.with(&[&status, &headers, &body, &now]))
                     .await?
             }
         };
@@ -561,8 +577,8 @@ impl Backend for Postgres {
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         let pk = Pk::new(scope);
-        let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
-        Ok(self.exec(&sql, &pk.with(&[])).await? > 0)
+        let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
+        Ok(self.exec(sql, &pk.with(&[])).await? > 0)
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {

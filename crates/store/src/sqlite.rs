@@ -67,10 +67,20 @@ INSERT OR IGNORE INTO idempotency_fence (id, value) VALUES (1, 0);
 "#,
 )];
 
-const PK: &str = "scope_version = ?1 AND tenant = ?2 AND principal = ?3 AND route = ?4 AND namespace = ?5 AND idem_key = ?6";
-const COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
-     release_on_unknown, response_status, response_headers, length(response_body), body_stored, created_at, completed_at, \
-     expires_at, archived_at, replay_count";
+// SQL is assembled at compile time (`concat!`), so no call formats a string
+// before `prepare_cached` looks its statement up.
+macro_rules! pk_where {
+    () => {
+        "scope_version = ?1 AND tenant = ?2 AND principal = ?3 AND route = ?4 AND namespace = ?5 AND idem_key = ?6"
+    };
+}
+macro_rules! columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
+         release_on_unknown, response_status, response_headers, length(response_body), body_stored, created_at, completed_at, \
+         expires_at, archived_at, replay_count"
+    };
+}
 const READERS: usize = 4;
 const MAX_BATCH: usize = 256;
 
@@ -256,15 +266,15 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, commits: &AtomicU64) {
     }
 }
 
-/// The primary key columns of a scope, in `PK` order.
-fn pk(s: &Scope) -> [String; 6] {
+/// The primary key columns of a scope, in `pk_where!` order.
+fn pk(s: &Scope) -> [&str; 6] {
     [
-        s.version().to_string(),
-        s.tenant().to_string(),
-        s.principal().to_string(),
-        s.route().to_string(),
-        s.namespace().as_str().to_string(),
-        s.key().as_str().to_string(),
+        s.version(),
+        s.tenant(),
+        s.principal(),
+        s.route(),
+        s.namespace().as_str(),
+        s.key().as_str(),
     ]
 }
 
@@ -277,7 +287,7 @@ struct Loaded {
     archived: bool,
 }
 
-fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
+fn load(conn: &Connection, key: &[&str; 6]) -> Result<Option<Loaded>> {
     load_with(conn, key, |loaded, _| Ok(loaded))
 }
 
@@ -286,14 +296,12 @@ fn load(conn: &Connection, key: &[String; 6]) -> Result<Option<Loaded>> {
 /// decisions never copy the body.
 fn load_with<T>(
     conn: &Connection,
-    key: &[String; 6],
+    key: &[&str; 6],
     f: impl FnOnce(Option<Loaded>, &dyn Fn() -> Result<Vec<u8>>) -> Result<T>,
 ) -> Result<T> {
-    let sql = format!(
-        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at, \
-         archived_at IS NOT NULL, response_body FROM idempotency_records WHERE {PK}"
-    );
-    let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+    let sql = concat!("SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at, \
+         archived_at IS NOT NULL, response_body FROM idempotency_records WHERE ", pk_where!());
+    let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
     let mut rows = stmt
         .query(params![key[0], key[1], key[2], key[3], key[4], key[5]])
         .map_err(unavailable)?;
@@ -368,10 +376,12 @@ fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
-    let sql = format!(
-        "UPDATE idempotency_records SET replay_count = replay_count + ?8 WHERE {PK} AND fence = ?7 AND state = 'completed'"
+    let sql = concat!(
+        "UPDATE idempotency_records SET replay_count = replay_count + ?8 WHERE ",
+        pk_where!(),
+        " AND fence = ?7 AND state = 'completed'"
     );
-    let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+    let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
     for ((key, fence), n) in batch {
         stmt.execute(params![
             key[0],
@@ -406,7 +416,7 @@ enum Probe {
 /// `decide_claim` would no longer say `Claim` unconditionally. `None` sends
 /// the claim through [`claim_on_writer`]. The fence is the counter's next
 /// value, taken only when the insert happened, so fences stay dense.
-fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[String; 6], now: i64) -> Result<Option<u64>> {
+fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[&str; 6], now: i64) -> Result<Option<u64>> {
     let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
                fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
                response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
@@ -490,8 +500,11 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
         ClaimDecision::Replay { status, completed_at } => {
-            let sql = format!("UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE {PK}");
-            conn.prepare_cached(&sql)
+            let sql = concat!(
+                "UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE ",
+                pk_where!()
+            );
+            conn.prepare_cached(sql)
                 .map_err(unavailable)?
                 .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
                 .map_err(unavailable)?;
@@ -508,8 +521,11 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
         }
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
-            let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE {PK}");
-            conn.prepare_cached(&sql)
+            let sql = concat!(
+                "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
+                pk_where!()
+            );
+            conn.prepare_cached(sql)
                 .map_err(unavailable)?
                 .execute(params![
                     key[0],
@@ -591,7 +607,7 @@ fn query_infos(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) ->
 
 /// Changes a record only if the caller holds its current fence and it is
 /// still open; `record::may_fence` is the rule, checked on the writer.
-fn fenced(conn: &Connection, key: &[String; 6], fence: u64) -> Result<Option<Loaded>> {
+fn fenced(conn: &Connection, key: &[&str; 6], fence: u64) -> Result<Option<Loaded>> {
     Ok(load(conn, key)?.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence)))
 }
 
@@ -638,15 +654,17 @@ impl Backend for Sqlite {
     async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
         // Answers and replays change nothing the caller waits for: they are
         // decided on a reader, in parallel, from the last committed state.
-        let key = pk(&req.scope);
-        let probe = req.clone();
-        let (probe, key) = self
+        // One copy of the request, shared by the reader's and the writer's job.
+        let req = Arc::new(req.clone());
+        let shared = Arc::clone(&req);
+        let probe = self
             .read(move |conn| {
-                let probe = load_with(conn, &key, |loaded, body| {
+                let probe = &*shared;
+                load_with(conn, &pk(&probe.scope), |loaded, body| {
                     let Some(loaded) = loaded else {
                         return Ok(Probe::Absent);
                     };
-                    Ok(match record::decide_claim(Some(&loaded.view), &probe, now) {
+                    Ok(match record::decide_claim(Some(&loaded.view), probe, now) {
                         ClaimDecision::Answer(reply) => Probe::Answer(reply),
                         ClaimDecision::Replay { status, completed_at } => {
                             let outcome = ClaimOutcome {
@@ -662,23 +680,21 @@ impl Backend for Sqlite {
                         }
                         ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Probe::Write,
                     })
-                })?;
-                Ok((probe, key))
+                })
             })
             .await?;
         let absent = match probe {
             Probe::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
             Probe::Replay(outcome, fence) => {
-                self.count_replay(key, fence);
+                self.count_replay(pk(&req.scope).map(String::from), fence);
                 return Ok(outcome);
             }
             Probe::Absent => true,
             Probe::Write => false,
         };
-        let req = req.clone();
         self.write(move |conn| {
             if absent {
-                if let Some(fence) = claim_absent(conn, &req, &key, now)? {
+                if let Some(fence) = claim_absent(conn, &req, &pk(&req.scope), now)? {
                     return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
                 }
             }
@@ -688,23 +704,22 @@ impl Backend for Sqlite {
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
-        let key = pk(&req.scope);
+        let scope = req.scope.clone();
         let (fence, status, headers, body_stored) = (
             req.fence,
             req.status,
             encode_headers(&req.headers),
             req.body_stored,
         );
-        let body = body.to_vec();
+        let body = body_stored.then(|| body.to_vec());
         self.write(move |conn| {
+            let key = pk(&scope);
             let Some(loaded) = fenced(conn, &key, fence)? else {
                 return Ok(FenceReply::Stale);
             };
-            let sql = format!(
-                "UPDATE idempotency_records SET state = 'completed', response_status = ?7, response_headers = ?8, \
-                 response_body = ?9, body_stored = ?10, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE {PK}"
-            );
-            conn.prepare_cached(&sql)
+            let sql = concat!("UPDATE idempotency_records SET state = 'completed', response_status = ?7, response_headers = ?8, \
+                 response_body = ?9, body_stored = ?10, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE ", pk_where!());
+            conn.prepare_cached(sql)
                 .map_err(unavailable)?
                 .execute(params![
                     key[0],
@@ -715,7 +730,7 @@ impl Backend for Sqlite {
                     key[5],
                     status,
                     headers,
-                    if body_stored { Some(body) } else { None },
+                    body,
                     body_stored,
                     now,
                     record::completion_expiry(now, loaded.ttl_ms),
@@ -727,14 +742,15 @@ impl Backend for Sqlite {
     }
 
     async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
-        let key = pk(&req.scope);
+        let scope = req.scope.clone();
         let fence = req.fence;
         self.write(move |conn| {
+            let key = pk(&scope);
             if fenced(conn, &key, fence)?.is_none() {
                 return Ok(FenceReply::Stale);
             }
-            let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
-            conn.prepare_cached(&sql)
+            let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
+            conn.prepare_cached(sql)
                 .map_err(unavailable)?
                 .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
                 .map_err(unavailable)?;
@@ -744,17 +760,21 @@ impl Backend for Sqlite {
     }
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let key = pk(&req.scope);
+        let scope = req.scope.clone();
         let fence = req.fence;
         self.write(move |conn| {
+            let key = pk(&scope);
             let Some(loaded) = fenced(conn, &key, fence)? else {
                 return Ok(FenceReply::Stale);
             };
             if loaded.view.state == State::Unknown {
                 return Ok(FenceReply::Done);
             }
-            let sql = format!("UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE {PK}");
-            conn.prepare_cached(&sql)
+            let sql = concat!(
+                "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
+                pk_where!()
+            );
+            conn.prepare_cached(sql)
                 .map_err(unavailable)?
                 .execute(params![
                     key[0],
@@ -780,13 +800,11 @@ impl Backend for Sqlite {
         }
         let q = q.clone();
         self.read(move |conn| {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM idempotency_records WHERE tenant = ?1 AND idem_key = ?2 \
+            let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE tenant = ?1 AND idem_key = ?2 \
                  AND (?3 IS NULL OR route = ?3) AND (?4 IS NULL OR principal = ?4) AND (?5 IS NULL OR namespace = ?5) \
-                 ORDER BY route, principal, namespace LIMIT ?6"
-            );
+                 ORDER BY route, principal, namespace LIMIT ?6");
             let ns = q.namespace.map(|n| n.as_str());
-            query_infos(conn, &sql, params![q.tenant, q.key, q.route, q.principal, ns, limit])
+            query_infos(conn, sql, params![q.tenant, q.key, q.route, q.principal, ns, limit])
         })
         .await
     }
@@ -794,22 +812,23 @@ impl Backend for Sqlite {
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
         self.read(move |conn| match which {
             Listing::Unknown => {
-                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT ?1");
-                query_infos(conn, &sql, params![limit])
+                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT ?1");
+                query_infos(conn, sql, params![limit])
             }
             Listing::Stuck { older_than_ms } => {
-                let sql = format!("SELECT {COLUMNS} FROM idempotency_records WHERE state = 'in_progress' AND created_at <= ?1 ORDER BY created_at LIMIT ?2");
+                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'in_progress' AND created_at <= ?1 ORDER BY created_at LIMIT ?2");
                 let before = now.saturating_sub(i64_from(older_than_ms));
-                query_infos(conn, &sql, params![before, limit])
+                query_infos(conn, sql, params![before, limit])
             }
         })
         .await
     }
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
-        let key = pk(scope);
+        let scope = scope.clone();
         let how = how.clone();
         self.write(move |conn| {
+            let key = pk(&scope);
             let Some(loaded) = load(conn, &key)? else {
                 return Ok(false);
             };
@@ -818,19 +837,17 @@ impl Backend for Sqlite {
             }
             match how {
                 Resolution::Release => {
-                    let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
-                    conn.execute(&sql, params![key[0], key[1], key[2], key[3], key[4], key[5]]).map_err(unavailable)?;
+                    let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
+                    conn.execute(sql, params![key[0], key[1], key[2], key[3], key[4], key[5]]).map_err(unavailable)?;
                 }
                 Resolution::Complete { status, headers, body } => {
                     // A new fence: the old owner's late completion must not
                     // overwrite what the operator decided.
                     let fence = next_fence(conn)?;
-                    let sql = format!(
-                        "UPDATE idempotency_records SET state = 'completed', fence = ?7, response_status = ?8, response_headers = ?9, \
-                         response_body = ?10, body_stored = 1, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE {PK}"
-                    );
+                    let sql = concat!("UPDATE idempotency_records SET state = 'completed', fence = ?7, response_status = ?8, response_headers = ?9, \
+                         response_body = ?10, body_stored = 1, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE ", pk_where!());
                     conn.execute(
-                        &sql,
+                        sql,
                         params![
                             key[0],
                             key[1],
@@ -855,11 +872,12 @@ impl Backend for Sqlite {
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
-        let key = pk(scope);
+        let scope = scope.clone();
         self.write(move |conn| {
-            let sql = format!("DELETE FROM idempotency_records WHERE {PK}");
+            let key = pk(&scope);
+            let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
             let n = conn
-                .execute(&sql, params![key[0], key[1], key[2], key[3], key[4], key[5]])
+                .execute(sql, params![key[0], key[1], key[2], key[3], key[4], key[5]])
                 .map_err(unavailable)?;
             Ok(n > 0)
         })
