@@ -9,14 +9,14 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod chaos;
-pub mod pg;
+pub use idemgate_testkit::pg;
 pub mod report;
 pub mod stack;
 mod upstream;
@@ -46,12 +46,7 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
+pub use idemgate_testkit::free_port;
 
 /// A process whose output goes to a log file we can print on failure.
 pub struct Proc {
@@ -142,6 +137,20 @@ pub struct Harness {
     pub client: reqwest::Client,
 }
 
+/// A bootstrap from the repository with its listener, admin and upstream
+/// ports and its wasm path rewritten for this test.
+pub fn bootstrap(file: &str, port: u16, admin_port: u16, upstream_port: u16) -> String {
+    std::fs::read_to_string(repo_root().join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .replace("port_value: 10000", &format!("port_value: {port}"))
+        .replace("port_value: 9901", &format!("port_value: {admin_port}"))
+        .replace("port_value: 8080", &format!("port_value: {upstream_port}"))
+        .replace(
+            "filename: target/idemgate.wasm",
+            &format!("filename: {}", wasm_path().display()),
+        )
+}
+
 impl Harness {
     pub async fn start() -> Harness {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
@@ -149,22 +158,8 @@ impl Harness {
         let store_port = free_port();
         let store = start_store(dir.path(), store_port);
         let (port, admin_port) = (free_port(), free_port());
-        let config = std::fs::read_to_string(repo_root().join("envoy/e2e.yaml"))
-            .unwrap_or_else(|e| panic!("envoy/e2e.yaml: {e}"))
-            .replace("port_value: 10000", &format!("port_value: {port}"))
-            .replace("port_value: 9901", &format!("port_value: {admin_port}"))
-            .replace("port_value: 8787", &format!("port_value: {store_port}"))
-            .replace(
-                "port_value: 8080",
-                &format!("port_value: {}", upstream.addr.port()),
-            )
-            .replace(
-                "filename: target/idemgate.wasm",
-                &format!(
-                    "filename: {}",
-                    env_path("IDEMGATE_WASM", "target/idemgate.wasm").display()
-                ),
-            );
+        let config = bootstrap("envoy/e2e.yaml", port, admin_port, upstream.addr.port())
+            .replace("port_value: 8787", &format!("port_value: {store_port}"));
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
         let envoy_bin = envoy_bin();
@@ -366,4 +361,15 @@ pub async fn raw_request(port: u16, request: &[u8]) -> String {
     let mut out = vec![0u8; 4096];
     let n = stream.read(&mut out).await.unwrap_or(0);
     String::from_utf8_lossy(&out[..n]).into_owned()
+}
+
+/// A key no other test uses.
+pub fn fresh_key(label: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{label}-{nanos:x}-{}", N.fetch_add(1, Ordering::SeqCst))
 }

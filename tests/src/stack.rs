@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::pg::PgCluster;
-use crate::{env_path, eventually, free_port, repo_root, Proc, Upstream, ADMIN_TOKEN};
+use crate::{env_path, eventually, free_port, Proc, Upstream, ADMIN_TOKEN};
+use idemgate_testkit::pg::PgCluster;
 
 pub enum Database {
     Sqlite,
@@ -76,7 +76,7 @@ impl Stack {
             ),
             Database::Postgres => {
                 let pg = PgCluster::start();
-                let url = pg.url();
+                let url = pg.url("postgres");
                 (Some(pg), url)
             }
         };
@@ -97,25 +97,10 @@ impl Stack {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let config = std::fs::read_to_string(repo_root().join(options.bootstrap))
-            .unwrap_or_else(|e| panic!("{}: {e}", options.bootstrap))
-            .replace(
-                "{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8787}}}}",
-                &store_endpoints,
-            )
-            .replace("port_value: 10000", &format!("port_value: {port}"))
-            .replace("port_value: 9901", &format!("port_value: {admin_port}"))
-            .replace(
-                "port_value: 8080",
-                &format!("port_value: {}", upstream.addr.port()),
-            )
-            .replace(
-                "filename: target/idemgate.wasm",
-                &format!(
-                    "filename: {}",
-                    env_path("IDEMGATE_WASM", "target/idemgate.wasm").display()
-                ),
-            );
+        let config = crate::bootstrap(options.bootstrap, port, admin_port, upstream.addr.port()).replace(
+            "{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8787}}}}",
+            &store_endpoints,
+        );
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
         let mut stack = Stack {

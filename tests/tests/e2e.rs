@@ -6,15 +6,7 @@ use std::time::Duration;
 
 use e2e::{eventually, poll, send, Answer, Harness};
 
-fn key(label: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{label}-{nanos:x}-{}", N.fetch_add(1, Ordering::SeqCst))
-}
+use e2e::fresh_key as key;
 
 fn assert_problem(answer: &Answer, status: u16, slug: &str) {
     assert_eq!(answer.status, status, "status of {answer:?}");

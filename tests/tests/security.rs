@@ -19,15 +19,7 @@ use e2e::{eventually, send, Answer, Harness, ADMIN_TOKEN, API_TOKEN};
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
 
-fn key(label: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{label}-{nanos:x}-{}", N.fetch_add(1, Ordering::SeqCst))
-}
+use e2e::fresh_key as key;
 
 /// Failed checks, collected so the results row is written before failing.
 #[derive(Default)]

@@ -1,7 +1,7 @@
 //! Test harness: throwaway PostgreSQL clusters, the store started in-process
 //! or as the real binary, and a small HTTP client.
 
-pub mod pg;
+pub use idemgate_testkit::{free_port, pg};
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -190,12 +190,4 @@ impl Drop for StoreProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

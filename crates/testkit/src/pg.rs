@@ -68,7 +68,7 @@ impl PgCluster {
             assert!(ok, "cannot chown the cluster directory to the postgres user");
         }
         let data = dir.path().join("data");
-        let port = super::free_port();
+        let port = crate::free_port();
         let c = PgCluster {
             dir,
             bin,
