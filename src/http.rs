@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use idemgate_core::config::{Config, Identity, Source};
-use idemgate_core::exchange::{Exchange, Origin, RequestHead, ResponseHead, Step};
+use idemgate_core::exchange::{Exchange, Origin, RequestHead, ResponseHead, Settlement, Step};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Bytes, LogLevel};
 
@@ -257,11 +257,23 @@ impl HttpContext for Filter {
         let Some(ex) = self.exchange.as_mut() else { return };
         if let (Some(call), Some(config)) = (ex.finish(), self.config.as_ref()) {
             if host::dispatch(&config.store, &call).is_none() {
+                let record = ex.log_id().unwrap_or_default();
                 host::log(
                     LogLevel::Warn,
-                    "could not report an unknown outcome; the lease will expire it",
+                    &format!(
+                        "record {record}: could not report an unknown outcome; its lease will expire it"
+                    ),
                 );
             }
+        }
+        if ex.settlement() == Some(Settlement::Failed) {
+            let record = ex.log_id().unwrap_or_default();
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "record {record}: the store did not record the outcome; its lease will turn it unknown"
+                ),
+            );
         }
         self.metrics.count(ex.outcome(), ex.settlement());
     }

@@ -241,10 +241,6 @@ impl Exchange {
         self.settlement
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// Whether the response path should run at all (and strip `Idempotency-Control`).
     pub fn owns_response(&self) -> bool {
         matches!(
