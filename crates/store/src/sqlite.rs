@@ -521,22 +521,7 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
         }
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
-            let sql = concat!(
-                "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
-                pk_where!()
-            );
-            conn.prepare_cached(sql)
-                .map_err(unavailable)?
-                .execute(params![
-                    key[0],
-                    key[1],
-                    key[2],
-                    key[3],
-                    key[4],
-                    key[5],
-                    record::unknown_expiry(now, ttl_ms)
-                ])
-                .map_err(unavailable)?;
+            set_unknown(conn, &key, record::unknown_expiry(now, ttl_ms))?;
             Ok(ClaimOutcome {
                 reply: ClaimReply::Unknown,
                 body: Vec::new(),
@@ -607,6 +592,20 @@ fn query_infos(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) ->
 
 /// Changes a record only if the caller holds its current fence and it is
 /// still open; `record::may_fence` is the rule, checked on the writer.
+fn set_unknown(conn: &Connection, key: &[&str; 6], expires_at: i64) -> Result<()> {
+    let sql = concat!(
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
+        pk_where!()
+    );
+    conn.prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(params![
+            key[0], key[1], key[2], key[3], key[4], key[5], expires_at
+        ])
+        .map_err(unavailable)?;
+    Ok(())
+}
+
 fn fenced(conn: &Connection, key: &[&str; 6], fence: u64) -> Result<Option<Loaded>> {
     Ok(load(conn, key)?.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence)))
 }
@@ -770,22 +769,7 @@ impl Backend for Sqlite {
             if loaded.view.state == State::Unknown {
                 return Ok(FenceReply::Done);
             }
-            let sql = concat!(
-                "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
-                pk_where!()
-            );
-            conn.prepare_cached(sql)
-                .map_err(unavailable)?
-                .execute(params![
-                    key[0],
-                    key[1],
-                    key[2],
-                    key[3],
-                    key[4],
-                    key[5],
-                    record::unknown_expiry(now, loaded.ttl_ms)
-                ])
-                .map_err(unavailable)?;
+            set_unknown(conn, &key, record::unknown_expiry(now, loaded.ttl_ms))?;
             Ok(FenceReply::Done)
         })
         .await
