@@ -46,6 +46,20 @@ pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, Response> 
     }
 }
 
+/// A frame whose metadata is all there is (claim, release, mark-unknown).
+async fn read_bare_frame<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
+    let bytes = read_body(state, body).await?;
+    let (req, rest) = decode::<T>(state, &bytes)?;
+    if !rest.is_empty() {
+        return Err(problem(
+            state,
+            ProblemKind::BadRequest,
+            "this frame carries no bytes after its metadata line",
+        ));
+    }
+    Ok(req)
+}
+
 fn decode<T: DeserializeOwned>(state: &AppState, bytes: &Bytes) -> Result<(T, Bytes), Response> {
     match decode_frame::<T>(bytes) {
         Ok((meta, rest)) => {
@@ -114,21 +128,10 @@ fn fence_reply(reply: FenceReply) -> Response {
 }
 
 pub async fn claim(State(state): State<AppState>, body: Body) -> Response {
-    let bytes = match read_body(&state, body).await {
-        Ok(b) => b,
+    let req = match read_bare_frame::<ClaimRequest>(&state, body).await {
+        Ok(req) => req,
         Err(r) => return r,
     };
-    let (req, rest) = match decode::<ClaimRequest>(&state, &bytes) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    if !rest.is_empty() {
-        return problem(
-            &state,
-            ProblemKind::BadRequest,
-            "a claim frame carries no bytes after its metadata line",
-        );
-    }
     if let Err(e) = validate_claim(&req) {
         return problem(&state, ProblemKind::BadRequest, &e);
     }
@@ -174,21 +177,10 @@ pub async fn complete(State(state): State<AppState>, body: Body) -> Response {
 }
 
 async fn fence_call(state: AppState, body: Body, mark_unknown: bool) -> Response {
-    let bytes = match read_body(&state, body).await {
-        Ok(b) => b,
+    let req = match read_bare_frame::<FenceRequest>(&state, body).await {
+        Ok(req) => req,
         Err(r) => return r,
     };
-    let (req, rest) = match decode::<FenceRequest>(&state, &bytes) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    if !rest.is_empty() {
-        return problem(
-            &state,
-            ProblemKind::BadRequest,
-            "this frame carries no bytes after its metadata line",
-        );
-    }
     let result = if mark_unknown {
         state.inner.store.mark_unknown(&req).await
     } else {
