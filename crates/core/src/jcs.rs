@@ -246,7 +246,7 @@ impl Parser<'_> {
         }
     }
 
-    fn expect(&mut self, byte: u8) -> Result<(), JcsError> {
+    fn eat(&mut self, byte: u8) -> Result<(), JcsError> {
         if self.peek() != Some(byte) {
             return Err(self.error(&format!("expected `{}`", char::from(byte))));
         }
@@ -284,7 +284,7 @@ impl Parser<'_> {
         if depth >= MAX_DEPTH {
             return Err(self.error("nesting too deep"));
         }
-        self.expect(b'{')?;
+        self.eat(b'{')?;
         let mut members = Map::new();
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
@@ -296,7 +296,7 @@ impl Parser<'_> {
             let at = self.pos;
             let name = self.string()?;
             self.skip_whitespace();
-            self.expect(b':')?;
+            self.eat(b':')?;
             self.skip_whitespace();
             let value = self.value(depth + 1)?;
             if members.insert(name, value).is_some() {
@@ -318,7 +318,7 @@ impl Parser<'_> {
         if depth >= MAX_DEPTH {
             return Err(self.error("nesting too deep"));
         }
-        self.expect(b'[')?;
+        self.eat(b'[')?;
         let mut items = Vec::new();
         self.skip_whitespace();
         if self.peek() == Some(b']') {
@@ -341,7 +341,7 @@ impl Parser<'_> {
     }
 
     fn string(&mut self) -> Result<String, JcsError> {
-        self.expect(b'"')?;
+        self.eat(b'"')?;
         let mut out = String::new();
         loop {
             let start = self.pos;

@@ -414,15 +414,16 @@ enum Probe {
 /// A new key's claim, on the writer, when a reader saw no record: one insert
 /// that does nothing if a record appeared since, which is exactly when
 /// `decide_claim` would no longer say `Claim` unconditionally. `None` sends
-/// the claim through [`claim_on_writer`]. The fence is the counter's next
-/// value, taken only when the insert happened, so fences stay dense.
+/// the claim through [`claim_on_writer`]; the fence it took then goes unused,
+/// which is harmless: fences only need to grow.
 fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[&str; 6], now: i64) -> Result<Option<u64>> {
     let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
                fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
                response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
-               VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, (SELECT value + 1 FROM idempotency_fence WHERE id = 1), \
-               ?8, ?9, ?10, NULL, NULL, NULL, 0, ?11, NULL, NULL, NULL, 0) \
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, ?8, \
+               ?9, ?10, ?11, NULL, NULL, NULL, 0, ?12, NULL, NULL, NULL, 0) \
                ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO NOTHING RETURNING fence";
+    let fence = next_fence(conn)?;
     let inserted: Option<i64> = conn
         .prepare_cached(sql)
         .map_err(unavailable)?
@@ -435,6 +436,7 @@ fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[&str; 6], now: i64
                 key[4],
                 key[5],
                 req.fingerprint.map(|f| f.to_hex()),
+                i64_from(fence),
                 record::lease_until(now, req.lease_ms),
                 i64_from(req.ttl_ms),
                 req.on_unknown == OnUnknown::Release,
@@ -444,16 +446,7 @@ fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[&str; 6], now: i64
         )
         .optional()
         .map_err(unavailable)?;
-    let Some(inserted) = inserted else {
-        return Ok(None);
-    };
-    let fence = next_fence(conn)?;
-    if i64_from(fence) != inserted {
-        return Err(StoreError::Corrupt(format!(
-            "fence counter moved during an insert: {inserted} then {fence}"
-        )));
-    }
-    Ok(Some(fence))
+    Ok(inserted.map(|_| fence))
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
@@ -532,8 +525,8 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
 }
 
 fn info_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<RecordInfo, StoreError>> {
+    // Column 0 is the scope version, which `scope_from` supplies itself.
     let cols = (
-        r.get::<_, String>(0)?,
         r.get::<_, String>(1)?,
         r.get::<_, String>(2)?,
         r.get::<_, String>(3)?,
@@ -556,8 +549,7 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<RecordInfo
     let archived_at: Option<i64> = r.get(19)?;
     let replay_count: i64 = r.get(20)?;
     Ok((|| {
-        let _ = &cols.0;
-        let scope = scope_from(&cols.1, &cols.2, &cols.3, &cols.4, &cols.5)?;
+        let scope = scope_from(&cols.0, &cols.1, &cols.2, &cols.3, &cols.4)?;
         Ok(RecordInfo {
             log_id: scope.log_id(),
             scope,
@@ -590,8 +582,17 @@ fn query_infos(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) ->
     Ok(out)
 }
 
-/// Changes a record only if the caller holds its current fence and it is
-/// still open; `record::may_fence` is the rule, checked on the writer.
+/// Deletes a record; `true` when there was one.
+fn delete(conn: &Connection, key: &[&str; 6]) -> Result<bool> {
+    let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
+    let n = conn
+        .prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
+        .map_err(unavailable)?;
+    Ok(n > 0)
+}
+
 fn set_unknown(conn: &Connection, key: &[&str; 6], expires_at: i64) -> Result<()> {
     let sql = concat!(
         "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
@@ -606,6 +607,8 @@ fn set_unknown(conn: &Connection, key: &[&str; 6], expires_at: i64) -> Result<()
     Ok(())
 }
 
+/// Changes a record only if the caller holds its current fence and it is
+/// still open; `record::may_fence` is the rule, checked on the writer.
 fn fenced(conn: &Connection, key: &[&str; 6], fence: u64) -> Result<Option<Loaded>> {
     Ok(load(conn, key)?.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence)))
 }
@@ -748,11 +751,7 @@ impl Backend for Sqlite {
             if fenced(conn, &key, fence)?.is_none() {
                 return Ok(FenceReply::Stale);
             }
-            let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
-            conn.prepare_cached(sql)
-                .map_err(unavailable)?
-                .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
-                .map_err(unavailable)?;
+            delete(conn, &key)?;
             Ok(FenceReply::Done)
         })
         .await
@@ -821,8 +820,7 @@ impl Backend for Sqlite {
             }
             match how {
                 Resolution::Release => {
-                    let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
-                    conn.execute(sql, params![key[0], key[1], key[2], key[3], key[4], key[5]]).map_err(unavailable)?;
+                    delete(conn, &key)?;
                 }
                 Resolution::Complete { status, headers, body } => {
                     // A new fence: the old owner's late completion must not
@@ -857,15 +855,7 @@ impl Backend for Sqlite {
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         let scope = scope.clone();
-        self.write(move |conn| {
-            let key = pk(&scope);
-            let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
-            let n = conn
-                .execute(sql, params![key[0], key[1], key[2], key[3], key[4], key[5]])
-                .map_err(unavailable)?;
-            Ok(n > 0)
-        })
-        .await
+        self.write(move |conn| delete(conn, &pk(&scope))).await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
