@@ -71,13 +71,6 @@ pub enum ClaimDecision {
     Answer(ClaimReply),
 }
 
-impl ClaimDecision {
-    /// True when carrying the decision out writes to the database.
-    pub fn writes(&self) -> bool {
-        !matches!(self, ClaimDecision::Answer(_))
-    }
-}
-
 /// Two fingerprints conflict only when both are present and differ: a policy
 /// in fingerprint mode `none` cannot detect reuse (semantics §3).
 pub fn fingerprints_conflict(stored: Option<&Fingerprint>, offered: Option<&Fingerprint>) -> bool {
@@ -161,30 +154,11 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
     }
 }
 
-/// Whether `complete` may store a response: the record must be in progress or
-/// unknown (a late completion resolves an unknown record) and the caller must
-/// hold the current fencing token.
-pub fn may_complete(state: State, current_fence: u64, offered_fence: u64) -> bool {
-    matches!(state, State::InProgress | State::Unknown) && current_fence == offered_fence
-}
-
-/// Whether `release` / `mark-unknown` may act: same rule as completion.
+/// Whether `complete`, `release` or `mark-unknown` may act: the record must be
+/// in progress or unknown (a late completion resolves an unknown record) and
+/// the caller must hold the current fencing token.
 pub fn may_fence(state: State, current_fence: u64, offered_fence: u64) -> bool {
-    may_complete(state, current_fence, offered_fence)
-}
-
-/// What the sweeper does to a record whose lease ran out.
-pub fn lease_expiry_action(on_unknown: OnUnknown) -> LeaseExpiry {
-    match on_unknown {
-        OnUnknown::Conflict => LeaseExpiry::MarkUnknown,
-        OnUnknown::Release => LeaseExpiry::Release,
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseExpiry {
-    MarkUnknown,
-    Release,
+    matches!(state, State::InProgress | State::Unknown) && current_fence == offered_fence
 }
 
 #[cfg(test)]
@@ -347,10 +321,10 @@ mod tests {
 
     #[test]
     fn only_the_current_fence_completes_an_open_record() {
-        assert!(may_complete(State::InProgress, 7, 7));
-        assert!(may_complete(State::Unknown, 7, 7));
-        assert!(!may_complete(State::InProgress, 8, 7));
-        assert!(!may_complete(State::Completed, 7, 7));
+        assert!(may_fence(State::InProgress, 7, 7));
+        assert!(may_fence(State::Unknown, 7, 7));
+        assert!(!may_fence(State::InProgress, 8, 7));
+        assert!(!may_fence(State::Completed, 7, 7));
     }
 
     #[test]

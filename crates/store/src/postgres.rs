@@ -458,7 +458,7 @@ impl Backend for Postgres {
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
         let pk = Pk::new(&req.scope);
-        // The WHERE clause is record::may_complete; expires_at is
+        // The WHERE clause is record::may_fence; expires_at is
         // record::completion_expiry with the ttl stored at claim time.
         let sql = concat!("UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
              body_stored = $11, completed_at = $12, expires_at = $12 + ttl_ms, lease_until = $12 \
