@@ -20,6 +20,22 @@ pub fn plugin_configuration() -> Option<Bytes> {
         .flatten()
 }
 
+/// Sets the root context's timer (zero stops it); `false` if Envoy refused.
+pub fn set_tick_period(period: Duration) -> bool {
+    let ok = hostcalls::set_tick_period(period).is_ok();
+    if !ok {
+        log(LogLevel::Warn, "could not set the timer");
+    }
+    ok
+}
+
+/// 128 random bits, hex: names this worker's claim attempts.
+pub fn random_hex() -> Option<String> {
+    let mut seed = [0u8; 16];
+    getrandom::getrandom(&mut seed).ok()?;
+    Some(seed.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 pub fn counter(name: &str) -> Option<u32> {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }

@@ -5,10 +5,12 @@ use std::rc::Rc;
 
 use idemgate_core::config::{Config, Identity, Source};
 use idemgate_core::exchange::{Exchange, Origin, RequestHead, ResponseHead, Settlement, Step};
+use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Bytes, LogLevel};
 
 use crate::host;
+use crate::outbox::Shared;
 use crate::root::Metrics;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,9 @@ enum Direction {
 pub struct Filter {
     config: Option<Rc<Config>>,
     metrics: Rc<Metrics>,
+    outbox: Shared,
+    /// This request's claim attempt id, unique on the worker.
+    attempt: Option<Attempt>,
     exchange: Option<Exchange>,
     /// Body bytes already handed to the exchange (Envoy's buffer grows while we pause).
     request_seen: usize,
@@ -29,10 +34,17 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn new(config: Option<Rc<Config>>, metrics: Rc<Metrics>) -> Filter {
+    pub fn new(
+        config: Option<Rc<Config>>,
+        metrics: Rc<Metrics>,
+        outbox: Shared,
+        attempt: Option<Attempt>,
+    ) -> Filter {
         Filter {
             config,
             metrics,
+            outbox,
+            attempt,
             exchange: None,
             request_seen: 0,
             response_seen: 0,
@@ -48,6 +60,10 @@ impl Filter {
             Step::Respond(reply) => {
                 host::send_reply(&reply);
                 Action::Pause
+            }
+            Step::Deliver(call, next) => {
+                self.outbox.borrow_mut().post(call);
+                self.act(*next, direction)
             }
             Step::Call(call) => match self.config.as_ref().and_then(|c| host::dispatch(&c.store, &call)) {
                 Some(_) => {
@@ -145,7 +161,7 @@ impl Context for Filter {
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(config) = self.config.clone() else {
+        let (Some(config), Some(attempt)) = (self.config.clone(), self.attempt.take()) else {
             return Action::Continue;
         };
         // Three lookups decide whether the request is ours; only then is the
@@ -183,7 +199,7 @@ impl HttpContext for Filter {
             principal,
             end_of_stream,
         };
-        let (exchange, step) = Exchange::begin(config.clone(), policy, head);
+        let (exchange, step) = Exchange::begin(config.clone(), policy, head, attempt);
         self.exchange = Some(exchange);
         self.act(step, Direction::Request)
     }
@@ -255,16 +271,8 @@ impl HttpContext for Filter {
 
     fn on_log(&mut self) {
         let Some(ex) = self.exchange.as_mut() else { return };
-        if let (Some(call), Some(config)) = (ex.finish(), self.config.as_ref()) {
-            if host::dispatch(&config.store, &call).is_none() {
-                let record = ex.log_id().unwrap_or_default();
-                host::log(
-                    LogLevel::Warn,
-                    &format!(
-                        "record {record}: could not report an unknown outcome; its lease will expire it"
-                    ),
-                );
-            }
+        if let Some(call) = ex.finish() {
+            self.outbox.borrow_mut().post(call);
         }
         if ex.settlement() == Some(Settlement::Failed) {
             let record = ex.log_id().unwrap_or_default();

@@ -1,6 +1,7 @@
 //! The idemgate Envoy filter: thin proxy-wasm glue over `idemgate_core`.
 //!
-//! [`root`] parses the plugin configuration and owns the metrics; [`http`]
+//! [`root`] parses the plugin configuration and owns the metrics and the
+//! [`outbox`], the store client for calls that outlive a request; [`http`]
 //! carries out the steps of one request's [`idemgate_core::exchange::Exchange`];
 //! [`host`] is the only module that talks to Envoy, and it handles every host
 //! error instead of unwrapping it (an unwrap here would kill the VM for every
@@ -8,6 +9,7 @@
 
 mod host;
 mod http;
+mod outbox;
 mod root;
 
 proxy_wasm::main! {{

@@ -1,15 +1,18 @@
-//! The root context: configuration and metrics, shared by every request on
-//! this worker's VM.
+//! The root context: configuration, metrics and the store client for calls
+//! that outlive their request, shared by every request on this worker's VM.
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{Outcome, Settlement};
+use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
 use crate::host;
 use crate::http::Filter;
+use crate::outbox::{Outbox, Shared};
 
 /// Counter ids per outcome and settlement (`None` when Envoy refused one).
 #[derive(Default)]
@@ -46,17 +49,32 @@ impl Metrics {
 pub struct Root {
     config: Option<Rc<Config>>,
     metrics: Rc<Metrics>,
+    outbox: Shared,
+    /// This worker's random prefix for attempt ids, and the next number.
+    attempt_prefix: String,
+    attempts: Cell<u64>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        let answer = host::store_answer(num_headers, body_size);
+        self.outbox.borrow_mut().answered(token, answer);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = host::plugin_configuration().unwrap_or_default();
         match Config::parse(&bytes) {
             Ok(config) => {
+                let Some(prefix) = host::random_hex() else {
+                    host::log(LogLevel::Error, "no random source for claim attempt ids");
+                    return false;
+                };
+                self.attempt_prefix = prefix;
                 self.config = Some(Rc::new(config));
                 self.metrics = Rc::new(Metrics::define());
+                self.outbox = Rc::new(RefCell::new(Outbox::default()));
                 true
             }
             Err(e) => {
@@ -66,10 +84,24 @@ impl RootContext for Root {
         }
     }
 
+    fn on_tick(&mut self) {
+        if let Some(config) = &self.config {
+            self.outbox.borrow_mut().tick(&config.store);
+        }
+    }
+
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Envoy creates no request contexts for a rejected configuration; an
         // unconfigured filter passes everything rather than panic in the SDK.
-        Some(Box::new(Filter::new(self.config.clone(), self.metrics.clone())))
+        let n = self.attempts.get().wrapping_add(1);
+        self.attempts.set(n);
+        let attempt = Attempt::try_from(format!("{}-{n:x}", self.attempt_prefix)).ok();
+        Some(Box::new(Filter::new(
+            self.config.clone(),
+            self.metrics.clone(),
+            self.outbox.clone(),
+            attempt,
+        )))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -263,8 +263,12 @@ impl Stack {
             if let Ok(r) = res {
                 if r.status() == 200 {
                     let bytes = r.bytes().await.unwrap_or_default();
-                    if let Ok(serde_json::Value::Array(v)) = serde_json::from_slice(&bytes) {
-                        return Some(v);
+                    // The current generation; earlier ones (released,
+                    // abandoned, replaced) are history, not records.
+                    if let Ok(serde_json::Value::Object(mut v)) = serde_json::from_slice(&bytes) {
+                        if let Some(serde_json::Value::Array(records)) = v.remove("records") {
+                            return Some(records.into_iter().filter(|r| r["ended_at"].is_null()).collect());
+                        }
                     }
                 }
             }

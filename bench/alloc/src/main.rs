@@ -215,6 +215,8 @@ fn pieces(config: &Rc<Config>) {
             wait_ms: 0,
             after_expiry: policy.after_expiry,
             on_unknown: policy.on_unknown,
+            attempt: None,
+            deadline_ms: 0,
         };
         let frame = measure(&mut t[3], || encode_frame(&req, &[]));
         // What the filter's glue hands to dispatch_http_call: borrowed from the config.

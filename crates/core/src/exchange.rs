@@ -16,8 +16,8 @@ use crate::fingerprint::Fingerprinter;
 use crate::key::{parse_key, KeyError};
 use crate::problem::{Problem, ProblemKind};
 use crate::protocol::{
-    decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
-    CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
+    FenceReply, FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
 use crate::scope::{Namespace, Scope, EVERYONE};
 use crate::Reply;
@@ -33,6 +33,10 @@ pub enum Step {
     Call(StoreCall),
     /// Answer the client locally; the exchange is over.
     Respond(Reply),
+    /// Hand this call to the worker's store client, which sends it whether or
+    /// not the request is still there and retries it until the store answers;
+    /// then carry out the next step.
+    Deliver(StoreCall, Box<Step>),
 }
 
 /// A `POST` to the store: the filter adds `:authority`, `authorization` and
@@ -155,16 +159,20 @@ pub enum Settlement {
     Completed,
     Released,
     MarkedUnknown,
+    /// The claim was given up before anything was forwarded (its answer
+    /// never came, or the client left while it was in flight).
+    Abandoned,
     /// The store refused (stale fence) or could not be reached; the lease will
     /// turn the record unknown.
     Failed,
 }
 
 impl Settlement {
-    pub const ALL: [Settlement; 4] = [
+    pub const ALL: [Settlement; 5] = [
         Settlement::Completed,
         Settlement::Released,
         Settlement::MarkedUnknown,
+        Settlement::Abandoned,
         Settlement::Failed,
     ];
 
@@ -173,6 +181,7 @@ impl Settlement {
             Settlement::Completed => "completed",
             Settlement::Released => "released",
             Settlement::MarkedUnknown => "marked_unknown",
+            Settlement::Abandoned => "abandoned",
             Settlement::Failed => "settle_failed",
         }
     }
@@ -207,6 +216,8 @@ enum State {
 pub struct Exchange {
     config: Rc<Config>,
     policy: Rc<Policy>,
+    /// Names this request's claim, so it can be abandoned unseen.
+    attempt: Attempt,
     scope: Option<Scope>,
     state: State,
     outcome: Outcome,
@@ -214,11 +225,18 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Starts the exchange from the request headers.
-    pub fn begin(config: Rc<Config>, policy: Rc<Policy>, head: RequestHead) -> (Exchange, Step) {
+    /// Starts the exchange from the request headers; `attempt` must be unique
+    /// to this request (the filter draws it at random).
+    pub fn begin(
+        config: Rc<Config>,
+        policy: Rc<Policy>,
+        head: RequestHead,
+        attempt: Attempt,
+    ) -> (Exchange, Step) {
         let mut ex = Exchange {
             config,
             policy,
+            attempt,
             scope: None,
             state: State::Passing,
             outcome: Outcome::Passed,
@@ -328,7 +346,7 @@ impl Exchange {
             InFlight::Conflict => 0,
             InFlight::Wait { max_ms } => max_ms,
         };
-        let request = ClaimRequest {
+        let mut request = ClaimRequest {
             scope,
             fingerprint: fingerprint.finish(),
             lease_ms: self.policy.lease_ms,
@@ -336,7 +354,11 @@ impl Exchange {
             wait_ms,
             after_expiry: self.policy.after_expiry,
             on_unknown: self.policy.on_unknown,
+            attempt: Some(self.attempt.clone()),
+            deadline_ms: 0,
         };
+        // The store must not commit a claim after we stopped waiting for it.
+        request.deadline_ms = self.call(CLAIM_PATH, Vec::new(), wait_ms).timeout_ms;
         self.state = State::Claiming;
         Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
     }
@@ -365,12 +387,19 @@ impl Exchange {
             _ => None,
         };
         let Some((reply, body)) = reply else {
-            return match self.policy.failure_mode {
+            // The store may have committed the claim and lost only its answer:
+            // abandon it, so the retry the problem invites is a first request.
+            let next = match self.policy.failure_mode {
                 FailureMode::Open => self.pass(Outcome::FailOpen),
                 FailureMode::Closed => self.reject(
                     Outcome::StoreError,
                     Problem::new(ProblemKind::StoreUnavailable, "the idempotency store could not be reached; the request was not forwarded, retry later with the same key").retry_after(1),
                 ),
+            };
+            self.settlement = Some(Settlement::Abandoned);
+            return match self.abandon_call() {
+                Some(call) => Step::Deliver(call, Box::new(next)),
+                None => next,
             };
         };
         match reply {
@@ -531,23 +560,37 @@ impl Exchange {
         let path = match as_ {
             Settlement::Released => RELEASE_PATH,
             Settlement::MarkedUnknown => MARK_UNKNOWN_PATH,
-            Settlement::Completed | Settlement::Failed => return None,
+            Settlement::Completed | Settlement::Abandoned | Settlement::Failed => return None,
         };
         let scope = self.scope.clone()?;
         Some(self.call(path, encode_frame(&FenceRequest { scope, fence }, &[]), 0))
     }
 
-    /// The stream is over (Envoy's `on_log`). If the upstream had the request
-    /// and its response never fully came back, nobody knows whether it acted:
-    /// returns the call that marks the record unknown.
+    /// The stream is over (Envoy's `on_log`). Returns the call, for the
+    /// worker's store client, that settles what was left open: a claim still
+    /// in flight is abandoned (nothing was forwarded); if the upstream had the
+    /// request and its response never fully came back, nobody knows whether
+    /// it acted, and the record is marked unknown.
     pub fn finish(&mut self) -> Option<StoreCall> {
-        let fence = match self.state {
-            State::Forwarded { fence } | State::Capturing { fence, .. } => fence,
+        let (call, as_) = match self.state {
+            State::Claiming => (self.abandon_call(), Settlement::Abandoned),
+            State::Forwarded { fence } | State::Capturing { fence, .. } => (
+                self.settle_call(fence, Settlement::MarkedUnknown),
+                Settlement::MarkedUnknown,
+            ),
             _ => return None,
         };
         self.state = State::Done;
-        self.settlement = Some(Settlement::MarkedUnknown);
-        self.settle_call(fence, Settlement::MarkedUnknown)
+        self.settlement = Some(as_);
+        call
+    }
+
+    fn abandon_call(&self) -> Option<StoreCall> {
+        let request = AbandonRequest {
+            scope: self.scope.clone()?,
+            attempt: self.attempt.clone(),
+        };
+        Some(self.call(ABANDON_PATH, encode_frame(&request, &[]), 0))
     }
 
     fn call(&self, path: &'static str, body: Vec<u8>, extra_ms: u64) -> StoreCall {
@@ -645,7 +688,7 @@ mod tests {
             end_of_stream: body.is_none(),
             ..RequestHead::default()
         };
-        let (mut ex, step) = Exchange::begin(config, policy, head);
+        let (mut ex, step) = Exchange::begin(config, policy, head, attempt());
         match body {
             Some(body) if step == Step::Pause => {
                 let step = ex.request_body(body.as_bytes(), true);
@@ -653,6 +696,19 @@ mod tests {
             }
             _ => (ex, step),
         }
+    }
+
+    fn attempt() -> Attempt {
+        Attempt::try_from("attempt-1".to_string()).unwrap()
+    }
+
+    /// The abandon call a step hands to the store client, and the step after it.
+    fn abandoning(step: Step) -> (AbandonRequest, Step) {
+        let Step::Deliver(call, next) = step else {
+            panic!("expected an abandon, got {step:?}")
+        };
+        assert_eq!(call.path, ABANDON_PATH);
+        (decode_frame::<AbandonRequest>(&call.body).unwrap().0, *next)
     }
 
     fn claim_of(step: &Step) -> ClaimRequest {
@@ -739,7 +795,7 @@ mod tests {
             end_of_stream: true,
             ..RequestHead::default()
         };
-        let (_, step) = Exchange::begin(config, policy, head);
+        let (_, step) = Exchange::begin(config, policy, head, attempt());
         assert_eq!(problem_slug(&step), (400, "identity-missing".into()));
     }
 
@@ -855,18 +911,43 @@ mod tests {
         ];
         for answer in answers {
             let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-            assert_eq!(
-                problem_slug(&ex.store_reply(answer)),
-                (503, "store-unavailable".into())
-            );
+            let (abandon, next) = abandoning(ex.store_reply(answer));
+            assert_eq!(problem_slug(&next), (503, "store-unavailable".into()));
+            assert_eq!(abandon.attempt, attempt());
+            assert_eq!(abandon.scope.key().as_str(), "k");
             assert_eq!(ex.outcome(), Outcome::StoreError);
+            assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
         }
     }
 
     #[test]
-    fn fail_open_forwards_without_dedupe() {
+    fn a_claim_names_its_attempt_and_the_deadline_of_its_caller() {
+        let (_, step) = begin("/pay", Some("k"), Some("{}"));
+        let claim = claim_of(&step);
+        assert_eq!(claim.attempt, Some(attempt()));
+        let Step::Call(call) = &step else { unreachable!() };
+        assert_eq!(claim.deadline_ms, call.timeout_ms);
+        // A waiting claim's caller waits longer.
+        let (_, step) = begin("/small", Some("k"), Some("{}"));
+        assert_eq!(claim_of(&step).deadline_ms, 1_000 + 300);
+    }
+
+    #[test]
+    fn a_client_gone_while_the_claim_is_in_flight_abandons_it() {
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        let call = ex.finish().unwrap();
+        assert_eq!(call.path, ABANDON_PATH);
+        let abandon = decode_frame::<AbandonRequest>(&call.body).unwrap().0;
+        assert_eq!(abandon.attempt, attempt());
+        assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
+        assert_eq!(ex.finish(), None);
+    }
+
+    #[test]
+    fn fail_open_abandons_the_claim_and_forwards_without_dedupe() {
         let (mut ex, _) = begin("/open", Some("k"), Some("{}"));
-        assert_eq!(ex.store_reply(None), Step::Continue);
+        let (_, next) = abandoning(ex.store_reply(None));
+        assert_eq!(next, Step::Continue);
         assert_eq!(ex.outcome(), Outcome::FailOpen);
         assert!(!ex.owns_response());
     }

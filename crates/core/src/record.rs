@@ -1,10 +1,16 @@
 //! Record lifecycle rules used by the store (semantics §4–§6).
 //!
-//! A record is `in_progress` (leased to one owner, who holds a fencing token),
-//! `completed` (a stored response), or `unknown` (nobody knows whether the
-//! upstream acted). Released records are deleted. Completed and unknown records
-//! expire at `expires_at`; the store's sweeper archives them then (body dropped,
-//! metadata kept) and purges them after the audit retention.
+//! A record is `in_progress` (leased to one owner, who holds a fencing token
+//! and named its claim attempt), `completed` (a stored response), or `unknown`
+//! (nobody knows whether the upstream acted). Completed and unknown records
+//! expire at `expires_at`; the store's sweeper archives them then (body
+//! dropped, metadata kept).
+//!
+//! History is append-only: each claim of a key starts a *generation*, named
+//! by the fencing token it was claimed with. A generation that ends (released,
+//! abandoned, replaced by a new claim, purged by an operator) moves to the
+//! history, and every change is a [`Transition`] event. History and events are
+//! purged only after the audit retention.
 //!
 //! Every backend loads the existing record, asks [`decide_claim`] what to do,
 //! and carries the decision out, so SQLite and PostgreSQL cannot disagree. Time
@@ -40,6 +46,75 @@ impl State {
             "unknown" => Some(State::Unknown),
             _ => None,
         }
+    }
+}
+
+/// A change in a record's life: one event row and one log line each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transition {
+    /// A key claimed for the first time or after its generation was released.
+    Claimed,
+    /// A new generation replaced a finished one (`after_expiry: new`,
+    /// `on_unknown: release`); the old one moved to the history.
+    Reclaimed,
+    Completed,
+    /// The upstream refused before acting; the key is free again.
+    Released,
+    /// The filter gave up on its claim before forwarding anything.
+    Abandoned,
+    MarkedUnknown,
+    /// The owner's lease ran out: the record turned unknown or, with
+    /// `on_unknown: release`, was released.
+    LeaseExpired,
+    /// An operator completed or released an open record.
+    Resolved,
+    Archived,
+    Purged,
+}
+
+impl Transition {
+    pub const ALL: [Transition; 10] = [
+        Transition::Claimed,
+        Transition::Reclaimed,
+        Transition::Completed,
+        Transition::Released,
+        Transition::Abandoned,
+        Transition::MarkedUnknown,
+        Transition::LeaseExpired,
+        Transition::Resolved,
+        Transition::Archived,
+        Transition::Purged,
+    ];
+
+    /// The spelling in the events table and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transition::Claimed => "claimed",
+            Transition::Reclaimed => "reclaimed",
+            Transition::Completed => "completed",
+            Transition::Released => "released",
+            Transition::Abandoned => "abandoned",
+            Transition::MarkedUnknown => "marked_unknown",
+            Transition::LeaseExpired => "lease_expired",
+            Transition::Resolved => "resolved",
+            Transition::Archived => "archived",
+            Transition::Purged => "purged",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Transition> {
+        Transition::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// How a generation that left the current records ended (the history's
+/// `state` column): a state it was in, or the transition that ended it.
+pub fn ended_as(last: State, by: Transition) -> &'static str {
+    match (last, by) {
+        (_, Transition::Released | Transition::Abandoned | Transition::Purged) => by.as_str(),
+        (_, Transition::Resolved) => Transition::Released.as_str(),
+        (State::InProgress, _) => Transition::LeaseExpired.as_str(),
+        (state, _) => state.as_str(),
     }
 }
 
@@ -154,6 +229,14 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
     }
 }
 
+/// Whether an abandon of `offered` may release the record: only the attempt
+/// that claimed it, and only while nothing is known to have run (in progress,
+/// or unknown because that attempt's lease ran out). Completed records are
+/// never touched.
+pub fn may_abandon(state: State, stored: Option<&str>, offered: &str) -> bool {
+    matches!(state, State::InProgress | State::Unknown) && stored == Some(offered)
+}
+
 /// Whether `complete`, `release` or `mark-unknown` may act: the record must be
 /// in progress or unknown (a late completion resolves an unknown record) and
 /// the caller must hold the current fencing token.
@@ -188,6 +271,8 @@ mod tests {
             wait_ms: 0,
             after_expiry: AfterExpiry::Reject,
             on_unknown: OnUnknown::Conflict,
+            attempt: None,
+            deadline_ms: 0,
         }
     }
 
@@ -325,6 +410,34 @@ mod tests {
         assert!(may_fence(State::Unknown, 7, 7));
         assert!(!may_fence(State::InProgress, 8, 7));
         assert!(!may_fence(State::Completed, 7, 7));
+    }
+
+    #[test]
+    fn only_the_claiming_attempt_abandons_and_never_a_completion() {
+        assert!(may_abandon(State::InProgress, Some("a"), "a"));
+        assert!(may_abandon(State::Unknown, Some("a"), "a"));
+        assert!(!may_abandon(State::InProgress, Some("a"), "b"));
+        assert!(!may_abandon(State::InProgress, None, "a"));
+        assert!(!may_abandon(State::Completed, Some("a"), "a"));
+    }
+
+    #[test]
+    fn transitions_round_trip_and_name_how_a_generation_ended() {
+        for t in Transition::ALL {
+            assert_eq!(Transition::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(ended_as(State::InProgress, Transition::Abandoned), "abandoned");
+        assert_eq!(ended_as(State::Completed, Transition::Reclaimed), "completed");
+        assert_eq!(ended_as(State::Unknown, Transition::Reclaimed), "unknown");
+        assert_eq!(
+            ended_as(State::InProgress, Transition::LeaseExpired),
+            "lease_expired"
+        );
+        assert_eq!(
+            ended_as(State::InProgress, Transition::Reclaimed),
+            "lease_expired"
+        );
+        assert_eq!(ended_as(State::Unknown, Transition::Resolved), "released");
     }
 
     #[test]

@@ -173,7 +173,13 @@ pub async fn purge(State(state): State<AppState>, body: Body) -> Response {
         Ok(r) => r,
         Err(r) => return r,
     };
-    match state.inner.store.backend.purge(&req.scope).await {
+    match state
+        .inner
+        .store
+        .backend
+        .purge(&req.scope, state.inner.store.clock.now())
+        .await
+    {
         Ok(true) => {
             tracing::info!(record = %req.scope.log_id(), "purged by an operator");
             state.inner.store.notify_changed();

@@ -12,7 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::{Problem, ProblemKind};
 use idemgate_core::protocol::{
-    decode_frame, encode_frame, ClaimRequest, CompleteRequest, FenceReply, FenceRequest, FRAME_CONTENT_TYPE,
+    decode_frame, encode_frame, AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+    FRAME_CONTENT_TYPE,
 };
 use serde::de::DeserializeOwned;
 
@@ -91,6 +92,9 @@ pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
     }
     if req.wait_ms > limits::MAX_WAIT_MS {
         return Err(format!("wait_ms must be at most {}", limits::MAX_WAIT_MS));
+    }
+    if req.deadline_ms > limits::MAX_WAIT_MS * 2 {
+        return Err(format!("deadline_ms must be at most {}", limits::MAX_WAIT_MS * 2));
     }
     Ok(())
 }
@@ -201,6 +205,20 @@ pub async fn release(State(state): State<AppState>, body: Body) -> Response {
 
 pub async fn mark_unknown(State(state): State<AppState>, body: Body) -> Response {
     fence_call(state, body, true).await
+}
+
+pub async fn abandon(State(state): State<AppState>, body: Body) -> Response {
+    let req = match read_bare_frame::<AbandonRequest>(&state, body).await {
+        Ok(req) => req,
+        Err(r) => return r,
+    };
+    match state.inner.store.abandon(&req).await {
+        Ok(reply) => {
+            tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
+            fence_reply(reply)
+        }
+        Err(e) => unavailable(&state, &e),
+    }
 }
 
 pub async fn healthz() -> &'static str {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use idemgate_core::config::OnUnknown;
-use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::protocol::{
+    AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+};
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +19,9 @@ pub enum StoreError {
     Corrupt(String),
     /// A bad `--database-url` or similar.
     Config(String),
+    /// The claim's caller stopped waiting before the claim could be
+    /// committed; nothing was written.
+    Late,
 }
 
 impl std::fmt::Display for StoreError {
@@ -25,6 +30,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Unavailable(e) => write!(f, "database unavailable: {e}"),
             StoreError::Corrupt(e) => write!(f, "unexpected row in the database: {e}"),
             StoreError::Config(e) => write!(f, "{e}"),
+            StoreError::Late => f.write_str("the caller's deadline passed before the claim was committed"),
         }
     }
 }
@@ -74,7 +80,75 @@ pub struct RecordInfo {
     pub expires_at: Option<i64>,
     pub archived_at: Option<i64>,
     pub replay_count: u64,
+    /// Names the generation: the fencing token it was claimed with.
+    pub generation: u64,
+    /// The claim attempt that opened the generation.
+    pub attempt: Option<String>,
+    /// `None` for the current generation; when it left for the history.
+    pub ended_at: Option<i64>,
 }
+
+/// Every generation of a key and every event, for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyHistory {
+    /// The current generation(s) first, then earlier ones, newest first.
+    pub records: Vec<RecordInfo>,
+    /// Oldest first.
+    pub events: Vec<EventInfo>,
+}
+
+/// One transition of a record (see [`idemgate_core::record::Transition`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventInfo {
+    pub scope: Scope,
+    pub log_id: String,
+    pub generation: u64,
+    pub at: i64,
+    pub transition: String,
+    pub attempt: Option<String>,
+    pub fence: u64,
+    pub fingerprint: Option<String>,
+    pub status: Option<u16>,
+    /// `filter`, `sweeper` or `operator`.
+    pub actor: String,
+    pub detail: Option<String>,
+    /// Since the generation was claimed.
+    pub duration_ms: i64,
+}
+
+impl EventInfo {
+    /// The event's structured log line: what operators monitor.
+    pub fn log(&self) {
+        tracing::info!(
+            target: "idemgate::events",
+            event = %self.transition,
+            tenant = %self.scope.tenant(),
+            route = %self.scope.route(),
+            record = %self.log_id,
+            generation = self.generation,
+            fence = self.fence,
+            fingerprint = self.fingerprint.as_deref().unwrap_or("-"),
+            replayed = false,
+            status = self.status.unwrap_or(0),
+            duration_ms = self.duration_ms,
+            actor = %self.actor,
+            detail = self.detail.as_deref().unwrap_or("-"),
+        );
+    }
+}
+
+/// Who caused a transition.
+pub mod actor {
+    pub const FILTER: &str = "filter";
+    pub const SWEEPER: &str = "sweeper";
+    pub const OPERATOR: &str = "operator";
+}
+
+/// How long an abandon that found no record is remembered: a claim still on
+/// its way to the database under that attempt is released by the sweeper
+/// when it lands. Claims past their caller's deadline are never committed,
+/// so this only has to outlast a claim statement already running.
+pub const ABANDONED_ATTEMPT_MEMORY_MS: i64 = 10 * 60 * 1000;
 
 /// Find records by tenant and key; the other components narrow the search.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,19 +197,45 @@ pub struct SweepPolicy {
 pub struct SweepReport {
     pub marked_unknown: u64,
     pub released: u64,
+    /// Claims whose filter abandoned them before they landed.
+    pub abandoned: u64,
     pub archived: u64,
+    /// Generations (current or history) past the audit retention.
     pub purged: u64,
+    /// Events past the audit retention.
+    pub events_purged: u64,
 }
 
 impl SweepReport {
     pub fn total(&self) -> u64 {
-        self.marked_unknown + self.released + self.archived + self.purged
+        self.marked_unknown
+            + self.released
+            + self.abandoned
+            + self.archived
+            + self.purged
+            + self.events_purged
     }
     pub fn add(&mut self, other: SweepReport) {
         self.marked_unknown += other.marked_unknown;
         self.released += other.released;
+        self.abandoned += other.abandoned;
         self.archived += other.archived;
         self.purged += other.purged;
+        self.events_purged += other.events_purged;
+    }
+    /// Whether some phase filled a whole batch (there may be more to do).
+    pub fn full(&self, batch: u32) -> bool {
+        let full = u64::from(batch);
+        [
+            self.marked_unknown,
+            self.released,
+            self.abandoned,
+            self.archived,
+            self.purged,
+            self.events_purged,
+        ]
+        .iter()
+        .any(|n| *n >= full)
     }
 }
 
@@ -149,18 +249,31 @@ pub trait Backend: Send + Sync {
     async fn migrate(&self) -> Result<()>;
     /// Succeeds when the database answers and the schema is in place.
     async fn ping(&self) -> Result<()>;
-    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome>;
+    /// `deadline`: the caller stops waiting then; a claim that would commit
+    /// later fails with [`StoreError::Late`] instead.
+    async fn claim(
+        &self,
+        req: &ClaimRequest,
+        now: i64,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<ClaimOutcome>;
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
-    async fn release(&self, req: &FenceRequest) -> Result<FenceReply>;
+    async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
-    /// Records with this tenant and key, archived ones included.
-    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>>;
+    /// Releases the record if it is still open under this attempt
+    /// (`record::may_abandon`); if there is none yet, remembers the attempt so
+    /// the sweeper releases a claim of it that lands later.
+    async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply>;
+    /// Every generation and event of records with this tenant and key.
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory>;
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;
     /// `false` when there is no open record with this scope.
     async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool>;
-    /// Deletes the record whatever its state; `false` when there was none.
-    async fn purge(&self, scope: &Scope) -> Result<bool>;
-    /// One batch of each sweeper phase: expired leases, archiving, purging.
+    /// Ends the current generation whatever its state (it moves to the
+    /// history as `purged`, so the key is free); `false` when there was none.
+    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool>;
+    /// One batch of each sweeper phase: expired leases, abandoned attempts,
+    /// archiving, purging what is past the audit retention.
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport>;
     /// Creation time of the oldest in-progress record.
     async fn oldest_in_progress(&self) -> Result<Option<i64>>;

@@ -245,7 +245,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         }
         Command::Serve(s) => serve(store, s, &cli.database_url).await,
         Command::Inspect(i) => {
-            let records = if i.unknown {
+            let listing = if i.unknown {
                 store.backend.list(Listing::Unknown, now, i.limit).await
             } else if i.stuck {
                 store
@@ -259,6 +259,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                     )
                     .await
             } else {
+                // Every generation and event of the key.
                 let lookup = Lookup {
                     tenant: i.tenant.unwrap_or_default(),
                     key: i.key.unwrap_or_default(),
@@ -266,10 +267,15 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                     principal: i.principal,
                     namespace: None,
                 };
-                store.backend.lookup(&lookup, i.limit).await
+                let history = store
+                    .backend
+                    .lookup(&lookup, i.limit)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return print_json(&history);
             }
             .map_err(|e| e.to_string())?;
-            print_json(&records)
+            print_json(&listing)
         }
         Command::Resolve(r) => {
             let scope = r.scope.scope()?;
@@ -305,7 +311,11 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         }
         Command::Purge(s) => {
             let scope = s.scope()?;
-            let changed = store.backend.purge(&scope).await.map_err(|e| e.to_string())?;
+            let changed = store
+                .backend
+                .purge(&scope, now)
+                .await
+                .map_err(|e| e.to_string())?;
             if !changed {
                 return Err("no record with this scope".into());
             }

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub mismatches: Counter,
     pub unknown_records: Counter,
     pub stale_fences: Counter,
+    pub late_claims: Counter,
+    pub abandoned_claims: Counter,
     pub claim_seconds: Histogram,
     pub oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
     pub sweeper_runs: Counter,
@@ -57,6 +59,8 @@ impl Metrics {
         let mismatches = Counter::default();
         let unknown_records = Counter::default();
         let stale_fences = Counter::default();
+        let late_claims = Counter::default();
+        let abandoned_claims = Counter::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let oldest = Gauge::<f64, AtomicU64>::default();
         let sweeper_runs = Counter::default();
@@ -84,6 +88,16 @@ impl Metrics {
             stale_fences.clone(),
         );
         registry.register(
+            "late_claims",
+            "Claims not committed because their caller's deadline had passed",
+            late_claims.clone(),
+        );
+        registry.register(
+            "abandoned_claims",
+            "Claims their filter gave up before forwarding, released",
+            abandoned_claims.clone(),
+        );
+        registry.register(
             "claim_duration_seconds",
             "Time to answer a claim, waiting included",
             claim_seconds.clone(),
@@ -107,6 +121,8 @@ impl Metrics {
             mismatches,
             unknown_records,
             stale_fences,
+            late_claims,
+            abandoned_claims,
             claim_seconds,
             oldest_in_progress_seconds: oldest,
             sweeper_runs,
@@ -145,12 +161,15 @@ impl Metrics {
         for (action, n) in [
             ("marked_unknown", report.marked_unknown),
             ("released", report.released),
+            ("abandoned", report.abandoned),
             ("archived", report.archived),
             ("purged", report.purged),
+            ("events_purged", report.events_purged),
         ] {
             self.sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(n);
         }
         self.unknown_records.inc_by(report.marked_unknown);
+        self.abandoned_claims.inc_by(report.abandoned);
     }
 
     pub fn render(&self) -> String {

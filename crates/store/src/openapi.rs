@@ -6,7 +6,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::admin;
-use idemgate_core::protocol::{CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
+use idemgate_core::protocol::{ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
 
 fn frame_body(what: &str) -> Value {
     json!({
@@ -121,9 +121,17 @@ pub fn document() -> Value {
         ),
     );
     paths.insert(
+        ABANDON_PATH.into(),
+        api_op(
+            "Release a claim its filter gave up before forwarding anything, if it is still open under that attempt",
+            "AbandonRequest",
+            fence_responses(),
+        ),
+    );
+    paths.insert(
         admin::RECORDS_PATH.into(),
         admin_get(
-            "Look records up by tenant and key (archived ones included)",
+            "Every generation (archived and ended ones included) and every event of a tenant's key",
             json!([
                 q("tenant", true, "string"),
                 q("key", true, "string"),
@@ -194,9 +202,10 @@ pub fn document() -> Value {
                     "original_status": { "type": "integer" }, "retry_after_ms": { "type": "integer" } } },
                 "CompleteRequest": { "type": "object", "required": ["scope", "fence", "status", "headers", "body_stored"] },
                 "FenceRequest": { "type": "object", "required": ["scope", "fence"] },
+                "AbandonRequest": { "type": "object", "required": ["scope", "attempt"] },
                 "FenceReply": { "type": "object", "properties": { "outcome": { "enum": ["done", "stale"] } } },
                 "Record": { "type": "object", "description": "Everything stored about a record except its body" },
-                "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" } } },
+                "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" } } },
                 "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } }
             }
         }

@@ -14,12 +14,15 @@
 //! with other replays (see [`crate::replays`]), not on the request path.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use idemgate_core::config::OnUnknown;
-use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, ClaimDecision, RecordView, State};
+use idemgate_core::protocol::{
+    AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+};
+use idemgate_core::record::{self, ClaimDecision, RecordView, State, Transition};
 use idemgate_core::scope::Scope;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -27,9 +30,10 @@ use tokio_postgres::{NoTls, Row};
 use crate::backend::*;
 use crate::replays::ReplayTally;
 
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        r#"
 CREATE SEQUENCE IF NOT EXISTS idempotency_fence_seq;
 CREATE TABLE IF NOT EXISTS idempotency_records (
     scope_version TEXT COLLATE "C" NOT NULL CHECK (octet_length(scope_version) BETWEEN 1 AND 16),
@@ -61,7 +65,77 @@ CREATE INDEX IF NOT EXISTS idempotency_records_expires ON idempotency_records (e
 CREATE INDEX IF NOT EXISTS idempotency_records_archived ON idempotency_records (archived_at) WHERE archived_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS idempotency_records_tenant_key ON idempotency_records (tenant, idem_key);
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+ALTER TABLE idempotency_records ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE idempotency_records ADD COLUMN IF NOT EXISTS attempt TEXT COLLATE "C" CHECK (attempt IS NULL OR octet_length(attempt) BETWEEN 1 AND 64);
+UPDATE idempotency_records SET generation = fence;
+CREATE TABLE IF NOT EXISTS idempotency_history (
+    scope_version TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    principal TEXT COLLATE "C" NOT NULL,
+    route TEXT COLLATE "C" NOT NULL,
+    namespace TEXT COLLATE "C" NOT NULL,
+    idem_key TEXT COLLATE "C" NOT NULL,
+    state TEXT NOT NULL,
+    fingerprint TEXT,
+    fence BIGINT NOT NULL,
+    lease_until BIGINT NOT NULL,
+    ttl_ms BIGINT NOT NULL,
+    release_on_unknown BOOLEAN NOT NULL,
+    response_status INTEGER,
+    response_headers TEXT,
+    response_body BYTEA,
+    body_stored BOOLEAN NOT NULL,
+    created_at BIGINT NOT NULL,
+    completed_at BIGINT,
+    expires_at BIGINT,
+    archived_at BIGINT,
+    replay_count BIGINT NOT NULL,
+    generation BIGINT NOT NULL,
+    attempt TEXT COLLATE "C",
+    ended_at BIGINT NOT NULL,
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key, generation)
+);
+CREATE INDEX IF NOT EXISTS idempotency_history_ended ON idempotency_history (ended_at);
+CREATE INDEX IF NOT EXISTS idempotency_history_tenant_key ON idempotency_history (tenant, idem_key);
+CREATE TABLE IF NOT EXISTS idempotency_events (
+    id BIGSERIAL PRIMARY KEY,
+    scope_version TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    principal TEXT COLLATE "C" NOT NULL,
+    route TEXT COLLATE "C" NOT NULL,
+    namespace TEXT COLLATE "C" NOT NULL,
+    idem_key TEXT COLLATE "C" NOT NULL,
+    generation BIGINT NOT NULL,
+    at BIGINT NOT NULL,
+    transition TEXT NOT NULL,
+    attempt TEXT,
+    fence BIGINT NOT NULL,
+    fingerprint TEXT,
+    status INTEGER,
+    actor TEXT NOT NULL,
+    detail TEXT,
+    duration_ms BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_events_tenant_key ON idempotency_events (tenant, idem_key);
+CREATE INDEX IF NOT EXISTS idempotency_events_at ON idempotency_events (at);
+CREATE TABLE IF NOT EXISTS idempotency_abandoned (
+    scope_version TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    principal TEXT COLLATE "C" NOT NULL,
+    route TEXT COLLATE "C" NOT NULL,
+    namespace TEXT COLLATE "C" NOT NULL,
+    idem_key TEXT COLLATE "C" NOT NULL,
+    attempt TEXT COLLATE "C" NOT NULL,
+    at BIGINT NOT NULL,
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key, attempt)
+);
+"#,
+    ),
+];
 
 // Request-path SQL is assembled at compile time (`concat!`), so no call
 // formats a string before `prepare_cached` looks its statement up.
@@ -70,22 +144,59 @@ macro_rules! pk_where {
         "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6"
     };
 }
-const PK_COLS: &str = "(scope_version, tenant, principal, route, namespace, idem_key)";
 const PK_LIST: &str = "scope_version, tenant, principal, route, namespace, idem_key";
 macro_rules! columns {
     () => {
         "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
          release_on_unknown, response_status, response_headers, octet_length(response_body), body_stored, created_at, completed_at, \
-         expires_at, archived_at, replay_count"
+         expires_at, archived_at, replay_count, generation, attempt"
     };
 }
+macro_rules! event_columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
+         fingerprint, status, actor, detail, duration_ms"
+    };
+}
+/// Records a transition of the current record of `$1..$6`: `$7` now,
+/// `$8` transition, `$9` actor, `$10` detail.
+const EVENT_SQL: &str = concat!(
+    "INSERT INTO idempotency_events (",
+    event_columns!(),
+    ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $7, $8, attempt, fence, \
+     fingerprint, response_status, $9, $10, $7 - created_at FROM idempotency_records WHERE ",
+    pk_where!(),
+    " RETURNING ",
+    event_columns!()
+);
+/// Moves the current generation of `$1..$6` to the history: `$7` how it
+/// ended, `$8` now.
+const HISTORY_SQL: &str = concat!(
+    "INSERT INTO idempotency_history (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, \
+     fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored, \
+     created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt, ended_at) \
+     SELECT scope_version, tenant, principal, route, namespace, idem_key, $7, fingerprint, fence, lease_until, ttl_ms, \
+     release_on_unknown, response_status, response_headers, NULL, body_stored, created_at, completed_at, expires_at, \
+     archived_at, replay_count, generation, attempt, $8 FROM idempotency_records WHERE ",
+    pk_where!()
+);
+/// The current record of `$1..$6`, locked until the transaction ends.
+const LOCK_SQL: &str = concat!(
+    "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_body, \
+     body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt FROM idempotency_records WHERE ",
+    pk_where!(),
+    " FOR UPDATE"
+);
 
 /// Insert if absent; otherwise the existing row. One statement, one round trip.
-const CLAIM_SQL: &str = "WITH ins AS ( \
+const CLAIM_SQL: &str = "WITH f AS (SELECT nextval('idempotency_fence_seq') AS fence), ins AS ( \
     INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, \
-        lease_until, ttl_ms, release_on_unknown, body_stored, created_at, replay_count) \
-    VALUES ($1, $2, $3, $4, $5, $6, 'in_progress', $7, nextval('idempotency_fence_seq'), $8, $9, $10, false, $11, 0) \
-    ON CONFLICT DO NOTHING RETURNING fence) \
+        lease_until, ttl_ms, release_on_unknown, body_stored, created_at, replay_count, generation, attempt) \
+    SELECT $1, $2, $3, $4, $5, $6, 'in_progress', $7, f.fence, $8, $9, $10, false, $11, 0, f.fence, $12 FROM f \
+    ON CONFLICT DO NOTHING RETURNING fence), \
+  ev AS (INSERT INTO idempotency_events (scope_version, tenant, principal, route, namespace, idem_key, generation, at, \
+    transition, attempt, fence, fingerprint, status, actor, detail, duration_ms) \
+    SELECT $1, $2, $3, $4, $5, $6, fence, $11, 'claimed', $12, fence, $7, NULL, 'filter', NULL, 0 FROM ins) \
   SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, NULL::bigint AS ttl_ms, \
     NULL::integer AS response_status, NULL::text AS response_headers, NULL::bytea AS response_body, false AS body_stored, \
     NULL::bigint AS completed_at, NULL::bigint AS expires_at FROM ins \
@@ -195,6 +306,12 @@ impl<'s> Pk<'s> {
         }
     }
 
+    fn from_cols(cols: &'s [String; 6]) -> Pk<'s> {
+        Pk {
+            cols: cols.each_ref().map(String::as_str),
+        }
+    }
+
     /// The six key parameters followed by `extra`.
     fn with<'a>(&'a self, extra: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
         let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(6 + extra.len());
@@ -241,14 +358,113 @@ impl Postgres {
         }
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool.get().await.map_err(unavailable)
+    /// Runs `work` in a transaction that holds the lock on the scope's
+    /// record (if any); its events are logged once it has committed.
+    async fn in_tx<T: Send>(
+        &self,
+        scope: &Scope,
+        work: impl for<'t> FnOnce(&'t Tx<'t>, &'t Pk<'t>, Option<Locked>) -> TxWork<'t, T> + Send,
+    ) -> Result<T> {
+        let pk = Pk::new(scope);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let locked = lock(&tx, &pk).await?;
+        let (out, events) = work(&tx, &pk, locked).await?;
+        tx.commit().await.map_err(unavailable)?;
+        log_all(&events);
+        Ok(out)
     }
 
-    async fn exec(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
-        client.execute(&stmt, params).await.map_err(unavailable)
+    /// A claim that must change an existing record (a new generation, or a
+    /// lease that ran out turning unknown), decided again under the record's
+    /// lock so that nothing that happened since (a completion, another
+    /// claim) is overwritten. `None` when the record is gone.
+    async fn change_claimed(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        req: &ClaimRequest,
+        pk: &Pk<'_>,
+        now: i64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<ClaimOutcome>> {
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let Some(((view, ttl_ms, headers, body), _, _)) = lock(&tx, pk).await? else {
+            return Ok(None);
+        };
+        let mut events = Vec::new();
+        let outcome = match record::decide_claim(Some(&view), req, now) {
+            ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
+            ClaimDecision::Replay { status, completed_at } => {
+                self.count_replay(pk.cols.map(String::from), view.fence);
+                ClaimOutcome {
+                    reply: ClaimReply::Replay {
+                        status,
+                        headers: headers.unwrap_or_default(),
+                        completed_at,
+                    },
+                    body,
+                    became_unknown: false,
+                }
+            }
+            ClaimDecision::Claim => {
+                let ended = record::ended_as(view.state, Transition::Reclaimed);
+                let stmt = tx.prepare_cached(HISTORY_SQL).await.map_err(unavailable)?;
+                tx.execute(&stmt, &pk.with(&[&ended, &now]))
+                    .await
+                    .map_err(unavailable)?;
+                let sql = concat!("UPDATE idempotency_records SET state = 'in_progress', fingerprint = $7, fence = nextval('idempotency_fence_seq'),                      lease_until = $8, ttl_ms = $9, release_on_unknown = $10, response_status = NULL, response_headers = NULL,                      response_body = NULL, body_stored = false, created_at = $11, completed_at = NULL, expires_at = NULL,                      archived_at = NULL, replay_count = 0, generation = currval('idempotency_fence_seq'), attempt = $12                      WHERE ", pk_where!(), " AND fence = $13 AND state = $14 RETURNING fence");
+                let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+                let fingerprint = req.fingerprint.map(|f| f.to_hex());
+                let lease_until = record::lease_until(now, req.lease_ms);
+                let ttl_ms = i64_from(req.ttl_ms);
+                let release = req.on_unknown == OnUnknown::Release;
+                let attempt = req.attempt.as_ref().map(|a| a.as_str());
+                let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
+                let row = tx
+                    .query_one(
+                        &stmt,
+                        &pk.with(&[
+                            &fingerprint,
+                            &lease_until,
+                            &ttl_ms,
+                            &release,
+                            &now,
+                            &attempt,
+                            &old_fence,
+                            &old_state,
+                        ]),
+                    )
+                    .await
+                    .map_err(unavailable)?;
+                let fence = u64_from(
+                    row.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    "fence",
+                )?;
+                events.extend(event(&tx, pk, (Transition::Reclaimed, actor::FILTER, None), now).await?);
+                ClaimOutcome::answer(ClaimReply::Owned { fence })
+            }
+            ClaimDecision::BecomeUnknown => {
+                set_unknown(&tx, pk, &view, record::unknown_expiry(now, ttl_ms)).await?;
+                let by = (Transition::LeaseExpired, actor::FILTER, Some("unknown"));
+                events.extend(event(&tx, pk, by, now).await?);
+                ClaimOutcome {
+                    reply: ClaimReply::Unknown,
+                    body: Vec::new(),
+                    became_unknown: true,
+                }
+            }
+        };
+        if matches!(outcome.reply, ClaimReply::Owned { .. }) && deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return Err(StoreError::Late);
+        }
+        tx.commit().await.map_err(unavailable)?;
+        log_all(&events);
+        Ok(Some(outcome))
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(unavailable)
     }
 
     async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
@@ -312,7 +528,111 @@ fn info_from(row: &Row) -> Result<RecordInfo> {
         expires_at: row.try_get(18).map_err(g)?,
         archived_at: row.try_get(19).map_err(g)?,
         replay_count: u64_from(row.try_get(20).map_err(g)?, "replay_count")?,
+        generation: u64_from(row.try_get(21).map_err(g)?, "generation")?,
+        attempt: row.try_get(22).map_err(g)?,
+        ended_at: row.try_get(23).map_err(g)?,
     })
+}
+
+fn event_from(row: &Row) -> Result<EventInfo> {
+    let g = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+    let text = |i: usize| row.try_get::<_, String>(i).map_err(g);
+    let scope = scope_from(&text(1)?, &text(2)?, &text(3)?, &text(4)?, &text(5)?)?;
+    let status: Option<i32> = row.try_get(12).map_err(g)?;
+    Ok(EventInfo {
+        log_id: scope.log_id(),
+        scope,
+        generation: u64_from(row.try_get(6).map_err(g)?, "generation")?,
+        at: row.try_get(7).map_err(g)?,
+        transition: text(8)?,
+        attempt: row.try_get(9).map_err(g)?,
+        fence: u64_from(row.try_get(10).map_err(g)?, "fence")?,
+        fingerprint: row.try_get(11).map_err(g)?,
+        status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+        actor: text(13)?,
+        detail: row.try_get(14).map_err(g)?,
+        duration_ms: row.try_get(15).map_err(g)?,
+    })
+}
+
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
+
+/// A transition of the current record, written in `tx` and returned for the log.
+async fn event(
+    tx: &Tx<'_>,
+    pk: &Pk<'_>,
+    (t, actor, detail): (Transition, &str, Option<&str>),
+    now: i64,
+) -> Result<Vec<EventInfo>> {
+    let stmt = tx.prepare_cached(EVENT_SQL).await.map_err(unavailable)?;
+    let name = t.as_str();
+    let rows = tx
+        .query(&stmt, &pk.with(&[&now, &name, &actor, &detail]))
+        .await
+        .map_err(unavailable)?;
+    rows.iter().map(event_from).collect()
+}
+
+/// Ends the current generation (state `last`): its event, its move to the
+/// history, and the key is free.
+async fn end_generation(
+    tx: &Tx<'_>,
+    pk: &Pk<'_>,
+    last: State,
+    by: (Transition, &str, Option<&str>),
+    now: i64,
+) -> Result<Vec<EventInfo>> {
+    let events = event(tx, pk, by, now).await?;
+    let ended = record::ended_as(last, by.0);
+    let stmt = tx.prepare_cached(HISTORY_SQL).await.map_err(unavailable)?;
+    tx.execute(&stmt, &pk.with(&[&ended, &now]))
+        .await
+        .map_err(unavailable)?;
+    let stmt = tx
+        .prepare_cached(concat!("DELETE FROM idempotency_records WHERE ", pk_where!()))
+        .await
+        .map_err(unavailable)?;
+    tx.execute(&stmt, &pk.with(&[])).await.map_err(unavailable)?;
+    Ok(events)
+}
+
+/// The current record, locked for the rest of `tx`: its view, ttl, whether
+/// it is archived and the attempt that claimed it.
+async fn lock(tx: &Tx<'_>, pk: &Pk<'_>) -> Result<Option<Locked>> {
+    let stmt = tx.prepare_cached(LOCK_SQL).await.map_err(unavailable)?;
+    let Some(row) = tx.query_opt(&stmt, &pk.with(&[])).await.map_err(unavailable)? else {
+        return Ok(None);
+    };
+    let g = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+    let archived: bool = row.try_get("archived").map_err(g)?;
+    let attempt: Option<String> = row.try_get("attempt").map_err(g)?;
+    Ok(Some((view_from(&row)?, archived, attempt)))
+}
+
+/// Turns an in-progress record unknown, guarded by the fence and state it was read with.
+async fn set_unknown(tx: &Tx<'_>, pk: &Pk<'_>, view: &RecordView, expires_at: i64) -> Result<()> {
+    let sql = concat!(
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE ",
+        pk_where!(),
+        " AND fence = $7 AND state = $9"
+    );
+    let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+    let (fence, state) = (i64_from(view.fence), view.state.as_str());
+    tx.execute(&stmt, &pk.with(&[&fence, &expires_at, &state]))
+        .await
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// A locked record: what the rules need, whether it is archived, and the
+/// attempt that claimed it.
+type Locked = (Loaded, bool, Option<String>);
+
+type TxWork<'t, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(T, Vec<EventInfo>)>> + Send + 't>>;
+
+fn log_all(events: &[EventInfo]) {
+    events.iter().for_each(EventInfo::log);
 }
 
 #[async_trait]
@@ -358,19 +678,25 @@ impl Backend for Postgres {
             .map(|_| ())
     }
 
-    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+    async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
         let pk = Pk::new(&req.scope);
         let fingerprint = req.fingerprint.map(|f| f.to_hex());
         let lease_until = record::lease_until(now, req.lease_ms);
         let ttl_ms = i64_from(req.ttl_ms);
         let release = req.on_unknown == OnUnknown::Release;
-        let client = self.client().await?;
+        let attempt = req.attempt.as_ref().map(|a| a.as_str());
+        let mut client = self.client().await?;
         let claim_stmt = client.prepare_cached(CLAIM_SQL).await.map_err(unavailable)?;
         for _ in 0..MAX_ATTEMPTS {
+            // Nobody waits for this claim any more: committing it would only
+            // leave a record that its filter is abandoning.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(StoreError::Late);
+            }
             let rows = client
                 .query(
                     &claim_stmt,
-                    &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now]),
+                    &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now, &attempt]),
                 )
                 .await
                 .map_err(unavailable)?;
@@ -378,42 +704,29 @@ impl Backend for Postgres {
                 // Lost a race with a concurrent insert we cannot see yet: look again.
                 continue;
             };
-            if row
-                .try_get::<_, bool>("inserted")
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?
-            {
-                let fence = u64_from(
-                    row.try_get("fence")
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    "fence",
-                )?;
+            let corrupt = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+            if row.try_get::<_, bool>("inserted").map_err(corrupt)? {
+                let fence = u64_from(row.try_get("fence").map_err(corrupt)?, "fence")?;
+                EventInfo {
+                    log_id: req.scope.log_id(),
+                    scope: req.scope.clone(),
+                    generation: fence,
+                    at: now,
+                    transition: Transition::Claimed.as_str().into(),
+                    attempt: attempt.map(String::from),
+                    fence,
+                    fingerprint,
+                    status: None,
+                    actor: actor::FILTER.into(),
+                    detail: None,
+                    duration_ms: 0,
+                }
+                .log();
                 return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
             }
-            let (view, stored_ttl, headers, body) = view_from(row)?;
-            let old_fence = i64_from(view.fence);
+            let (view, _, headers, body) = view_from(row)?;
             match record::decide_claim(Some(&view), req, now) {
                 ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
-                ClaimDecision::Claim => {
-                    let sql = concat!("UPDATE idempotency_records SET state = 'in_progress', fingerprint = $7, fence = nextval('idempotency_fence_seq'), \
-                         lease_until = $8, ttl_ms = $9, release_on_unknown = $10, response_status = NULL, response_headers = NULL, \
-                         response_body = NULL, body_stored = false, created_at = $11, completed_at = NULL, expires_at = NULL, \
-                         archived_at = NULL, replay_count = 0 WHERE ", pk_where!(), " AND fence = $12 RETURNING fence");
-                    let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
-                    let rows = client
-                        .query(
-                            &stmt,
-                            &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now, &old_fence]),
-                        )
-                        .await
-                        .map_err(unavailable)?;
-                    if let Some(row) = rows.first() {
-                        let fence = u64_from(
-                            row.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                            "fence",
-                        )?;
-                        return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
-                    }
-                }
                 ClaimDecision::Replay { status, completed_at } => {
                     // Served from the committed row this statement returned.
                     self.count_replay(pk.cols.map(String::from), view.fence);
@@ -427,29 +740,13 @@ impl Backend for Postgres {
                         became_unknown: false,
                     });
                 }
-                ClaimDecision::BecomeUnknown => {
-                    let sql = concat!(
-                        "UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE ",
-                        pk_where!(),
-                        " AND fence = $7 AND state = 'in_progress'"
-                    );
-                    let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
-                    let expires = record::unknown_expiry(now, stored_ttl);
-                    if client
-                        .execute(&stmt, &pk.with(&[&old_fence, &expires]))
-                        .await
-                        .map_err(unavailable)?
-                        == 1
-                    {
-                        return Ok(ClaimOutcome {
-                            reply: ClaimReply::Unknown,
-                            body: Vec::new(),
-                            became_unknown: true,
-                        });
+                ClaimDecision::Claim | ClaimDecision::BecomeUnknown => {
+                    if let Some(out) = self.change_claimed(&mut client, req, &pk, now, deadline).await? {
+                        return Ok(out);
                     }
                 }
             }
-            // Someone changed the record between our read and our write: decide again.
+            // The record went away between our read and our lock: decide again.
         }
         Err(StoreError::Unavailable(
             "claim kept racing with concurrent changes".into(),
@@ -460,85 +757,150 @@ impl Backend for Postgres {
         let pk = Pk::new(&req.scope);
         // The WHERE clause is record::may_fence; expires_at is
         // record::completion_expiry with the ttl stored at claim time.
-        let sql = concat!("UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
+        let sql = concat!("WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $8, response_headers = $9, response_body = $10, \
              body_stored = $11, completed_at = $12, expires_at = $12 + ttl_ms, lease_until = $12 \
-             WHERE ", pk_where!(), " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
+             WHERE ", pk_where!(), " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL \
+             RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, fingerprint, response_status, created_at) \
+             INSERT INTO idempotency_events (", event_columns!(), ") SELECT scope_version, tenant, principal, route, namespace, idem_key, \
+             generation, $12, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $12 - created_at FROM done \
+             RETURNING ", event_columns!());
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
         let headers = encode_headers(&req.headers);
         let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
-        let n = self
-            .exec(
+        let rows = self
+            .query(
                 sql,
                 &pk.with(&[&fence, &status, &headers, &body, &req.body_stored, &now]),
             )
             .await?;
-        Ok(if n == 1 {
-            FenceReply::Done
-        } else {
+        let events = rows.iter().map(event_from).collect::<Result<Vec<_>>>()?;
+        log_all(&events);
+        Ok(if events.is_empty() {
             FenceReply::Stale
+        } else {
+            FenceReply::Done
         })
     }
 
-    async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
-        let pk = Pk::new(&req.scope);
-        let sql = concat!(
-            "DELETE FROM idempotency_records WHERE ",
-            pk_where!(),
-            " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
-        );
-        let fence = i64_from(req.fence);
-        let n = self.exec(sql, &pk.with(&[&fence])).await?;
-        Ok(if n == 1 {
-            FenceReply::Done
-        } else {
-            FenceReply::Stale
+    async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        let fence = req.fence;
+        self.in_tx(&req.scope, move |tx, pk, locked| {
+            Box::pin(async move {
+                let Some((loaded, archived, _)) = locked else {
+                    return Ok((FenceReply::Stale, Vec::new()));
+                };
+                if archived || !record::may_fence(loaded.0.state, loaded.0.fence, fence) {
+                    return Ok((FenceReply::Stale, Vec::new()));
+                }
+                let by = (Transition::Released, actor::FILTER, None);
+                Ok((
+                    FenceReply::Done,
+                    end_generation(tx, pk, loaded.0.state, by, now).await?,
+                ))
+            })
         })
+        .await
     }
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let pk = Pk::new(&req.scope);
-        let sql = concat!(
-            "UPDATE idempotency_records SET state = 'unknown', \
-             expires_at = CASE WHEN state = 'unknown' THEN expires_at ELSE $8 + ttl_ms END \
-             WHERE ",
-            pk_where!(),
-            " AND fence = $7 AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
-        );
-        let fence = i64_from(req.fence);
-        let n = self.exec(sql, &pk.with(&[&fence, &now])).await?;
-        Ok(if n == 1 {
-            FenceReply::Done
-        } else {
-            FenceReply::Stale
+        let fence = req.fence;
+        self.in_tx(&req.scope, move |tx, pk, locked| {
+            Box::pin(async move {
+                let Some((loaded, archived, _)) = locked else {
+                    return Ok((FenceReply::Stale, Vec::new()));
+                };
+                let (view, ttl_ms) = (&loaded.0, loaded.1);
+                if archived || !record::may_fence(view.state, view.fence, fence) {
+                    return Ok((FenceReply::Stale, Vec::new()));
+                }
+                if view.state == State::Unknown {
+                    return Ok((FenceReply::Done, Vec::new()));
+                }
+                set_unknown(tx, pk, view, record::unknown_expiry(now, ttl_ms)).await?;
+                let by = (Transition::MarkedUnknown, actor::FILTER, None);
+                Ok((FenceReply::Done, event(tx, pk, by, now).await?))
+            })
         })
+        .await
     }
 
-    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+    async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
+        let attempt = req.attempt.clone();
+        self.in_tx(&req.scope, move |tx, pk, locked| {
+            Box::pin(async move {
+                match locked {
+                    Some((loaded, archived, stored))
+                        if !archived && record::may_abandon(loaded.0.state, stored.as_deref(), attempt.as_str()) =>
+                    {
+                        let by = (Transition::Abandoned, actor::FILTER, None);
+                        Ok((FenceReply::Done, end_generation(tx, pk, loaded.0.state, by, now).await?))
+                    }
+                    Some(_) => Ok((FenceReply::Stale, Vec::new())),
+                    None => {
+                        // The claim may still be on its way: the sweeper
+                        // releases it if it lands under this attempt.
+                        let sql = "INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, \
+                                   attempt, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
+                        let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+                        let attempt = attempt.as_str();
+                        tx.execute(&stmt, &pk.with(&[&attempt, &now])).await.map_err(unavailable)?;
+                        Ok((FenceReply::Done, Vec::new()))
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
         // Operators see every replay this process served so far.
         if let Err(e) = self.replays.flush().await {
             tracing::warn!("postgres: replay counts not applied before a lookup: {e}");
         }
-        let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE tenant = $1 AND idem_key = $2 \
-             AND ($3::text IS NULL OR route = $3) AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5) \
-             ORDER BY route, principal, namespace LIMIT $6");
+        const MATCH: &str = "tenant = $1 AND idem_key = $2 AND ($3::text IS NULL OR route = $3) \
+                             AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5)";
+        let sql = format!(
+            "SELECT {cols}, NULL::bigint AS ended_at, true AS current FROM idempotency_records WHERE {MATCH} \
+             UNION ALL SELECT {cols}, ended_at, false FROM idempotency_history WHERE {MATCH} \
+             ORDER BY current DESC, generation DESC LIMIT $6",
+            cols = columns!()
+        );
         let ns = q.namespace.map(|n| n.as_str().to_string());
         let limit = i64::from(limit);
-        let rows = self
-            .query(sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
-            .await?;
-        rows.iter().map(info_from).collect()
+        let params: [&(dyn ToSql + Sync); 6] = [&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit];
+        let records = self
+            .query(&sql, &params)
+            .await?
+            .iter()
+            .map(info_from)
+            .collect::<Result<Vec<_>>>()?;
+        let sql = format!(
+            "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT $6",
+            event_columns!()
+        );
+        let events_limit = limit.saturating_mul(16);
+        let events = self
+            .query(
+                &sql,
+                &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &events_limit],
+            )
+            .await?
+            .iter()
+            .map(event_from)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KeyHistory { records, events })
     }
 
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
         let limit = i64::from(limit);
         let rows = match which {
             Listing::Unknown => {
-                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT $1");
+                let sql = concat!("SELECT ", columns!(), ", NULL::bigint FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT $1");
                 self.query(sql, &[&limit]).await?
             }
             Listing::Stuck { older_than_ms } => {
-                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'in_progress' AND created_at <= $1 ORDER BY created_at LIMIT $2");
+                let sql = concat!("SELECT ", columns!(), ", NULL::bigint FROM idempotency_records WHERE state = 'in_progress' AND created_at <= $1 ORDER BY created_at LIMIT $2");
                 let before = now.saturating_sub(i64_from(older_than_ms));
                 self.query(sql, &[&before, &limit]).await?
             }
@@ -547,88 +909,155 @@ impl Backend for Postgres {
     }
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
-        let pk = Pk::new(scope);
-        let n = match how {
-            Resolution::Release => {
-                let sql = concat!(
-                    "DELETE FROM idempotency_records WHERE ",
-                    pk_where!(),
-                    " AND state IN ('in_progress', 'unknown') AND archived_at IS NULL"
-                );
-                self.exec(sql, &pk.with(&[])).await?
-            }
-            Resolution::Complete {
-                status,
-                headers,
-                body,
-            } => {
-                let sql = concat!("UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
-                     response_headers = $8, response_body = $9, body_stored = true, completed_at = $10, expires_at = $10 + ttl_ms, \
-                     lease_until = $10 WHERE ", pk_where!(), " AND state IN ('in_progress', 'unknown') AND archived_at IS NULL");
-                let status = i32::from(*status);
-                let headers = encode_headers(headers);
-                let body = body.as_bytes();
-                self.exec(sql, &pk.with(&[&status, &headers, &body, &now]))
-                    .await?
-            }
-        };
-        Ok(n > 0)
+        let how = how.clone();
+        self.in_tx(scope, move |tx, pk, locked| {
+            Box::pin(async move {
+                let Some((loaded, archived, _)) = locked else {
+                    return Ok((false, Vec::new()));
+                };
+                if archived || !matches!(loaded.0.state, State::InProgress | State::Unknown) {
+                    return Ok((false, Vec::new()));
+                }
+                let events = match how {
+                    Resolution::Release => {
+                        let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
+                        end_generation(tx, pk, loaded.0.state, by, now).await?
+                    }
+                    Resolution::Complete { status, headers, body } => {
+                        // A new fence: the old owner's late completion must not
+                        // overwrite what the operator decided.
+                        let sql = concat!("UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), response_status = $7, \
+                             response_headers = $8, response_body = $9, body_stored = true, completed_at = $10, expires_at = $10 + ttl_ms, \
+                             lease_until = $10 WHERE ", pk_where!());
+                        let status = i32::from(status);
+                        let headers = encode_headers(&headers);
+                        let body = body.as_bytes();
+                        let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+                        tx.execute(&stmt, &pk.with(&[&status, &headers, &body, &now])).await.map_err(unavailable)?;
+                        event(tx, pk, (Transition::Resolved, actor::OPERATOR, Some("complete")), now).await?
+                    }
+                };
+                Ok((true, events))
+            })
+        })
+        .await
     }
 
-    async fn purge(&self, scope: &Scope) -> Result<bool> {
-        let pk = Pk::new(scope);
-        let sql = concat!("DELETE FROM idempotency_records WHERE ", pk_where!());
-        Ok(self.exec(sql, &pk.with(&[])).await? > 0)
+    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
+        self.in_tx(scope, move |tx, pk, locked| {
+            Box::pin(async move {
+                let Some((loaded, _, _)) = locked else {
+                    return Ok((false, Vec::new()));
+                };
+                let by = (Transition::Purged, actor::OPERATOR, None);
+                Ok((true, end_generation(tx, pk, loaded.0.state, by, now).await?))
+            })
+        })
+        .await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         let batch = i64::from(policy.batch);
+        let mut report = SweepReport::default();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let mut events = Vec::new();
         let pick = |cond: &str| {
-            format!("{PK_COLS} IN (SELECT {PK_LIST} FROM idempotency_records WHERE {cond} LIMIT $2 FOR UPDATE SKIP LOCKED)")
+            format!("SELECT {PK_LIST} FROM idempotency_records WHERE {cond} ORDER BY {PK_LIST} LIMIT $2 FOR UPDATE SKIP LOCKED")
         };
-        let released = self
-            .exec(
-                &format!(
-                    "DELETE FROM idempotency_records WHERE {}",
-                    pick("state = 'in_progress' AND lease_until <= $1 AND release_on_unknown")
-                ),
-                &[&now, &batch],
-            )
-            .await?;
-        let marked = self
-            .exec(
-                &format!(
-                    "UPDATE idempotency_records SET state = 'unknown', expires_at = $1 + ttl_ms WHERE {}",
-                    pick("state = 'in_progress' AND lease_until <= $1 AND NOT release_on_unknown")
-                ),
-                &[&now, &batch],
-            )
-            .await?;
-        let archived = self
-            .exec(
-                &format!(
-                    "UPDATE idempotency_records SET archived_at = $1, response_body = NULL WHERE {}",
-                    pick("archived_at IS NULL AND expires_at <= $1")
-                ),
-                &[&now, &batch],
-            )
-            .await?;
+        let keys = |rows: Vec<Row>| -> Result<Vec<[String; 6]>> {
+            rows.iter()
+                .map(|r| {
+                    let g = |i: usize| {
+                        r.try_get::<_, String>(i)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))
+                    };
+                    Ok([g(0)?, g(1)?, g(2)?, g(3)?, g(4)?, g(5)?])
+                })
+                .collect()
+        };
+        // Leases that ran out: released or turned unknown, as the claim's policy said.
+        let sql = pick("state = 'in_progress' AND lease_until <= $1 AND release_on_unknown");
+        for key in keys(tx.query(&sql, &[&now, &batch]).await.map_err(unavailable)?)? {
+            let pk = Pk::from_cols(&key);
+            let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
+            events.extend(end_generation(&tx, &pk, State::InProgress, by, now).await?);
+            report.released += 1;
+        }
+        let sql = pick("state = 'in_progress' AND lease_until <= $1 AND NOT release_on_unknown");
+        for key in keys(tx.query(&sql, &[&now, &batch]).await.map_err(unavailable)?)? {
+            let pk = Pk::from_cols(&key);
+            let sql = concat!(
+                "UPDATE idempotency_records SET state = 'unknown', expires_at = $7 + ttl_ms WHERE ",
+                pk_where!(),
+                " AND state = 'in_progress'"
+            );
+            let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+            tx.execute(&stmt, &pk.with(&[&now])).await.map_err(unavailable)?;
+            let by = (Transition::LeaseExpired, actor::SWEEPER, Some("unknown"));
+            events.extend(event(&tx, &pk, by, now).await?);
+            report.marked_unknown += 1;
+        }
+        // Claims that landed after their filter had abandoned them.
+        let sql = format!(
+            "SELECT {PK_LIST} FROM idempotency_records r WHERE state IN ('in_progress', 'unknown') AND archived_at IS NULL \
+             AND EXISTS (SELECT 1 FROM idempotency_abandoned a WHERE (a.scope_version, a.tenant, a.principal, a.route, a.namespace, \
+             a.idem_key, a.attempt) = (r.scope_version, r.tenant, r.principal, r.route, r.namespace, r.idem_key, r.attempt)) \
+             AND $1::bigint IS NOT NULL ORDER BY {PK_LIST} LIMIT $2 FOR UPDATE SKIP LOCKED"
+        );
+        for key in keys(tx.query(&sql, &[&now, &batch]).await.map_err(unavailable)?)? {
+            let pk = Pk::from_cols(&key);
+            let Some((loaded, _, _)) = lock(&tx, &pk).await? else {
+                continue;
+            };
+            let by = (Transition::Abandoned, actor::SWEEPER, None);
+            events.extend(end_generation(&tx, &pk, loaded.0.state, by, now).await?);
+            report.abandoned += 1;
+        }
+        let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
+        tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
+            .await
+            .map_err(unavailable)?;
+        // Expired records: body dropped, metadata kept.
+        let sql = pick("archived_at IS NULL AND expires_at <= $1");
+        for key in keys(tx.query(&sql, &[&now, &batch]).await.map_err(unavailable)?)? {
+            let pk = Pk::from_cols(&key);
+            let sql = concat!(
+                "UPDATE idempotency_records SET archived_at = $7, response_body = NULL WHERE ",
+                pk_where!()
+            );
+            let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+            tx.execute(&stmt, &pk.with(&[&now])).await.map_err(unavailable)?;
+            events.extend(event(&tx, &pk, (Transition::Archived, actor::SWEEPER, None), now).await?);
+            report.archived += 1;
+        }
+        // Past the audit retention: archived generations, history, events.
         let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
-        let purged = self
-            .exec(
-                &format!(
-                    "DELETE FROM idempotency_records WHERE {}",
-                    pick("archived_at IS NOT NULL AND archived_at <= $1")
-                ),
-                &[&cutoff, &batch],
+        let params: [&(dyn ToSql + Sync); 2] = [&cutoff, &batch];
+        report.purged = tx
+            .execute(
+                &format!("DELETE FROM idempotency_records WHERE ({PK_LIST}) IN ({})", pick("archived_at IS NOT NULL AND archived_at <= $1")),
+                &params,
             )
-            .await?;
-        Ok(SweepReport {
-            marked_unknown: marked,
-            released,
-            archived,
-            purged,
-        })
+            .await
+            .map_err(unavailable)?
+            + tx
+                .execute(
+                    "DELETE FROM idempotency_history WHERE ctid IN (SELECT ctid FROM idempotency_history WHERE ended_at <= $1 LIMIT $2)",
+                    &params,
+                )
+                .await
+                .map_err(unavailable)?;
+        report.events_purged = tx
+            .execute(
+                "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= $1 LIMIT $2)",
+                &params,
+            )
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        log_all(&events);
+        Ok(report)
     }
 
     async fn oldest_in_progress(&self) -> Result<Option<i64>> {

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::protocol::{
+    AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+};
 use tokio::sync::Notify;
 
 use crate::backend::{limits, Backend, ClaimOutcome, Result};
@@ -38,6 +40,9 @@ impl Store {
     /// waits (bounded by `wait_ms`) for it to finish, then decides again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome> {
         let started = Instant::now();
+        // The caller's deadline, from when its claim reached us (a little
+        // after it was sent, so the filter abandons what slips through).
+        let caller_deadline = (req.deadline_ms > 0).then(|| started + Duration::from_millis(req.deadline_ms));
         let deadline = started + Duration::from_millis(req.wait_ms.min(limits::MAX_WAIT_MS));
         let outcome = loop {
             // Register for the wake-up before looking, so a completion that
@@ -45,7 +50,13 @@ impl Store {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let outcome = self.backend.claim(req, self.clock.now()).await?;
+            let outcome = match self.backend.claim(req, self.clock.now(), caller_deadline).await {
+                Err(e @ crate::backend::StoreError::Late) => {
+                    self.metrics.late_claims.inc();
+                    return Err(e);
+                }
+                other => other?,
+            };
             let now = Instant::now();
             match outcome.reply {
                 ClaimReply::InProgress { retry_after_ms } if now < deadline => {
@@ -68,8 +79,17 @@ impl Store {
     }
 
     pub async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
-        let reply = self.backend.release(req).await?;
+        let reply = self.backend.release(req, self.clock.now()).await?;
         self.finished(reply);
+        Ok(reply)
+    }
+
+    pub async fn abandon(&self, req: &AbandonRequest) -> Result<FenceReply> {
+        let reply = self.backend.abandon(req, self.clock.now()).await?;
+        if reply == FenceReply::Done {
+            self.metrics.abandoned_claims.inc();
+            self.changed.notify_waiters();
+        }
         Ok(reply)
     }
 

@@ -16,20 +16,24 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use idemgate_core::config::OnUnknown;
-use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, ClaimDecision, RecordView, State};
+use idemgate_core::protocol::{
+    AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+};
+use idemgate_core::record::{self, ClaimDecision, RecordView, State, Transition};
 use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::backend::*;
 use crate::replays::ReplayTally;
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
 CREATE TABLE IF NOT EXISTS idempotency_records (
     scope_version TEXT NOT NULL CHECK (length(CAST(scope_version AS BLOB)) BETWEEN 1 AND 16),
     tenant TEXT NOT NULL CHECK (length(CAST(tenant AS BLOB)) BETWEEN 1 AND 255),
@@ -65,7 +69,77 @@ CREATE TABLE IF NOT EXISTS idempotency_fence (
 );
 INSERT OR IGNORE INTO idempotency_fence (id, value) VALUES (1, 0);
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+ALTER TABLE idempotency_records ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE idempotency_records ADD COLUMN attempt TEXT CHECK (attempt IS NULL OR length(attempt) BETWEEN 1 AND 64);
+UPDATE idempotency_records SET generation = fence;
+CREATE TABLE IF NOT EXISTS idempotency_history (
+    scope_version TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    route TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    idem_key TEXT NOT NULL,
+    state TEXT NOT NULL,
+    fingerprint TEXT,
+    fence INTEGER NOT NULL,
+    lease_until INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    release_on_unknown INTEGER NOT NULL,
+    response_status INTEGER,
+    response_headers TEXT,
+    response_body BLOB,
+    body_stored INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    completed_at INTEGER,
+    expires_at INTEGER,
+    archived_at INTEGER,
+    replay_count INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    attempt TEXT,
+    ended_at INTEGER NOT NULL,
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key, generation)
+);
+CREATE INDEX IF NOT EXISTS idempotency_history_ended ON idempotency_history (ended_at);
+CREATE INDEX IF NOT EXISTS idempotency_history_tenant_key ON idempotency_history (tenant, idem_key);
+CREATE TABLE IF NOT EXISTS idempotency_events (
+    id INTEGER PRIMARY KEY,
+    scope_version TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    route TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    idem_key TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    transition TEXT NOT NULL,
+    attempt TEXT,
+    fence INTEGER NOT NULL,
+    fingerprint TEXT,
+    status INTEGER,
+    actor TEXT NOT NULL,
+    detail TEXT,
+    duration_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_events_tenant_key ON idempotency_events (tenant, idem_key);
+CREATE INDEX IF NOT EXISTS idempotency_events_at ON idempotency_events (at);
+CREATE TABLE IF NOT EXISTS idempotency_abandoned (
+    scope_version TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    route TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    idem_key TEXT NOT NULL,
+    attempt TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (scope_version, tenant, principal, route, namespace, idem_key, attempt)
+);
+"#,
+    ),
+];
 
 // SQL is assembled at compile time (`concat!`), so no call formats a string
 // before `prepare_cached` looks its statement up.
@@ -74,11 +148,30 @@ macro_rules! pk_where {
         "scope_version = ?1 AND tenant = ?2 AND principal = ?3 AND route = ?4 AND namespace = ?5 AND idem_key = ?6"
     };
 }
+macro_rules! pk_list {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key"
+    };
+}
 macro_rules! columns {
     () => {
         "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
          release_on_unknown, response_status, response_headers, length(response_body), body_stored, created_at, completed_at, \
-         expires_at, archived_at, replay_count"
+         expires_at, archived_at, replay_count, generation, attempt"
+    };
+}
+/// A record's stored columns, in the history table's order.
+macro_rules! record_columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, ttl_ms, \
+         release_on_unknown, response_status, response_headers, response_body, body_stored, created_at, completed_at, \
+         expires_at, archived_at, replay_count, generation, attempt"
+    };
+}
+macro_rules! event_columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
+         fingerprint, status, actor, detail, duration_ms"
     };
 }
 const READERS: usize = 4;
@@ -142,6 +235,22 @@ impl Sqlite {
     /// far fewer than the writes it carried out.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// [`Self::write`] for jobs that record transitions: their events are
+    /// logged once the batch that carried them has committed.
+    async fn write_logged<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, &mut Journal) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (out, journal) = self
+            .write(move |conn| {
+                let mut journal = Journal::new();
+                f(conn, &mut journal).map(|out| (out, journal))
+            })
+            .await?;
+        journal.iter().for_each(EventInfo::log);
+        Ok(out)
     }
 
     /// Runs `f` on the writer thread inside the next group commit.
@@ -285,6 +394,118 @@ struct Loaded {
     headers: Option<Vec<(String, String)>>,
     /// Archived records are history: no fence opens them again.
     archived: bool,
+    attempt: Option<String>,
+}
+
+/// The events a writer job recorded, logged after its commit.
+type Journal = Vec<EventInfo>;
+
+/// Records a transition of the current record of `key` (which must exist).
+fn event(
+    conn: &Connection,
+    key: &[&str; 6],
+    (transition, actor, detail): (Transition, &str, Option<&str>),
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
+    let sql = concat!(
+        "INSERT INTO idempotency_events (",
+        event_columns!(),
+        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?7, ?8, attempt, fence, \
+         fingerprint, response_status, ?9, ?10, ?7 - created_at FROM idempotency_records WHERE ",
+        pk_where!(),
+        " RETURNING ",
+        event_columns!()
+    );
+    let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
+    let rows = stmt
+        .query_map(
+            params![
+                key[0],
+                key[1],
+                key[2],
+                key[3],
+                key[4],
+                key[5],
+                now,
+                transition.as_str(),
+                actor,
+                detail
+            ],
+            event_from_row,
+        )
+        .map_err(unavailable)?;
+    for row in rows {
+        journal.push(row.map_err(unavailable)??);
+    }
+    Ok(())
+}
+
+fn event_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<EventInfo, StoreError>> {
+    let text = |i| r.get::<_, String>(i);
+    let (c1, c2, c3, c4, c5) = (text(1)?, text(2)?, text(3)?, text(4)?, text(5)?);
+    let generation: i64 = r.get(6)?;
+    let at: i64 = r.get(7)?;
+    let transition = text(8)?;
+    let attempt: Option<String> = r.get(9)?;
+    let fence: i64 = r.get(10)?;
+    let fingerprint: Option<String> = r.get(11)?;
+    let status: Option<i64> = r.get(12)?;
+    let actor = text(13)?;
+    let detail: Option<String> = r.get(14)?;
+    let duration_ms: i64 = r.get(15)?;
+    Ok((|| {
+        let scope = scope_from(&c1, &c2, &c3, &c4, &c5)?;
+        Ok(EventInfo {
+            log_id: scope.log_id(),
+            scope,
+            generation: u64_from(generation, "generation")?,
+            at,
+            transition,
+            attempt,
+            fence: u64_from(fence, "fence")?,
+            fingerprint,
+            status: status.map(|s| u16::try_from(s).unwrap_or(0)),
+            actor,
+            detail,
+            duration_ms,
+        })
+    })())
+}
+
+/// Moves the current generation of `key` to the history as `ended`.
+fn to_history(conn: &Connection, key: &[&str; 6], ended: &str, now: i64) -> Result<()> {
+    let sql = concat!(
+        "INSERT INTO idempotency_history (",
+        record_columns!(),
+        ", ended_at) SELECT scope_version, tenant, principal, route, namespace, idem_key, ?7, fingerprint, fence, \
+         lease_until, ttl_ms, release_on_unknown, response_status, response_headers, NULL, body_stored, created_at, \
+         completed_at, expires_at, archived_at, replay_count, generation, attempt, ?8 FROM idempotency_records WHERE ",
+        pk_where!()
+    );
+    conn.prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(params![
+            key[0], key[1], key[2], key[3], key[4], key[5], ended, now
+        ])
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// Ends the current generation of `key` (state `last`): its event, its move
+/// to the history, and the key is free.
+fn end_generation(
+    conn: &Connection,
+    key: &[&str; 6],
+    last: State,
+    by: (Transition, &str, Option<&str>),
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
+    event(conn, key, by, now, journal)?;
+    to_history(conn, key, record::ended_as(last, by.0), now)?;
+    delete(conn, key)?;
+    Ok(())
 }
 
 fn load(conn: &Connection, key: &[&str; 6]) -> Result<Option<Loaded>> {
@@ -300,7 +521,7 @@ fn load_with<T>(
     f: impl FnOnce(Option<Loaded>, &dyn Fn() -> Result<Vec<u8>>) -> Result<T>,
 ) -> Result<T> {
     let sql = concat!("SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, completed_at, expires_at, \
-         archived_at IS NOT NULL, response_body FROM idempotency_records WHERE ", pk_where!());
+         archived_at IS NOT NULL, response_body, attempt FROM idempotency_records WHERE ", pk_where!());
     let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
     let mut rows = stmt
         .query(params![key[0], key[1], key[2], key[3], key[4], key[5]])
@@ -321,6 +542,7 @@ fn load_with<T>(
             r.get::<_, Option<i64>>(8)?,
             r.get::<_, Option<i64>>(9)?,
             r.get::<_, bool>(10)?,
+            r.get::<_, Option<String>>(12)?,
         ))
     })()
     .map_err(unavailable)?;
@@ -336,6 +558,7 @@ fn load_with<T>(
         completed_at,
         expires_at,
         archived,
+        attempt,
     ) = cols;
     let loaded = Loaded {
         view: RecordView {
@@ -351,6 +574,7 @@ fn load_with<T>(
         ttl_ms: u64_from(ttl_ms, "ttl_ms")?,
         headers: decode_headers(headers.as_deref())?,
         archived,
+        attempt,
     };
     let body = || {
         r.get::<_, Option<Vec<u8>>>(11)
@@ -411,46 +635,96 @@ enum Probe {
     Write,
 }
 
+/// A fresh generation's row; the caller says what a record already there gets.
+macro_rules! insert_generation {
+    ($on_conflict:literal) => {
+        concat!(
+            "INSERT INTO idempotency_records (",
+            record_columns!(),
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, ?8, ?9, ?10, ?11, NULL, NULL, NULL, 0, ?12, NULL, NULL, NULL, 0, ?8, ?13) \
+             ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO ",
+            $on_conflict
+        )
+    };
+}
+
+/// Inserts a new generation claimed by `req` with `fence`. With `replace`
+/// false it does nothing if a record is there (`false`); with `true` it
+/// overwrites it (the caller moved it to the history first).
+fn insert_generation(
+    conn: &Connection,
+    req: &ClaimRequest,
+    key: &[&str; 6],
+    fence: u64,
+    now: i64,
+    replace: bool,
+) -> Result<bool> {
+    let sql = if replace {
+        insert_generation!(
+            "UPDATE SET state = excluded.state, fingerprint = excluded.fingerprint, fence = excluded.fence, \
+             lease_until = excluded.lease_until, ttl_ms = excluded.ttl_ms, release_on_unknown = excluded.release_on_unknown, \
+             response_status = NULL, response_headers = NULL, response_body = NULL, body_stored = 0, \
+             created_at = excluded.created_at, completed_at = NULL, expires_at = NULL, archived_at = NULL, replay_count = 0, \
+             generation = excluded.generation, attempt = excluded.attempt"
+        )
+    } else {
+        insert_generation!("NOTHING")
+    };
+    let n = conn
+        .prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(params![
+            key[0],
+            key[1],
+            key[2],
+            key[3],
+            key[4],
+            key[5],
+            req.fingerprint.map(|f| f.to_hex()),
+            i64_from(fence),
+            record::lease_until(now, req.lease_ms),
+            i64_from(req.ttl_ms),
+            req.on_unknown == OnUnknown::Release,
+            now,
+            req.attempt.as_ref().map(|a| a.as_str()),
+        ])
+        .map_err(unavailable)?;
+    Ok(n > 0)
+}
+
 /// A new key's claim, on the writer, when a reader saw no record: one insert
 /// that does nothing if a record appeared since, which is exactly when
 /// `decide_claim` would no longer say `Claim` unconditionally. `None` sends
 /// the claim through [`claim_on_writer`]; the fence it took then goes unused,
 /// which is harmless: fences only need to grow.
-fn claim_absent(conn: &Connection, req: &ClaimRequest, key: &[&str; 6], now: i64) -> Result<Option<u64>> {
-    let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
-               fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
-               response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
-               VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, ?8, \
-               ?9, ?10, ?11, NULL, NULL, NULL, 0, ?12, NULL, NULL, NULL, 0) \
-               ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO NOTHING RETURNING fence";
+fn claim_absent(
+    conn: &Connection,
+    req: &ClaimRequest,
+    key: &[&str; 6],
+    now: i64,
+    journal: &mut Journal,
+) -> Result<Option<u64>> {
     let fence = next_fence(conn)?;
-    let inserted: Option<i64> = conn
-        .prepare_cached(sql)
-        .map_err(unavailable)?
-        .query_row(
-            params![
-                key[0],
-                key[1],
-                key[2],
-                key[3],
-                key[4],
-                key[5],
-                req.fingerprint.map(|f| f.to_hex()),
-                i64_from(fence),
-                record::lease_until(now, req.lease_ms),
-                i64_from(req.ttl_ms),
-                req.on_unknown == OnUnknown::Release,
-                now,
-            ],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(unavailable)?;
-    Ok(inserted.map(|_| fence))
+    if !insert_generation(conn, req, key, fence, now, false)? {
+        return Ok(None);
+    }
+    event(
+        conn,
+        key,
+        (Transition::Claimed, actor::FILTER, None),
+        now,
+        journal,
+    )?;
+    Ok(Some(fence))
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
-fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+fn claim_on_writer(
+    conn: &Connection,
+    req: &ClaimRequest,
+    now: i64,
+    journal: &mut Journal,
+) -> Result<ClaimOutcome> {
     let key = pk(&req.scope);
     let (loaded, decision, body) = load_with(conn, &key, |loaded, body| {
         let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
@@ -463,33 +737,22 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
     match decision {
         ClaimDecision::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
         ClaimDecision::Claim => {
+            // The generation it replaces keeps its row in the history.
+            let transition = match &loaded {
+                Some(old) => {
+                    to_history(
+                        conn,
+                        &key,
+                        record::ended_as(old.view.state, Transition::Reclaimed),
+                        now,
+                    )?;
+                    Transition::Reclaimed
+                }
+                None => Transition::Claimed,
+            };
             let fence = next_fence(conn)?;
-            let sql = "INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, \
-                       fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, \
-                       response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count) \
-                       VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'in_progress', ?7, ?8, ?9, ?10, ?11, NULL, NULL, NULL, 0, ?12, NULL, NULL, NULL, 0) \
-                       ON CONFLICT (scope_version, tenant, principal, route, namespace, idem_key) DO UPDATE SET \
-                       state = excluded.state, fingerprint = excluded.fingerprint, fence = excluded.fence, \
-                       lease_until = excluded.lease_until, ttl_ms = excluded.ttl_ms, release_on_unknown = excluded.release_on_unknown, \
-                       response_status = NULL, response_headers = NULL, response_body = NULL, body_stored = 0, \
-                       created_at = excluded.created_at, completed_at = NULL, expires_at = NULL, archived_at = NULL, replay_count = 0";
-            conn.prepare_cached(sql)
-                .map_err(unavailable)?
-                .execute(params![
-                    key[0],
-                    key[1],
-                    key[2],
-                    key[3],
-                    key[4],
-                    key[5],
-                    req.fingerprint.map(|f| f.to_hex()),
-                    i64_from(fence),
-                    record::lease_until(now, req.lease_ms),
-                    i64_from(req.ttl_ms),
-                    req.on_unknown == OnUnknown::Release,
-                    now,
-                ])
-                .map_err(unavailable)?;
+            insert_generation(conn, req, &key, fence, now, true)?;
+            event(conn, &key, (transition, actor::FILTER, None), now, journal)?;
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
         ClaimDecision::Replay { status, completed_at } => {
@@ -515,6 +778,13 @@ fn claim_on_writer(conn: &Connection, req: &ClaimRequest, now: i64) -> Result<Cl
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
             set_unknown(conn, &key, record::unknown_expiry(now, ttl_ms))?;
+            event(
+                conn,
+                &key,
+                (Transition::LeaseExpired, actor::FILTER, Some("unknown")),
+                now,
+                journal,
+            )?;
             Ok(ClaimOutcome {
                 reply: ClaimReply::Unknown,
                 body: Vec::new(),
@@ -548,6 +818,9 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<RecordInfo
     let expires_at: Option<i64> = r.get(18)?;
     let archived_at: Option<i64> = r.get(19)?;
     let replay_count: i64 = r.get(20)?;
+    let generation: i64 = r.get(21)?;
+    let attempt: Option<String> = r.get(22)?;
+    let ended_at: Option<i64> = r.get(23)?;
     Ok((|| {
         let scope = scope_from(&cols.0, &cols.1, &cols.2, &cols.3, &cols.4)?;
         Ok(RecordInfo {
@@ -568,6 +841,9 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<std::result::Result<RecordInfo
             expires_at,
             archived_at,
             replay_count: u64_from(replay_count, "replay_count")?,
+            generation: u64_from(generation, "generation")?,
+            attempt,
+            ended_at,
         })
     })())
 }
@@ -653,7 +929,7 @@ impl Backend for Sqlite {
         .await
     }
 
-    async fn claim(&self, req: &ClaimRequest, now: i64) -> Result<ClaimOutcome> {
+    async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
         // Answers and replays change nothing the caller waits for: they are
         // decided on a reader, in parallel, from the last committed state.
         // One copy of the request, shared by the reader's and the writer's job.
@@ -694,13 +970,18 @@ impl Backend for Sqlite {
             Probe::Absent => true,
             Probe::Write => false,
         };
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
+            // Nobody waits for this claim any more: committing it would only
+            // leave a record that its filter is abandoning.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(StoreError::Late);
+            }
             if absent {
-                if let Some(fence) = claim_absent(conn, &req, &pk(&req.scope), now)? {
+                if let Some(fence) = claim_absent(conn, &req, &pk(&req.scope), now, journal)? {
                     return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
                 }
             }
-            claim_on_writer(conn, &req, now)
+            claim_on_writer(conn, &req, now, journal)
         })
         .await
     }
@@ -714,7 +995,7 @@ impl Backend for Sqlite {
             req.body_stored,
         );
         let body = body_stored.then(|| body.to_vec());
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
             let key = pk(&scope);
             let Some(loaded) = fenced(conn, &key, fence)? else {
                 return Ok(FenceReply::Stale);
@@ -738,21 +1019,49 @@ impl Backend for Sqlite {
                     record::completion_expiry(now, loaded.ttl_ms),
                 ])
                 .map_err(unavailable)?;
+            event(conn, &key, (Transition::Completed, actor::FILTER, None), now, journal)?;
             Ok(FenceReply::Done)
         })
         .await
     }
 
-    async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
+    async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         let scope = req.scope.clone();
         let fence = req.fence;
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
             let key = pk(&scope);
-            if fenced(conn, &key, fence)?.is_none() {
+            let Some(loaded) = fenced(conn, &key, fence)? else {
                 return Ok(FenceReply::Stale);
-            }
-            delete(conn, &key)?;
+            };
+            let by = (Transition::Released, actor::FILTER, None);
+            end_generation(conn, &key, loaded.view.state, by, now, journal)?;
             Ok(FenceReply::Done)
+        })
+        .await
+    }
+
+    async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
+        let scope = req.scope.clone();
+        let attempt = req.attempt.clone();
+        self.write_logged(move |conn, journal| {
+            let key = pk(&scope);
+            match load(conn, &key)? {
+                Some(l) if !l.archived && record::may_abandon(l.view.state, l.attempt.as_deref(), attempt.as_str()) => {
+                    let by = (Transition::Abandoned, actor::FILTER, None);
+                    end_generation(conn, &key, l.view.state, by, now, journal)?;
+                    Ok(FenceReply::Done)
+                }
+                Some(_) => Ok(FenceReply::Stale),
+                None => {
+                    let sql = "INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, \
+                               attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING";
+                    conn.prepare_cached(sql)
+                        .map_err(unavailable)?
+                        .execute(params![key[0], key[1], key[2], key[3], key[4], key[5], attempt.as_str(), now])
+                        .map_err(unavailable)?;
+                    Ok(FenceReply::Done)
+                }
+            }
         })
         .await
     }
@@ -760,7 +1069,7 @@ impl Backend for Sqlite {
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         let scope = req.scope.clone();
         let fence = req.fence;
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
             let key = pk(&scope);
             let Some(loaded) = fenced(conn, &key, fence)? else {
                 return Ok(FenceReply::Stale);
@@ -769,12 +1078,19 @@ impl Backend for Sqlite {
                 return Ok(FenceReply::Done);
             }
             set_unknown(conn, &key, record::unknown_expiry(now, loaded.ttl_ms))?;
+            event(
+                conn,
+                &key,
+                (Transition::MarkedUnknown, actor::FILTER, None),
+                now,
+                journal,
+            )?;
             Ok(FenceReply::Done)
         })
         .await
     }
 
-    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<Vec<RecordInfo>> {
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
         // Operators see every replay served so far: pending counts are
         // applied first (and any flush already queued is committed by then).
         let tally = Arc::clone(&self.replays);
@@ -783,11 +1099,43 @@ impl Backend for Sqlite {
         }
         let q = q.clone();
         self.read(move |conn| {
-            let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE tenant = ?1 AND idem_key = ?2 \
-                 AND (?3 IS NULL OR route = ?3) AND (?4 IS NULL OR principal = ?4) AND (?5 IS NULL OR namespace = ?5) \
-                 ORDER BY route, principal, namespace LIMIT ?6");
+            const MATCH: &str = "tenant = ?1 AND idem_key = ?2 AND (?3 IS NULL OR route = ?3) \
+                                 AND (?4 IS NULL OR principal = ?4) AND (?5 IS NULL OR namespace = ?5)";
             let ns = q.namespace.map(|n| n.as_str());
-            query_infos(conn, sql, params![q.tenant, q.key, q.route, q.principal, ns, limit])
+            let sql = format!(
+                "SELECT {cols}, NULL, 1 AS current FROM idempotency_records WHERE {MATCH} \
+                 UNION ALL SELECT {cols}, ended_at, 0 FROM idempotency_history WHERE {MATCH} \
+                 ORDER BY current DESC, generation DESC LIMIT ?6",
+                cols = columns!()
+            );
+            let records = query_infos(
+                conn,
+                &sql,
+                params![q.tenant, q.key, q.route, q.principal, ns, limit],
+            )?;
+            let sql = format!(
+                "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT ?6",
+                event_columns!()
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        q.tenant,
+                        q.key,
+                        q.route,
+                        q.principal,
+                        ns,
+                        limit.saturating_mul(16)
+                    ],
+                    event_from_row,
+                )
+                .map_err(unavailable)?;
+            let mut events = Vec::new();
+            for row in rows {
+                events.push(row.map_err(unavailable)??);
+            }
+            Ok(KeyHistory { records, events })
         })
         .await
     }
@@ -795,11 +1143,11 @@ impl Backend for Sqlite {
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
         self.read(move |conn| match which {
             Listing::Unknown => {
-                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT ?1");
+                let sql = concat!("SELECT ", columns!(), ", NULL FROM idempotency_records WHERE state = 'unknown' AND archived_at IS NULL ORDER BY created_at LIMIT ?1");
                 query_infos(conn, sql, params![limit])
             }
             Listing::Stuck { older_than_ms } => {
-                let sql = concat!("SELECT ", columns!(), " FROM idempotency_records WHERE state = 'in_progress' AND created_at <= ?1 ORDER BY created_at LIMIT ?2");
+                let sql = concat!("SELECT ", columns!(), ", NULL FROM idempotency_records WHERE state = 'in_progress' AND created_at <= ?1 ORDER BY created_at LIMIT ?2");
                 let before = now.saturating_sub(i64_from(older_than_ms));
                 query_infos(conn, sql, params![before, limit])
             }
@@ -810,7 +1158,7 @@ impl Backend for Sqlite {
     async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
         let scope = scope.clone();
         let how = how.clone();
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
             let key = pk(&scope);
             let Some(loaded) = load(conn, &key)? else {
                 return Ok(false);
@@ -820,7 +1168,8 @@ impl Backend for Sqlite {
             }
             match how {
                 Resolution::Release => {
-                    delete(conn, &key)?;
+                    let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
+                    end_generation(conn, &key, loaded.view.state, by, now, journal)?;
                 }
                 Resolution::Complete { status, headers, body } => {
                     // A new fence: the old owner's late completion must not
@@ -846,6 +1195,7 @@ impl Backend for Sqlite {
                         ],
                     )
                     .map_err(unavailable)?;
+                    event(conn, &key, (Transition::Resolved, actor::OPERATOR, Some("complete")), now, journal)?;
                 }
             }
             Ok(true)
@@ -853,9 +1203,24 @@ impl Backend for Sqlite {
         .await
     }
 
-    async fn purge(&self, scope: &Scope) -> Result<bool> {
+    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
         let scope = scope.clone();
-        self.write(move |conn| delete(conn, &pk(&scope))).await
+        self.write_logged(move |conn, journal| {
+            let key = pk(&scope);
+            let Some(loaded) = load(conn, &key)? else {
+                return Ok(false);
+            };
+            end_generation(
+                conn,
+                &key,
+                loaded.view.state,
+                (Transition::Purged, actor::OPERATOR, None),
+                now,
+                journal,
+            )?;
+            Ok(true)
+        })
+        .await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
@@ -863,40 +1228,86 @@ impl Backend for Sqlite {
             batch,
             audit_retention_ms,
         } = *policy;
-        self.write(move |conn| {
+        self.write_logged(move |conn, journal| {
             let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-            let released = conn
-                .execute(
-                    "DELETE FROM idempotency_records WHERE rowid IN (SELECT rowid FROM idempotency_records \
-                     WHERE state = 'in_progress' AND lease_until <= ?1 AND release_on_unknown = 1 LIMIT ?2)",
-                    params![now, batch],
-                )
+            let mut report = SweepReport::default();
+            let picked = |sql: &str, at: i64| -> Result<Vec<[String; 6]>> {
+                let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
+                let rows = stmt
+                    .query_map(params![at, batch], |r| {
+                        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?])
+                    })
+                    .map_err(unavailable)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(unavailable)
+            };
+            // Leases that ran out: released or turned unknown, as the claim's policy said.
+            for k in picked(concat!("SELECT ", pk_list!(), " FROM idempotency_records WHERE state = 'in_progress' AND lease_until <= ?1 \
+                                     AND release_on_unknown = 1 LIMIT ?2"), now)? {
+                let key = k.each_ref().map(String::as_str);
+                end_generation(conn, &key, State::InProgress, (Transition::LeaseExpired, actor::SWEEPER, Some("released")), now, journal)?;
+                report.released += 1;
+            }
+            for k in picked(concat!("SELECT ", pk_list!(), " FROM idempotency_records WHERE state = 'in_progress' AND lease_until <= ?1 \
+                                     AND release_on_unknown = 0 LIMIT ?2"), now)? {
+                let key = k.each_ref().map(String::as_str);
+                let ttl_ms: i64 = conn
+                    .prepare_cached(concat!("SELECT ttl_ms FROM idempotency_records WHERE ", pk_where!()))
+                    .map_err(unavailable)?
+                    .query_row(params![key[0], key[1], key[2], key[3], key[4], key[5]], |r| r.get(0))
+                    .map_err(unavailable)?;
+                set_unknown(conn, &key, record::unknown_expiry(now, u64_from(ttl_ms, "ttl_ms")?))?;
+                event(conn, &key, (Transition::LeaseExpired, actor::SWEEPER, Some("unknown")), now, journal)?;
+                report.marked_unknown += 1;
+            }
+            // Claims that landed after their filter had abandoned them.
+            for k in picked("SELECT r.scope_version, r.tenant, r.principal, r.route, r.namespace, r.idem_key \
+                                     FROM idempotency_abandoned a JOIN idempotency_records r USING (scope_version, tenant, principal, route, namespace, idem_key, attempt) \
+                                     WHERE r.state IN ('in_progress', 'unknown') AND r.archived_at IS NULL AND ?1 = ?1 LIMIT ?2", now)? {
+                let key = k.each_ref().map(String::as_str);
+                let Some(loaded) = load(conn, &key)? else { continue };
+                end_generation(conn, &key, loaded.view.state, (Transition::Abandoned, actor::SWEEPER, None), now, journal)?;
+                report.abandoned += 1;
+            }
+            conn.prepare_cached("DELETE FROM idempotency_abandoned WHERE at <= ?1")
+                .map_err(unavailable)?
+                .execute(params![now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS)])
                 .map_err(unavailable)?;
-            // expires_at = now + ttl_ms is record::unknown_expiry, in SQL so a
-            // whole batch is one statement.
-            let marked = conn
-                .execute(
-                    "UPDATE idempotency_records SET state = 'unknown', expires_at = ?1 + ttl_ms WHERE rowid IN \
-                     (SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND lease_until <= ?1 \
-                     AND release_on_unknown = 0 LIMIT ?2)",
-                    params![now, batch],
-                )
-                .map_err(unavailable)?;
-            let archived = conn
-                .execute(
-                    "UPDATE idempotency_records SET archived_at = ?1, response_body = NULL WHERE rowid IN \
-                     (SELECT rowid FROM idempotency_records WHERE archived_at IS NULL AND expires_at <= ?1 LIMIT ?2)",
-                    params![now, batch],
-                )
-                .map_err(unavailable)?;
+            // Expired records: body dropped, metadata kept.
+            for k in picked(concat!("SELECT ", pk_list!(), " FROM idempotency_records WHERE archived_at IS NULL AND expires_at <= ?1 LIMIT ?2"), now)? {
+                let key = k.each_ref().map(String::as_str);
+                let sql = concat!("UPDATE idempotency_records SET archived_at = ?7, response_body = NULL WHERE ", pk_where!());
+                conn.prepare_cached(sql)
+                    .map_err(unavailable)?
+                    .execute(params![key[0], key[1], key[2], key[3], key[4], key[5], now])
+                    .map_err(unavailable)?;
+                event(conn, &key, (Transition::Archived, actor::SWEEPER, None), now, journal)?;
+                report.archived += 1;
+            }
+            // Past the audit retention: archived generations, history, events.
+            let cutoff = now.saturating_sub(i64_from(audit_retention_ms));
             let purged = conn
                 .execute(
                     "DELETE FROM idempotency_records WHERE rowid IN (SELECT rowid FROM idempotency_records \
                      WHERE archived_at IS NOT NULL AND archived_at <= ?1 LIMIT ?2)",
-                    params![now.saturating_sub(i64_from(audit_retention_ms)), batch],
+                    params![cutoff, batch],
                 )
-                .map_err(unavailable)?;
-            Ok(SweepReport { marked_unknown: count(marked), released: count(released), archived: count(archived), purged: count(purged) })
+                .map_err(unavailable)?
+                + conn
+                    .execute(
+                        "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \
+                         WHERE ended_at <= ?1 LIMIT ?2)",
+                        params![cutoff, batch],
+                    )
+                    .map_err(unavailable)?;
+            report.purged = count(purged);
+            report.events_purged = count(
+                conn.execute(
+                    "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
+                    params![cutoff, batch],
+                )
+                .map_err(unavailable)?,
+            );
+            Ok(report)
         })
         .await
     }

@@ -37,12 +37,7 @@ pub async fn sweep_all(store: &Store, policy: &SweepPolicy) -> Result<SweepRepor
         let report = store.backend.sweep(store.clock.now(), policy).await?;
         store.metrics.observe_sweep(&report);
         total.add(report);
-        let full = u64::from(policy.batch);
-        if report.marked_unknown < full
-            && report.released < full
-            && report.archived < full
-            && report.purged < full
-        {
+        if !report.full(policy.batch) {
             break;
         }
     }

@@ -75,8 +75,9 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     }
     let (ok, out, err) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
     assert!(ok, "{err}");
-    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(records[0]["state"], "in_progress");
+    let history: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(history["records"][0]["state"], "in_progress");
+    assert_eq!(history["events"][0]["transition"], "claimed");
     let (ok, out, _) = cli(&db, &["inspect", "--stuck", "--older-than-ms", "0"]);
     assert!(ok);
     assert!(out.contains("k-cli"));
@@ -104,9 +105,11 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert!(ok, "{err}");
     let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
     assert!(ok);
-    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(records[0]["state"], "completed");
-    assert_eq!(records[0]["body_len"], 13);
+    let history: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(history["records"][0]["state"], "completed");
+    assert_eq!(history["records"][0]["body_len"], 13);
+    assert_eq!(history["events"][1]["transition"], "resolved");
+    assert_eq!(history["events"][1]["actor"], "operator");
     let (ok, _, err) = cli(&db, &args);
     assert!(!ok && err.contains("no in-progress or unknown record"), "{err}");
     let (ok, out, _) = cli(&db, &["sweep"]);
@@ -118,7 +121,10 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert!(ok, "{err}");
     let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
     assert!(ok);
-    assert_eq!(out.trim(), "[]");
+    // The key is free; its purged generation stays in the history.
+    let history: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(history["records"][0]["state"], "purged");
+    assert!(history["records"][0]["ended_at"].is_i64());
     let (ok, _, err) = cli("mysql://nope", &["migrate"]);
     assert!(!ok && err.contains("sqlite://"), "{err}");
 }

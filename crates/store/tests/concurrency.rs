@@ -107,7 +107,7 @@ async fn concurrent_sqlite_claims_share_commits() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 sqlite
-                    .claim(&claim(&scope(&format!("k-group-{i}")), Some(1)), 0)
+                    .claim(&claim(&scope(&format!("k-group-{i}")), Some(1)), 0, None)
                     .await
                     .unwrap()
                     .reply

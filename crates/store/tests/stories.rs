@@ -91,7 +91,8 @@ async fn claim_complete_replay(b: Arc<dyn Backend>) {
             10,
         )
         .await
-        .unwrap()[0];
+        .unwrap()
+        .records[0];
     assert_eq!(rec.replay_count, 2);
     assert_eq!(rec.state, "completed");
     assert_eq!(rec.body_len, Some(8));
@@ -125,7 +126,10 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
         key: "k-count".into(),
         ..Default::default()
     };
-    assert_eq!(cx.b().lookup(&lookup, 10).await.unwrap()[0].replay_count, 40);
+    assert_eq!(
+        cx.b().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
+        40
+    );
     // Replays of the old record, then the key is claimed afresh after expiry.
     cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     cx.clock.advance(10_000);
@@ -135,7 +139,10 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
     cx.store.complete(&complete(&s, f2, 200), b"v2").await.unwrap();
     let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     assert_eq!(out.body, b"v2");
-    assert_eq!(cx.b().lookup(&lookup, 10).await.unwrap()[0].replay_count, 1);
+    assert_eq!(
+        cx.b().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
+        1
+    );
 }
 
 async fn fingerprint_mismatch_in_every_state(b: Arc<dyn Backend>) {
@@ -260,7 +267,8 @@ async fn lease_expiry_turns_the_record_unknown(b: Arc<dyn Backend>) {
             1,
         )
         .await
-        .unwrap()[0];
+        .unwrap()
+        .records[0];
     assert_eq!(rec.expires_at, Some(cx.now() + 10_000));
     // With on_unknown: release the key is claimed afresh instead.
     let mut again = claim(&s, Some(1));
@@ -372,7 +380,9 @@ async fn release_frees_the_key(b: Arc<dyn Backend>) {
         )
         .await
         .unwrap()
-        .is_empty());
+        .records
+        .iter()
+        .all(|r| r.ended_at.is_some() && r.state == "released"));
     // Even with another fingerprint: the released request never happened.
     cx.owned(&claim(&s, Some(2))).await;
 }
@@ -423,7 +433,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
         key: "k-expiry".into(),
         ..Default::default()
     };
-    let rec = &cx.b().lookup(&lookup, 1).await.unwrap()[0];
+    let rec = &cx.b().lookup(&lookup, 1).await.unwrap().records[0];
     assert_eq!(rec.archived_at, Some(cx.now()));
     assert_eq!(rec.body_len, None, "body dropped");
     assert_eq!(rec.status, Some(201), "metadata kept");
@@ -438,7 +448,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
     assert_eq!(cx.sweep(60_000).await.purged, 0);
     cx.clock.advance(1);
     assert_eq!(cx.sweep(60_000).await.purged, 1);
-    assert!(cx.b().lookup(&lookup, 1).await.unwrap().is_empty());
+    assert!(cx.b().lookup(&lookup, 1).await.unwrap().records.is_empty());
     cx.owned(&claim(&s, Some(1))).await;
 }
 
@@ -494,7 +504,7 @@ async fn the_same_key_in_another_scope_is_another_record(b: Arc<dyn Backend>) {
         )
         .await
         .unwrap();
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.records.len(), 4);
     let one = cx
         .b()
         .lookup(
@@ -508,7 +518,7 @@ async fn the_same_key_in_another_scope_is_another_record(b: Arc<dyn Backend>) {
         )
         .await
         .unwrap();
-    assert_eq!(one.len(), 1);
+    assert_eq!(one.records.len(), 1);
     let out = cx.store.claim(&claim(&base, Some(1))).await.unwrap();
     assert_eq!(out.body, b"acme");
 }
@@ -568,8 +578,8 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         .unwrap());
     cx.owned(&claim(&unknown, Some(1))).await;
 
-    assert!(cx.b().purge(&stuck).await.unwrap());
-    assert!(!cx.b().purge(&stuck).await.unwrap());
+    assert!(cx.b().purge(&stuck, cx.now()).await.unwrap());
+    assert!(!cx.b().purge(&stuck, cx.now()).await.unwrap());
 }
 
 async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {

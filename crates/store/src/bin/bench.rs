@@ -48,6 +48,8 @@ fn request(scope: Scope) -> ClaimRequest {
         wait_ms: 0,
         after_expiry: AfterExpiry::Reject,
         on_unknown: OnUnknown::Conflict,
+        attempt: None,
+        deadline_ms: 0,
     }
 }
 
@@ -127,7 +129,7 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
             let s = scope("raw", w, i)?;
             let now = idemgate_store::clock::system_now();
             let out = backend
-                .claim(&request(s.clone()), now)
+                .claim(&request(s.clone()), now, None)
                 .await
                 .map_err(|e| e.to_string())?;
             let ClaimReply::Owned { fence } = out.reply else {
@@ -228,7 +230,7 @@ async fn completed_keys(backend: &Arc<dyn Backend>, args: &Args) -> Result<Vec<S
     for w in 0..args.concurrency {
         let s = scope("replay", w, 0)?;
         let out = backend
-            .claim(&request(s.clone()), now)
+            .claim(&request(s.clone()), now, None)
             .await
             .map_err(|e| e.to_string())?;
         let ClaimReply::Owned { fence } = out.reply else {
@@ -264,7 +266,10 @@ async fn raw_replay(backend: Arc<dyn Backend>, keys: Arc<Vec<Scope>>, args: &Arg
         async move {
             let s = keys.get(w).cloned().ok_or("no key")?;
             let now = idemgate_store::clock::system_now();
-            let out = backend.claim(&request(s), now).await.map_err(|e| e.to_string())?;
+            let out = backend
+                .claim(&request(s), now, None)
+                .await
+                .map_err(|e| e.to_string())?;
             expect_replay(&out.reply)
         }
     })

@@ -49,6 +49,8 @@ pub fn claim(scope: &Scope, fingerprint: Option<u8>) -> ClaimRequest {
         wait_ms: 0,
         after_expiry: AfterExpiry::Reject,
         on_unknown: OnUnknown::Conflict,
+        attempt: None,
+        deadline_ms: 0,
     }
 }
 

@@ -1,0 +1,112 @@
+//! The worker's store client for calls that must outlive their request: an
+//! abandoned claim, a record marked unknown after the client left. A request
+//! posts the call here and goes on (or ends); the root context sends it from
+//! its timer, so the store's answer comes back to the root even when the
+//! request is gone (the SDK drops answers to a context that no longer exists),
+//! and sends it again until the store has answered. A store that is down for a
+//! while therefore still hears of every claim given up meanwhile, as soon as
+//! it is back.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use idemgate_core::config::StoreConfig;
+use idemgate_core::exchange::{StoreAnswer, StoreCall};
+use proxy_wasm::types::LogLevel;
+
+use crate::host;
+
+/// The first send waits only for the next timer tick.
+const SOON: Duration = Duration::from_millis(5);
+/// Between two sends of a call the store did not answer.
+const RETRY: Duration = Duration::from_millis(200);
+/// About five minutes of retries; after that the store's lease settles the record.
+const MAX_TRIES: u32 = 1_500;
+/// Calls kept waiting at most; beyond that the oldest is given up (and logged).
+const MAX_WAITING: usize = 4_096;
+
+struct Letter {
+    call: StoreCall,
+    tries: u32,
+}
+
+#[derive(Default)]
+pub struct Outbox {
+    waiting: VecDeque<Letter>,
+    in_flight: HashMap<u32, Letter>,
+    /// The root's timer period: zero (off) while there is nothing to send
+    /// or to hear.
+    period: Duration,
+}
+
+pub type Shared = Rc<RefCell<Outbox>>;
+
+impl Outbox {
+    /// Queues a call; it is sent on the root's next tick.
+    pub fn post(&mut self, call: StoreCall) {
+        if self.waiting.len() >= MAX_WAITING {
+            self.waiting.pop_front();
+            host::log(
+                LogLevel::Warn,
+                "store client: too many calls waiting for the store; the oldest was given up",
+            );
+        }
+        self.waiting.push_back(Letter { call, tries: 0 });
+        self.set_period(SOON);
+    }
+
+    /// The root's timer: sends everything waiting, then slows the timer down
+    /// for retries, or stops it when nothing is left.
+    pub fn tick(&mut self, store: &StoreConfig) {
+        while let Some(letter) = self.waiting.pop_front() {
+            match host::dispatch(store, &letter.call) {
+                Some(token) => {
+                    self.in_flight.insert(token, letter);
+                }
+                None => {
+                    // Refused by Envoy (no healthy store host): try again later.
+                    self.retry(letter);
+                    break;
+                }
+            }
+        }
+        let idle = self.waiting.is_empty() && self.in_flight.is_empty();
+        self.set_period(if idle { Duration::ZERO } else { RETRY });
+    }
+
+    fn set_period(&mut self, period: Duration) {
+        if self.period != period && host::set_tick_period(period) {
+            self.period = period;
+        }
+    }
+
+    /// The store's answer to one of our calls. Any answer from the store
+    /// itself (done, stale, or a refusal of the frame) ends the call; no
+    /// answer or an unavailable store means sending it again.
+    pub fn answered(&mut self, token: u32, answer: StoreAnswer) {
+        let Some(letter) = self.in_flight.remove(&token) else {
+            return;
+        };
+        match answer {
+            Some((status, _)) if status < 500 => {}
+            _ => self.retry(letter),
+        }
+    }
+
+    fn retry(&mut self, mut letter: Letter) {
+        letter.tries += 1;
+        if letter.tries >= MAX_TRIES {
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "store client: {} not delivered after {} tries; the record's lease will settle it",
+                    letter.call.path, letter.tries
+                ),
+            );
+            return;
+        }
+        self.waiting.push_back(letter);
+    }
+}
