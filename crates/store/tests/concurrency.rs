@@ -123,3 +123,71 @@ async fn concurrent_sqlite_claims_share_commits() {
         "{CLAIMS} claims took {commits} commits: no group commit"
     );
 }
+
+/// An owner completing just as a retry finds its lease run out: whichever
+/// lands first, the other must see it. A completion acknowledged and then
+/// overwritten by a takeover would lose the response and run the operation
+/// twice.
+async fn takeover_races_completion(backend: Arc<dyn Backend>) {
+    use idemgate_core::config::OnUnknown;
+    use idemgate_core::protocol::FenceReply;
+    let clock = Clock::manual(1_000_000);
+    let store = Store::new(backend, clock.clone());
+    for on_unknown in [OnUnknown::Release, OnUnknown::Conflict] {
+        let mut outcomes = std::collections::HashMap::new();
+        for i in 0..60 {
+            let s = scope(&format!("k-takeover-{on_unknown:?}-{i}"));
+            let mut req = claim(&s, Some(1));
+            req.on_unknown = on_unknown;
+            let ClaimReply::Owned { fence: owner } = store.claim(&req).await.unwrap().reply else {
+                panic!("first claim not owned")
+            };
+            clock.advance(req.lease_ms as i64);
+            let (done, retry) = tokio::join!(
+                {
+                    let store = store.clone();
+                    let s = s.clone();
+                    tokio::spawn(
+                        async move { store.complete(&complete(&s, owner, 201), b"paid").await.unwrap() },
+                    )
+                },
+                {
+                    let (store, req) = (store.clone(), req.clone());
+                    tokio::spawn(async move { store.claim(&req).await.unwrap().reply })
+                }
+            );
+            let (done, retry) = (done.unwrap(), retry.unwrap());
+            let after = store.claim(&req).await.unwrap().reply;
+            match (&done, &retry) {
+                // The completion won: the retry saw it, or turned the record
+                // unknown first and the completion (current fence) resolved it.
+                (FenceReply::Done, ClaimReply::Replay { .. } | ClaimReply::Unknown) => {
+                    assert!(
+                        matches!(after, ClaimReply::Replay { status: 201, .. }),
+                        "{i}: {after:?}"
+                    );
+                }
+                // The takeover won: the late completion was refused.
+                (FenceReply::Stale, ClaimReply::Owned { .. }) => {
+                    assert!(matches!(after, ClaimReply::InProgress { .. }), "{i}: {after:?}");
+                }
+                other => panic!("{on_unknown:?} {i}: completion and takeover both acted: {other:?}"),
+            }
+            *outcomes.entry(matches!(done, FenceReply::Done)).or_insert(0) += 1;
+        }
+        eprintln!("{on_unknown:?}: completion won / takeover won = {outcomes:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_never_overwrites_a_completion_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    takeover_races_completion(sqlite_backend(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_never_overwrites_a_completion_on_postgres() {
+    let cluster = pg::PgCluster::start();
+    let url = cluster.fresh_database().await;
+    takeover_races_completion(pg_backend(&url).await).await;
+}

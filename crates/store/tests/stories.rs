@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::config::{AfterExpiry, OnUnknown};
-use idemgate_core::protocol::{ClaimReply, FenceReply};
+use idemgate_core::protocol::{AbandonRequest, Attempt, ClaimReply, FenceReply};
 use idemgate_core::scope::Namespace;
-use idemgate_store::backend::{Backend, Listing, Lookup, Resolution, SweepPolicy};
+use idemgate_core::scope::Scope;
+use idemgate_store::backend::{Backend, KeyHistory, Listing, Lookup, Resolution, StoreError, SweepPolicy};
 use idemgate_store::{Clock, Store};
 
 use crate::support::*;
@@ -597,6 +598,171 @@ async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
 
 type Story = fn(Arc<dyn Backend>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+fn attempt(a: &str) -> Option<Attempt> {
+    Some(Attempt::try_from(a.to_string()).unwrap())
+}
+
+fn abandon(s: &Scope, a: &str) -> AbandonRequest {
+    AbandonRequest {
+        scope: s.clone(),
+        attempt: Attempt::try_from(a.to_string()).unwrap(),
+    }
+}
+
+async fn history(cx: &Ctx, key: &str) -> KeyHistory {
+    let q = Lookup {
+        tenant: "acme".into(),
+        key: key.into(),
+        ..Default::default()
+    };
+    cx.b().lookup(&q, 100).await.unwrap()
+}
+
+fn transitions(h: &KeyHistory) -> Vec<&str> {
+    h.events.iter().map(|e| e.transition.as_str()).collect()
+}
+
+async fn an_abandoned_claim_frees_the_key_and_nothing_else(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-abandon");
+    let mut first = claim(&s, Some(1));
+    first.attempt = attempt("a1");
+    cx.owned(&first).await;
+    // Another attempt's abandon is refused.
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a2")).await.unwrap(),
+        FenceReply::Stale
+    );
+    assert!(matches!(cx.reply(&first).await, ClaimReply::InProgress { .. }));
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
+        FenceReply::Done
+    );
+    // The retry the 503 invited is a first request.
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt("a3");
+    let fence = cx.owned(&retry).await;
+    cx.store.complete(&complete(&s, fence, 201), b"ok").await.unwrap();
+    // A completion is never abandoned.
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a3")).await.unwrap(),
+        FenceReply::Stale
+    );
+    assert!(matches!(cx.reply(&retry).await, ClaimReply::Replay { .. }));
+    let h = history(&cx, "k-abandon").await;
+    assert_eq!(transitions(&h), ["claimed", "abandoned", "claimed", "completed"]);
+    assert_eq!(h.records.len(), 2);
+    assert_eq!(
+        (h.records[1].state.as_str(), h.records[1].attempt.as_deref()),
+        ("abandoned", Some("a1"))
+    );
+}
+
+async fn an_abandon_that_arrives_first_releases_the_claim_when_it_lands(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-abandon-early");
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
+        FenceReply::Done
+    );
+    let mut late = claim(&s, Some(1));
+    late.attempt = attempt("a1");
+    cx.owned(&late).await;
+    assert_eq!(cx.sweep(60_000).await.abandoned, 1);
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt("a2");
+    cx.owned(&retry).await;
+    // The sweeper leaves the new attempt alone.
+    assert_eq!(cx.sweep(60_000).await.abandoned, 0);
+    assert_eq!(
+        transitions(&history(&cx, "k-abandon-early").await),
+        ["claimed", "abandoned", "claimed"]
+    );
+}
+
+async fn a_claim_past_its_callers_deadline_is_not_committed(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-late");
+    let passed = std::time::Instant::now();
+    let out = cx.b().claim(&claim(&s, Some(1)), cx.now(), Some(passed)).await;
+    assert!(matches!(out, Err(StoreError::Late)), "{out:?}");
+    assert!(history(&cx, "k-late").await.records.is_empty());
+    cx.owned(&claim(&s, Some(1))).await;
+}
+
+async fn a_new_generation_keeps_the_old_one_and_its_events(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-generations");
+    // After expiry, with after_expiry: new.
+    let mut req = claim(&s, Some(1));
+    req.after_expiry = AfterExpiry::New;
+    let first = cx.owned(&req).await;
+    cx.store
+        .complete(&complete(&s, first, 201), b"one")
+        .await
+        .unwrap();
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    req.fingerprint = Some(fp(2));
+    let second = cx.owned(&req).await;
+    // After a lease that ran out, with on_unknown: release.
+    cx.clock.advance(1_000);
+    req.on_unknown = OnUnknown::Release;
+    let third = cx.owned(&req).await;
+    assert!(first < second && second < third);
+    let h = history(&cx, "k-generations").await;
+    let gens: Vec<(u64, &str, Option<i64>)> = h
+        .records
+        .iter()
+        .map(|r| (r.generation, r.state.as_str(), r.status.map(i64::from)))
+        .collect();
+    assert_eq!(
+        gens,
+        [
+            (third, "in_progress", None),
+            (second, "lease_expired", None),
+            (first, "completed", Some(201))
+        ]
+    );
+    assert_eq!(
+        h.records[2].fingerprint,
+        Some(fp(1).to_hex()),
+        "the first request's evidence"
+    );
+    assert!(h.records[2].archived_at.is_some());
+    assert_eq!(
+        transitions(&h),
+        ["claimed", "completed", "archived", "reclaimed", "reclaimed"]
+    );
+    let fences: Vec<u64> = h.events.iter().map(|e| e.generation).collect();
+    assert_eq!(fences, [first, first, first, second, third]);
+    // Released generations stay too.
+    cx.store.release(&fence(&s, third)).await.unwrap();
+    let h = history(&cx, "k-generations").await;
+    assert_eq!(h.records.len(), 3);
+    assert_eq!(h.records[0].state, "released");
+    assert_eq!(transitions(&h).last(), Some(&"released"));
+}
+
+async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let old = scope("k-retention-old");
+    let f = cx.owned(&claim(&old, Some(1))).await;
+    cx.store.release(&fence(&old, f)).await.unwrap();
+    cx.clock.advance(30_000);
+    let young = scope("k-retention-young");
+    let f = cx.owned(&claim(&young, Some(1))).await;
+    cx.store.release(&fence(&young, f)).await.unwrap();
+    cx.clock.advance(30_000);
+    // The old generation and its events are 60 s old, the young ones 30 s.
+    let report = cx.sweep(45_000).await;
+    assert_eq!((report.purged, report.events_purged), (1, 2));
+    let h = history(&cx, "k-retention-old").await;
+    assert!(h.records.is_empty() && h.events.is_empty(), "{h:?}");
+    let h = history(&cx, "k-retention-young").await;
+    assert_eq!((h.records.len(), h.events.len()), (1, 2));
+}
+
 macro_rules! stories {
     ($($name:ident),* $(,)?) => {
         pub fn all() -> Vec<(&'static str, Story)> {
@@ -621,6 +787,11 @@ stories!(
     the_same_key_in_another_scope_is_another_record,
     operators_resolve_list_and_purge,
     sweeper_releases_when_the_policy_says_so,
+    an_abandoned_claim_frees_the_key_and_nothing_else,
+    an_abandon_that_arrives_first_releases_the_claim_when_it_lands,
+    a_claim_past_its_callers_deadline_is_not_committed,
+    a_new_generation_keeps_the_old_one_and_its_events,
+    purge_removes_only_what_is_past_retention,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
