@@ -257,8 +257,25 @@ impl Harness {
             .sum()
     }
 
-    /// The store's admin view of a record, as JSON (`null` when absent).
-    pub async fn record(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
+    /// Holds the store's SQLite write lock for `held` from another
+    /// connection, as a stalled disk or a long checkpoint would; returns once
+    /// the lock is taken.
+    pub fn hold_store_write_lock(&self, held: Duration) -> std::thread::JoinHandle<()> {
+        let path = self.dir.path().join("store.db");
+        let (taken, wait) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            taken.send(()).unwrap();
+            std::thread::sleep(held);
+            conn.execute_batch("COMMIT").unwrap();
+        });
+        wait.recv().unwrap();
+        holder
+    }
+
+    /// The store's admin view of a key: every generation and event, as JSON.
+    pub async fn history(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
         let url = format!(
             "http://127.0.0.1:{}/admin/v1/records?route={route}&tenant={tenant}&principal={principal}&key={key}",
             self.store_port

@@ -486,3 +486,77 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
         "{log}"
     );
 }
+
+/// What the store recorded of a key, as transition names.
+async fn transitions(h: &Harness, k: &str) -> Vec<String> {
+    let history = h.history("payments.create", "tenant-a", "alice", k).await;
+    history["events"]
+        .as_array()
+        .map(|events| {
+            events
+                .iter()
+                .filter_map(|e| e["transition"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_slower_than_the_filter_burns_no_key() {
+    let h = Harness::start().await;
+    let k = key("slow-store");
+    // The store's disk stalls past the filter's 1 s store timeout.
+    let holder = h.hold_store_write_lock(Duration::from_millis(1_500));
+    let first = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&first, 503, "store-unavailable");
+    assert_eq!(first.header("retry-after"), Some("1"));
+    let gave_up = std::time::Instant::now();
+    // The retry the problem invites executes as soon as the store is healthy.
+    let retried = poll("the retry to execute", Duration::from_secs(2), || async {
+        let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+        (a.status == 201).then_some(a)
+    })
+    .await;
+    assert!(gave_up.elapsed() < Duration::from_secs(2));
+    assert!(retried.header("idempotent-replayed").is_none());
+    holder.join().unwrap();
+    assert_eq!(h.upstream.executions(&k), 1);
+    let replay = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(h.upstream.executions(&k), 1);
+    assert_eq!(h.counter("records_abandoned").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_gone_while_its_claim_is_in_flight_burns_no_key() {
+    let h = Harness::start().await;
+    let k = key("gone-during-claim");
+    // The claim commits at 600 ms, well after the client left at 200 ms.
+    let holder = h.hold_store_write_lock(Duration::from_millis(600));
+    let gone = h
+        .post("/pay", Some(&k), PAYMENT)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client should have timed out: {gone:?}");
+    // Its immediate retry is served once the claim it left behind is abandoned.
+    let retried = poll("the retry to execute", Duration::from_secs(3), || async {
+        let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+        match a.status {
+            201 => Some(a),
+            409 => {
+                assert_eq!(a.problem().as_deref(), Some("request-in-progress"), "{a:?}");
+                None
+            }
+            other => panic!("unexpected answer {other}: {a:?}"),
+        }
+    })
+    .await;
+    assert!(retried.header("idempotent-replayed").is_none());
+    holder.join().unwrap();
+    assert_eq!(h.upstream.executions(&k), 1);
+    assert_eq!(
+        transitions(&h, &k).await,
+        ["claimed", "abandoned", "claimed", "completed"]
+    );
+}
