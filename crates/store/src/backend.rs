@@ -56,6 +56,24 @@ impl ClaimOutcome {
             became_unknown: false,
         }
     }
+
+    /// A completed record served again.
+    pub fn replay(
+        status: u16,
+        headers: Option<Vec<(String, String)>>,
+        completed_at: i64,
+        body: Vec<u8>,
+    ) -> ClaimOutcome {
+        ClaimOutcome {
+            reply: ClaimReply::Replay {
+                status,
+                headers: headers.unwrap_or_default(),
+                completed_at,
+            },
+            body,
+            became_unknown: false,
+        }
+    }
 }
 
 /// Everything stored about a record except its body, for operators.

@@ -396,15 +396,7 @@ impl Postgres {
             ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
             ClaimDecision::Replay { status, completed_at } => {
                 self.count_replay(pk.cols.map(String::from), view.fence);
-                ClaimOutcome {
-                    reply: ClaimReply::Replay {
-                        status,
-                        headers: headers.unwrap_or_default(),
-                        completed_at,
-                    },
-                    body,
-                    became_unknown: false,
-                }
+                ClaimOutcome::replay(status, headers, completed_at, body)
             }
             ClaimDecision::Claim => {
                 let ended = record::ended_as(view.state, Transition::Reclaimed);
@@ -730,15 +722,7 @@ impl Backend for Postgres {
                 ClaimDecision::Replay { status, completed_at } => {
                     // Served from the committed row this statement returned.
                     self.count_replay(pk.cols.map(String::from), view.fence);
-                    return Ok(ClaimOutcome {
-                        reply: ClaimReply::Replay {
-                            status,
-                            headers: headers.unwrap_or_default(),
-                            completed_at,
-                        },
-                        body,
-                        became_unknown: false,
-                    });
+                    return Ok(ClaimOutcome::replay(status, headers, completed_at, body));
                 }
                 ClaimDecision::Claim | ClaimDecision::BecomeUnknown => {
                     if let Some(out) = self.change_claimed(&mut client, req, &pk, now, deadline).await? {

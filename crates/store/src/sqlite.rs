@@ -764,16 +764,8 @@ fn claim_on_writer(
                 .map_err(unavailable)?
                 .execute(params![key[0], key[1], key[2], key[3], key[4], key[5]])
                 .map_err(unavailable)?;
-            let headers = loaded.and_then(|l| l.headers).unwrap_or_default();
-            Ok(ClaimOutcome {
-                reply: ClaimReply::Replay {
-                    status,
-                    headers,
-                    completed_at,
-                },
-                body,
-                became_unknown: false,
-            })
+            let headers = loaded.and_then(|l| l.headers);
+            Ok(ClaimOutcome::replay(status, headers, completed_at, body))
         }
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
@@ -945,15 +937,7 @@ impl Backend for Sqlite {
                     Ok(match record::decide_claim(Some(&loaded.view), probe, now) {
                         ClaimDecision::Answer(reply) => Probe::Answer(reply),
                         ClaimDecision::Replay { status, completed_at } => {
-                            let outcome = ClaimOutcome {
-                                reply: ClaimReply::Replay {
-                                    status,
-                                    headers: loaded.headers.unwrap_or_default(),
-                                    completed_at,
-                                },
-                                body: body()?,
-                                became_unknown: false,
-                            };
+                            let outcome = ClaimOutcome::replay(status, loaded.headers, completed_at, body()?);
                             Probe::Replay(outcome, loaded.view.fence)
                         }
                         ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Probe::Write,
