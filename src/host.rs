@@ -48,6 +48,22 @@ pub fn remove_response_header(name: &str) {
     let _ = hostcalls::remove_map_value(MapType::HttpResponseHeaders, name);
 }
 
+/// Replaces every line of a response header with one value.
+pub fn set_response_header(name: &str, value: &str) {
+    if hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)).is_err() {
+        log(LogLevel::Warn, &format!("could not set response header {name}"));
+    }
+}
+
+pub fn set_tick_period(period: Duration) {
+    if hostcalls::set_tick_period(period).is_err() {
+        log(
+            LogLevel::Error,
+            "could not set the tick period; unknown outcomes are reported by lease expiry only",
+        );
+    }
+}
+
 pub fn property(path: &[&str]) -> Option<Bytes> {
     hostcalls::get_property(path.to_vec()).ok().flatten()
 }

@@ -259,11 +259,17 @@ impl Harness {
 
     /// The store's admin view of a record, as JSON (`null` when absent).
     pub async fn record(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
-        let url = format!(
-            "http://127.0.0.1:{}/admin/v1/records?route={route}&tenant={tenant}&principal={principal}&key={key}",
-            self.store_port
-        );
-        match self.client.get(url).bearer_auth(ADMIN_TOKEN).send().await {
+        let url = format!("http://127.0.0.1:{}/admin/v1/records/lookup", self.store_port);
+        let query = serde_json::json!({"route": route, "tenant": tenant, "principal": principal, "key": key});
+        match self
+            .client
+            .post(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/json")
+            .body(query.to_string())
+            .send()
+            .await
+        {
             Ok(r) if r.status() == 200 => r.json_value().await,
             _ => serde_json::Value::Null,
         }

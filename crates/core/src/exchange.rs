@@ -218,7 +218,7 @@ pub fn settled(answer: &StoreAnswer) -> bool {
 /// A 4xx from the store means it refused the frame itself (a limit, the
 /// credential, the API version): a deployment error, not an outage. 409 is
 /// the store's ordinary "stale fence" answer.
-fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
+pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
     match answer {
         Some((status @ 400..=499, body)) if *status != 409 => {
             let detail = serde_json::from_slice::<serde_json::Value>(body)

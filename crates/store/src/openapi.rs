@@ -121,17 +121,17 @@ pub fn document() -> Value {
         ),
     );
     paths.insert(
-        admin::RECORDS_PATH.into(),
-        admin_get(
-            "Look records up by tenant and key (archived ones included)",
-            json!([
-                q("tenant", true, "string"),
-                q("key", true, "string"),
-                q("route", false, "string"),
-                q("principal", false, "string"),
-                q("namespace", false, "string"),
-                q("limit", false, "integer")
-            ]),
+        admin::LOOKUP_PATH.into(),
+        admin_post(
+            "Look records up by tenant and key (archived ones included); the key travels in the body, never in the URL",
+            json!({ "type": "object", "required": ["tenant", "key"], "additionalProperties": false, "properties": {
+                "tenant": { "type": "string" },
+                "key": { "type": "string" },
+                "route": { "type": "string" },
+                "principal": { "type": "string" },
+                "namespace": { "enum": ["u", "s"] },
+                "limit": { "type": "integer" } } }),
+            "An array of records",
         ),
     );
     paths.insert(
