@@ -2,7 +2,8 @@
 # Installs the tools `make` needs, once. Quick and silent when all are present;
 # otherwise it says exactly what it installs.
 #
-#   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries
+#   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries,
+#                            Node.js with the e2e Express app's packages
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -69,7 +70,11 @@ fi
 command -v curl >/dev/null || need_debs "curl" curl
 command -v python3 >/dev/null || need_debs "python3" python3
 
-# (e) wrk, for benchmarks only.
+# (e) Node.js and npm: the e2e tests run an Express upstream (tests/express).
+command -v node >/dev/null || need_debs "Node.js" nodejs
+command -v npm >/dev/null || need_debs "npm" npm
+
+# (f) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi
@@ -91,6 +96,11 @@ if ((${#debs[@]})); then
     echo "setup: installing Debian packages: ${debs[*]}"
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q update
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${debs[@]}"
+fi
+
+if [[ ! -d tests/express/node_modules/express ]]; then
+    echo "setup: installing the e2e Express app's npm packages (express) into tests/express/node_modules"
+    (cd tests/express && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 if ((need_envoy)); then

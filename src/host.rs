@@ -64,6 +64,13 @@ pub fn remove_response_header(name: &str) {
     let _ = hostcalls::remove_map_value(MapType::HttpResponseHeaders, name);
 }
 
+/// Replaces every line of a response header with one value.
+pub fn set_response_header(name: &str, value: &str) {
+    if hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)).is_err() {
+        log(LogLevel::Warn, &format!("could not set response header {name}"));
+    }
+}
+
 pub fn property(path: &[&str]) -> Option<Bytes> {
     hostcalls::get_property(path.to_vec()).ok().flatten()
 }

@@ -3,15 +3,16 @@
 
 use std::rc::Rc;
 
-use idemgate_core::config::{Config, Identity, Source};
-use idemgate_core::exchange::{Exchange, Origin, RequestHead, ResponseHead, Settlement, Step};
+use idemgate_core::claims::claim_text;
+use idemgate_core::config::Config;
+use idemgate_core::exchange::{Exchange, Settlement, Step};
+use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, Bytes, LogLevel};
+use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;
-use crate::outbox::Shared;
-use crate::root::Metrics;
+use crate::root::Shared;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
@@ -21,11 +22,13 @@ enum Direction {
 
 pub struct Filter {
     config: Option<Rc<Config>>,
-    metrics: Rc<Metrics>,
-    outbox: Shared,
+    shared: Rc<Shared>,
     /// This request's claim attempt id, unique on the worker.
     attempt: Option<Attempt>,
     exchange: Option<Exchange>,
+    /// A call was handed to the root's store client, which counts its
+    /// settlement once the store confirms it.
+    delivered: bool,
     /// Body bytes already handed to the exchange (Envoy's buffer grows while we pause).
     request_seen: usize,
     response_seen: usize,
@@ -34,18 +37,13 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn new(
-        config: Option<Rc<Config>>,
-        metrics: Rc<Metrics>,
-        outbox: Shared,
-        attempt: Option<Attempt>,
-    ) -> Filter {
+    pub fn new(config: Option<Rc<Config>>, shared: Rc<Shared>, attempt: Option<Attempt>) -> Filter {
         Filter {
             config,
-            metrics,
-            outbox,
+            shared,
             attempt,
             exchange: None,
+            delivered: false,
             request_seen: 0,
             response_seen: 0,
             waiting: None,
@@ -62,7 +60,7 @@ impl Filter {
                 Action::Pause
             }
             Step::Deliver(call, next) => {
-                self.outbox.borrow_mut().post(call);
+                self.deliver(call);
                 self.act(*next, direction)
             }
             Step::Call(call) => match self.config.as_ref().and_then(|c| host::dispatch(&c.store, &call)) {
@@ -81,6 +79,18 @@ impl Filter {
         }
     }
 
+    /// Hands a call to the root's store client, to be counted as the
+    /// exchange's settlement once the store confirms it.
+    fn deliver(&mut self, call: idemgate_core::exchange::StoreCall) {
+        let settles = self
+            .exchange
+            .as_ref()
+            .and_then(Exchange::settlement)
+            .unwrap_or(Settlement::Failed);
+        self.shared.outbox.borrow_mut().post(call, settles);
+        self.delivered = true;
+    }
+
     /// Carries out a step outside a stream callback (after a store reply).
     fn resume(&mut self, step: Step) {
         let Some(direction) = self.waiting.take() else {
@@ -94,59 +104,16 @@ impl Filter {
     }
 }
 
-fn header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_slice())
-}
-
-fn content_length(headers: &[(String, Bytes)]) -> Option<u64> {
-    std::str::from_utf8(header(headers, "content-length")?)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// An identity header that appears twice is ambiguous and counts as absent.
-fn identity_value(source: &Source, headers: &[(String, Bytes)]) -> Option<Vec<u8>> {
-    match source {
-        Source::Header(name) => {
-            let mut values = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name));
-            match (values.next(), values.next()) {
-                (Some((_, value)), None) => Some(value.clone()),
-                _ => None,
-            }
-        }
-        Source::Jwt { payload, claim } => host::property(&[
-            "metadata",
-            "filter_metadata",
-            "envoy.filters.http.jwt_authn",
-            payload,
-            claim,
-        ]),
-    }
-}
-
-/// Tells Envoy's own replies (connect failure, reset, timeout) from the upstream's.
-fn origin() -> Origin {
-    let details = host::property(&["response", "code_details"]).unwrap_or_default();
-    let details = String::from_utf8_lossy(&details);
-    const NEVER_REACHED: [&str; 5] = [
-        "connection_failure",
-        "no_healthy_upstream",
-        "cluster_not_found",
-        "route_not_found",
-        "maintenance_mode",
-    ];
-    if details.is_empty() || details == "via_upstream" {
-        Origin::Upstream
-    } else if NEVER_REACHED.iter().any(|d| details.contains(d)) {
-        Origin::NeverReached
-    } else {
-        Origin::LostAfterForwarding
-    }
+/// A JWT claim from `jwt_authn`'s payload in dynamic metadata. The payload
+/// is read whole: a lone number or boolean claim would come back untyped.
+fn jwt_claim(payload: &str, claim: &str) -> Option<Vec<u8>> {
+    let payload = host::property(&[
+        "metadata",
+        "filter_metadata",
+        "envoy.filters.http.jwt_authn",
+        payload,
+    ])?;
+    claim_text(&payload, claim)
 }
 
 impl Context for Filter {
@@ -154,6 +121,9 @@ impl Context for Filter {
         let answer = host::store_answer(num_headers, body_size);
         if let Some(ex) = self.exchange.as_mut() {
             let step = ex.store_reply(answer);
+            if let Some((status, detail)) = ex.take_store_refusal() {
+                self.shared.metrics.config_error(status, &detail);
+            }
             self.resume(step);
         }
     }
@@ -172,33 +142,8 @@ impl HttpContext for Filter {
         let Some(policy) = config.policy_for(&method, &pseudo(":authority"), &path).cloned() else {
             return Action::Continue;
         };
-        let headers = host::request_headers();
-        let (tenant, principal) = match &policy.identity {
-            Identity::Anonymous => (None, None),
-            Identity::Sourced { tenant, principal } => (
-                identity_value(tenant, &headers),
-                principal.as_ref().and_then(|p| identity_value(p, &headers)),
-            ),
-        };
-        let head = RequestHead {
-            key_fields: headers
-                .iter()
-                .filter(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
-                .map(|(_, v)| v.clone())
-                .collect(),
-            fingerprint_headers: policy
-                .fingerprint
-                .headers
-                .iter()
-                .filter_map(|name| header(&headers, name).map(|v| (name.clone(), v.to_vec())))
-                .collect(),
-            content_length: content_length(&headers),
-            method,
-            path,
-            tenant,
-            principal,
-            end_of_stream,
-        };
+        let lines = host::request_headers();
+        let head = headers::request_head(&policy, &method, &path, &lines, &mut jwt_claim, end_of_stream);
         let (exchange, step) = Exchange::begin(config.clone(), policy, head, attempt);
         self.exchange = Some(exchange);
         self.act(step, Direction::Request)
@@ -226,22 +171,20 @@ impl HttpContext for Filter {
         let Some(ex) = self.exchange.as_mut() else {
             return Action::Continue;
         };
+        let lines = if ex.owns_response() {
+            host::response_headers()
+        } else {
+            Vec::new()
+        };
+        host::remove_response_header(CONTROL_HEADER);
+        if let Some(key) = ex.key_echo() {
+            host::set_response_header(KEY_HEADER, key);
+        }
         if !ex.owns_response() {
             return Action::Continue;
         }
-        let headers = host::response_headers();
-        host::remove_response_header("idempotency-control");
-        let status = std::str::from_utf8(header(&headers, ":status").unwrap_or_default())
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let head = ResponseHead {
-            status,
-            origin: origin(),
-            content_length: content_length(&headers),
-            headers: headers.into_iter().filter(|(n, _)| !n.starts_with(':')).collect(),
-            end_of_stream,
-        };
+        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        let head = headers::response_head(lines, &String::from_utf8_lossy(&details), end_of_stream);
         let step = ex.response_headers(head);
         self.act(step, Direction::Response)
     }
@@ -271,10 +214,12 @@ impl HttpContext for Filter {
 
     fn on_log(&mut self) {
         let Some(ex) = self.exchange.as_mut() else { return };
-        if let Some(call) = ex.finish() {
-            self.outbox.borrow_mut().post(call);
-        }
-        if ex.settlement() == Some(Settlement::Failed) {
+        // This context is deleted right after on_log, and the store's answer
+        // to a call sent from here would find nobody: the root sends it and
+        // counts the settlement once the store confirms.
+        let orphan = ex.finish();
+        let (outcome, settlement) = (ex.outcome(), ex.settlement());
+        if settlement == Some(Settlement::Failed) {
             let record = ex.log_id().unwrap_or_default();
             host::log(
                 LogLevel::Warn,
@@ -283,6 +228,10 @@ impl HttpContext for Filter {
                 ),
             );
         }
-        self.metrics.count(ex.outcome(), ex.settlement());
+        if let Some(call) = orphan {
+            self.deliver(call);
+        }
+        let settlement = if self.delivered { None } else { settlement };
+        self.shared.metrics.count(outcome, settlement);
     }
 }

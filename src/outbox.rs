@@ -7,13 +7,11 @@
 //! while therefore still hears of every claim given up meanwhile, as soon as
 //! it is back.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::rc::Rc;
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{StoreAnswer, StoreCall};
+use idemgate_core::exchange::{Settlement, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
@@ -29,6 +27,8 @@ const MAX_WAITING: usize = 4_096;
 
 struct Letter {
     call: StoreCall,
+    /// What the call settles, counted when the store confirms it.
+    settles: Settlement,
     tries: u32,
 }
 
@@ -41,11 +41,9 @@ pub struct Outbox {
     period: Duration,
 }
 
-pub type Shared = Rc<RefCell<Outbox>>;
-
 impl Outbox {
     /// Queues a call; it is sent on the root's next tick.
-    pub fn post(&mut self, call: StoreCall) {
+    pub fn post(&mut self, call: StoreCall, settles: Settlement) {
         if self.waiting.len() >= MAX_WAITING {
             self.waiting.pop_front();
             host::log(
@@ -53,13 +51,19 @@ impl Outbox {
                 "store client: too many calls waiting for the store; the oldest was given up",
             );
         }
-        self.waiting.push_back(Letter { call, tries: 0 });
+        self.waiting.push_back(Letter {
+            call,
+            settles,
+            tries: 0,
+        });
         self.set_period(SOON);
     }
 
     /// The root's timer: sends everything waiting, then slows the timer down
-    /// for retries, or stops it when nothing is left.
-    pub fn tick(&mut self, store: &StoreConfig) {
+    /// for retries, or stops it when nothing is left. Returns how many calls
+    /// were given up.
+    pub fn tick(&mut self, store: &StoreConfig) -> usize {
+        let mut given_up = 0;
         while let Some(letter) = self.waiting.pop_front() {
             match host::dispatch(store, &letter.call) {
                 Some(token) => {
@@ -67,13 +71,14 @@ impl Outbox {
                 }
                 None => {
                     // Refused by Envoy (no healthy store host): try again later.
-                    self.retry(letter);
+                    given_up += usize::from(!self.retry(letter));
                     break;
                 }
             }
         }
         let idle = self.waiting.is_empty() && self.in_flight.is_empty();
         self.set_period(if idle { Duration::ZERO } else { RETRY });
+        given_up
     }
 
     fn set_period(&mut self, period: Duration) {
@@ -83,19 +88,21 @@ impl Outbox {
     }
 
     /// The store's answer to one of our calls. Any answer from the store
-    /// itself (done, stale, or a refusal of the frame) ends the call; no
-    /// answer or an unavailable store means sending it again.
-    pub fn answered(&mut self, token: u32, answer: StoreAnswer) {
-        let Some(letter) = self.in_flight.remove(&token) else {
-            return;
-        };
+    /// itself (done, stale, or a refusal of the frame) ends the call and is
+    /// returned with what the call settles; no answer or an unavailable store
+    /// means sending it again (`None`, unless it was the last try).
+    pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<(Settlement, StoreAnswer)> {
+        let letter = self.in_flight.remove(&token)?;
+        let settles = letter.settles;
         match answer {
-            Some((status, _)) if status < 500 => {}
-            _ => self.retry(letter),
+            Some((status, _)) if status < 500 => Some((settles, answer)),
+            _ if self.retry(letter) => None,
+            _ => Some((settles, answer)),
         }
     }
 
-    fn retry(&mut self, mut letter: Letter) {
+    /// Queues a letter again; `false` when it has had all its tries.
+    fn retry(&mut self, mut letter: Letter) -> bool {
         letter.tries += 1;
         if letter.tries >= MAX_TRIES {
             host::log(
@@ -105,8 +112,9 @@ impl Outbox {
                     letter.call.path, letter.tries
                 ),
             );
-            return;
+            return false;
         }
         self.waiting.push_back(letter);
+        true
     }
 }

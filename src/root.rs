@@ -1,24 +1,25 @@
-//! The root context: configuration, metrics and the store client for calls
-//! that outlive their request, shared by every request on this worker's VM.
+//! The root context: configuration, metrics, and the store client for calls
+//! that must outlive their request, shared by every request on this worker's VM.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{Outcome, Settlement};
+use idemgate_core::exchange::{refusal, settled, Outcome, Settlement};
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
 use crate::host;
 use crate::http::Filter;
-use crate::outbox::{Outbox, Shared};
+use crate::outbox::Outbox;
 
 /// Counter ids per outcome and settlement (`None` when Envoy refused one).
 #[derive(Default)]
 pub struct Metrics {
     outcomes: Vec<(Outcome, Option<u32>)>,
     settlements: Vec<(Settlement, Option<u32>)>,
+    config_errors: Option<u32>,
 }
 
 impl Metrics {
@@ -32,6 +33,7 @@ impl Metrics {
                 .iter()
                 .map(|s| (*s, host::counter(&format!("idemgate.records.{}", s.as_str()))))
                 .collect(),
+            config_errors: host::counter("idemgate.config_errors"),
         }
     }
 
@@ -43,14 +45,40 @@ impl Metrics {
             host::increment(*id);
         }
     }
+
+    pub fn count_settlement(&self, settlement: Settlement) {
+        if let Some((_, id)) = self.settlements.iter().find(|(s, _)| *s == settlement) {
+            host::increment(*id);
+        }
+    }
+
+    /// The store refused a frame (4xx): filter and store disagree on a limit
+    /// or the credential. Logged and counted apart from outages.
+    pub fn config_error(&self, status: u16, detail: &str) {
+        host::log(
+            LogLevel::Error,
+            &format!("the store refused a call with {status} ({detail}); check that the filter's configuration and the store agree on limits and the API token"),
+        );
+        host::increment(self.config_errors);
+    }
+}
+
+/// What the root shares with every request context.
+#[derive(Default)]
+pub struct Shared {
+    pub metrics: Metrics,
+    /// Calls that must outlive their request (abandoned claims, unknown
+    /// outcomes): sent from the root, so that the store's answer arrives
+    /// while someone is still there to count it, and sent again until the
+    /// store has answered.
+    pub outbox: RefCell<Outbox>,
 }
 
 #[derive(Default)]
 pub struct Root {
     config: Option<Rc<Config>>,
-    metrics: Rc<Metrics>,
-    outbox: Shared,
-    /// This worker's random prefix for attempt ids, and the next number.
+    shared: Rc<Shared>,
+    /// This worker's random prefix for attempt ids, and the last number.
     attempt_prefix: String,
     attempts: Cell<u64>,
 }
@@ -58,7 +86,25 @@ pub struct Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let answer = host::store_answer(num_headers, body_size);
-        self.outbox.borrow_mut().answered(token, answer);
+        let Some((settles, answer)) = self.shared.outbox.borrow_mut().answered(token, answer) else {
+            return;
+        };
+        let metrics = &self.shared.metrics;
+        if settled(&answer) {
+            metrics.count_settlement(settles);
+        } else {
+            if let Some((status, detail)) = refusal(&answer) {
+                metrics.config_error(status, &detail);
+            }
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "the store did not confirm a record {}; its lease will settle it",
+                    settles.as_str()
+                ),
+            );
+            metrics.count_settlement(Settlement::Failed);
+        }
     }
 }
 
@@ -73,8 +119,10 @@ impl RootContext for Root {
                 };
                 self.attempt_prefix = prefix;
                 self.config = Some(Rc::new(config));
-                self.metrics = Rc::new(Metrics::define());
-                self.outbox = Rc::new(RefCell::new(Outbox::default()));
+                self.shared = Rc::new(Shared {
+                    metrics: Metrics::define(),
+                    outbox: RefCell::default(),
+                });
                 true
             }
             Err(e) => {
@@ -86,7 +134,10 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(config) = &self.config {
-            self.outbox.borrow_mut().tick(&config.store);
+            let given_up = self.shared.outbox.borrow_mut().tick(&config.store);
+            for _ in 0..given_up {
+                self.shared.metrics.count_settlement(Settlement::Failed);
+            }
         }
     }
 
@@ -98,8 +149,7 @@ impl RootContext for Root {
         let attempt = Attempt::try_from(format!("{}-{n:x}", self.attempt_prefix)).ok();
         Some(Box::new(Filter::new(
             self.config.clone(),
-            self.metrics.clone(),
-            self.outbox.clone(),
+            self.shared.clone(),
             attempt,
         )))
     }

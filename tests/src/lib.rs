@@ -153,13 +153,21 @@ pub fn bootstrap(file: &str, port: u16, admin_port: u16, upstream_port: u16) -> 
 
 impl Harness {
     pub async fn start() -> Harness {
+        Harness::start_with(|config| config).await
+    }
+
+    /// Starts with `envoy/e2e.yaml` changed by `edit` (after the ports are
+    /// rewritten), e.g. to point the `express` cluster at a running app.
+    pub async fn start_with(edit: impl FnOnce(String) -> String) -> Harness {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let upstream = Upstream::start().await;
         let store_port = free_port();
         let store = start_store(dir.path(), store_port);
         let (port, admin_port) = (free_port(), free_port());
-        let config = bootstrap("envoy/e2e.yaml", port, admin_port, upstream.addr.port())
-            .replace("port_value: 8787", &format!("port_value: {store_port}"));
+        let config = edit(
+            bootstrap("envoy/e2e.yaml", port, admin_port, upstream.addr.port())
+                .replace("port_value: 8787", &format!("port_value: {store_port}")),
+        );
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
         let envoy_bin = envoy_bin();
@@ -274,13 +282,35 @@ impl Harness {
         holder
     }
 
+    /// The key's current generation (`null` when there is none: never
+    /// claimed, or released).
+    pub async fn current_record(
+        &self,
+        route: &str,
+        tenant: &str,
+        principal: &str,
+        key: &str,
+    ) -> serde_json::Value {
+        let history = self.history(route, tenant, principal, key).await;
+        match history["records"].as_array().and_then(|r| r.first()) {
+            Some(r) if r["ended_at"].is_null() => r.clone(),
+            _ => serde_json::Value::Null,
+        }
+    }
+
     /// The store's admin view of a key: every generation and event, as JSON.
     pub async fn history(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
-        let url = format!(
-            "http://127.0.0.1:{}/admin/v1/records?route={route}&tenant={tenant}&principal={principal}&key={key}",
-            self.store_port
-        );
-        match self.client.get(url).bearer_auth(ADMIN_TOKEN).send().await {
+        let url = format!("http://127.0.0.1:{}/admin/v1/records/lookup", self.store_port);
+        let query = serde_json::json!({"route": route, "tenant": tenant, "principal": principal, "key": key});
+        match self
+            .client
+            .post(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/json")
+            .body(query.to_string())
+            .send()
+            .await
+        {
             Ok(r) if r.status() == 200 => r.json_value().await,
             _ => serde_json::Value::Null,
         }
@@ -296,6 +326,27 @@ impl JsonValue for reqwest::Response {
         let bytes = self.bytes().await.unwrap_or_default();
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
     }
+}
+
+/// The Express app of `tests/express` (default, non-strict routing) on
+/// `port`, its npm packages installed into `tests/express/node_modules` first
+/// if they are missing. Answers `POST /v1/payments` and counts executions
+/// per key at `GET /executions`.
+pub fn express(port: u16, log_dir: &Path) -> Proc {
+    let app = repo_root().join("tests/express");
+    if !app.join("node_modules/express").is_dir() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&app)
+            .status()
+            .unwrap_or_else(|e| panic!("npm (install Node.js and npm, or run scripts/setup.sh): {e}"));
+        assert!(status.success(), "npm ci in {app:?} failed");
+    }
+    Proc::spawn(
+        "express",
+        Command::new("node").arg(app.join("app.js")).arg(port.to_string()),
+        log_dir.join("express.log"),
+    )
 }
 
 fn start_store(dir: &Path, port: u16) -> Proc {

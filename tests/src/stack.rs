@@ -245,19 +245,14 @@ impl Stack {
         key: &str,
     ) -> Option<Vec<serde_json::Value>> {
         for i in 0..self.stores.len() {
+            let query =
+                serde_json::json!({"tenant": tenant, "principal": principal, "route": route, "key": key});
             let res = self
                 .client
-                .get(self.store_url(
-                    i,
-                    &format!(
-                        "/admin/v1/records?tenant={}&principal={}&route={}&key={}",
-                        query_escape(tenant),
-                        query_escape(principal),
-                        query_escape(route),
-                        query_escape(key)
-                    ),
-                ))
+                .post(self.store_url(i, "/admin/v1/records/lookup"))
                 .bearer_auth(ADMIN_TOKEN)
+                .header("content-type", "application/json")
+                .body(query.to_string())
                 .send()
                 .await;
             if let Ok(r) = res {
@@ -326,17 +321,4 @@ impl Drop for Stack {
             self.kill_store(i);
         }
     }
-}
-
-/// Percent-encodes everything but unreserved characters.
-pub fn query_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }

@@ -246,7 +246,7 @@ async fn an_expired_key_is_rejected_or_renewed_as_the_policy_says() {
 #[tokio::test(flavor = "multi_thread")]
 async fn errors_the_upstream_produced_are_stored_and_replayed() {
     let h = Harness::start().await;
-    for status in ["400", "500"] {
+    for status in ["404", "500"] {
         let k = key(status);
         let first = send(h.post("/pay", Some(&k), PAYMENT).header("x-test-status", status)).await;
         let again = send(h.post("/pay", Some(&k), PAYMENT)).await;
@@ -263,6 +263,10 @@ async fn refusals_before_acting_release_the_key() {
     let cases = [
         ("/pay", "x-test-status", "429"),
         ("/pay", "x-test-status", "408"),
+        ("/pay", "x-test-status", "400"),
+        ("/pay", "x-test-status", "401"),
+        ("/pay", "x-test-status", "403"),
+        ("/pay", "x-test-status", "422"),
         ("/pay", "x-test-control", "no-store"),
         ("/accounts/7/charges", "x-test-status", "503"),
     ];
@@ -321,11 +325,185 @@ async fn an_upstream_never_reached_releases_the_key() {
     for _ in 0..2 {
         let a = send(h.post("/unreachable", Some(&k), PAYMENT)).await;
         assert_eq!(a.status, 503);
+        // Envoy's own reply, rendered as a problem by local_reply_config; the
+        // retry reached the router again instead of meeting a conflict.
+        assert_eq!(a.problem().as_deref(), Some("about:blank"), "{a:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_that_acted_before_refusing_can_force_storing() {
+    let h = Harness::start().await;
+    let k = key("store-401");
+    let first = send(
+        h.post("/pay", Some(&k), PAYMENT)
+            .header("x-test-status", "401")
+            .header("x-test-control", "store"),
+    )
+    .await;
+    assert_eq!(first.status, 401);
+    assert!(first.header("idempotency-control").is_none());
+    let again = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_eq!(again.status, 401);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envoys_replies_that_never_reached_the_upstream_release_the_key() {
+    let h = Harness::start().await;
+    // Circuit breaker overflow and a direct response: answered by Envoy after
+    // the claim, each retry is answered again rather than 409 outcome-unknown.
+    for path in ["/overflow", "/direct"] {
+        let k = key(path);
+        for _ in 0..2 {
+            let a = send(h.post(path, Some(&k), PAYMENT)).await;
+            assert!(
+                !matches!(
+                    a.problem().as_deref(),
+                    Some("outcome-unknown" | "request-in-progress")
+                ),
+                "{path}: {a:?}"
+            );
+            assert!(a.header("idempotent-replayed").is_none(), "{path}: {a:?}");
+        }
         assert!(
-            a.problem().is_none(),
-            "the retry must reach the router again, not a conflict: {a:?}"
+            h.current_record(path.trim_start_matches('/'), "*", "*", &k)
+                .await
+                .is_null(),
+            "{path}"
         );
     }
+    let overflow = send(h.post("/overflow", Some(&key("o")), PAYMENT)).await;
+    assert_eq!(overflow.status, 503);
+    let direct = send(h.post("/direct", Some(&key("d")), PAYMENT)).await;
+    assert_eq!(
+        (direct.status, direct.body.as_ref()),
+        (200, &b"{\"maintenance\": true}"[..])
+    );
+    // A local rate limit placed after idemgate: its 429 releases the key.
+    let mut limited = None;
+    for i in 0..6 {
+        let k = key(&format!("rl-{i}"));
+        let a = send(h.post("/ratelimited", Some(&k), PAYMENT)).await;
+        if a.status == 429 {
+            limited = Some(k);
+            break;
+        }
+    }
+    let k = limited.unwrap_or_else(|| panic!("no request was rate limited"));
+    let again = send(h.post("/ratelimited", Some(&k), PAYMENT)).await;
+    assert_eq!(again.status, 429, "{again:?}");
+    assert_ne!(again.problem().as_deref(), Some("outcome-unknown"));
+    assert_eq!(h.upstream.executions(&k), 0);
+    assert!(h.current_record("ratelimited", "*", "*", &k).await.is_null());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_answer_to_a_valid_key_echoes_it() {
+    let h = Harness::start().await;
+    let k = key("echo");
+    let sf = format!("\"{k}\"");
+    let first = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    let replay = send(h.post("/pay", Some(&sf), PAYMENT)).await;
+    let problem = send(h.post("/pay", Some(&k), "{}")).await;
+    assert_problem(&problem, 422, "key-reused");
+    for a in [&first, &replay, &problem] {
+        assert_eq!(a.header("idempotency-key"), Some(sf.as_str()), "{a:?}");
+    }
+    for path in ["/observe", "/open", "/optional"] {
+        let a = send(h.post(path, Some(&k), PAYMENT)).await;
+        assert_eq!(a.header("idempotency-key"), Some(sf.as_str()), "{path}");
+    }
+    // No valid key: nothing to echo.
+    let bad = send(h.post("/pay", Some("has space"), PAYMENT)).await;
+    assert!(bad.header("idempotency-key").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idempotency_control_never_reaches_the_client_in_any_mode() {
+    let h = Harness::start().await;
+    for (path, k) in [
+        ("/observe", Some(key("c-observe"))),
+        ("/optional", None),
+        ("/optional", Some(key("c-optional"))),
+        ("/pay", Some(key("c-pay"))),
+    ] {
+        let a = send(
+            h.post(path, k.as_deref(), PAYMENT)
+                .header("x-test-control", "uncertain"),
+        )
+        .await;
+        assert_eq!(a.status, 201, "{path}");
+        assert!(a.header("idempotency-control").is_none(), "{path} {k:?}");
+    }
+    // Fail-open: the store is down, the request is forwarded.
+    let mut h = h;
+    h.store.kill();
+    let a = send(
+        h.post("/open", Some(&key("c-open")), PAYMENT)
+            .header("x-test-control", "store"),
+    )
+    .await;
+    assert_eq!(a.status, 201);
+    assert!(a.header("idempotency-control").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_refuses_the_filters_frames_is_a_counted_configuration_error() {
+    // The filter holds another token than the store: every call gets 401.
+    let h =
+        Harness::start_with(|c| c.replace("\"token\": \"e2e-api-token\"", "\"token\": \"not-the-token\""))
+            .await;
+    let k = key("refused");
+    let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_problem(&a, 503, "store-unavailable");
+    assert_eq!(h.upstream.executions(&k), 0);
+    eventually(
+        "the configuration error to be counted",
+        Duration::from_secs(10),
+        || async { h.counter("config_errors").await >= 1 },
+    )
+    .await;
+    assert!(h.envoy.log().contains("the store refused a call with 401"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_spelling_of_a_covered_path_executes_once_on_express() {
+    let port = e2e::free_port();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let _app = e2e::express(port, dir.path());
+    let h = Harness::start_with(|c| c.replace("port_value: 8081", &format!("port_value: {port}"))).await;
+    let executions = || async {
+        let url = format!("http://127.0.0.1:{port}/executions");
+        match h.client.get(url).send().await {
+            Ok(r) => serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        }
+    };
+    eventually("express to listen", Duration::from_secs(30), || async {
+        executions().await.is_object()
+    })
+    .await;
+    let k = key("express");
+    let first = send(h.post("/v1/payments", Some(&k), PAYMENT)).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    for spelling in [
+        "/v1/payments/",
+        "//v1/payments",
+        "/v1/./payments",
+        "/v1/%70ayments",
+        "/V1/Payments",
+    ] {
+        let again = send(h.post(spelling, Some(&k), PAYMENT)).await;
+        assert_eq!(again.status, 201, "{spelling}: {again:?}");
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "{spelling}");
+        assert_eq!(again.body, first.body, "{spelling}");
+    }
+    assert_eq!(executions().await[&k], 1);
+    // An escaped slash is refused before anything runs.
+    let escaped = send(h.post("/v1%2Fpayments", Some(&key("esc")), PAYMENT)).await;
+    assert_eq!(escaped.status, 400);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -450,6 +628,12 @@ async fn a_client_that_disconnects_after_forwarding_leaves_the_outcome_unknown()
     .await;
     assert_problem(&again, 409, "outcome-unknown");
     assert_eq!(h.upstream.executions(&k), 1);
+    eventually(
+        "the confirmed mark-unknown to be counted",
+        Duration::from_secs(10),
+        || async { h.counter("records_marked_unknown").await == 1 },
+    )
+    .await;
 }
 
 #[test]

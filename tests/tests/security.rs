@@ -276,12 +276,13 @@ async fn the_store_refuses_missing_and_wrong_credentials_and_admin_refuses_the_a
     let mut c = Checks::default();
     let store = |path: &str| format!("http://127.0.0.1:{}{path}", h.store_port);
     let api = ["/v1/claim", "/v1/complete", "/v1/release", "/v1/mark-unknown"];
-    let admin_get = [
-        "/admin/v1/records?tenant=tenant-a&key=k",
-        "/admin/v1/records/unknown",
-        "/admin/v1/records/stuck",
+    let admin_get = ["/admin/v1/records/unknown", "/admin/v1/records/stuck"];
+    let admin_post = [
+        "/admin/v1/records/lookup",
+        "/admin/v1/resolve",
+        "/admin/v1/purge",
+        "/admin/v1/sweep",
     ];
-    let admin_post = ["/admin/v1/resolve", "/admin/v1/purge", "/admin/v1/sweep"];
     let cases: Vec<(&str, String, Option<&str>, u16)> = api
         .iter()
         .flat_map(|p| {

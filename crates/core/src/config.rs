@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FingerprintSpec;
 use crate::key::KeyRules;
+use crate::limits;
 
 pub const DEFAULT_DOC_BASE: &str = "https://idemgate.dev/problems/";
 
@@ -98,18 +99,28 @@ impl Policy {
         BASE_REPLAY_HEADERS.contains(&name.as_str()) || self.replay_headers.contains(&name)
     }
 
-    /// Whether an upstream status means "refused before acting" (release the key).
+    /// Whether an upstream status means "refused before acting" (release the
+    /// key): errors before execution, which Stripe v1 never stores and the
+    /// retry table tells clients to retry with the same key.
     pub fn releases_on(&self, status: u16) -> bool {
-        matches!(status, 408 | 425 | 429) || self.release_statuses.contains(&status)
+        DEFAULT_RELEASE_STATUSES.contains(&status) || self.release_statuses.contains(&status)
     }
 }
+
+/// Statuses that release the key whatever the policy lists: the request was
+/// refused before it was acted on (bad request, credentials, rate limit...).
+pub const DEFAULT_RELEASE_STATUSES: [u16; 7] = [400, 401, 403, 408, 422, 425, 429];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Matcher {
     /// Upper-case methods; empty means the default `POST` and `PATCH`.
     pub methods: Vec<String>,
     pub host: Option<String>,
+    /// Compared with the request's normalized path ([`crate::path::normalize`]);
+    /// exact and template patterns are stored normalized.
     pub path: PathMatch,
+    /// Compare paths ignoring ASCII case (patterns are stored lower-case).
+    pub ignore_case: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,8 +152,24 @@ impl Matcher {
                 h.eq_ignore_ascii_case(host) || h.eq_ignore_ascii_case(bare)
             }
         };
-        let path = path.split(['?', '#']).next().unwrap_or(path);
-        method_ok && host_ok && self.path.matches(path)
+        method_ok && host_ok && self.path.matches(&self.normal_path(path))
+    }
+
+    /// The request's path as this policy sees it: normalized, and lower-case
+    /// if the policy ignores case.
+    fn normal_path(&self, path: &str) -> String {
+        let normal = crate::path::normalize(path);
+        if self.ignore_case {
+            normal.to_ascii_lowercase()
+        } else {
+            normal
+        }
+    }
+
+    /// The path with query that is fingerprinted: every spelling of the same
+    /// resource is the same request, so a retry in another spelling replays.
+    pub fn fingerprint_path(&self, path: &str) -> String {
+        format!("{}{}", self.normal_path(path), crate::path::query(path))
     }
 }
 
@@ -150,7 +177,11 @@ impl PathMatch {
     fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Exact(p) => path == p,
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            // A normalized path has no trailing slash, so `/v1/payments/`
+            // must also cover `/v1/payments` itself.
+            PathMatch::Prefix(p) => {
+                path.starts_with(p.as_str()) || (p.len() > 1 && p.strip_suffix('/') == Some(path))
+            }
             PathMatch::Template(t) => {
                 let mut want = t.split('/');
                 let mut got = path.split('/');
@@ -285,6 +316,8 @@ struct RawMatch {
     #[serde(default)]
     host: Option<String>,
     path: PathMatch,
+    #[serde(default)]
+    ignore_case: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -495,12 +528,17 @@ impl RawPolicy {
         {
             return Err(err(f("match.methods"), "list HTTP methods such as `POST`"));
         }
-        match &self.matcher.path {
+        let ignore_case = self.matcher.ignore_case.unwrap_or(false);
+        let fold = |p: String| if ignore_case { p.to_ascii_lowercase() } else { p };
+        let path = match self.matcher.path {
             PathMatch::Exact(p) | PathMatch::Prefix(p) | PathMatch::Template(p) if !p.starts_with('/') => {
                 return Err(err(f("match.path"), "must start with `/`"));
             }
-            _ => {}
-        }
+            // Requests are matched in normal form, so the pattern is stored in it too.
+            PathMatch::Exact(p) => PathMatch::Exact(fold(crate::path::normalize(&p))),
+            PathMatch::Template(p) => PathMatch::Template(fold(crate::path::normalize(&p))),
+            PathMatch::Prefix(p) => PathMatch::Prefix(fold(p)),
+        };
         let min = self.key_min_length.unwrap_or(1);
         let max = self.key_max_length.unwrap_or(255);
         if !(1..=255).contains(&max) {
@@ -537,17 +575,23 @@ impl RawPolicy {
                 .map_err(|m| err(f("fingerprint"), m))?,
         };
         let ttl_s = self.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
-        if ttl_s == 0 {
+        if ttl_s == 0 || ttl_s > limits::MAX_TTL_MS / 1000 {
             return Err(err(
                 f("ttl_seconds"),
-                "must be at least 1 (the draft's default is 24 h: 86400)",
+                format!(
+                    "must be between 1 and {} (366 days; the draft's default is 24 h: 86400)",
+                    limits::MAX_TTL_MS / 1000
+                ),
             ));
         }
         let lease_s = self.lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS);
-        if lease_s == 0 {
+        if lease_s == 0 || lease_s > limits::MAX_LEASE_MS / 1000 {
             return Err(err(
                 f("lease_seconds"),
-                "must be at least 1 and longer than the upstream's timeout",
+                format!(
+                    "must be between 1 and {} (24 h) and longer than the upstream's timeout",
+                    limits::MAX_LEASE_MS / 1000
+                ),
             ));
         }
         let in_flight = match (self.in_flight.as_deref(), self.wait_max_ms) {
@@ -557,6 +601,15 @@ impl RawPolicy {
             }
             (Some("wait"), w) => match w.unwrap_or(DEFAULT_WAIT_MAX_MS) {
                 0 => return Err(err(f("wait_max_ms"), "must be at least 1")),
+                w if w > limits::MAX_WAIT_MS => {
+                    return Err(err(
+                        f("wait_max_ms"),
+                        format!(
+                            "must be at most {} (the store holds a claim no longer)",
+                            limits::MAX_WAIT_MS
+                        ),
+                    ));
+                }
                 max_ms => InFlight::Wait { max_ms },
             },
             (Some(other), _) => {
@@ -578,15 +631,39 @@ impl RawPolicy {
             .iter()
             .map(|h| h.to_ascii_lowercase())
             .collect::<Vec<_>>();
-        if let Some(h) = replay_headers.iter().find(|h| !header_name_ok(h)) {
+        if let Some(h) = replay_headers
+            .iter()
+            .find(|h| !header_name_ok(h) || h.len() > limits::MAX_HEADER_NAME)
+        {
             return Err(err(f("replay_headers"), format!("`{h}` is not a header name")));
+        }
+        if BASE_REPLAY_HEADERS.len() + replay_headers.len() > limits::MAX_HEADERS {
+            return Err(err(
+                f("replay_headers"),
+                format!(
+                    "at most {} extra headers: the store keeps at most {} per response",
+                    limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len(),
+                    limits::MAX_HEADERS
+                ),
+            ));
+        }
+        let max_stored_body = self.max_stored_body.unwrap_or(DEFAULT_MAX_STORED_BODY);
+        if max_stored_body > limits::MAX_STORED_BODY {
+            return Err(err(
+                f("max_stored_body"),
+                format!(
+                    "must be at most {} bytes (4 MiB), the largest response the store keeps; larger responses stream through unstored anyway",
+                    limits::MAX_STORED_BODY
+                ),
+            ));
         }
         Ok(Policy {
             name: self.name,
             matcher: Matcher {
                 methods,
                 host: self.matcher.host,
-                path: self.matcher.path,
+                path,
+                ignore_case,
             },
             require_key: self.require_key.unwrap_or(true),
             key_rules: KeyRules {
@@ -604,7 +681,7 @@ impl RawPolicy {
             failure_mode: self.failure_mode.unwrap_or_default(),
             release_statuses: self.release_statuses,
             max_request_body,
-            max_stored_body: self.max_stored_body.unwrap_or(DEFAULT_MAX_STORED_BODY),
+            max_stored_body,
             replay_headers,
             mode: self.mode.unwrap_or_default(),
         })
@@ -671,6 +748,7 @@ mod tests {
                 methods: vec![],
                 host: None,
                 path: PathMatch::Prefix("/v1/payments".into()),
+                ignore_case: false,
             },
             require_key: true,
             key_rules: KeyRules::default(),
@@ -804,6 +882,14 @@ mod tests {
     rejects!(exclude_with_raw_mode_is_rejected, {}, {"fingerprint": {"mode": "raw", "exclude": ["/ts"]}} => "policies[0].fingerprint");
     rejects!(a_bad_fingerprint_header_is_rejected, {}, {"fingerprint": {"headers": ["a b"]}} => "policies[0].fingerprint");
     rejects!(a_zero_ttl_is_rejected, {}, {"ttl_seconds": 0} => "policies[0].ttl_seconds");
+    rejects!(a_ttl_the_store_refuses_is_rejected, {}, {"ttl_seconds": limits::MAX_TTL_MS / 1000 + 1} => "policies[0].ttl_seconds");
+    rejects!(a_lease_the_store_refuses_is_rejected, {}, {"lease_seconds": limits::MAX_LEASE_MS / 1000 + 1} => "policies[0].lease_seconds");
+    rejects!(a_wait_the_store_refuses_is_rejected, {}, {"in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS + 1} => "policies[0].wait_max_ms");
+    rejects!(a_stored_body_the_store_refuses_is_rejected, {}, {"max_stored_body": limits::MAX_STORED_BODY + 1} => "policies[0].max_stored_body");
+    rejects!(more_replay_headers_than_the_store_keeps_are_rejected, {},
+        {"replay_headers": (0..=limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len()).map(|i| format!("x-h{i}")).collect::<Vec<_>>()}
+        => "policies[0].replay_headers");
+    rejects!(a_replay_header_name_the_store_refuses_is_rejected, {}, {"replay_headers": ["x".repeat(limits::MAX_HEADER_NAME + 1)]} => "policies[0].replay_headers");
     rejects!(a_zero_lease_is_rejected, {}, {"lease_seconds": 0} => "policies[0].lease_seconds");
     rejects!(a_wait_bound_without_waiting_is_rejected, {}, {"wait_max_ms": 10} => "policies[0].wait_max_ms");
     rejects!(a_wait_bound_with_conflict_is_rejected, {}, {"in_flight": "conflict", "wait_max_ms": 10} => "policies[0].wait_max_ms");
@@ -815,6 +901,27 @@ mod tests {
     rejects!(a_zero_max_request_body_is_rejected, {}, {"max_request_body": 0} => "policies[0].max_request_body");
     rejects!(a_bad_replay_header_is_rejected, {}, {"replay_headers": ["x:y"]} => "policies[0].replay_headers");
     rejects!(a_negative_number_is_rejected, {}, {"ttl_seconds": -1} => "(document)");
+
+    #[test]
+    fn the_largest_settings_the_store_accepts_are_accepted() {
+        let p = policy_with(json!({
+            "ttl_seconds": limits::MAX_TTL_MS / 1000, "lease_seconds": limits::MAX_LEASE_MS / 1000,
+            "in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS, "max_stored_body": limits::MAX_STORED_BODY,
+            "replay_headers": (0..limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len()).map(|i| format!("x-h{i}")).collect::<Vec<_>>(),
+        }));
+        assert_eq!((p.ttl_ms, p.lease_ms), (limits::MAX_TTL_MS, limits::MAX_LEASE_MS));
+    }
+
+    #[test]
+    fn patterns_are_stored_normalized_and_folded_when_case_is_ignored() {
+        let p = policy_with(json!({"match": {"path": {"exact": "/V1//Pay/"}, "ignore_case": true}}));
+        assert_eq!(p.matcher.path, PathMatch::Exact("/v1/pay".into()));
+        assert!(p.matcher.matches("POST", "h", "/v1/PAY"));
+        assert_eq!(p.matcher.fingerprint_path("/V1/Pay/?A=1"), "/v1/pay?A=1");
+        let p = policy_with(json!({"match": {"path": {"exact": "/v1/pay"}}}));
+        assert!(!p.matcher.matches("POST", "h", "/V1/pay"));
+        assert_eq!(p.matcher.fingerprint_path("//v1/./pay/?a=1"), "/v1/pay?a=1");
+    }
 
     #[test]
     fn invalid_json_is_rejected_as_a_document_error() {
@@ -845,6 +952,7 @@ mod tests {
             methods: methods.iter().map(|m| m.to_string()).collect(),
             host: host.map(String::from),
             path,
+            ignore_case: false,
         }
     }
 
@@ -878,7 +986,16 @@ mod tests {
     route!(an_exact_path_matches_itself, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/pay" => true);
     route!(an_exact_path_ignores_the_query, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/pay?a=1" => true);
     route!(an_exact_path_ignores_a_fragment, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/pay#x" => true);
-    route!(an_exact_path_rejects_a_trailing_slash, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/pay/" => false);
+    route!(an_exact_path_covers_a_trailing_slash, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/pay/" => true);
+    route!(an_exact_path_covers_double_slashes, matcher(&[], None, exact("/v1/pay")), "POST", "h", "//v1//pay" => true);
+    route!(an_exact_path_covers_dot_segments, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/./x/../pay" => true);
+    route!(an_exact_path_covers_encoded_letters, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1/%70ay" => true);
+    route!(an_exact_path_does_not_cover_an_encoded_slash, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/v1%2Fpay" => false);
+    route!(a_prefix_covers_double_slashes, matcher(&[], None, prefix("/v1/pay")), "POST", "h", "//v1/pay/1" => true);
+    route!(a_prefix_with_a_trailing_slash_covers_the_bare_path, matcher(&[], None, prefix("/v1/pay/")), "POST", "h", "/v1/pay" => true);
+    route!(a_prefix_with_a_trailing_slash_covers_deeper_paths, matcher(&[], None, prefix("/v1/pay/")), "POST", "h", "/v1/pay/9" => true);
+    route!(a_prefix_with_a_trailing_slash_does_not_cover_a_sibling, matcher(&[], None, prefix("/v1/pay/")), "POST", "h", "/v1/payx" => false);
+    route!(an_ignore_case_path_covers_upper_case, Matcher { ignore_case: true, ..matcher(&[], None, exact("/v1/pay")) }, "POST", "h", "/V1/PAY/" => true);
     route!(an_exact_path_is_case_sensitive, matcher(&[], None, exact("/v1/pay")), "POST", "h", "/V1/pay" => false);
     route!(a_prefix_matches_a_longer_path, matcher(&[], None, prefix("/v1/pay")), "POST", "h", "/v1/payments/9" => true);
     route!(a_prefix_does_not_match_a_shorter_path, matcher(&[], None, prefix("/v1/pay")), "POST", "h", "/v1/pa" => false);
@@ -888,7 +1005,7 @@ mod tests {
     route!(a_template_rejects_two_segments, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/a/4/2/c" => false);
     route!(a_template_rejects_a_trailing_segment, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/a/42/c/d" => false);
     route!(a_template_rejects_a_missing_segment, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/a/42" => false);
-    route!(a_template_rejects_a_trailing_slash, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/a/42/c/" => false);
+    route!(a_template_covers_a_trailing_slash, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/a/42/c/" => true);
     route!(a_template_compares_literal_segments, matcher(&[], None, template("/v1/a/{id}/c")), "POST", "h", "/v1/b/42/c" => false);
     route!(a_template_may_end_in_a_variable, matcher(&[], None, template("/v1/{a}/{b}")), "POST", "h", "/v1/x/y" => true);
     route!(a_host_matches_without_a_port, matcher(&[], Some("api.example"), prefix("/")), "POST", "api.example", "/" => true);
@@ -951,7 +1068,13 @@ mod tests {
     releases!(a_425_releases_the_key, [], 425 => true);
     releases!(a_429_releases_the_key, [], 429 => true);
     releases!(a_500_keeps_the_key, [], 500 => false);
-    releases!(a_400_keeps_the_key, [], 400 => false);
+    releases!(a_400_releases_the_key, [], 400 => true);
+    releases!(a_401_releases_the_key, [], 401 => true);
+    releases!(a_403_releases_the_key, [], 403 => true);
+    releases!(a_422_releases_the_key, [], 422 => true);
+    releases!(a_404_keeps_the_key, [], 404 => false);
+    releases!(a_409_keeps_the_key, [], 409 => false);
+    releases!(a_201_keeps_the_key, [], 201 => false);
     releases!(a_listed_503_releases_the_key, [503], 503 => true);
 
     proptest! {

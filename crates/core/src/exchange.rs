@@ -13,7 +13,9 @@ use std::rc::Rc;
 
 use crate::config::{Config, FailureMode, Identity, InFlight, Mode, Policy};
 use crate::fingerprint::Fingerprinter;
+use crate::headers::{self, Control, KEY_HEADER};
 use crate::key::{parse_key, KeyError};
+use crate::limits;
 use crate::problem::{Problem, ProblemKind};
 use crate::protocol::{
     decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
@@ -66,16 +68,7 @@ pub struct RequestHead {
     pub end_of_stream: bool,
 }
 
-/// Where a response came from, told apart by Envoy's `response.code_details`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    Upstream,
-    /// Envoy answered without ever reaching the upstream (connect failure, no
-    /// healthy host): nothing was executed.
-    NeverReached,
-    /// Envoy answered after forwarding (reset, timeout): the upstream may have acted.
-    LostAfterForwarding,
-}
+pub use crate::origin::Origin;
 
 #[derive(Debug, Clone)]
 pub struct ResponseHead {
@@ -222,6 +215,31 @@ pub struct Exchange {
     state: State,
     outcome: Outcome,
     settlement: Option<Settlement>,
+    /// The valid key as an sf-string, echoed on every answer.
+    echo: Option<String>,
+    /// The store refused a frame with a 4xx: status and its problem detail.
+    refusal: Option<(u16, String)>,
+}
+
+/// Whether the store confirmed a complete, release or mark-unknown call.
+pub fn settled(answer: &StoreAnswer) -> bool {
+    matches!(answer, Some((200, body)) if serde_json::from_slice::<FenceReply>(body).ok() == Some(FenceReply::Done))
+}
+
+/// A 4xx from the store means it refused the frame itself (a limit, the
+/// credential, the API version): a deployment error, not an outage. 409 is
+/// the store's ordinary "stale fence" answer.
+pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
+    match answer {
+        Some((status @ 400..=499, body)) if *status != 409 => {
+            let detail = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string))
+                .unwrap_or_default();
+            Some((*status, detail))
+        }
+        _ => None,
+    }
 }
 
 impl Exchange {
@@ -241,6 +259,8 @@ impl Exchange {
             state: State::Passing,
             outcome: Outcome::Passed,
             settlement: None,
+            echo: None,
+            refusal: None,
         };
         let step = ex.start(head);
         (ex, step)
@@ -259,6 +279,18 @@ impl Exchange {
         self.settlement
     }
 
+    /// The `Idempotency-Key` value every answer to this request carries: the
+    /// valid key as an sf-string, `None` when the request had no valid key.
+    pub fn key_echo(&self) -> Option<&str> {
+        self.echo.as_deref()
+    }
+
+    /// A store refusal seen since the last call: `(status, detail)`, for the
+    /// filter to log and count as a configuration error.
+    pub fn take_store_refusal(&mut self) -> Option<(u16, String)> {
+        self.refusal.take()
+    }
+
     /// Whether the response path should run at all (and strip `Idempotency-Control`).
     pub fn owns_response(&self) -> bool {
         matches!(
@@ -270,7 +302,10 @@ impl Exchange {
     fn start(&mut self, head: RequestHead) -> Step {
         let fields: Vec<&[u8]> = head.key_fields.iter().map(Vec::as_slice).collect();
         let key = match parse_key(&fields, &self.policy.key_rules) {
-            Ok(Some(key)) => key,
+            Ok(Some(key)) => {
+                self.echo = Some(key.to_sf_string());
+                key
+            }
             Ok(None) if self.policy.require_key => {
                 return self.reject(Outcome::Missing, Problem::new(ProblemKind::KeyMissing, format!(
                     "{} {} requires an Idempotency-Key header, e.g. Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
@@ -365,11 +400,11 @@ impl Exchange {
 
     /// The store answered (or failed to answer) the call last returned.
     pub fn store_reply(&mut self, answer: StoreAnswer) -> Step {
+        self.refusal = refusal(&answer);
         match std::mem::replace(&mut self.state, State::Done) {
             State::Claiming => self.claimed(answer),
             State::Settling { as_ } => {
-                let done = matches!(&answer, Some((200, body)) if serde_json::from_slice::<FenceReply>(body).ok() == Some(FenceReply::Done));
-                self.settlement = Some(if done { as_ } else { Settlement::Failed });
+                self.settlement = Some(if settled(&answer) { as_ } else { Settlement::Failed });
                 Step::Continue
             }
             other => {
@@ -417,6 +452,7 @@ impl Exchange {
                 let mut headers: Vec<(String, String)> =
                     headers.into_iter().filter(|(name, _)| self.policy.replays_header(name)).collect();
                 headers.push(("idempotent-replayed".into(), "true".into()));
+                headers.extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
                 Step::Respond(Reply { status, headers, body })
             }
             ClaimReply::ResultUnavailable { original_status, completed_at } => self.reject(
@@ -451,25 +487,20 @@ impl Exchange {
         let State::Forwarded { fence } = self.state else {
             return Step::Continue;
         };
-        let control = head
-            .headers
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case("idempotency-control"))
-            .map(|(_, value)| value.trim_ascii().to_ascii_lowercase());
         match head.origin {
             Origin::NeverReached => return self.settle(fence, Settlement::Released),
             Origin::LostAfterForwarding => return self.settle(fence, Settlement::MarkedUnknown),
             Origin::Upstream => {}
         }
-        match control.as_deref() {
-            Some(b"no-store") => return self.settle(fence, Settlement::Released),
-            Some(b"uncertain") => return self.settle(fence, Settlement::MarkedUnknown),
-            _ => {}
+        let control = headers::control(&head.headers);
+        match control {
+            Some(Control::NoStore) => return self.settle(fence, Settlement::Released),
+            Some(Control::Uncertain) => return self.settle(fence, Settlement::MarkedUnknown),
+            Some(Control::Store) => {}
+            None if self.policy.releases_on(head.status) => return self.settle(fence, Settlement::Released),
+            None => {}
         }
-        if self.policy.releases_on(head.status) {
-            return self.settle(fence, Settlement::Released);
-        }
-        let headers = head
+        let headers: Vec<(String, String)> = head
             .headers
             .into_iter()
             .filter(|(name, _)| self.policy.replays_header(name))
@@ -479,15 +510,20 @@ impl Exchange {
                     .map(|v| (name.to_ascii_lowercase(), v))
             })
             .collect();
+        // Headers the store would refuse: keep the outcome, not the response
+        // (a retry gets result-unavailable rather than a partial replay).
+        let keepable =
+            headers.len() <= limits::MAX_HEADERS && headers.iter().all(|(n, v)| limits::header_fits(n, v));
         self.state = State::Capturing {
             fence,
             status: head.status,
-            headers,
+            headers: if keepable { headers } else { Vec::new() },
             body: Vec::new(),
         };
-        if head
-            .content_length
-            .is_some_and(|n| n > self.policy.max_stored_body as u64)
+        if !keepable
+            || head
+                .content_length
+                .is_some_and(|n| n > self.policy.max_stored_body as u64)
         {
             return self.complete(false);
         }
@@ -614,7 +650,11 @@ impl Exchange {
         }
         self.outcome = outcome;
         self.state = State::Answered;
-        Step::Respond(problem.render(&self.config.doc_base))
+        let mut reply = problem.render(&self.config.doc_base);
+        reply
+            .headers
+            .extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
+        Step::Respond(reply)
     }
 
     fn pass(&mut self, outcome: Outcome) -> Step {
@@ -895,10 +935,110 @@ mod tests {
             r.headers,
             vec![
                 ("location".into(), "/p/1".into()),
-                ("idempotent-replayed".into(), "true".into())
+                ("idempotent-replayed".into(), "true".into()),
+                ("idempotency-key".into(), "\"k\"".into())
             ]
         );
         assert_eq!(ex.outcome(), Outcome::Replayed);
+    }
+
+    fn header<'a>(step: &'a Step, name: &str) -> Option<&'a str> {
+        let Step::Respond(reply) = step else {
+            panic!("expected a reply, got {step:?}")
+        };
+        reply
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn every_answer_to_a_valid_key_echoes_it_as_an_sf_string() {
+        // Problems after the key was read.
+        let (mut ex, _) = begin("/pay", Some("\"k-1\""), Some("{}"));
+        assert_eq!(ex.key_echo(), Some("\"k-1\""));
+        let step = ex.store_reply(reply(ClaimReply::Mismatch, b""));
+        assert_eq!(header(&step, "idempotency-key"), Some("\"k-1\""));
+        let (_, step) = begin("/small", Some("k-2"), Some("12345"));
+        assert_eq!(header(&step, "idempotency-key"), Some("\"k-2\""));
+        // Forwarded: the filter echoes it on the upstream's answer.
+        assert_eq!(owned("/pay").key_echo(), Some("\"k1\""));
+        // No valid key, nothing to echo.
+        let (ex, step) = begin("/pay", Some("a b"), None);
+        assert_eq!(header(&step, "idempotency-key"), None);
+        assert_eq!(ex.key_echo(), None);
+        let (ex, _) = begin("/pay", None, None);
+        assert_eq!(ex.key_echo(), None);
+    }
+
+    #[test]
+    fn a_store_4xx_is_reported_once_as_a_refusal_and_still_fails_closed() {
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        let refused = Some((400, br#"{"detail":"ttl_ms must be between 1 and 9"}"#.to_vec()));
+        assert_eq!(
+            problem_slug(&ex.store_reply(refused)),
+            (503, "store-unavailable".into())
+        );
+        assert_eq!(
+            ex.take_store_refusal(),
+            Some((400, "ttl_ms must be between 1 and 9".to_string()))
+        );
+        assert_eq!(ex.take_store_refusal(), None);
+        // An outage is not a refusal, nor is a stale fence.
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        ex.store_reply(Some((503, vec![])));
+        assert_eq!(ex.take_store_refusal(), None);
+        let mut ex = owned("/pay");
+        ex.response_headers(upstream(200, &[], true));
+        ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec())));
+        assert_eq!(ex.take_store_refusal(), None);
+    }
+
+    #[test]
+    fn errors_before_execution_release_unless_the_upstream_says_store() {
+        for status in [400, 401, 403, 422] {
+            let mut ex = owned("/pay");
+            assert_eq!(
+                called_path(&ex.response_headers(upstream(status, &[], true))),
+                RELEASE_PATH
+            );
+        }
+        let mut ex = owned("/pay");
+        let step = ex.response_headers(upstream(401, &[("idempotency-control", "store")], true));
+        assert_eq!(called_path(&step), COMPLETE_PATH);
+        let Step::Call(call) = step else { unreachable!() };
+        assert_eq!(decode_frame::<CompleteRequest>(&call.body).unwrap().0.status, 401);
+    }
+
+    #[test]
+    fn headers_the_store_would_refuse_complete_without_the_response() {
+        let mut ex = owned("/pay");
+        let long = "v".repeat(limits::MAX_HEADER_VALUE + 1);
+        let step = ex.response_headers(upstream(201, &[("location", &long)], true));
+        let Step::Call(call) = &step else {
+            panic!("{step:?}")
+        };
+        let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+        assert_eq!(
+            (done.status, done.body_stored, done.headers.len(), body.len()),
+            (201, false, 0, 0)
+        );
+    }
+
+    #[test]
+    fn envoys_replies_that_never_reached_the_upstream_release_and_timeouts_mark_unknown() {
+        for (details, path) in [
+            ("direct_response", RELEASE_PATH),
+            ("local_rate_limited", RELEASE_PATH),
+            ("upstream_reset_before_response_started{overflow}", RELEASE_PATH),
+            ("response_timeout", MARK_UNKNOWN_PATH),
+        ] {
+            let mut ex = owned("/pay");
+            let head =
+                crate::headers::response_head(vec![(":status".into(), b"200".to_vec())], details, true);
+            assert_eq!(called_path(&ex.response_headers(head)), path, "{details}");
+        }
     }
 
     #[test]

@@ -1,17 +1,23 @@
 //! The Idempotency-Key contract as pure logic.
 //!
 //! Everything the filter and the store must agree on lives here: how a key is
-//! parsed, how a record is scoped, how a request is fingerprinted, what each
+//! parsed, which header lines count, where a response came from, how paths
+//! are normalized, which limits hold, how a record is scoped, how a request is fingerprinted, what each
 //! problem looks like on the wire, how the plugin is configured, how the filter
 //! talks to the store, and the per-request state machine the filter carries out.
 //! Nothing in this crate does I/O or reads a clock; time is always an argument,
 //! so every rule is tested with plain values.
 
+pub mod claims;
 pub mod config;
 pub mod exchange;
 pub mod fingerprint;
+pub mod headers;
 pub mod jcs;
 pub mod key;
+pub mod limits;
+pub mod origin;
+pub mod path;
 pub mod problem;
 pub mod protocol;
 pub mod record;

@@ -15,7 +15,9 @@ use crate::backend::{Listing, Lookup, Resolution, SweepPolicy};
 use crate::problem::problem;
 use crate::AppState;
 
-pub const RECORDS_PATH: &str = "/admin/v1/records";
+/// A `POST` with a [`LookupQuery`] body: raw keys never travel in a URL, which
+/// proxies and access logs keep.
+pub const LOOKUP_PATH: &str = "/admin/v1/records/lookup";
 pub const UNKNOWN_PATH: &str = "/admin/v1/records/unknown";
 pub const STUCK_PATH: &str = "/admin/v1/records/stuck";
 pub const RESOLVE_PATH: &str = "/admin/v1/resolve";
@@ -27,7 +29,7 @@ const MAX_LIMIT: u32 = 1000;
 /// In progress for longer than this counts as stuck unless the caller says otherwise.
 pub const DEFAULT_STUCK_AFTER_MS: u64 = 5 * 60 * 1000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LookupQuery {
     pub tenant: String,
@@ -71,13 +73,10 @@ fn bad_query(state: &AppState, e: impl std::fmt::Display) -> Response {
     problem(state, ProblemKind::BadRequest, &format!("bad query: {e}"))
 }
 
-pub async fn lookup(
-    State(state): State<AppState>,
-    q: Result<Query<LookupQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    let Query(q) = match q {
+pub async fn lookup(State(state): State<AppState>, body: Body) -> Response {
+    let q: LookupQuery = match json_body(&state, body).await {
         Ok(q) => q,
-        Err(e) => return bad_query(&state, e.body_text()),
+        Err(r) => return r,
     };
     if q.tenant.is_empty() || q.key.is_empty() {
         return problem(&state, ProblemKind::BadRequest, "tenant and key are required");

@@ -338,15 +338,9 @@ pub fn redact_url(url: &str) -> String {
     url.to_string()
 }
 
-/// Bounds the store enforces before anything reaches the database.
-pub mod limits {
-    pub const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
-    pub const MAX_TTL_MS: u64 = 366 * 24 * 60 * 60 * 1000;
-    pub const MAX_WAIT_MS: u64 = 60 * 1000;
-    pub const MAX_HEADERS: usize = 64;
-    pub const MAX_HEADER_NAME: usize = 256;
-    pub const MAX_HEADER_VALUE: usize = 8 * 1024;
-}
+/// Bounds the store enforces before anything reaches the database: the
+/// same ones the filter's configuration is validated against.
+pub use idemgate_core::limits;
 
 /// The decoded headers column.
 pub fn decode_headers(json: Option<&str>) -> Result<Option<Vec<(String, String)>>> {

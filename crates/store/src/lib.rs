@@ -94,9 +94,9 @@ impl AppState {
     }
 }
 
-/// 8 MiB: a stored response is at most the filter's `max_stored_body` plus a
-/// metadata line.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// 8 MiB: a stored response is at most the largest `max_stored_body` the
+/// filter accepts plus a metadata line.
+pub const DEFAULT_MAX_BODY_BYTES: usize = idemgate_core::limits::MAX_FRAME;
 
 /// Every route the service answers, as (method, path). The router and the
 /// OpenAPI document are both checked against this list in tests.
@@ -110,7 +110,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", idemgate_core::protocol::RELEASE_PATH),
     ("post", idemgate_core::protocol::MARK_UNKNOWN_PATH),
     ("post", idemgate_core::protocol::ABANDON_PATH),
-    ("get", admin::RECORDS_PATH),
+    ("post", admin::LOOKUP_PATH),
     ("get", admin::UNKNOWN_PATH),
     ("get", admin::STUCK_PATH),
     ("post", admin::RESOLVE_PATH),
@@ -132,7 +132,7 @@ pub fn app(state: AppState) -> Router {
             auth::require_api,
         ));
     let admin = Router::new()
-        .route(admin::RECORDS_PATH, get(admin::lookup))
+        .route(admin::LOOKUP_PATH, post(admin::lookup))
         .route(admin::UNKNOWN_PATH, get(admin::unknown))
         .route(admin::STUCK_PATH, get(admin::stuck))
         .route(admin::RESOLVE_PATH, post(admin::resolve))

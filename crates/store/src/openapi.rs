@@ -129,17 +129,17 @@ pub fn document() -> Value {
         ),
     );
     paths.insert(
-        admin::RECORDS_PATH.into(),
-        admin_get(
-            "Every generation (archived and ended ones included) and every event of a tenant's key",
-            json!([
-                q("tenant", true, "string"),
-                q("key", true, "string"),
-                q("route", false, "string"),
-                q("principal", false, "string"),
-                q("namespace", false, "string"),
-                q("limit", false, "integer")
-            ]),
+        admin::LOOKUP_PATH.into(),
+        admin_post(
+            "Every generation (archived and ended ones included) and every event of a tenant's key; the key travels in the body, never in the URL",
+            json!({ "type": "object", "required": ["tenant", "key"], "additionalProperties": false, "properties": {
+                "tenant": { "type": "string" },
+                "key": { "type": "string" },
+                "route": { "type": "string" },
+                "principal": { "type": "string" },
+                "namespace": { "enum": ["u", "s"] },
+                "limit": { "type": "integer" } } }),
+            "The key's generations (`records`) and events (`events`)",
         ),
     );
     paths.insert(

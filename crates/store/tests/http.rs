@@ -114,19 +114,38 @@ async fn the_api_needs_its_own_bearer_credential() {
 #[tokio::test]
 async fn admin_endpoints_need_the_admin_credential() {
     let h = harness().await;
-    let path = "/admin/v1/records?tenant=acme&key=k1";
-    h.send("GET", path, None, vec![])
+    let path = "/admin/v1/records/lookup";
+    let body = br#"{"tenant": "acme", "key": "k1"}"#.to_vec();
+    h.send("POST", path, None, body.clone())
         .await
         .assert_problem(401, "unauthorized");
-    h.send("GET", path, Some("nope"), vec![])
+    h.send("POST", path, Some("nope"), body.clone())
         .await
         .assert_problem(401, "unauthorized");
-    h.send("GET", path, Some(API), vec![])
+    h.send("POST", path, Some(API), body.clone())
         .await
         .assert_problem(403, "forbidden");
-    let r = h.send("GET", path, Some(ADMIN), vec![]).await;
+    let r = h.send("POST", path, Some(ADMIN), body).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), serde_json::json!({"records": [], "events": []}));
+}
+
+#[tokio::test]
+async fn the_lookup_never_takes_a_key_in_the_url() {
+    let h = harness().await;
+    let r = h
+        .send("GET", "/admin/v1/records?tenant=acme&key=k1", Some(ADMIN), vec![])
+        .await;
+    assert!(r.status == 404 || r.status == 405, "status {}", r.status);
+    let r = h
+        .send(
+            "GET",
+            "/admin/v1/records/lookup?tenant=acme&key=k1",
+            Some(ADMIN),
+            vec![],
+        )
+        .await;
+    assert_eq!(r.status, 405);
 }
 
 #[tokio::test]
@@ -199,10 +218,10 @@ async fn claim_complete_and_replay_over_http() {
     }
     let admin = h
         .send(
-            "GET",
-            "/admin/v1/records?tenant=acme&key=k1&route=payments.create",
+            "POST",
+            "/admin/v1/records/lookup",
             Some(ADMIN),
-            vec![],
+            br#"{"tenant": "acme", "key": "k1", "route": "payments.create"}"#.to_vec(),
         )
         .await;
     assert_eq!(admin.json()["records"][0]["replay_count"], 1);
@@ -292,9 +311,14 @@ async fn bad_input_is_a_400_and_never_reaches_the_database() {
     h.send("POST", "/admin/v1/resolve", Some(ADMIN), b"{not json".to_vec())
         .await
         .assert_problem(400, "bad-request");
-    h.send("GET", "/admin/v1/records?tenant=acme", Some(ADMIN), vec![])
-        .await
-        .assert_problem(400, "bad-request");
+    h.send(
+        "POST",
+        "/admin/v1/records/lookup",
+        Some(ADMIN),
+        br#"{"tenant": "acme"}"#.to_vec(),
+    )
+    .await
+    .assert_problem(400, "bad-request");
 
     let found = h
         .state

@@ -1,0 +1,261 @@
+//! JWT claims as identity (semantics §2).
+//!
+//! `jwt_authn` writes the verified payload into dynamic metadata as a
+//! `google.protobuf.Struct`. Asking Envoy for one claim returns a string claim
+//! as its bytes, but a number as 8 raw bytes of a double and a boolean as one
+//! byte, with no type attached, so a numeric `tenant` could not be read back.
+//! The filter therefore reads the whole payload (Envoy serializes a Struct as
+//! protobuf) and this module finds the claim in it. A string claim is its
+//! text; a number or boolean claim is its JSON text (`12345`, `true`); null,
+//! objects and lists are no identity.
+
+/// The identity text of `claim` in a serialized `google.protobuf.Struct`.
+pub fn claim_text(payload: &[u8], claim: &str) -> Option<Vec<u8>> {
+    let mut found = None;
+    // Struct { map<string, Value> fields = 1; }: repeated entries { key = 1; value = 2; }.
+    for (field, wire) in Fields::new(payload) {
+        let (1, Wire::Bytes(entry)) = (field, wire) else {
+            continue;
+        };
+        let mut key = None;
+        let mut value = None;
+        for (field, wire) in Fields::new(entry) {
+            match (field, wire) {
+                (1, Wire::Bytes(k)) => key = Some(k),
+                (2, Wire::Bytes(v)) => value = Some(v),
+                _ => {}
+            }
+        }
+        if key == Some(claim.as_bytes()) {
+            // The last entry wins, as in protobuf's map semantics.
+            found = Some(value.unwrap_or_default());
+        }
+    }
+    value_text(found?)
+}
+
+/// `google.protobuf.Value`: null_value = 1, number_value = 2, string_value = 3,
+/// bool_value = 4, struct_value = 5, list_value = 6 (a oneof: the last one set wins).
+fn value_text(value: &[u8]) -> Option<Vec<u8>> {
+    let mut text = None;
+    for (field, wire) in Fields::new(value) {
+        text = match (field, wire) {
+            (2, Wire::Fixed64(bits)) => number_text(f64::from_bits(bits)),
+            (3, Wire::Bytes(s)) => Some(s.to_vec()),
+            (4, Wire::Varint(b)) => Some(if b != 0 {
+                b"true".to_vec()
+            } else {
+                b"false".to_vec()
+            }),
+            _ => None,
+        };
+    }
+    text
+}
+
+/// A JSON number's text: integers without a fraction, others in Rust's
+/// shortest round-trip form.
+fn number_text(n: f64) -> Option<Vec<u8>> {
+    if !n.is_finite() {
+        return None;
+    }
+    // 2^53: beyond it a JSON integer was already rounded when it became a double.
+    if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 {
+        #[allow(clippy::cast_possible_truncation)]
+        return Some(format!("{}", n as i64).into_bytes());
+    }
+    Some(format!("{n}").into_bytes())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Wire<'a> {
+    Varint(u64),
+    Fixed64(u64),
+    Bytes(&'a [u8]),
+    Fixed32,
+}
+
+/// The top-level fields of a protobuf message; stops at the first malformed byte.
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Fields { rest: bytes }
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut out = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = self.rest.split_first()?;
+            self.rest = rest;
+            out |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(out);
+            }
+        }
+        None
+    }
+
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.rest.len() {
+            return None;
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(head)
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = (u64, Wire<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let tag = self.varint()?;
+        let wire = match tag & 7 {
+            0 => Wire::Varint(self.varint()?),
+            1 => Wire::Fixed64(u64::from_le_bytes(self.take(8)?.try_into().ok()?)),
+            2 => {
+                let len = usize::try_from(self.varint()?).ok()?;
+                Wire::Bytes(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Wire::Fixed32
+            }
+            _ => {
+                self.rest = &[];
+                return None;
+            }
+        };
+        Some((tag >> 3, wire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn varint(mut n: u64, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    fn bytes_field(field: u64, bytes: &[u8], out: &mut Vec<u8>) {
+        varint(field << 3 | 2, out);
+        varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+
+    enum V<'a> {
+        Null,
+        Num(f64),
+        Str(&'a str),
+        Bool(bool),
+        List,
+    }
+
+    /// A serialized Struct, as Envoy hands it over.
+    fn payload(claims: &[(&str, V)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, v) in claims {
+            let mut value = Vec::new();
+            match v {
+                V::Null => value.extend_from_slice(&[1 << 3, 0]),
+                V::Num(n) => {
+                    value.push(2 << 3 | 1);
+                    value.extend_from_slice(&n.to_bits().to_le_bytes());
+                }
+                V::Str(s) => bytes_field(3, s.as_bytes(), &mut value),
+                V::Bool(b) => value.extend_from_slice(&[4 << 3, u8::from(*b)]),
+                V::List => bytes_field(6, &[], &mut value),
+            }
+            let mut entry = Vec::new();
+            bytes_field(1, name.as_bytes(), &mut entry);
+            bytes_field(2, &value, &mut entry);
+            bytes_field(1, &entry, &mut out);
+        }
+        out
+    }
+
+    fn text(claims: &[(&str, V)], claim: &str) -> Option<String> {
+        claim_text(&payload(claims), claim).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn a_string_claim_is_its_text() {
+        assert_eq!(
+            text(&[("sub", V::Str("alice")), ("tenant", V::Str("acme"))], "tenant").as_deref(),
+            Some("acme")
+        );
+    }
+
+    #[test]
+    fn an_integer_claim_is_its_json_text() {
+        assert_eq!(
+            text(&[("tenant", V::Num(12345.0))], "tenant").as_deref(),
+            Some("12345")
+        );
+        assert_eq!(text(&[("tenant", V::Num(-7.0))], "tenant").as_deref(), Some("-7"));
+        assert_eq!(text(&[("tenant", V::Num(0.0))], "tenant").as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn a_fractional_claim_is_its_shortest_text() {
+        assert_eq!(text(&[("tier", V::Num(1.5))], "tier").as_deref(), Some("1.5"));
+    }
+
+    #[test]
+    fn a_boolean_claim_is_true_or_false() {
+        assert_eq!(
+            text(&[("admin", V::Bool(true))], "admin").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            text(&[("admin", V::Bool(false))], "admin").as_deref(),
+            Some("false")
+        );
+    }
+
+    #[test]
+    fn null_lists_and_absent_claims_are_no_identity() {
+        let claims = [("a", V::Null), ("b", V::List)];
+        assert_eq!(text(&claims, "a"), None);
+        assert_eq!(text(&claims, "b"), None);
+        assert_eq!(text(&claims, "c"), None);
+    }
+
+    #[test]
+    fn a_claim_is_found_by_its_exact_name() {
+        assert_eq!(
+            text(&[("tenants", V::Str("x")), ("tenant", V::Str("y"))], "tenant").as_deref(),
+            Some("y")
+        );
+    }
+
+    #[test]
+    fn garbage_is_no_identity() {
+        assert_eq!(claim_text(b"\xff\xff\xff", "tenant"), None);
+        assert_eq!(claim_text(b"", "tenant"), None);
+        assert_eq!(claim_text(b"alice", "tenant"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn claim_text_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = claim_text(&bytes, "tenant");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! What the filter reads from Envoy's header maps, decided here so the glue
+//! only copies what Envoy has: which field lines count, when an identity
+//! header is ambiguous, what `Idempotency-Control` says, and how a request's
+//! and a response's heads are built from them.
+
+use crate::config::{Identity, Policy, Source};
+use crate::exchange::{RequestHead, ResponseHead};
+use crate::origin;
+
+/// Header names are compared case-insensitively; these are written lower-case.
+pub const KEY_HEADER: &str = "idempotency-key";
+pub const CONTROL_HEADER: &str = "idempotency-control";
+
+/// Header field lines as Envoy hands them over: name, raw value.
+pub type Lines = [(String, Vec<u8>)];
+
+/// The values of every field line named `name`, in order.
+pub fn values<'a>(lines: &'a Lines, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    lines
+        .iter()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice())
+}
+
+/// The value of the only field line named `name`. Absent, or repeated (two
+/// lines could name two identities), is `None`.
+pub fn only<'a>(lines: &'a Lines, name: &str) -> Option<&'a [u8]> {
+    let mut found = lines
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice());
+    match (found.next(), found.next()) {
+        (Some(value), None) => Some(value),
+        _ => None,
+    }
+}
+
+/// `content-length`, when present once and a number.
+pub fn content_length(lines: &Lines) -> Option<u64> {
+    std::str::from_utf8(only(lines, "content-length")?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// What the upstream says about its response in `Idempotency-Control`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// It refused before acting: release the key.
+    NoStore,
+    /// It acted: store the response even if its status is in the release set.
+    Store,
+    /// It cannot tell whether it acted: mark the outcome unknown.
+    Uncertain,
+}
+
+/// Reads `Idempotency-Control` (any case, any number of lines, comma-separated
+/// tokens; unknown tokens ignored). When the upstream says several things the
+/// safest wins: `uncertain` over `store` over `no-store`, since releasing a key
+/// that did act would let a retry run it twice.
+pub fn control(lines: &Lines) -> Option<Control> {
+    let mut said = None;
+    for value in values(lines, CONTROL_HEADER) {
+        for token in value.split(|b| *b == b',') {
+            let heard = match token.trim_ascii().to_ascii_lowercase().as_slice() {
+                b"no-store" => Control::NoStore,
+                b"store" => Control::Store,
+                b"uncertain" => Control::Uncertain,
+                _ => continue,
+            };
+            said = Some(match (said, heard) {
+                (Some(Control::Uncertain), _) | (_, Control::Uncertain) => Control::Uncertain,
+                (Some(Control::Store), _) | (_, Control::Store) => Control::Store,
+                _ => Control::NoStore,
+            });
+        }
+    }
+    said
+}
+
+/// A response's `:status`, 0 when unreadable.
+pub fn status(lines: &Lines) -> u16 {
+    values(lines, ":status")
+        .next()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Builds the exchange's view of a request covered by `policy`. `path` is the
+/// request's `:path` as received; `claim(payload, claim)` reads a JWT claim
+/// (see [`crate::claims`]).
+pub fn request_head(
+    policy: &Policy,
+    method: &str,
+    path: &str,
+    lines: &Lines,
+    claim: &mut dyn FnMut(&str, &str) -> Option<Vec<u8>>,
+    end_of_stream: bool,
+) -> RequestHead {
+    let mut identity = |source: &Source| match source {
+        Source::Header(name) => only(lines, name).map(<[u8]>::to_vec),
+        Source::Jwt { payload, claim: name } => claim(payload, name),
+    };
+    let (tenant, principal) = match &policy.identity {
+        Identity::Anonymous => (None, None),
+        Identity::Sourced { tenant, principal } => {
+            (identity(tenant), principal.as_ref().and_then(&mut identity))
+        }
+    };
+    RequestHead {
+        method: method.to_string(),
+        path: policy.matcher.fingerprint_path(path),
+        key_fields: values(lines, KEY_HEADER).map(<[u8]>::to_vec).collect(),
+        tenant,
+        principal,
+        // Every line, so two requests that differ in a repeated header's
+        // second line do not share a fingerprint.
+        fingerprint_headers: policy
+            .fingerprint
+            .headers
+            .iter()
+            .flat_map(|name| values(lines, name).map(move |v| (name.clone(), v.to_vec())))
+            .collect(),
+        content_length: content_length(lines),
+        end_of_stream,
+    }
+}
+
+/// Builds the exchange's view of a response from its header lines and
+/// Envoy's `response.code_details`.
+pub fn response_head(lines: Vec<(String, Vec<u8>)>, code_details: &str, end_of_stream: bool) -> ResponseHead {
+    ResponseHead {
+        status: status(&lines),
+        origin: origin::classify(code_details),
+        content_length: content_length(&lines),
+        headers: lines.into_iter().filter(|(n, _)| !n.starts_with(':')).collect(),
+        end_of_stream,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::exchange::Origin;
+
+    fn lines(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    macro_rules! control {
+        ($name:ident, [$(($n:expr, $v:expr)),*] => $want:expr) => {
+            #[test]
+            fn $name() {
+                assert_eq!(control(&lines(&[$(($n, $v)),*])), $want);
+            }
+        };
+    }
+
+    control!(no_control_header_says_nothing, [] => None);
+    control!(no_store_releases, [("idempotency-control", "no-store")] => Some(Control::NoStore));
+    control!(store_forces_storing, [("idempotency-control", "store")] => Some(Control::Store));
+    control!(uncertain_marks_unknown, [("idempotency-control", "uncertain")] => Some(Control::Uncertain));
+    control!(control_is_case_insensitive_and_trimmed, [("Idempotency-Control", " Uncertain ")] => Some(Control::Uncertain));
+    control!(an_unknown_token_is_ignored, [("idempotency-control", "maybe")] => None);
+    control!(a_list_keeps_the_known_token, [("idempotency-control", "x-vendor, no-store")] => Some(Control::NoStore));
+    control!(store_beats_no_store, [("idempotency-control", "no-store"), ("idempotency-control", "store")] => Some(Control::Store));
+    control!(uncertain_beats_store, [("idempotency-control", "store, uncertain")] => Some(Control::Uncertain));
+    control!(uncertain_beats_no_store_on_another_line, [("idempotency-control", "uncertain"), ("idempotency-control", "no-store")] => Some(Control::Uncertain));
+    control!(other_headers_are_not_control, [("x-idempotency-control", "store")] => None);
+
+    #[test]
+    fn an_identity_header_counts_only_when_it_appears_once() {
+        let one = lines(&[("X-Tenant", "acme")]);
+        assert_eq!(only(&one, "x-tenant"), Some(&b"acme"[..]));
+        let two = lines(&[("x-tenant", "acme"), ("x-tenant", "evil")]);
+        assert_eq!(only(&two, "x-tenant"), None);
+        assert_eq!(only(&lines(&[]), "x-tenant"), None);
+    }
+
+    #[test]
+    fn every_key_line_is_collected_so_a_repeat_is_seen() {
+        let l = lines(&[("Idempotency-Key", "a"), ("x", "y"), ("idempotency-key", "b")]);
+        assert_eq!(
+            values(&l, KEY_HEADER).collect::<Vec<_>>(),
+            vec![&b"a"[..], &b"b"[..]]
+        );
+    }
+
+    #[test]
+    fn content_length_and_status_are_read_or_absent() {
+        assert_eq!(content_length(&lines(&[("content-length", " 12 ")])), Some(12));
+        assert_eq!(content_length(&lines(&[("content-length", "x")])), None);
+        assert_eq!(content_length(&lines(&[])), None);
+        assert_eq!(status(&lines(&[(":status", "201")])), 201);
+        assert_eq!(status(&lines(&[(":status", "abc")])), 0);
+    }
+
+    const CONFIG: &str = r#"{"store": {"cluster": "s", "token": "t"}, "policies": [
+        {"name": "pay", "match": {"path": {"prefix": "/pay"}}, "tenant": {"header": "x-tenant"},
+         "principal": {"jwt": {"payload": "p", "claim": "sub"}},
+         "fingerprint": {"headers": ["x-a"]}},
+        {"name": "anon", "match": {"path": {"prefix": "/anon"}}, "anonymous": true}]}"#;
+
+    #[test]
+    fn a_request_head_reads_identity_key_lines_and_every_fingerprint_line() {
+        let config = Config::parse(CONFIG.as_bytes()).unwrap();
+        let l = lines(&[
+            ("x-tenant", "acme"),
+            ("idempotency-key", "k"),
+            ("x-a", "1"),
+            ("X-A", "2"),
+            ("content-length", "2"),
+        ]);
+        let mut asked = Vec::new();
+        let mut claim = |payload: &str, name: &str| {
+            asked.push(format!("{payload}/{name}"));
+            Some(b"alice".to_vec())
+        };
+        let head = request_head(&config.policies[0], "POST", "/pay//x/?q=1", &l, &mut claim, false);
+        assert_eq!(asked, vec!["p/sub"]);
+        assert_eq!(head.tenant.as_deref(), Some(&b"acme"[..]));
+        assert_eq!(head.principal.as_deref(), Some(&b"alice"[..]));
+        assert_eq!(head.key_fields, vec![b"k".to_vec()]);
+        assert_eq!(
+            head.fingerprint_headers,
+            vec![
+                ("x-a".to_string(), b"1".to_vec()),
+                ("x-a".to_string(), b"2".to_vec())
+            ]
+        );
+        assert_eq!(head.path, "/pay/x?q=1");
+        assert_eq!(head.content_length, Some(2));
+    }
+
+    #[test]
+    fn an_anonymous_policy_reads_no_identity() {
+        let config = Config::parse(CONFIG.as_bytes()).unwrap();
+        let mut claim = |_: &str, _: &str| -> Option<Vec<u8>> { panic!("no claim is read") };
+        let head = request_head(
+            &config.policies[1],
+            "POST",
+            "/anon",
+            &lines(&[("x-tenant", "a")]),
+            &mut claim,
+            true,
+        );
+        assert_eq!((head.tenant, head.principal), (None, None));
+        assert!(head.end_of_stream);
+    }
+
+    #[test]
+    fn a_response_head_drops_pseudo_headers_and_classifies_its_origin() {
+        let head = response_head(
+            lines(&[(":status", "429"), ("content-length", "0"), ("x-ratelimit", "1")]),
+            "local_rate_limited",
+            true,
+        );
+        assert_eq!(head.status, 429);
+        assert_eq!(head.origin, Origin::NeverReached);
+        assert_eq!(head.content_length, Some(0));
+        assert_eq!(
+            head.headers,
+            lines(&[("content-length", "0"), ("x-ratelimit", "1")])
+        );
+    }
+}

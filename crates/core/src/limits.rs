@@ -1,0 +1,58 @@
+//! The bounds the filter and the store agree on (semantics §5).
+//!
+//! The store refuses a frame beyond these with a 4xx; the filter's
+//! configuration refuses the settings that would produce one, so a store 4xx
+//! at run time means the two were deployed with different limits (or a wrong
+//! credential), never that a policy asked for too much.
+
+/// Longest lease a claim may ask for (`lease_seconds`).
+pub const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
+/// Longest a record may be kept (`ttl_seconds`).
+pub const MAX_TTL_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+/// Longest the store holds a claim waiting for a result (`wait_max_ms`).
+pub const MAX_WAIT_MS: u64 = 60 * 1000;
+/// Most response header lines a completion may store.
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_NAME: usize = 256;
+pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+/// Largest response body a policy may keep for replay (`max_stored_body`).
+pub const MAX_STORED_BODY: usize = 4 * 1024 * 1024;
+/// Largest frame the store accepts by default: the largest stored body plus
+/// its metadata line (scope, and up to [`MAX_HEADERS`] headers of the longest
+/// allowed size, JSON-escaped) with room to spare.
+pub const MAX_FRAME: usize = 8 * 1024 * 1024;
+
+/// Whether a response header may be stored as it is.
+pub fn header_fits(name: &str, value: &str) -> bool {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    !name.is_empty()
+        && name.len() <= MAX_HEADER_NAME
+        && name.bytes().all(token)
+        && value.len() <= MAX_HEADER_VALUE
+        && !value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_frame_holds_the_largest_stored_response() {
+        // Every header value escaped to twice its length, plus name and quotes.
+        let headers = MAX_HEADERS * (MAX_HEADER_NAME + 2 * MAX_HEADER_VALUE + 8);
+        let scope = 4 * 255 * 6 + 1024;
+        assert!(MAX_STORED_BODY + headers + scope < MAX_FRAME);
+    }
+
+    #[test]
+    fn headers_that_fit_and_that_do_not() {
+        assert!(header_fits("content-type", "application/json"));
+        assert!(header_fits("link", "<a>;\trel=x"));
+        assert!(!header_fits("", "x"));
+        assert!(!header_fits("a b", "x"));
+        assert!(!header_fits(&"n".repeat(MAX_HEADER_NAME + 1), "x"));
+        assert!(!header_fits("x", &"v".repeat(MAX_HEADER_VALUE + 1)));
+        assert!(!header_fits("x", "a\u{1}b"));
+        assert!(!header_fits("x", "a\u{7f}b"));
+    }
+}
