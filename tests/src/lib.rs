@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub mod chaos;
 pub use idemgate_testkit::pg;
+pub mod proxy;
 pub mod report;
 pub mod stack;
 mod upstream;
@@ -263,23 +264,6 @@ impl Harness {
             .filter(|(n, _)| n.split('{').next() == Some(metric.as_str()))
             .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
             .sum()
-    }
-
-    /// Holds the store's SQLite write lock for `held` from another
-    /// connection, as a stalled disk or a long checkpoint would; returns once
-    /// the lock is taken.
-    pub fn hold_store_write_lock(&self, held: Duration) -> std::thread::JoinHandle<()> {
-        let path = self.dir.path().join("store.db");
-        let (taken, wait) = std::sync::mpsc::channel();
-        let holder = std::thread::spawn(move || {
-            let conn = rusqlite::Connection::open(path).unwrap();
-            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-            taken.send(()).unwrap();
-            std::thread::sleep(held);
-            conn.execute_batch("COMMIT").unwrap();
-        });
-        wait.recv().unwrap();
-        holder
     }
 
     /// The key's current generation (`null` when there is none: never

@@ -685,13 +685,27 @@ impl Backend for Postgres {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(StoreError::Late);
             }
-            let rows = client
-                .query(
-                    &claim_stmt,
-                    &pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now, &attempt]),
-                )
-                .await
-                .map_err(unavailable)?;
+            let params = pk.with(&[&fingerprint, &lease_until, &ttl_ms, &release, &now, &attempt]);
+            let query = client.query(&claim_stmt, &params);
+            let rows = match deadline {
+                None => query.await,
+                Some(d) => match tokio::time::timeout_at(d.into(), query).await {
+                    Ok(rows) => rows,
+                    Err(_) => {
+                        // Stuck past its caller's deadline (a lock wait, a slow
+                        // commit): cancelled at the server so that it does not
+                        // land later. One that lands anyway is abandoned.
+                        let cancel = client.cancel_token();
+                        tokio::spawn(async move {
+                            if let Err(e) = cancel.cancel_query(NoTls).await {
+                                tracing::warn!("postgres: could not cancel a late claim: {e}");
+                            }
+                        });
+                        return Err(StoreError::Late);
+                    }
+                },
+            }
+            .map_err(unavailable)?;
             let Some(row) = rows.first() else {
                 // Lost a race with a concurrent insert we cannot see yet: look again.
                 continue;
