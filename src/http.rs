@@ -3,7 +3,6 @@
 
 use std::rc::Rc;
 
-use idemgate_core::claims::claim_text;
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{Exchange, Settlement, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
@@ -104,16 +103,16 @@ impl Filter {
     }
 }
 
-/// A JWT claim from `jwt_authn`'s payload in dynamic metadata. The payload
-/// is read whole: a lone number or boolean claim would come back untyped.
+/// A JWT claim from `jwt_authn`'s payload in dynamic metadata (a string
+/// claim's bytes).
 fn jwt_claim(payload: &str, claim: &str) -> Option<Vec<u8>> {
-    let payload = host::property(&[
+    host::property(&[
         "metadata",
         "filter_metadata",
         "envoy.filters.http.jwt_authn",
         payload,
-    ])?;
-    claim_text(&payload, claim)
+        claim,
+    ])
 }
 
 impl Context for Filter {

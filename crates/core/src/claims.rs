@@ -8,6 +8,10 @@
 //! protobuf) and this module finds the claim in it. A string claim is its
 //! text; a number or boolean claim is its JSON text (`12345`, `true`); null,
 //! objects and lists are no identity.
+//!
+//! Not wired into the filter yet: reading the payload path in Envoy 1.40 did
+//! not yield a Struct this decoder could use (the demo's string claims came
+//! out missing), so the filter still reads a claim by its leaf path.
 
 /// The identity text of `claim` in a serialized `google.protobuf.Struct`.
 pub fn claim_text(payload: &[u8], claim: &str) -> Option<Vec<u8>> {
