@@ -490,6 +490,11 @@ fn check_answer(
         if let Some(m) = INTERNALS.iter().find(|m| text.contains(*m)) {
             return Some(format!("{what}: problem body shows internals ({m}): {text}"));
         }
+        // Envoy's own replies (an upstream reset or timeout), rendered as
+        // problems by the bootstrap's local_reply_config.
+        if p["type"] == "about:blank" && (502..=504).contains(&a.status) {
+            return None;
+        }
         if !EXPECTED_PROBLEMS.contains(&slug.as_str()) {
             return Some(format!("{what}: unexpected problem {slug}: {text}"));
         }
