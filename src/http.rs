@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use idemgate_core::claims::claim_in_metadata;
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{Exchange, Settlement, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
@@ -12,6 +13,9 @@ use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;
 use crate::root::Shared;
+
+/// The filter whose dynamic metadata holds verified JWT payloads.
+const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
@@ -103,18 +107,6 @@ impl Filter {
     }
 }
 
-/// A JWT claim from `jwt_authn`'s payload in dynamic metadata (a string
-/// claim's bytes).
-fn jwt_claim(payload: &str, claim: &str) -> Option<Vec<u8>> {
-    host::property(&[
-        "metadata",
-        "filter_metadata",
-        "envoy.filters.http.jwt_authn",
-        payload,
-        claim,
-    ])
-}
-
 impl Context for Filter {
     fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let answer = host::store_answer(num_headers, body_size);
@@ -142,6 +134,13 @@ impl HttpContext for Filter {
             return Action::Continue;
         };
         let lines = host::request_headers();
+        // JWT claims are read from the whole dynamic metadata, the one
+        // property Envoy hands over with its types; once per request.
+        let mut metadata: Option<Option<Vec<u8>>> = None;
+        let mut jwt_claim = |payload: &str, claim: &str| {
+            let metadata = metadata.get_or_insert_with(|| host::property(&["metadata"]));
+            claim_in_metadata(metadata.as_deref()?, JWT_AUTHN, payload, claim)
+        };
         let head = headers::request_head(&policy, &method, &path, &lines, &mut jwt_claim, end_of_stream);
         let (exchange, step) = Exchange::begin(config.clone(), policy, head, attempt);
         self.exchange = Some(exchange);

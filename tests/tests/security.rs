@@ -521,3 +521,46 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
         "every problem type, hostile keys, malformed store frames, database and store killed".into(),
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_numeric_jwt_claim_is_an_identity_by_its_json_text() {
+    let mut opts = Options::new("envoy/demo.yaml", Database::Sqlite, 1);
+    opts.api_token = "demo-api-token";
+    let s = Stack::start(opts).await;
+    let signer = payments::token::demo_key().unwrap();
+    let mint = |tenant: serde_json::Value, sub: serde_json::Value| {
+        payments::token::mint_claims(&signer, tenant, sub, 1_700_000_000, 4_102_444_800)
+    };
+    let post = |bearer: &str, k: &str| {
+        s.client
+            .post(s.url("/v1/payments"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", k)
+            .bearer_auth(bearer)
+            .body(PAYMENT)
+    };
+    let k = key("numeric-claims");
+    // jwt_authn itself insists on a string `sub`; the tenant may be a number.
+    let numeric = mint(serde_json::json!(4242), serde_json::json!("alice"));
+    let first = send(post(&numeric, &k)).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = send(post(&numeric, &k)).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"), "{again:?}");
+    // Another numeric tenant is another scope.
+    let other = send(post(
+        &mint(serde_json::json!(4243), serde_json::json!("alice")),
+        &k,
+    ))
+    .await;
+    assert_eq!(other.status, 201, "{other:?}");
+    assert!(other.header("idempotent-replayed").is_none());
+    let records = s
+        .records("4242", "alice", "payments.create", &k)
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        records.len(),
+        1,
+        "the store's scope is the claims' JSON text: {records:?}"
+    );
+}

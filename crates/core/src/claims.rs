@@ -1,41 +1,64 @@
 //! JWT claims as identity (semantics §2).
 //!
 //! `jwt_authn` writes the verified payload into dynamic metadata as a
-//! `google.protobuf.Struct`. Asking Envoy for one claim returns a string claim
-//! as its bytes, but a number as 8 raw bytes of a double and a boolean as one
-//! byte, with no type attached, so a numeric `tenant` could not be read back.
-//! The filter therefore reads the whole payload (Envoy serializes a Struct as
-//! protobuf) and this module finds the claim in it. A string claim is its
+//! `google.protobuf.Struct`. Envoy hands a property over without its type: a
+//! string claim as its bytes, a number as the 8 bytes of a double, a boolean
+//! as one byte, and a map (the payload itself) as untyped key/value pairs, so
+//! neither a claim nor the payload says whether `12345678` is text or a
+//! number. Only a protobuf message keeps its types, and the top-level
+//! `metadata` property is one (`envoy.config.core.v3.Metadata`): the filter
+//! reads it whole and this module finds the claim in it. A string claim is its
 //! text; a number or boolean claim is its JSON text (`12345`, `true`); null,
 //! objects and lists are no identity.
-//!
-//! Not wired into the filter yet: reading the payload path in Envoy 1.40 did
-//! not yield a Struct this decoder could use (the demo's string claims came
-//! out missing), so the filter still reads a claim by its leaf path.
+
+/// The identity text of `claim` in the payload that the filter `filter`
+/// (`envoy.filters.http.jwt_authn`) stored under `payload` in a serialized
+/// `Metadata` message.
+pub fn claim_in_metadata(metadata: &[u8], filter: &str, payload: &str, claim: &str) -> Option<Vec<u8>> {
+    // Metadata { map<string, Struct> filter_metadata = 1; }
+    let filter_struct = map_entry(metadata, 1, filter)?;
+    // The payload is a Value whose struct_value (5) holds the claims.
+    let payload_struct =
+        Fields::new(struct_value(filter_struct, payload)?).find_map(|(field, wire)| match (field, wire) {
+            (5, Wire::Bytes(s)) => Some(s),
+            _ => None,
+        })?;
+    claim_text(payload_struct, claim)
+}
 
 /// The identity text of `claim` in a serialized `google.protobuf.Struct`.
 pub fn claim_text(payload: &[u8], claim: &str) -> Option<Vec<u8>> {
+    value_text(struct_value(payload, claim)?)
+}
+
+/// The serialized `Value` of field `name` of a `Struct` (`map<string, Value>
+/// fields = 1`).
+fn struct_value<'a>(s: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    map_entry(s, 1, name)
+}
+
+/// The value of `key` in the map field `field` of a message (entries `{key =
+/// 1; value = 2}`); the last entry wins, as in protobuf's map semantics.
+fn map_entry<'a>(message: &'a [u8], field: u64, key: &str) -> Option<&'a [u8]> {
     let mut found = None;
-    // Struct { map<string, Value> fields = 1; }: repeated entries { key = 1; value = 2; }.
-    for (field, wire) in Fields::new(payload) {
-        let (1, Wire::Bytes(entry)) = (field, wire) else {
+    for (f, wire) in Fields::new(message) {
+        let (true, Wire::Bytes(entry)) = (f == field, wire) else {
             continue;
         };
-        let mut key = None;
-        let mut value = None;
-        for (field, wire) in Fields::new(entry) {
-            match (field, wire) {
-                (1, Wire::Bytes(k)) => key = Some(k),
-                (2, Wire::Bytes(v)) => value = Some(v),
+        let mut k = None;
+        let mut v = None;
+        for (f, wire) in Fields::new(entry) {
+            match (f, wire) {
+                (1, Wire::Bytes(b)) => k = Some(b),
+                (2, Wire::Bytes(b)) => v = Some(b),
                 _ => {}
             }
         }
-        if key == Some(claim.as_bytes()) {
-            // The last entry wins, as in protobuf's map semantics.
-            found = Some(value.unwrap_or_default());
+        if k == Some(key.as_bytes()) {
+            found = Some(v.unwrap_or_default());
         }
     }
-    value_text(found?)
+    found
 }
 
 /// `google.protobuf.Value`: null_value = 1, number_value = 2, string_value = 3,
@@ -247,6 +270,45 @@ mod tests {
             text(&[("tenants", V::Str("x")), ("tenant", V::Str("y"))], "tenant").as_deref(),
             Some("y")
         );
+    }
+
+    /// A serialized `Metadata` with `claims` as jwt_authn's payload `name`.
+    fn metadata(name: &str, claims: &[(&str, V)]) -> Vec<u8> {
+        let mut payload_value = Vec::new();
+        bytes_field(5, &payload(claims), &mut payload_value);
+        let mut entry = Vec::new();
+        bytes_field(1, name.as_bytes(), &mut entry);
+        bytes_field(2, &payload_value, &mut entry);
+        let mut filter_struct = Vec::new();
+        bytes_field(1, &entry, &mut filter_struct);
+        let mut filter_entry = Vec::new();
+        bytes_field(1, b"envoy.filters.http.jwt_authn", &mut filter_entry);
+        bytes_field(2, &filter_struct, &mut filter_entry);
+        let mut out = Vec::new();
+        // Another filter's metadata first: the right one is picked by name.
+        let mut other = Vec::new();
+        bytes_field(1, b"envoy.lb", &mut other);
+        bytes_field(2, &[], &mut other);
+        bytes_field(1, &other, &mut out);
+        bytes_field(1, &filter_entry, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_claim_is_found_in_the_whole_dynamic_metadata_with_its_type() {
+        let m = metadata(
+            "jwt_payload",
+            &[("tenant", V::Num(12345678.0)), ("sub", V::Str("12345678"))],
+        );
+        let find = |payload, claim| {
+            claim_in_metadata(&m, "envoy.filters.http.jwt_authn", payload, claim)
+                .map(|b| String::from_utf8(b).unwrap())
+        };
+        assert_eq!(find("jwt_payload", "tenant").as_deref(), Some("12345678"));
+        assert_eq!(find("jwt_payload", "sub").as_deref(), Some("12345678"));
+        assert_eq!(find("other_payload", "tenant"), None);
+        assert_eq!(find("jwt_payload", "missing"), None);
+        assert_eq!(claim_in_metadata(&m, "envoy.lb", "jwt_payload", "tenant"), None);
     }
 
     #[test]

@@ -415,6 +415,9 @@ impl Exchange {
     }
 
     fn claimed(&mut self, answer: StoreAnswer) -> Step {
+        // A store that refused the frame (4xx) wrote nothing; any other
+        // failure may have lost the answer to a committed claim.
+        let refused = self.refusal.is_some();
         let reply = match answer {
             Some((200, body)) => decode_frame::<ClaimReply>(&body)
                 .map(|(meta, bytes)| (meta, bytes.to_vec()))
@@ -431,6 +434,9 @@ impl Exchange {
                     Problem::new(ProblemKind::StoreUnavailable, "the idempotency store could not be reached; the request was not forwarded, retry later with the same key").retry_after(1),
                 ),
             };
+            if refused {
+                return next;
+            }
             self.settlement = Some(Settlement::Abandoned);
             return match self.abandon_call() {
                 Some(call) => Step::Deliver(call, Box::new(next)),
@@ -1043,11 +1049,10 @@ mod tests {
 
     #[test]
     fn every_store_failure_shape_fails_closed_with_503() {
-        let answers: [StoreAnswer; 4] = [
+        let answers: [StoreAnswer; 3] = [
             None,
             Some((503, b"no healthy upstream".to_vec())),
             Some((200, b"garbage".to_vec())),
-            Some((401, vec![])),
         ];
         for answer in answers {
             let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));

@@ -28,6 +28,11 @@ fn b64(bytes: &[u8]) -> String {
 
 /// A compact JWS (ES256) carrying `tenant` and `sub`.
 pub fn mint(key: &SigningKey, tenant: &str, sub: &str, issued_at: u64, expires_at: u64) -> String {
+    mint_claims(key, json!(tenant), json!(sub), issued_at, expires_at)
+}
+
+/// [`mint`] with claims of any JSON type (numeric tenants exist).
+pub fn mint_claims(key: &SigningKey, tenant: Value, sub: Value, issued_at: u64, expires_at: u64) -> String {
     let header = json!({"alg": "ES256", "typ": "JWT", "kid": KEY_ID});
     let claims = json!({
         "iss": ISSUER,
