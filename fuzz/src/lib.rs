@@ -124,7 +124,7 @@ const ENDPOINTS: [(&str, &str, bool); 8] = [
     ("POST", "/v1/mark-unknown", false),
     ("POST", "/admin/v1/resolve", true),
     ("POST", "/admin/v1/purge", true),
-    ("GET", "/admin/v1/records", true),
+    ("POST", "/admin/v1/records/lookup", true),
     ("GET", "/admin/v1/records/stuck", true),
 ];
 
