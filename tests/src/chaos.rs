@@ -452,7 +452,11 @@ impl Faults {
                 distance(&w),
                 to - from,
                 (at - from).abs(),
-                if at < *from { "before it began" } else { "after it began" }
+                if at < *from {
+                    "before it began"
+                } else {
+                    "after it began"
+                }
             ),
             None => "no fault injected".into(),
         }
@@ -789,11 +793,14 @@ pub fn judge(what: &str, route: Route, execs: &[&Execution], gens: &[Generation]
         let mut allowed = None;
         let mut refused = None;
         for (i, earlier) in execs.iter().enumerate().take(j) {
-            let Some(gi) = v.owner[i].filter(|gi| *gi < gj) else { continue };
+            let Some(gi) = v.owner[i].filter(|gi| *gi < gj) else {
+                continue;
+            };
             let ended = &gens[gi];
             if released(earlier) {
                 allowed = Some("released");
-            } else if route.release_on_unknown && matches!(ended.state.as_str(), "unknown" | "lease_expired") {
+            } else if route.release_on_unknown && matches!(ended.state.as_str(), "unknown" | "lease_expired")
+            {
                 allowed = Some("unknown");
             } else if route.renew_after_expiry && ended.expired_by(gens[gj].created_at) {
                 allowed = Some("expired");
@@ -895,7 +902,10 @@ fn check_answer(
     by_n: &HashMap<u64, &Execution>,
     bodies_in_scope: &[&str],
 ) -> Option<String> {
-    let what = format!("{} {} {} {:?}", s.scope.tenant, s.scope.route, s.scope.key, s.knobs);
+    let what = format!(
+        "{} {} {} {:?}",
+        s.scope.tenant, s.scope.route, s.scope.key, s.knobs
+    );
     let text = String::from_utf8_lossy(&a.body);
     let body_sha = sha256_hex(s.body.as_bytes());
     if a.header("idempotent-replayed") == Some("true") {
@@ -947,7 +957,9 @@ fn check_answer(
             }
             // Under `on_unknown: release` an unknown key is claimed again.
             "outcome-unknown" => {
-                a.status == 409 && a.header("retry-after").is_none() && !policy(s.scope.route).release_on_unknown
+                a.status == 409
+                    && a.header("retry-after").is_none()
+                    && !policy(s.scope.route).release_on_unknown
             }
             _ => a.status == 503 && a.header("retry-after").is_some(),
         };
@@ -1099,7 +1111,9 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
             *audit.reruns.entry(r).or_default() += n;
         }
         for (e, owner) in scope_execs.iter().zip(&v.owner) {
-            let Some(g) = owner.map(|g| &gens[g]) else { continue };
+            let Some(g) = owner.map(|g| &gens[g]) else {
+                continue;
+            };
             if g.state == "completed" {
                 stored.entry(scope.clone()).or_default().push(e);
             }
@@ -1160,7 +1174,9 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     let before = stack.upstream.log().len();
     for (scope, gens) in &histories {
         let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
-        let Some(gen) = gens.iter().find(|g| g.current) else { continue };
+        let Some(gen) = gens.iter().find(|g| g.current) else {
+            continue;
+        };
         if gen.archived_at.is_some() || gen.expires_at.is_none_or(|e| e <= now_ms() + RECHECK_MARGIN_MS) {
             continue;
         }
@@ -1176,9 +1192,10 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
                 };
                 audit.replays_checked += 1;
                 match settled(traffic, scope, body).await {
-                    Ok(a) if a.header("idempotent-replayed") == Some("true")
-                        && a.status == e.status
-                        && a.body == e.response => {}
+                    Ok(a)
+                        if a.header("idempotent-replayed") == Some("true")
+                            && a.status == e.status
+                            && a.body == e.response => {}
                     Ok(a) => audit.violations.push(format!(
                         "{what}: completed record does not replay byte-identical: {} {:?}",
                         a.status,
@@ -1439,7 +1456,11 @@ mod tests {
         let yaml = std::fs::read_to_string(crate::repo_root().join("envoy/chaos.yaml")).unwrap();
         for r in ROUTES {
             assert!(yaml.contains(&format!("\"name\": \"{}\"", r.name)), "{}", r.name);
-            assert!(yaml.contains(&format!("{{\"prefix\": \"{}\"}}", r.path)), "{}", r.path);
+            assert!(
+                yaml.contains(&format!("{{\"prefix\": \"{}\"}}", r.path)),
+                "{}",
+                r.path
+            );
             assert_eq!(route_of(r.path), r.name);
             assert_eq!(policy(r.name), r);
         }
@@ -1459,7 +1480,11 @@ mod tests {
         );
         // Twice in one generation, whatever the policy.
         for route in ROUTES {
-            let v = run(route, &[one.clone(), two.clone()], &[generation(1, 1, "completed", None, Some(201))]);
+            let v = run(
+                route,
+                &[one.clone(), two.clone()],
+                &[generation(1, 1, "completed", None, Some(201))],
+            );
             assert_eq!(v.double_executions.len(), 1, "{route:?}");
         }
         // Again in a new generation after a stored one: the store replaced a
@@ -1480,11 +1505,14 @@ mod tests {
         ];
         let first = exec(0, "a", "A", 429);
         let v = run(CONFLICT, &[first, one.clone()], &gens);
-        assert_eq!(v, ScopeVerdict {
-            reruns: BTreeMap::from([("released", 1)]),
-            owner: vec![Some(0), Some(1)],
-            ..ScopeVerdict::default()
-        });
+        assert_eq!(
+            v,
+            ScopeVerdict {
+                reruns: BTreeMap::from([("released", 1)]),
+                owner: vec![Some(0), Some(1)],
+                ..ScopeVerdict::default()
+            }
+        );
         // A stored execution, then a refused one in a new generation.
         let gens = [
             generation(1, 1, "released", Some(2), None),
@@ -1535,13 +1563,22 @@ mod tests {
         assert!(v.double_executions.is_empty() && v.violations.is_empty(), "{v:?}");
         assert_eq!(v.reruns, BTreeMap::from([("expired", 1)]));
         for route in [CONFLICT, RELEASE] {
-            assert_eq!(run(route, &[one.clone(), two.clone()], &gens).double_executions.len(), 1);
+            assert_eq!(
+                run(route, &[one.clone(), two.clone()], &gens)
+                    .double_executions
+                    .len(),
+                1
+            );
         }
         // Not yet expired when the next generation was claimed.
         let mut live = expired;
         live.expires_at = Some(6_000);
         live.archived_at = None;
-        let v = run(RENEW, &[one, two], &[live, generation(2, 5, "completed", None, Some(201))]);
+        let v = run(
+            RENEW,
+            &[one, two],
+            &[live, generation(2, 5, "completed", None, Some(201))],
+        );
         assert_eq!(v.double_executions.len(), 1);
         assert_eq!(v.violations.len(), 1, "{v:?}");
     }
@@ -1558,10 +1595,13 @@ mod tests {
             let mut reset = exec(1, "a", "A", 201);
             reset.reset = true;
             let v = run(route, &[reset], &[generation(1, 1, "unknown", None, None)]);
-            assert_eq!(v, ScopeVerdict {
-                owner: vec![Some(0)],
-                ..ScopeVerdict::default()
-            });
+            assert_eq!(
+                v,
+                ScopeVerdict {
+                    owner: vec![Some(0)],
+                    ..ScopeVerdict::default()
+                }
+            );
             // An earlier generation ran, the current one did not.
             let gens = [
                 generation(1, 0, "released", Some(1), None),
@@ -1581,7 +1621,11 @@ mod tests {
         let v = run(CONFLICT, &[exec(1, "a", "A", 201), exec(3, "a", "A", 201)], &gens);
         assert_eq!(v.abandoned_executed.len(), 1, "{v:?}");
         // Nothing claimed before it ran.
-        let v = run(CONFLICT, &[exec(1, "a", "A", 201)], &[generation(1, 2, "completed", None, Some(201))]);
+        let v = run(
+            CONFLICT,
+            &[exec(1, "a", "A", 201)],
+            &[generation(1, 2, "completed", None, Some(201))],
+        );
         assert_eq!(v.owner, vec![None]);
         assert_eq!(v.violations.len(), 2, "{v:?}");
         // After its generation was released.
@@ -1598,7 +1642,9 @@ mod tests {
             answer(
                 status,
                 &[("content-type", "application/problem+json")],
-                &format!(r#"{{"type":"about:blank","title":"upstream connect error","status":{status},"detail":"d"}}"#),
+                &format!(
+                    r#"{{"type":"about:blank","title":"upstream connect error","status":{status},"detail":"d"}}"#
+                ),
             )
         };
         assert_eq!(verdict(&sent("a", "A"), &reply(503), &[], &["A"]), None);

@@ -177,9 +177,7 @@ impl Stack {
             return;
         };
         let signal = if stop { "-STOP" } else { "-CONT" };
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status();
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status();
         if !matches!(status, Ok(s) if s.success()) {
             panic!("kill {signal} {pid}: {status:?}");
         }
