@@ -700,8 +700,8 @@ impl Generation {
 pub struct ScopeVerdict {
     pub double_executions: Vec<String>,
     pub violations: Vec<String>,
-    /// With when the burnt generation was claimed.
-    pub burnt: Vec<(String, i64)>,
+    /// With when the burnt generation was claimed, and its number.
+    pub burnt: Vec<(String, i64, u64)>,
     pub abandoned_executed: Vec<String>,
     /// Executions allowed after an earlier one, by reason.
     pub reruns: BTreeMap<&'static str, usize>,
@@ -882,6 +882,7 @@ pub fn judge(what: &str, route: Route, execs: &[&Execution], gens: &[Generation]
                     gen.generation, gen.state
                 ),
                 gen.created_at,
+                gen.generation,
             )),
             ("unknown", Some(_)) => {}
             (other, _) => v
@@ -1062,6 +1063,9 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     let none: Vec<&Execution> = Vec::new();
     let scopes: Vec<ScopeId> = sent_by_scope.keys().cloned().collect();
     let mut histories: BTreeMap<ScopeId, Vec<Generation>> = BTreeMap::new();
+    // Each scope's events, `(generation, "transition by actor (detail)")`,
+    // to say how a burnt key got where it is.
+    let mut events: BTreeMap<ScopeId, Vec<(u64, String)>> = BTreeMap::new();
     for chunk in scopes.chunks(16) {
         let lookups: Vec<_> = chunk
             .iter()
@@ -1095,6 +1099,29 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
             }
             gens.sort_by_key(|g| (g.created_at, g.generation));
             histories.insert(scope.clone(), gens);
+            let list: Vec<(u64, String)> = h["events"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|e| e["scope"]["principal"] == scope.user.as_str())
+                        .map(|e| {
+                            (
+                                e["generation"].as_u64().unwrap_or(0),
+                                format!(
+                                    "{} by {}{}",
+                                    e["transition"].as_str().unwrap_or("?"),
+                                    e["actor"].as_str().unwrap_or("?"),
+                                    e["detail"]
+                                        .as_str()
+                                        .map(|d| format!(" ({d})"))
+                                        .unwrap_or_default()
+                                ),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            events.insert(scope.clone(), list);
         }
     }
     let mut stored: BTreeMap<ScopeId, Vec<&Execution>> = BTreeMap::new();
@@ -1123,8 +1150,17 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
         }
         audit.double_executions.extend(v.double_executions);
         audit.violations.extend(v.violations);
-        for (b, at) in v.burnt {
-            audit.burnt_keys.push(b);
+        for (b, at, generation) in v.burnt {
+            let how: Vec<&str> = events
+                .get(scope)
+                .map(|l| {
+                    l.iter()
+                        .filter(|(g, _)| *g == generation)
+                        .map(|(_, t)| t.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            audit.burnt_keys.push(format!("{b} (events: {})", how.join(", ")));
             audit.burnt_at.push(at);
         }
         audit.abandoned_executed.extend(v.abandoned_executed);
