@@ -2,27 +2,42 @@
 //!
 //! Workers send mixed traffic through Envoy for a fixed time (unique keys,
 //! retries, concurrent duplicates, changed bodies, slow, failing, resetting
-//! and uncertain upstream calls, one key shared by two tenants) while a fault
-//! loop SIGKILLs and restarts store replicas, restarts Envoy and resets every
-//! upstream connection. Every request and its answer is recorded; the
-//! upstream logs every execution.
+//! and uncertain upstream calls, one key shared by two tenants) to four
+//! routes: two with the default policy, one with `on_unknown: release` and a
+//! 2 s lease, one with `after_expiry: new` and a 2 s TTL (retried after the
+//! expiry). Meanwhile a fault loop SIGKILLs and restarts store replicas,
+//! freezes one past the filter's store timeout (SIGSTOP, then SIGCONT),
+//! restarts Envoy and resets every upstream connection. Every request and its
+//! answer is recorded; the upstream logs every execution and when it arrived.
 //!
 //! The audit then compares three independent views — the upstream's
-//! execution log, the store's records (admin API) and every answer a client
-//! got — and counts each broken promise as a violation:
+//! execution log, the store's whole history (every generation of every key,
+//! admin lookup) and every answer a client got — and counts each broken
+//! promise:
 //!
-//! - a scope executed again after an execution that was not released;
-//! - an answer that is not what the contract allows (a replay of another
-//!   execution or another request body, a 422 for the same body, a malformed
-//!   or unexpected problem, a problem body with internals, a 2xx nobody
-//!   executed);
-//! - a store record that disagrees with the executions (completed with
-//!   another status or body length, completed without an execution, absent
-//!   although its key was executed, still in progress long after its lease);
-//! - a completed record that does not replay byte-identical, or an unknown one
-//!   that does not answer 409 `outcome-unknown`, or any execution caused by
-//!   those checks;
-//! - a log line of any process that contains a raw key.
+//! - double executions: an execution runs in the generation claimed last
+//!   before it arrived; a generation runs at most once, and a scope runs again
+//!   only after each earlier execution was released (the upstream refused
+//!   before acting) or, as its route's policy allows, after its generation
+//!   ended unknown or with its lease run out (`on_unknown: release`) or had
+//!   expired when the next one was claimed (`after_expiry: new`);
+//! - burnt keys: a current generation left unknown or in progress, after the
+//!   run settled, whose upstream never ran;
+//! - executions of abandoned claims: the filter abandons only what it never
+//!   forwarded;
+//! - violations: an answer that is not what the contract allows (a replay of
+//!   an execution the store did not keep or of another request body, a 422
+//!   for the same body, `outcome-unknown` under `on_unknown: release`, a
+//!   malformed or unexpected problem, a problem body with internals, a 2xx
+//!   nobody executed); an execution with no claim before it, or after its
+//!   generation was released; store records that disagree with the
+//!   executions (completed with another status or body length, completed
+//!   without an execution, released although the upstream acted, replaced
+//!   before it expired, still in progress long after its lease); a completed
+//!   record that does not replay byte-identical, an unknown one (where
+//!   `on_unknown: conflict`) that does not answer 409 `outcome-unknown`, or
+//!   any execution caused by those checks; a log line of any process that
+//!   contains a raw key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,12 +55,70 @@ pub struct ScopeId {
     pub key: String,
 }
 
+/// A policy of `envoy/chaos.yaml`, as far as the audit judges by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub name: &'static str,
+    /// The path the workers send to (the policy's prefix).
+    pub path: &'static str,
+    /// `on_unknown: release`: a key whose outcome is unknown, or whose lease
+    /// ran out, may be claimed (and executed) again.
+    pub release_on_unknown: bool,
+    /// `after_expiry: new`: an expired key is a first request again.
+    pub renew_after_expiry: bool,
+}
+
+/// Every covered route of `envoy/chaos.yaml`; the first is the default.
+pub const ROUTES: [Route; 4] = [
+    Route {
+        name: "payments.create",
+        path: "/pay",
+        release_on_unknown: false,
+        renew_after_expiry: false,
+    },
+    Route {
+        name: "orders.wait",
+        path: "/wait",
+        release_on_unknown: false,
+        renew_after_expiry: false,
+    },
+    Route {
+        name: "payments.release",
+        path: "/release",
+        release_on_unknown: true,
+        renew_after_expiry: false,
+    },
+    Route {
+        name: "payments.renew",
+        path: "/renew",
+        release_on_unknown: false,
+        renew_after_expiry: true,
+    },
+];
+
+/// The TTL of `payments.renew` in `envoy/chaos.yaml`, in milliseconds.
+const RENEW_TTL_MS: u64 = 2_000;
+
 pub fn route_of(path: &str) -> &'static str {
-    if path.starts_with("/wait") {
-        "orders.wait"
-    } else {
-        "payments.create"
-    }
+    policy_of_path(path).name
+}
+
+fn policy_of_path(path: &str) -> Route {
+    ROUTES
+        .iter()
+        .skip(1)
+        .find(|r| path.starts_with(r.path))
+        .copied()
+        .unwrap_or(ROUTES[0])
+}
+
+/// The policy of a route name (the default one for a name not in the table).
+pub fn policy(route: &str) -> Route {
+    ROUTES
+        .iter()
+        .find(|r| r.name == route)
+        .copied()
+        .unwrap_or(ROUTES[0])
 }
 
 /// One request a worker sent, and what came back.
@@ -215,7 +288,12 @@ pub async fn worker(
         if Instant::now() >= deadline {
             break;
         }
-        let path: &'static str = if rng.below(5) == 0 { "/wait" } else { "/pay" };
+        let path: &'static str = match rng.below(10) {
+            0 | 1 => "/wait",
+            2 | 3 => "/release",
+            4 | 5 => "/renew",
+            _ => "/pay",
+        };
         let scope = ScopeId {
             tenant: TENANTS[rng.below(3) as usize].to_string(),
             user: format!("user-{}", rng.below(2)),
@@ -236,11 +314,17 @@ pub async fn worker(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-            // Retries after the answer: must replay.
+            // Retries after the answer: must replay; on /renew, the last
+            // retry comes after the key expired and runs again.
             30..=44 => {
                 t.send(&scope, path, &body, &[]).await.ok();
                 t.send(&scope, path, &body, &[]).await.ok();
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let pause = if path == "/renew" {
+                    RENEW_TTL_MS + 200 + rng.below(1_500)
+                } else {
+                    100
+                };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
                 t.send(&scope, path, &body, &[]).await.ok();
             }
             // Concurrent duplicates.
@@ -328,19 +412,67 @@ pub async fn worker(
 #[derive(Debug, Default, Clone)]
 pub struct Faults {
     pub store_kills: u64,
+    /// A replica frozen (SIGSTOP) past the filter's 1 s store timeout, then
+    /// let run again (SIGCONT): a slow store rather than a dead one.
+    pub store_stalls: u64,
     pub envoy_restarts: u64,
     pub upstream_resets: u64,
     /// Connections dropped by those resets.
     pub connections_reset: u64,
+    /// Every fault with its start and end (ms since the Unix epoch), to tell
+    /// which fault a finding of the audit follows.
+    pub windows: Vec<(&'static str, i64, i64)>,
 }
 
 impl Faults {
     pub fn summary(&self) -> String {
         format!(
-            "{} store SIGKILLs, {} Envoy restarts, {} upstream resets ({} connections)",
-            self.store_kills, self.envoy_restarts, self.upstream_resets, self.connections_reset
+            "{} store SIGKILLs, {} store stalls (SIGSTOP {STALL_MS} ms), {} Envoy restarts, \
+             {} upstream resets ({} connections)",
+            self.store_kills,
+            self.store_stalls,
+            self.envoy_restarts,
+            self.upstream_resets,
+            self.connections_reset
         )
     }
+
+    /// The fault nearest to `at` (ms since the Unix epoch), for a finding.
+    pub fn near(&self, at: i64) -> String {
+        let distance = |(_, from, to): &&(&'static str, i64, i64)| {
+            if at < *from {
+                from - at
+            } else {
+                (at - to).max(0)
+            }
+        };
+        match self.windows.iter().min_by_key(distance) {
+            Some(w @ (name, from, to)) => format!(
+                "{} ms from a {name} ({} ms long, {} ms {})",
+                distance(&w),
+                to - from,
+                (at - from).abs(),
+                if at < *from {
+                    "before it began"
+                } else {
+                    "after it began"
+                }
+            ),
+            None => "no fault injected".into(),
+        }
+    }
+}
+
+/// How long a stalled replica stays frozen: past the filter's 1 s store
+/// timeout (envoy/chaos.yaml), so claims it committed are never answered in
+/// time.
+pub const STALL_MS: u64 = 1_500;
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// Injects faults in rotation until `deadline`, leaving everything running.
@@ -351,19 +483,29 @@ pub async fn inject_faults(stack: &mut Stack, deadline: Instant, every: Duration
     let mut step = 0usize;
     while Instant::now() + every < deadline {
         tokio::time::sleep(every).await;
-        match step % 4 {
-            0 | 2 => {
-                // Alternate replicas; with one, always the same.
-                let r = (step / 2) % replicas;
+        // Alternate replicas; with one, always the same.
+        let r = step % replicas;
+        let from = now_ms();
+        let name = match step % 5 {
+            0 => {
                 stack.kill_store(r);
                 faults.store_kills += 1;
                 tokio::time::sleep(Duration::from_millis(300 + rng.below(1_200))).await;
                 stack.start_store(r);
                 stack.wait_store(r).await;
+                "store SIGKILL"
             }
-            1 => {
+            1 | 4 => {
+                stack.signal_store(r, true);
+                faults.store_stalls += 1;
+                tokio::time::sleep(Duration::from_millis(STALL_MS)).await;
+                stack.signal_store(r, false);
+                "store stall"
+            }
+            2 => {
                 faults.upstream_resets += 1;
                 faults.connections_reset += stack.upstream.reset_connections() as u64;
+                "upstream reset"
             }
             _ => {
                 stack.kill_envoy();
@@ -371,8 +513,10 @@ pub async fn inject_faults(stack: &mut Stack, deadline: Instant, every: Duration
                 tokio::time::sleep(Duration::from_millis(200 + rng.below(500))).await;
                 stack.start_envoy();
                 stack.wait_envoy().await;
+                "Envoy SIGKILL"
             }
-        }
+        };
+        faults.windows.push((name, from, now_ms()));
         step += 1;
     }
     faults
@@ -395,13 +539,31 @@ pub struct Audit {
     pub changed_bodies: usize,
     /// Keys sent by more than one tenant.
     pub shared_keys: usize,
+    /// Generations in the store's history of all scopes, and how the ended
+    /// ones ended.
+    pub generations: usize,
+    pub ended: BTreeMap<String, usize>,
+    /// Executions the policy allowed after an earlier one of the scope, by
+    /// reason (released, unknown or lease run out, expired).
+    pub reruns: BTreeMap<&'static str, usize>,
     pub double_executions: Vec<String>,
     pub violations: Vec<String>,
+    /// Current generations left unknown or in progress, after the run
+    /// settled, whose upstream never ran: keys burnt for their TTL.
+    pub burnt_keys: Vec<String>,
+    /// When each burnt key's generation was claimed (ms since the epoch).
+    pub burnt_at: Vec<i64>,
+    /// Executions inside a generation the store ended as abandoned (the
+    /// filter abandons only what it never forwarded).
+    pub abandoned_executed: Vec<String>,
 }
 
 impl Audit {
     pub fn total_violations(&self) -> usize {
-        self.double_executions.len() + self.violations.len()
+        self.double_executions.len()
+            + self.violations.len()
+            + self.burnt_keys.len()
+            + self.abandoned_executed.len()
     }
 
     /// The hostile part of the traffic, for the results table.
@@ -412,11 +574,38 @@ impl Audit {
         )
     }
 
+    /// The verdict column of the results table.
+    pub fn verdict(&self) -> String {
+        format!(
+            "{} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims \
+             ({} replays, {} unknown records re-checked; {} generations, re-run after {})",
+            self.double_executions.len(),
+            self.violations.len(),
+            self.burnt_keys.len(),
+            self.abandoned_executed.len(),
+            self.replays_checked,
+            self.unknown_checked,
+            self.generations,
+            self.reruns_text()
+        )
+    }
+
+    fn reruns_text(&self) -> String {
+        let n = |k: &str| self.reruns.get(k).copied().unwrap_or(0);
+        format!(
+            "release {}, unknown or lease run-out {}, expiry {}",
+            n("released"),
+            n("unknown"),
+            n("expired")
+        )
+    }
+
     pub fn summary(&self) -> String {
         let mut s = format!(
             "{} requests ({} answered, {} transport errors), {} scopes, {} executions, \
              {} replays and {} unknown records re-checked; outcomes {:?}; \
-             {} double executions, {} contract violations",
+             {} generations, ended {:?}, re-run after {}; \
+             {} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims",
             self.requests,
             self.answers,
             self.transport_errors,
@@ -425,10 +614,22 @@ impl Audit {
             self.replays_checked,
             self.unknown_checked,
             self.by_outcome,
+            self.generations,
+            self.ended,
+            self.reruns_text(),
             self.double_executions.len(),
-            self.violations.len()
+            self.violations.len(),
+            self.burnt_keys.len(),
+            self.abandoned_executed.len(),
         );
-        for v in self.double_executions.iter().chain(&self.violations).take(30) {
+        for v in self
+            .double_executions
+            .iter()
+            .chain(&self.abandoned_executed)
+            .chain(&self.burnt_keys)
+            .chain(&self.violations)
+            .take(30)
+        {
             s.push_str("\n  - ");
             s.push_str(v);
         }
@@ -454,32 +655,279 @@ fn execution_scope(e: &Execution) -> ScopeId {
     }
 }
 
-/// Checks one answer against the contract; `None` when it is fine.
+/// One generation of a scope's record, from the store's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub generation: u64,
+    /// Current: `in_progress`, `completed` or `unknown`; ended: how it ended
+    /// (`completed`, `unknown`, `released`, `abandoned`, `lease_expired`,
+    /// `purged`).
+    pub state: String,
+    pub current: bool,
+    /// When it was claimed.
+    pub created_at: i64,
+    pub ended_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub archived_at: Option<i64>,
+    pub status: Option<u16>,
+    pub body_len: Option<u64>,
+}
+
+impl Generation {
+    /// One entry of the lookup's `records`; `None` if it is not one.
+    pub fn from_json(r: &serde_json::Value) -> Option<Generation> {
+        Some(Generation {
+            generation: r["generation"].as_u64()?,
+            state: r["state"].as_str()?.to_string(),
+            current: r["ended_at"].is_null(),
+            created_at: r["created_at"].as_i64()?,
+            ended_at: r["ended_at"].as_i64(),
+            expires_at: r["expires_at"].as_i64(),
+            archived_at: r["archived_at"].as_i64(),
+            status: r["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
+            body_len: r["body_len"].as_u64(),
+        })
+    }
+
+    /// Expired (and so, under `after_expiry: new`, free) at `t`.
+    fn expired_by(&self, t: i64) -> bool {
+        self.expires_at.is_some_and(|e| e <= t) || self.archived_at.is_some_and(|a| a <= t)
+    }
+}
+
+/// What the executions of one scope and the store's history of it say.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ScopeVerdict {
+    pub double_executions: Vec<String>,
+    pub violations: Vec<String>,
+    /// With when the burnt generation was claimed, and its number.
+    pub burnt: Vec<(String, i64, u64)>,
+    pub abandoned_executed: Vec<String>,
+    /// Executions allowed after an earlier one, by reason.
+    pub reruns: BTreeMap<&'static str, usize>,
+    /// For each execution (same order), the index in `gens` of the
+    /// generation it ran in.
+    pub owner: Vec<Option<usize>>,
+}
+
+/// Judges one scope: its executions (in arrival order) against its
+/// generations (in claim order), under its route's policy.
+///
+/// An execution ran in the generation claimed last before it arrived (the
+/// upstream logs arrival after the filter had its claim's answer, and a new
+/// generation is claimed only after the earlier one ended). Then:
+///
+/// - one generation forwards once: a second execution in it is a double
+///   execution;
+/// - a scope executes again only after each earlier execution was released
+///   (the upstream refused before acting), or, under `on_unknown: release`,
+///   its generation ended unknown or with its lease run out, or, under
+///   `after_expiry: new`, its generation had expired when the next was
+///   claimed; anything else is a double execution;
+/// - no execution without a claim before it, none in an abandoned
+///   generation, none after its generation was released;
+/// - an ended generation agrees with what ran: `released` only after a
+///   release status or nothing, `completed` with its execution's status, and
+///   replaced only once it had expired;
+/// - the current generation: completed with its execution's status and body
+///   length, and never unknown or in progress with no execution (a burnt key).
+pub fn judge(what: &str, route: Route, execs: &[&Execution], gens: &[Generation]) -> ScopeVerdict {
+    let mut v = ScopeVerdict {
+        owner: execs
+            .iter()
+            .map(|e| gens.iter().rposition(|g| g.created_at <= e.at_ms))
+            .collect(),
+        ..ScopeVerdict::default()
+    };
+    let ran_in = |g: usize| -> Vec<&Execution> {
+        execs
+            .iter()
+            .zip(&v.owner)
+            .filter(|(_, o)| **o == Some(g))
+            .map(|(e, _)| *e)
+            .collect()
+    };
+    let mut by_gen: Vec<Vec<&Execution>> = Vec::new();
+    for g in 0..gens.len() {
+        by_gen.push(ran_in(g));
+    }
+    // Where each execution ran.
+    for (e, owner) in execs.iter().zip(&v.owner) {
+        let Some(g) = owner.map(|g| &gens[g]) else {
+            v.violations.push(format!(
+                "{what}: execution {} ran but the store's history has no claim before it",
+                e.n
+            ));
+            continue;
+        };
+        if g.state == "abandoned" {
+            v.abandoned_executed.push(format!(
+                "{what}: execution {} ran in generation {}, which the store ended as abandoned",
+                e.n, g.generation
+            ));
+        } else if g.ended_at.is_some_and(|end| end < e.at_ms) && g.state != "lease_expired" {
+            v.violations.push(format!(
+                "{what}: execution {} arrived {} ms after its generation {} ended {}",
+                e.n,
+                e.at_ms - g.ended_at.unwrap_or(0),
+                g.generation,
+                g.state
+            ));
+        }
+    }
+    // Exactly once, as the policy defines it.
+    for (g, list) in by_gen.iter().enumerate() {
+        if list.len() > 1 {
+            v.double_executions.push(format!(
+                "{what}: generation {} executed {} times (executions {:?})",
+                gens[g].generation,
+                list.len(),
+                list.iter().map(|e| e.n).collect::<Vec<_>>()
+            ));
+        }
+    }
+    for (j, later) in execs.iter().enumerate() {
+        let Some(gj) = v.owner[j] else { continue };
+        // Each earlier execution of an earlier generation must have left the
+        // key free; the reason the last one did is what allowed this one.
+        let mut allowed = None;
+        let mut refused = None;
+        for (i, earlier) in execs.iter().enumerate().take(j) {
+            let Some(gi) = v.owner[i].filter(|gi| *gi < gj) else {
+                continue;
+            };
+            let ended = &gens[gi];
+            if released(earlier) {
+                allowed = Some("released");
+            } else if route.release_on_unknown && matches!(ended.state.as_str(), "unknown" | "lease_expired")
+            {
+                allowed = Some("unknown");
+            } else if route.renew_after_expiry && ended.expired_by(gens[gj].created_at) {
+                allowed = Some("expired");
+            } else if refused.is_none() {
+                refused = Some((earlier, ended));
+            }
+        }
+        match (refused, allowed) {
+            (Some((earlier, ended)), _) => v.double_executions.push(format!(
+                "{what}: execution {} ran again after execution {} (status {}) whose generation {} ended {}",
+                later.n, earlier.n, earlier.status, ended.generation, ended.state
+            )),
+            (None, Some(reason)) => *v.reruns.entry(reason).or_default() += 1,
+            (None, None) => {}
+        }
+    }
+    // Ended generations against what ran in them.
+    for (g, gen) in gens.iter().enumerate().filter(|(_, g)| !g.current) {
+        let ran = &by_gen[g];
+        match gen.state.as_str() {
+            "released" => {
+                if let Some(e) = ran.iter().find(|e| !released(e)) {
+                    v.violations.push(format!(
+                        "{what}: generation {} was released although execution {} answered {}",
+                        gen.generation, e.n, e.status
+                    ));
+                }
+            }
+            "completed" => {
+                if !gen.expired_by(gen.ended_at.unwrap_or(i64::MAX)) {
+                    v.violations.push(format!(
+                        "{what}: completed generation {} was replaced before it expired",
+                        gen.generation
+                    ));
+                }
+                match ran.first() {
+                    None => v.violations.push(format!(
+                        "{what}: generation {} completed without an execution",
+                        gen.generation
+                    )),
+                    Some(e) if gen.status != Some(e.status) => v.violations.push(format!(
+                        "{what}: generation {} completed with status {:?}, execution {} answered {}",
+                        gen.generation, gen.status, e.n, e.status
+                    )),
+                    Some(_) => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    // The current generation, after the run settled.
+    let current: Vec<usize> = (0..gens.len()).filter(|&g| gens[g].current).collect();
+    if current.len() > 1 {
+        v.violations
+            .push(format!("{what}: {} current records for one scope", current.len()));
+    }
+    for g in current {
+        let (gen, ran) = (&gens[g], &by_gen[g]);
+        match (gen.state.as_str(), ran.first()) {
+            ("completed", Some(e)) => {
+                let body_ok = gen.archived_at.is_some() || gen.body_len == Some(e.response.len() as u64);
+                if gen.status != Some(e.status) || !body_ok {
+                    v.violations.push(format!(
+                        "{what}: record {:?} / {:?} bytes, execution {} answered {} / {} bytes",
+                        gen.status,
+                        gen.body_len,
+                        e.n,
+                        e.status,
+                        e.response.len()
+                    ));
+                }
+            }
+            ("completed", None) => v
+                .violations
+                .push(format!("{what}: completed record without an execution")),
+            ("unknown" | "in_progress", None) => v.burnt.push((
+                format!(
+                    "{what}: generation {} left {} but its upstream never ran",
+                    gen.generation, gen.state
+                ),
+                gen.created_at,
+                gen.generation,
+            )),
+            ("unknown", Some(_)) => {}
+            (other, _) => v
+                .violations
+                .push(format!("{what}: record in state {other:?} after the run")),
+        }
+    }
+    v
+}
+
+/// Checks one answer against the contract; `None` when it is fine. `stored`:
+/// the scope's executions whose outcome the store kept (a replay must be one
+/// of them).
 fn check_answer(
     s: &Sent,
     a: &Answer,
-    execs: &[&Execution],
+    stored: &[&Execution],
     by_n: &HashMap<u64, &Execution>,
     bodies_in_scope: &[&str],
 ) -> Option<String> {
-    let what = format!("{} {} {:?}", s.scope.tenant, s.scope.key, s.knobs);
+    let what = format!(
+        "{} {} {} {:?}",
+        s.scope.tenant, s.scope.route, s.scope.key, s.knobs
+    );
     let text = String::from_utf8_lossy(&a.body);
     let body_sha = sha256_hex(s.body.as_bytes());
     if a.header("idempotent-replayed") == Some("true") {
-        // The one execution that was stored, and its answer byte for byte.
-        let Some(stored) = execs.iter().find(|e| !released(e)) else {
-            return Some(format!("{what}: a replay, but nothing was executed: {text}"));
-        };
-        if stored.body_sha256 != body_sha {
+        // An execution that was stored, and its answer byte for byte.
+        if stored.is_empty() {
+            return Some(format!("{what}: a replay, but nothing was stored: {text}"));
+        }
+        let same_body: Vec<&&Execution> = stored.iter().filter(|e| e.body_sha256 == body_sha).collect();
+        if same_body.is_empty() {
             return Some(format!("{what}: replayed the answer to another request body"));
         }
-        if a.body != stored.response || a.status != stored.status {
-            return Some(format!(
-                "{what}: replay differs from execution {} ({} vs {}): {text}",
-                stored.n, a.status, stored.status
-            ));
+        if same_body
+            .iter()
+            .any(|e| a.body == e.response && a.status == e.status)
+        {
+            return None;
         }
-        return None;
+        return Some(format!(
+            "{what}: replay differs from execution {} ({} vs {}): {text}",
+            same_body[0].n, a.status, same_body[0].status
+        ));
     }
     if a.header("content-type") == Some("application/problem+json") {
         let p = a.json();
@@ -503,7 +951,12 @@ fn check_answer(
             "request-in-progress" => {
                 a.status == 409 && a.header("retry-after").and_then(|v| v.parse::<u64>().ok()) >= Some(1)
             }
-            "outcome-unknown" => a.status == 409 && a.header("retry-after").is_none(),
+            // Under `on_unknown: release` an unknown key is claimed again.
+            "outcome-unknown" => {
+                a.status == 409
+                    && a.header("retry-after").is_none()
+                    && !policy(s.scope.route).release_on_unknown
+            }
             _ => a.status == 503 && a.header("retry-after").is_some(),
         };
         return (!ok).then(|| format!("{what}: {slug} does not fit ({}): {text}", a.status));
@@ -527,10 +980,20 @@ fn check_answer(
     }
 }
 
+/// How long the audit lets leases, abandons and the sweeper settle after no
+/// record is in progress any more: two sweeper passes (1 s apart) and the
+/// filter's retried abandons.
+const SETTLE: Duration = Duration::from_millis(2_500);
+
+/// A re-check is sent only to a record that stays unexpired this long, so it
+/// can neither meet an expiry nor (under `after_expiry: new`) run again.
+const RECHECK_MARGIN_MS: i64 = 5_000;
+
 /// The whole audit; `stack` must be up (all replicas and Envoy).
 pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     let mut audit = Audit::default();
-    // Let every lease run out, so no record is left in progress.
+    // Let every lease run out, so no record is left in progress; then let
+    // the sweeper pass and the filter's abandons land.
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut stuck = Vec::new();
     while Instant::now() < deadline {
@@ -550,6 +1013,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
             r["log_id"]
         ));
     }
+    tokio::time::sleep(SETTLE).await;
 
     let log = stack.upstream.log();
     let sent = std::mem::take(&mut *traffic.sent.lock().unwrap_or_else(|e| e.into_inner()));
@@ -580,9 +1044,6 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
             .insert(&scope.tenant);
     }
     audit.shared_keys = tenants_by_key.values().filter(|t| t.len() > 1).count();
-
-    // 1. Exactly once: nothing runs after an execution that was not released.
-    audit.double_executions = double_executions(&execs);
     for scope in execs.keys() {
         if !sent_by_scope.contains_key(scope) {
             audit
@@ -591,10 +1052,129 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
         }
     }
 
-    // 2. Every answer.
+    // 1. The store's whole history of every scope, against the executions:
+    // exactly once as each policy defines it, no burnt key, no execution of
+    // an abandoned claim, records that agree with what ran.
     let none: Vec<&Execution> = Vec::new();
-    for (scope, list) in &sent_by_scope {
+    let scopes: Vec<ScopeId> = sent_by_scope.keys().cloned().collect();
+    let mut histories: BTreeMap<ScopeId, Vec<Generation>> = BTreeMap::new();
+    // Each scope's events, `(generation, "transition by actor (detail)")`,
+    // to say how a burnt key got where it is.
+    let mut events: BTreeMap<ScopeId, Vec<(u64, String)>> = BTreeMap::new();
+    for chunk in scopes.chunks(16) {
+        let lookups: Vec<_> = chunk
+            .iter()
+            .map(|scope| async move {
+                let h = stack
+                    .history(&scope.tenant, &scope.user, scope.route, &scope.key)
+                    .await;
+                (scope, h)
+            })
+            .collect();
+        for (scope, h) in futures_join_all(lookups).await {
+            let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
+            let Some(h) = h else {
+                audit
+                    .violations
+                    .push(format!("{what}: the store did not answer the lookup"));
+                continue;
+            };
+            let records = h["records"].as_array().cloned().unwrap_or_default();
+            let mut gens = Vec::new();
+            for r in &records {
+                if r["scope"]["namespace"] != "u" || r["scope"]["principal"] != scope.user.as_str() {
+                    continue;
+                }
+                match Generation::from_json(r) {
+                    Some(g) => gens.push(g),
+                    None => audit
+                        .violations
+                        .push(format!("{what}: a generation the audit cannot read: {r}")),
+                }
+            }
+            gens.sort_by_key(|g| (g.created_at, g.generation));
+            histories.insert(scope.clone(), gens);
+            let list: Vec<(u64, String)> = h["events"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|e| e["scope"]["principal"] == scope.user.as_str())
+                        .map(|e| {
+                            (
+                                e["generation"].as_u64().unwrap_or(0),
+                                format!(
+                                    "{} by {}{}",
+                                    e["transition"].as_str().unwrap_or("?"),
+                                    e["actor"].as_str().unwrap_or("?"),
+                                    e["detail"]
+                                        .as_str()
+                                        .map(|d| format!(" ({d})"))
+                                        .unwrap_or_default()
+                                ),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            events.insert(scope.clone(), list);
+        }
+    }
+    let mut stored: BTreeMap<ScopeId, Vec<&Execution>> = BTreeMap::new();
+    let mut current_exec: BTreeMap<ScopeId, &Execution> = BTreeMap::new();
+    for (scope, gens) in &histories {
+        let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
         let scope_execs = execs.get(scope).unwrap_or(&none);
+        let v = judge(&what, policy(scope.route), scope_execs, gens);
+        audit.generations += gens.len();
+        for g in gens.iter().filter(|g| !g.current) {
+            *audit.ended.entry(g.state.clone()).or_default() += 1;
+        }
+        for (r, n) in &v.reruns {
+            *audit.reruns.entry(r).or_default() += n;
+        }
+        for (e, owner) in scope_execs.iter().zip(&v.owner) {
+            let Some(g) = owner.map(|g| &gens[g]) else {
+                continue;
+            };
+            if g.state == "completed" {
+                stored.entry(scope.clone()).or_default().push(e);
+            }
+            if g.current {
+                current_exec.insert(scope.clone(), e);
+            }
+        }
+        audit.double_executions.extend(v.double_executions);
+        audit.violations.extend(v.violations);
+        for (b, at, generation) in v.burnt {
+            let how: Vec<&str> = events
+                .get(scope)
+                .map(|l| {
+                    l.iter()
+                        .filter(|(g, _)| *g == generation)
+                        .map(|(_, t)| t.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            audit.burnt_keys.push(format!("{b} (events: {})", how.join(", ")));
+            audit.burnt_at.push(at);
+        }
+        audit.abandoned_executed.extend(v.abandoned_executed);
+    }
+
+    // 2. Every answer.
+    for (scope, list) in &sent_by_scope {
+        let stored_here: Vec<&Execution> = match (histories.get(scope), stored.get(scope)) {
+            (Some(_), Some(s)) => s.clone(),
+            (Some(_), None) => Vec::new(),
+            // Without the history: any execution that was not released.
+            (None, _) => execs
+                .get(scope)
+                .unwrap_or(&none)
+                .iter()
+                .filter(|e| !released(e))
+                .copied()
+                .collect(),
+        };
         let bodies: Vec<&str> = list.iter().map(|s| s.body.as_str()).collect();
         for s in list {
             match &s.outcome {
@@ -610,7 +1190,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
                         (None, None) => a.status.to_string(),
                     };
                     *audit.by_outcome.entry(label).or_default() += 1;
-                    if let Some(v) = check_answer(s, a, scope_execs, &by_n, &bodies) {
+                    if let Some(v) = check_answer(s, a, &stored_here, &by_n, &bodies) {
                         audit.violations.push(v);
                     }
                 }
@@ -618,108 +1198,60 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
         }
     }
 
-    // 3. The store's records against the executions; then every completed
-    // record must replay byte-identical and every unknown one answer 409.
+    // 3. Every completed record must replay byte-identical and every unknown
+    // one answer 409, executing nothing — where a request can check that
+    // without changing the record: not under `on_unknown: release` for an
+    // unknown one (it would be claimed again), not near its expiry.
     let before = stack.upstream.log().len();
-    let scopes: Vec<ScopeId> = sent_by_scope.keys().cloned().collect();
-    for chunk in scopes.chunks(16) {
-        let mut lookups = Vec::new();
-        for scope in chunk {
-            lookups.push(async move {
-                let records = stack
-                    .records(&scope.tenant, &scope.user, scope.route, &scope.key)
-                    .await;
-                (scope, records)
-            });
+    for (scope, gens) in &histories {
+        let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
+        let Some(gen) = gens.iter().find(|g| g.current) else {
+            continue;
+        };
+        if gen.archived_at.is_some() || gen.expires_at.is_none_or(|e| e <= now_ms() + RECHECK_MARGIN_MS) {
+            continue;
         }
-        for (scope, records) in futures_join_all(lookups).await {
-            let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
-            let Some(records) = records else {
-                audit
-                    .violations
-                    .push(format!("{what}: the store did not answer the lookup"));
-                continue;
-            };
-            let mine: Vec<&serde_json::Value> = records
-                .iter()
-                .filter(|r| r["scope"]["namespace"] == "u" && r["scope"]["principal"] == scope.user.as_str())
-                .collect();
-            let scope_execs = execs.get(scope).unwrap_or(&none);
-            let stored = scope_execs.iter().find(|e| !released(e));
-            match (mine.as_slice(), stored) {
-                ([], None) => {}
-                ([], Some(e)) => audit.violations.push(format!(
-                    "{what}: executed (execution {}) but the store has no record",
-                    e.n
-                )),
-                ([r], stored) => {
-                    let state = r["state"].as_str().unwrap_or("");
-                    match (state, stored) {
-                        ("completed", Some(e)) => {
-                            let body_ok = r["body_len"].as_u64() == Some(e.response.len() as u64);
-                            if r["status"].as_u64() != Some(u64::from(e.status)) || !body_ok {
-                                audit.violations.push(format!(
-                                    "{what}: record {} / {} bytes, execution {} answered {} / {} bytes",
-                                    r["status"],
-                                    r["body_len"],
-                                    e.n,
-                                    e.status,
-                                    e.response.len()
-                                ));
-                            }
-                            let body = list_body(&sent_by_scope[scope], &e.body_sha256);
-                            match body {
-                                Some(body) => {
-                                    audit.replays_checked += 1;
-                                    let a = settled(traffic, scope, body).await;
-                                    match a {
-                                        Ok(a) if a.header("idempotent-replayed") == Some("true")
-                                            && a.status == e.status
-                                            && a.body == e.response => {}
-                                        Ok(a) => audit.violations.push(format!(
-                                            "{what}: completed record does not replay byte-identical: {} {:?}",
-                                            a.status,
-                                            String::from_utf8_lossy(&a.body)
-                                        )),
-                                        Err(err) => {
-                                            audit.violations.push(format!("{what}: replay failed: {err}"))
-                                        }
-                                    }
-                                }
-                                None => audit
-                                    .violations
-                                    .push(format!("{what}: executed a body nobody sent")),
-                            }
-                        }
-                        ("completed", None) => audit
-                            .violations
-                            .push(format!("{what}: completed record without an execution")),
-                        ("unknown", _) => {
-                            audit.unknown_checked += 1;
-                            let body = sent_by_scope[scope][0].body.clone();
-                            let body = stored
-                                .and_then(|e| list_body(&sent_by_scope[scope], &e.body_sha256))
-                                .map(str::to_string)
-                                .unwrap_or(body);
-                            match settled(traffic, scope, &body).await {
-                                Ok(a) if a.problem().as_deref() == Some("outcome-unknown") => {}
-                                Ok(a) => audit.violations.push(format!(
-                                    "{what}: unknown record answered {} {:?}",
-                                    a.status,
-                                    String::from_utf8_lossy(&a.body)
-                                )),
-                                Err(err) => audit.violations.push(format!("{what}: retry failed: {err}")),
-                            }
-                        }
-                        (other, _) => audit
-                            .violations
-                            .push(format!("{what}: record in state {other:?} after the run")),
-                    }
+        let list = &sent_by_scope[scope];
+        let exec = current_exec.get(scope);
+        match (gen.state.as_str(), exec) {
+            ("completed", Some(e)) => {
+                let Some(body) = list_body(list, &e.body_sha256) else {
+                    audit
+                        .violations
+                        .push(format!("{what}: executed a body nobody sent"));
+                    continue;
+                };
+                audit.replays_checked += 1;
+                match settled(traffic, scope, body).await {
+                    Ok(a)
+                        if a.header("idempotent-replayed") == Some("true")
+                            && a.status == e.status
+                            && a.body == e.response => {}
+                    Ok(a) => audit.violations.push(format!(
+                        "{what}: completed record does not replay byte-identical: {} {:?}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body)
+                    )),
+                    Err(err) => audit.violations.push(format!("{what}: replay failed: {err}")),
                 }
-                (many, _) => audit
-                    .violations
-                    .push(format!("{what}: {} records for one scope", many.len())),
             }
+            ("unknown", exec) if !policy(scope.route).release_on_unknown => {
+                audit.unknown_checked += 1;
+                let body = exec
+                    .and_then(|e| list_body(list, &e.body_sha256))
+                    .unwrap_or(&list[0].body)
+                    .to_string();
+                match settled(traffic, scope, &body).await {
+                    Ok(a) if a.problem().as_deref() == Some("outcome-unknown") => {}
+                    Ok(a) => audit.violations.push(format!(
+                        "{what}: unknown record answered {} {:?}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body)
+                    )),
+                    Err(err) => audit.violations.push(format!("{what}: retry failed: {err}")),
+                }
+            }
+            _ => {}
         }
     }
     let after = stack.upstream.log().len();
@@ -751,26 +1283,6 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     audit
 }
 
-/// Scopes that ran again after an execution that was not released.
-fn double_executions(execs: &BTreeMap<ScopeId, Vec<&Execution>>) -> Vec<String> {
-    let mut found = Vec::new();
-    for (scope, list) in execs {
-        if let Some(first) = list.iter().position(|e| !released(e)) {
-            if list.len() > first + 1 {
-                found.push(format!(
-                    "{} {} {} executed {} times (executions {:?})",
-                    scope.tenant,
-                    scope.route,
-                    scope.key,
-                    list.len(),
-                    list.iter().map(|e| e.n).collect::<Vec<_>>()
-                ));
-            }
-        }
-    }
-    found
-}
-
 /// A re-check's answer; a 503 `store-unavailable` says nothing about the
 /// record (it is the contract's answer while the store does not answer in
 /// time), so it is asked again, a few times.
@@ -789,11 +1301,7 @@ async fn settled(traffic: &Traffic, scope: &ScopeId, body: &str) -> Result<Answe
 }
 
 fn path_of(scope: &ScopeId) -> &'static str {
-    if scope.route == "orders.wait" {
-        "/wait"
-    } else {
-        "/pay"
-    }
+    policy(scope.route).path
 }
 
 fn list_body<'a>(list: &[&'a Sent], sha: &str) -> Option<&'a str> {
@@ -843,6 +1351,9 @@ mod tests {
     fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
         Execution {
             n,
+            // Execution n arrives at n s (and generations are claimed at
+            // whole seconds before it).
+            at_ms: n as i64 * 1_000 + 10,
             key: "k".into(),
             tenant: tenant.into(),
             user: "u".into(),
@@ -878,7 +1389,10 @@ mod tests {
     }
 
     fn verdict(s: &Sent, a: &Answer, execs: &[Execution], bodies: &[&str]) -> Option<String> {
-        let refs: Vec<&Execution> = execs.iter().filter(|e| execution_scope(e) == s.scope).collect();
+        let refs: Vec<&Execution> = execs
+            .iter()
+            .filter(|e| execution_scope(e) == s.scope && !released(e))
+            .collect();
         let by_n: HashMap<u64, &Execution> = execs.iter().map(|e| (e.n, e)).collect();
         check_answer(s, a, &refs, &by_n, bodies)
     }
@@ -942,18 +1456,247 @@ mod tests {
         assert_eq!(verdict(&sent("a", "B"), &a, &[], &["A", "B"]), None);
     }
 
+    /// A generation claimed at `at` s; `end`: how and when (s) it ended, or
+    /// `None` for the current one, in `state`.
+    fn generation(n: u64, at: i64, state: &str, end: Option<i64>, status: Option<u16>) -> Generation {
+        Generation {
+            generation: n,
+            state: state.into(),
+            current: end.is_none(),
+            created_at: at * 1_000,
+            ended_at: end.map(|e| e * 1_000),
+            // A 24 h TTL unless a test says otherwise.
+            expires_at: status.map(|_| at * 1_000 + 86_400_000),
+            archived_at: None,
+            status,
+            body_len: status.map(|_| 15),
+        }
+    }
+
+    fn run(route: Route, execs: &[Execution], gens: &[Generation]) -> ScopeVerdict {
+        let refs: Vec<&Execution> = execs.iter().collect();
+        judge("a k", route, &refs, gens)
+    }
+
+    const CONFLICT: Route = ROUTES[0];
+    const RELEASE: Route = ROUTES[2];
+    const RENEW: Route = ROUTES[3];
+
+    #[test]
+    fn the_routes_match_the_bootstrap() {
+        let yaml = std::fs::read_to_string(crate::repo_root().join("envoy/chaos.yaml")).unwrap();
+        for r in ROUTES {
+            assert!(yaml.contains(&format!("\"name\": \"{}\"", r.name)), "{}", r.name);
+            assert!(
+                yaml.contains(&format!("{{\"prefix\": \"{}\"}}", r.path)),
+                "{}",
+                r.path
+            );
+            assert_eq!(route_of(r.path), r.name);
+            assert_eq!(policy(r.name), r);
+        }
+        assert!(yaml.contains(r#""lease_seconds": 2, "on_unknown": "release"}"#));
+        assert!(yaml.contains(&format!(
+            r#""ttl_seconds": {}, "after_expiry": "new"}}"#,
+            RENEW_TTL_MS / 1_000
+        )));
+    }
+
     #[test]
     fn running_again_after_a_stored_execution_is_a_double_execution() {
-        let (one, two, released) = (
+        let (one, two, refused) = (
             exec(1, "a", "A", 201),
             exec(2, "a", "A", 201),
-            exec(3, "a", "A", 429),
+            exec(2, "a", "A", 429),
         );
-        fn map(list: Vec<&Execution>) -> BTreeMap<ScopeId, Vec<&Execution>> {
-            BTreeMap::from([(scope("a"), list)])
+        // Twice in one generation, whatever the policy.
+        for route in ROUTES {
+            let v = run(
+                route,
+                &[one.clone(), two.clone()],
+                &[generation(1, 1, "completed", None, Some(201))],
+            );
+            assert_eq!(v.double_executions.len(), 1, "{route:?}");
         }
-        assert_eq!(double_executions(&map(vec![&one, &two])).len(), 1);
-        assert!(double_executions(&map(vec![&released, &one])).is_empty());
-        assert_eq!(double_executions(&map(vec![&one, &released])).len(), 1);
+        // Again in a new generation after a stored one: the store replaced a
+        // live completion, and the scope ran twice.
+        let gens = [
+            generation(1, 1, "completed", Some(2), Some(201)),
+            generation(2, 2, "completed", None, Some(201)),
+        ];
+        for route in ROUTES {
+            let v = run(route, &[one.clone(), two.clone()], &gens);
+            assert_eq!(v.double_executions.len(), 1, "{route:?}");
+            assert_eq!(v.violations.len(), 1, "{route:?}: {v:?}");
+        }
+        // After a release: fine, and counted as a re-run.
+        let gens = [
+            generation(1, 0, "released", Some(1), None),
+            generation(2, 1, "completed", None, Some(201)),
+        ];
+        let first = exec(0, "a", "A", 429);
+        let v = run(CONFLICT, &[first, one.clone()], &gens);
+        assert_eq!(
+            v,
+            ScopeVerdict {
+                reruns: BTreeMap::from([("released", 1)]),
+                owner: vec![Some(0), Some(1)],
+                ..ScopeVerdict::default()
+            }
+        );
+        // A stored execution, then a refused one in a new generation.
+        let gens = [
+            generation(1, 1, "released", Some(2), None),
+            generation(2, 2, "completed", None, Some(429)),
+        ];
+        let v = run(CONFLICT, &[one.clone(), refused], &gens);
+        assert_eq!(v.double_executions.len(), 1);
+        // ... and the store released a generation whose upstream acted.
+        assert_eq!(v.violations.len(), 1, "{v:?}");
+    }
+
+    #[test]
+    fn a_rerun_after_an_unknown_outcome_is_allowed_only_under_on_unknown_release() {
+        let mut reset = exec(1, "a", "A", 201);
+        reset.reset = true;
+        reset.response = bytes::Bytes::new();
+        let again = exec(2, "a", "A", 201);
+        for ended in ["unknown", "lease_expired"] {
+            let gens = [
+                generation(1, 1, ended, Some(2), None),
+                generation(2, 2, "completed", None, Some(201)),
+            ];
+            let v = run(RELEASE, &[reset.clone(), again.clone()], &gens);
+            assert!(v.double_executions.is_empty() && v.violations.is_empty(), "{v:?}");
+            assert_eq!(v.reruns, BTreeMap::from([("unknown", 1)]));
+            for route in [CONFLICT, RENEW] {
+                let v = run(route, &[reset.clone(), again.clone()], &gens);
+                assert_eq!(v.double_executions.len(), 1, "{route:?} {ended}");
+            }
+        }
+        // Under release, a generation that completed still may not run again.
+        let gens = [
+            generation(1, 1, "completed", Some(2), Some(201)),
+            generation(2, 2, "completed", None, Some(201)),
+        ];
+        let v = run(RELEASE, &[exec(1, "a", "A", 201), again], &gens);
+        assert_eq!(v.double_executions.len(), 1);
+    }
+
+    #[test]
+    fn a_rerun_after_expiry_is_allowed_only_under_after_expiry_new_and_only_once_expired() {
+        let (one, two) = (exec(1, "a", "A", 201), exec(5, "a", "A", 201));
+        let mut expired = generation(1, 1, "completed", Some(5), Some(201));
+        expired.expires_at = Some(3_000);
+        expired.archived_at = Some(3_500);
+        let gens = [expired.clone(), generation(2, 5, "completed", None, Some(201))];
+        let v = run(RENEW, &[one.clone(), two.clone()], &gens);
+        assert!(v.double_executions.is_empty() && v.violations.is_empty(), "{v:?}");
+        assert_eq!(v.reruns, BTreeMap::from([("expired", 1)]));
+        for route in [CONFLICT, RELEASE] {
+            assert_eq!(
+                run(route, &[one.clone(), two.clone()], &gens)
+                    .double_executions
+                    .len(),
+                1
+            );
+        }
+        // Not yet expired when the next generation was claimed.
+        let mut live = expired;
+        live.expires_at = Some(6_000);
+        live.archived_at = None;
+        let v = run(
+            RENEW,
+            &[one, two],
+            &[live, generation(2, 5, "completed", None, Some(201))],
+        );
+        assert_eq!(v.double_executions.len(), 1);
+        assert_eq!(v.violations.len(), 1, "{v:?}");
+    }
+
+    #[test]
+    fn a_key_left_unknown_or_in_progress_with_no_execution_is_burnt() {
+        for route in ROUTES {
+            for state in ["unknown", "in_progress"] {
+                let v = run(route, &[], &[generation(1, 1, state, None, None)]);
+                assert_eq!(v.burnt.len(), 1, "{route:?} {state}");
+                assert_eq!(v.burnt[0].1, 1_000);
+            }
+            // Its upstream ran (and reset): an honest unknown.
+            let mut reset = exec(1, "a", "A", 201);
+            reset.reset = true;
+            let v = run(route, &[reset], &[generation(1, 1, "unknown", None, None)]);
+            assert_eq!(
+                v,
+                ScopeVerdict {
+                    owner: vec![Some(0)],
+                    ..ScopeVerdict::default()
+                }
+            );
+            // An earlier generation ran, the current one did not.
+            let gens = [
+                generation(1, 0, "released", Some(1), None),
+                generation(2, 2, "unknown", None, None),
+            ];
+            let v = run(route, &[exec(0, "a", "A", 429)], &gens);
+            assert_eq!(v.burnt.len(), 1, "{route:?}");
+        }
+    }
+
+    #[test]
+    fn an_execution_of_an_abandoned_claim_or_with_no_claim_is_caught() {
+        let gens = [
+            generation(1, 1, "abandoned", Some(3), None),
+            generation(2, 3, "completed", None, Some(201)),
+        ];
+        let v = run(CONFLICT, &[exec(1, "a", "A", 201), exec(3, "a", "A", 201)], &gens);
+        assert_eq!(v.abandoned_executed.len(), 1, "{v:?}");
+        // Nothing claimed before it ran.
+        let v = run(
+            CONFLICT,
+            &[exec(1, "a", "A", 201)],
+            &[generation(1, 2, "completed", None, Some(201))],
+        );
+        assert_eq!(v.owner, vec![None]);
+        assert_eq!(v.violations.len(), 2, "{v:?}");
+        // After its generation was released.
+        let gens = [generation(1, 1, "released", Some(1), None)];
+        let mut late = exec(1, "a", "A", 429);
+        late.at_ms = 1_500;
+        let v = run(CONFLICT, &[late], &gens);
+        assert_eq!(v.violations.len(), 1, "{v:?}");
+    }
+
+    #[test]
+    fn envoys_own_502_to_504_problem_passes_and_others_do_not() {
+        let reply = |status: u16| {
+            answer(
+                status,
+                &[
+                    ("content-type", "application/problem+json"),
+                    ("cache-control", "no-store"),
+                ],
+                &format!(
+                    r#"{{"type":"about:blank","title":"upstream connect error","status":{status},"detail":"d"}}"#
+                ),
+            )
+        };
+        assert_eq!(verdict(&sent("a", "A"), &reply(503), &[], &["A"]), None);
+        assert!(verdict(&sent("a", "A"), &reply(404), &[], &["A"]).is_some());
+        assert!(verdict(&sent("a", "A"), &reply(500), &[], &["A"]).is_some());
+    }
+
+    #[test]
+    fn outcome_unknown_under_on_unknown_release_is_a_violation() {
+        let problem = r#"{"type":"https://x/outcome-unknown","title":"t","status":409,"detail":"d"}"#;
+        let headers = [
+            ("content-type", "application/problem+json"),
+            ("cache-control", "no-store"),
+        ];
+        let a = answer(409, &headers, problem);
+        let mut s = sent("a", "A");
+        assert_eq!(verdict(&s, &a, &[], &["A"]), None);
+        s.scope.route = "payments.release";
+        assert!(verdict(&s, &a, &[], &["A"]).is_some());
     }
 }

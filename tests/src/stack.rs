@@ -169,6 +169,20 @@ impl Stack {
         }
     }
 
+    /// Freezes replica `i` (SIGSTOP) or lets it run again (SIGCONT): a store
+    /// that holds every connection and answers nothing, as an fsync stall, a
+    /// checkpoint or a lock wait would, on either backend.
+    pub fn signal_store(&self, i: usize, stop: bool) {
+        let Some(pid) = self.stores[i].proc.as_ref().and_then(Proc::pid) else {
+            return;
+        };
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status();
+        if !matches!(status, Ok(s) if s.success()) {
+            panic!("kill {signal} {pid}: {status:?}");
+        }
+    }
+
     pub fn store_url(&self, i: usize, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.stores[i].port)
     }
@@ -263,6 +277,42 @@ impl Stack {
                     if let Ok(serde_json::Value::Object(mut v)) = serde_json::from_slice(&bytes) {
                         if let Some(serde_json::Value::Array(records)) = v.remove("records") {
                             return Some(records.into_iter().filter(|r| r["ended_at"].is_null()).collect());
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Every generation of the key (current ones have `ended_at: null`) and
+    /// every event, as the admin lookup answers them: `{"records", "events"}`
+    /// (any replica that answers).
+    pub async fn history(
+        &self,
+        tenant: &str,
+        principal: &str,
+        route: &str,
+        key: &str,
+    ) -> Option<serde_json::Value> {
+        for i in 0..self.stores.len() {
+            let query = serde_json::json!({
+                "tenant": tenant, "principal": principal, "route": route, "key": key, "limit": 1000
+            });
+            let res = self
+                .client
+                .post(self.store_url(i, "/admin/v1/records/lookup"))
+                .bearer_auth(ADMIN_TOKEN)
+                .header("content-type", "application/json")
+                .body(query.to_string())
+                .send()
+                .await;
+            if let Ok(r) = res {
+                if r.status() == 200 {
+                    let bytes = r.bytes().await.unwrap_or_default();
+                    if let Ok(v @ serde_json::Value::Object(_)) = serde_json::from_slice(&bytes) {
+                        if v["records"].is_array() && v["events"].is_array() {
+                            return Some(v);
                         }
                     }
                 }

@@ -31,6 +31,10 @@ pub struct Upstream {
 pub struct Execution {
     /// 1-based arrival order; the response body carries it as `execution`.
     pub n: u64,
+    /// When the request arrived (wall clock, milliseconds since the Unix
+    /// epoch, the store's clock on this machine): it ran inside the claim
+    /// generation that was opened last before this moment.
+    pub at_ms: i64,
     pub key: String,
     pub tenant: String,
     pub user: String,
@@ -181,9 +185,14 @@ async fn handle(
                 .to_string(),
         ),
     };
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
     if let Ok(mut l) = log.lock() {
         l.push(Execution {
             n,
+            at_ms,
             key: key.clone(),
             tenant,
             user,
