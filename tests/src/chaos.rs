@@ -437,6 +437,22 @@ impl Faults {
         )
     }
 
+    /// The fault that left a generation claimed at `at` unknown without its
+    /// upstream running, as the contract says it must (§5): Envoy killed, or
+    /// the upstream connections reset, while the request was in flight (at
+    /// most the route's timeout after the claim). Neither the filter nor the
+    /// store can tell then whether the upstream read the request.
+    pub fn left_unknown_by_contract(&self, at: i64) -> Option<&'static str> {
+        self.windows
+            .iter()
+            .find(|(name, from, _)| {
+                matches!(*name, "Envoy SIGKILL" | "upstream reset")
+                    && at <= *from
+                    && *from - at <= ROUTE_TIMEOUT_MS
+            })
+            .map(|(name, _, _)| *name)
+    }
+
     /// The fault nearest to `at` (ms since the Unix epoch), for a finding.
     pub fn near(&self, at: i64) -> String {
         let distance = |(_, from, to): &&(&'static str, i64, i64)| {
@@ -462,6 +478,9 @@ impl Faults {
         }
     }
 }
+
+/// The covered routes' timeout in envoy/chaos.yaml.
+const ROUTE_TIMEOUT_MS: i64 = 10_000;
 
 /// How long a stalled replica stays frozen: past the filter's 1 s store
 /// timeout (envoy/chaos.yaml), so claims it committed are never answered in
@@ -553,12 +572,34 @@ pub struct Audit {
     pub burnt_keys: Vec<String>,
     /// When each burnt key's generation was claimed (ms since the epoch).
     pub burnt_at: Vec<i64>,
+    /// Burnt keys an Envoy kill or an upstream reset left unknown while their
+    /// request was in flight: what the contract prescribes, so counted apart,
+    /// not as violations (see [`Audit::excuse`]).
+    pub unknown_by_contract: Vec<String>,
     /// Executions inside a generation the store ended as abandoned (the
     /// filter abandons only what it never forwarded).
     pub abandoned_executed: Vec<String>,
 }
 
 impl Audit {
+    /// Moves the burnt keys that `cause` explains (a fault after which the
+    /// contract leaves the record unknown) out of the violations.
+    pub fn excuse(&mut self, cause: impl Fn(i64) -> Option<&'static str>) {
+        let burnt = std::mem::take(&mut self.burnt_keys);
+        let at = std::mem::take(&mut self.burnt_at);
+        for (key, at) in burnt.into_iter().zip(at) {
+            match cause(at) {
+                Some(fault) => self
+                    .unknown_by_contract
+                    .push(format!("{key} (in flight at a {fault})")),
+                None => {
+                    self.burnt_keys.push(key);
+                    self.burnt_at.push(at);
+                }
+            }
+        }
+    }
+
     pub fn total_violations(&self) -> usize {
         self.double_executions.len()
             + self.violations.len()
@@ -578,7 +619,8 @@ impl Audit {
     pub fn verdict(&self) -> String {
         format!(
             "{} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims \
-             ({} replays, {} unknown records re-checked; {} generations, re-run after {})",
+             ({} replays, {} unknown records re-checked; {} generations, re-run after {}; \
+             {} left unknown by an Envoy kill or upstream reset in flight)",
             self.double_executions.len(),
             self.violations.len(),
             self.burnt_keys.len(),
@@ -586,7 +628,8 @@ impl Audit {
             self.replays_checked,
             self.unknown_checked,
             self.generations,
-            self.reruns_text()
+            self.reruns_text(),
+            self.unknown_by_contract.len()
         )
     }
 
@@ -1346,6 +1389,34 @@ mod tests {
             route: "payments.create",
             key: "k".into(),
         }
+    }
+
+    #[test]
+    fn only_a_kill_or_reset_while_the_request_was_in_flight_excuses_a_burnt_key() {
+        let faults = Faults {
+            windows: vec![("Envoy SIGKILL", 10_000, 10_500), ("store stall", 30_000, 31_500)],
+            ..Faults::default()
+        };
+        let mut audit = Audit {
+            burnt_keys: vec![
+                "before the kill".into(),
+                "after the kill".into(),
+                "before a stall".into(),
+                "long before".into(),
+            ],
+            burnt_at: vec![9_000, 10_600, 29_000, -5_000],
+            ..Audit::default()
+        };
+        audit.excuse(|at| faults.left_unknown_by_contract(at));
+        assert_eq!(
+            audit.unknown_by_contract,
+            ["before the kill (in flight at a Envoy SIGKILL)"]
+        );
+        assert_eq!(
+            audit.burnt_keys,
+            ["after the kill", "before a stall", "long before"]
+        );
+        assert_eq!(audit.total_violations(), 3);
     }
 
     fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
