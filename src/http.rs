@@ -216,7 +216,7 @@ impl HttpContext for Filter {
         // to a call sent from here would find nobody: the root sends it and
         // counts the settlement once the store confirms.
         let orphan = ex.finish();
-        let (outcome, settlement) = (ex.outcome(), ex.settlement());
+        let (handling, settlement) = (ex.handling(), ex.settlement());
         if settlement == Some(Settlement::Failed) {
             let record = ex.log_id().unwrap_or_default();
             host::log(
@@ -230,6 +230,6 @@ impl HttpContext for Filter {
             self.deliver(call);
         }
         let settlement = if self.delivered { None } else { settlement };
-        self.shared.metrics.count(outcome, settlement);
+        self.shared.metrics.count(handling, settlement);
     }
 }

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{refusal, settled, Outcome, Settlement};
+use idemgate_core::exchange::{refusal, settled, Handling, Settlement};
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
@@ -14,10 +14,10 @@ use crate::host;
 use crate::http::Filter;
 use crate::outbox::Outbox;
 
-/// Counter ids per outcome and settlement (`None` when Envoy refused one).
+/// Counter ids per handling and settlement (`None` when Envoy refused one).
 #[derive(Default)]
 pub struct Metrics {
-    outcomes: Vec<(Outcome, Option<u32>)>,
+    handlings: Vec<(Handling, Option<u32>)>,
     settlements: Vec<(Settlement, Option<u32>)>,
     config_errors: Option<u32>,
 }
@@ -25,7 +25,7 @@ pub struct Metrics {
 impl Metrics {
     fn define() -> Metrics {
         Metrics {
-            outcomes: Outcome::ALL
+            handlings: Handling::ALL
                 .iter()
                 .map(|o| (*o, host::counter(&format!("idemgate.requests.{}", o.as_str()))))
                 .collect(),
@@ -37,8 +37,8 @@ impl Metrics {
         }
     }
 
-    pub fn count(&self, outcome: Outcome, settlement: Option<Settlement>) {
-        if let Some((_, id)) = self.outcomes.iter().find(|(o, _)| *o == outcome) {
+    pub fn count(&self, handling: Handling, settlement: Option<Settlement>) {
+        if let Some((_, id)) = self.handlings.iter().find(|(h, _)| *h == handling) {
             host::increment(*id);
         }
         if let Some((_, id)) = self.settlements.iter().find(|(s, _)| Some(*s) == settlement) {

@@ -13,6 +13,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FingerprintSpec;
+use crate::headers::is_header_name;
 use crate::key::KeyRules;
 use crate::limits;
 
@@ -476,18 +477,11 @@ impl RawStore {
     }
 }
 
-fn header_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-}
-
 fn validate_source(source: Source, field: &str) -> Result<Source, ConfigError> {
     match source {
         Source::Header(h) => {
             let h = h.to_ascii_lowercase();
-            if header_name_ok(&h) {
+            if is_header_name(&h) {
                 Ok(Source::Header(h))
             } else {
                 Err(err(
@@ -631,10 +625,7 @@ impl RawPolicy {
             .iter()
             .map(|h| h.to_ascii_lowercase())
             .collect::<Vec<_>>();
-        if let Some(h) = replay_headers
-            .iter()
-            .find(|h| !header_name_ok(h) || h.len() > limits::MAX_HEADER_NAME)
-        {
+        if let Some(h) = replay_headers.iter().find(|h| !is_header_name(h)) {
             return Err(err(f("replay_headers"), format!("`{h}` is not a header name")));
         }
         if BASE_REPLAY_HEADERS.len() + replay_headers.len() > limits::MAX_HEADERS {

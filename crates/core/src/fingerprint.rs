@@ -70,7 +70,7 @@ impl FingerprintSpec {
         let mut names: Vec<String> = Vec::with_capacity(headers.len());
         for name in headers {
             let name = name.to_ascii_lowercase();
-            if !is_header_name(&name) {
+            if !crate::headers::is_header_name(&name) {
                 return Err(format!(
                     "headers: `{name}` is not a header name such as `x-client-id`"
                 ));
@@ -104,13 +104,6 @@ fn is_json_pointer(p: &str) -> bool {
 }
 
 /// An RFC 9110 field name (a token), already lower-cased.
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
 impl Fingerprint {
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Fingerprint(bytes)

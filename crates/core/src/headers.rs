@@ -5,11 +5,19 @@
 
 use crate::config::{Identity, Policy, Source};
 use crate::exchange::{RequestHead, ResponseHead};
-use crate::origin;
+use crate::{limits, origin};
 
 /// Header names are compared case-insensitively; these are written lower-case.
 pub const KEY_HEADER: &str = "idempotency-key";
 pub const CONTROL_HEADER: &str = "idempotency-control";
+
+/// Whether `name` is a header name (an RFC 9110 token of at most
+/// [`limits::MAX_HEADER_NAME`] bytes): the one check for the policy's header
+/// sources, fingerprint and replay headers, and the responses the store keeps.
+pub fn is_header_name(name: &str) -> bool {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    (1..=limits::MAX_HEADER_NAME).contains(&name.len()) && name.bytes().all(tchar)
+}
 
 /// Header field lines as Envoy hands them over: name, raw value.
 pub type Lines = [(String, Vec<u8>)];
@@ -143,6 +151,34 @@ pub fn response_head(lines: Vec<(String, Vec<u8>)>, code_details: &str, end_of_s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_header_name_rule_for_every_configured_header() {
+        for ok in ["x-tenant-id", "x.y", "x_y", "X-Client", "a"] {
+            assert!(is_header_name(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a:b", "a\u{1}", "ü"] {
+            assert!(!is_header_name(bad), "{bad:?}");
+        }
+        assert!(!is_header_name(&"n".repeat(limits::MAX_HEADER_NAME + 1)));
+        // The same rule at each place that names a header.
+        let policy = |field: &str| {
+            format!(
+                r#"{{"store": {{"cluster": "s", "token": "t"}}, "policies": [{{"name": "p",
+                "match": {{"path": {{"prefix": "/"}}}}, "tenant": {{"header": "x-t"}}, {field}}}]}}"#
+            )
+        };
+        for field in [
+            r#""principal": {"header": "x.y"}"#,
+            r#""fingerprint": {"headers": ["x.y"]}"#,
+            r#""replay_headers": ["x.y"]"#,
+        ] {
+            assert!(
+                crate::config::Config::parse(policy(field).as_bytes()).is_ok(),
+                "{field}"
+            );
+        }
+    }
     use crate::config::Config;
     use crate::exchange::Origin;
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod exchange;
 pub mod fingerprint;
 pub mod headers;
+pub mod identity;
 pub mod jcs;
 pub mod key;
 pub mod limits;

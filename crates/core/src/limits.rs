@@ -24,10 +24,7 @@ pub const MAX_FRAME: usize = 8 * 1024 * 1024;
 
 /// Whether a response header may be stored as it is.
 pub fn header_fits(name: &str, value: &str) -> bool {
-    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    !name.is_empty()
-        && name.len() <= MAX_HEADER_NAME
-        && name.bytes().all(token)
+    crate::headers::is_header_name(name)
         && value.len() <= MAX_HEADER_VALUE
         && !value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
 }

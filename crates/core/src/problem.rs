@@ -147,6 +147,78 @@ impl Problem {
         self
     }
 
+    // The filter's problems, worded once. Details speak to the client and
+    // never carry internals or the raw key.
+
+    pub fn key_missing(method: &str, route: &str) -> Self {
+        Problem::new(
+            ProblemKind::KeyMissing,
+            format!("{method} {route} requires an Idempotency-Key header, e.g. Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\""),
+        )
+    }
+
+    pub fn key_invalid(why: impl std::fmt::Display) -> Self {
+        Problem::new(ProblemKind::KeyInvalid, why.to_string())
+    }
+
+    pub fn identity_missing(why: impl std::fmt::Display) -> Self {
+        Problem::new(ProblemKind::IdentityMissing, why.to_string())
+    }
+
+    pub fn body_too_large(max: usize) -> Self {
+        Problem::new(
+            ProblemKind::BodyTooLarge,
+            format!("the request body exceeds the {max}-byte limit for idempotent requests on this route"),
+        )
+    }
+
+    pub fn store_unavailable() -> Self {
+        Problem::new(
+            ProblemKind::StoreUnavailable,
+            "the idempotency store could not be reached; the request was not forwarded, retry later with the same key",
+        )
+        .retry_after(1)
+    }
+
+    pub fn result_unavailable(original_status: u16, completed_at: i64) -> Self {
+        Problem::new(
+            ProblemKind::ResultUnavailable,
+            "this key's request was completed, but its response was too large to keep for replay",
+        )
+        .original_status(original_status)
+        .completed_at(Some(completed_at))
+    }
+
+    pub fn request_in_progress(retry_after_ms: u64) -> Self {
+        Problem::new(
+            ProblemKind::RequestInProgress,
+            "a request with this key is still being processed; retry after the indicated time",
+        )
+        .retry_after(retry_after_ms.div_ceil(1000))
+    }
+
+    pub fn key_reused() -> Self {
+        Problem::new(
+            ProblemKind::KeyReused,
+            "this key was already used for a different request; use a new key for a new request",
+        )
+    }
+
+    pub fn outcome_unknown() -> Self {
+        Problem::new(
+            ProblemKind::OutcomeUnknown,
+            "the outcome of the request first sent with this key is unknown; reconcile before retrying with a new key",
+        )
+    }
+
+    pub fn key_expired(completed_at: Option<i64>) -> Self {
+        Problem::new(
+            ProblemKind::KeyExpired,
+            "this key has expired; if the original request must be repeated, send it with a new key",
+        )
+        .completed_at(completed_at)
+    }
+
     /// The full response: status, `application/problem+json`, `Cache-Control:
     /// no-store`, `Link: <type>; rel="describedby"`, `Retry-After` when set.
     pub fn render(&self, doc_base: &str) -> Reply {

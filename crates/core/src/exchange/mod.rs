@@ -1,0 +1,503 @@
+//! The filter's brain: one [`Exchange`] per request covered by a policy.
+//!
+//! Sans-IO: the filter feeds in what Envoy tells it (request head, body chunks,
+//! store replies, the upstream's response, the end of the stream) and carries out
+//! the [`Step`] it gets back. Every decision of semantics §4 and §5 is made here
+//! and tested with plain values.
+//!
+//! Once the exchange has answered on its own ([`Step::Respond`]) it ignores the
+//! rest of the stream: Envoy runs our own local reply back through the response
+//! callbacks, and that must never be completed as if the upstream had sent it.
+
+use std::rc::Rc;
+
+use crate::config::{Config, FailureMode, InFlight, Mode, Policy};
+use crate::fingerprint::Fingerprinter;
+use crate::headers::{self, Control, KEY_HEADER};
+use crate::identity::client_scope;
+use crate::key::parse_key;
+use crate::limits;
+use crate::problem::Problem;
+use crate::protocol::{
+    decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
+    FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+};
+use crate::scope::Scope;
+use crate::Reply;
+
+mod handling;
+mod head;
+mod step;
+
+pub use crate::origin::Origin;
+pub use handling::{Handling, Settlement};
+pub use head::{RequestHead, ResponseHead};
+pub use step::{refusal, settled, Step, StoreAnswer, StoreCall};
+
+enum Phase {
+    /// Not ours to dedupe: everything flows untouched.
+    Passing,
+    /// We answered locally; our own reply must not be treated as the upstream's.
+    Answered,
+    ReadingBody {
+        fingerprint: Fingerprinter,
+        seen: usize,
+    },
+    Claiming,
+    Forwarded {
+        fence: u64,
+    },
+    Capturing {
+        fence: u64,
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    },
+    /// A complete / release / mark-unknown call is in flight.
+    Settling {
+        settles: Settlement,
+    },
+    Done,
+}
+
+pub struct Exchange {
+    config: Rc<Config>,
+    policy: Rc<Policy>,
+    /// Names this request's claim, so it can be abandoned unseen.
+    attempt: Attempt,
+    scope: Option<Scope>,
+    phase: Phase,
+    handling: Handling,
+    settlement: Option<Settlement>,
+    /// The valid key as an sf-string, echoed on every answer.
+    echo: Option<String>,
+    /// The store refused a frame with a 4xx: status and its problem detail.
+    refusal: Option<(u16, String)>,
+}
+
+impl Exchange {
+    /// Starts the exchange from the request headers; `attempt` must be unique
+    /// to this request (the filter draws it at random).
+    pub fn begin(
+        config: Rc<Config>,
+        policy: Rc<Policy>,
+        head: RequestHead,
+        attempt: Attempt,
+    ) -> (Exchange, Step) {
+        let mut ex = Exchange {
+            config,
+            policy,
+            attempt,
+            scope: None,
+            phase: Phase::Passing,
+            handling: Handling::Passed,
+            settlement: None,
+            echo: None,
+            refusal: None,
+        };
+        let step = ex.start(head);
+        (ex, step)
+    }
+
+    /// A short hash naming the record in logs (never the raw key).
+    pub fn log_id(&self) -> Option<String> {
+        self.scope.as_ref().map(Scope::log_id)
+    }
+
+    pub fn handling(&self) -> Handling {
+        self.handling
+    }
+
+    pub fn settlement(&self) -> Option<Settlement> {
+        self.settlement
+    }
+
+    /// The `Idempotency-Key` value every answer to this request carries: the
+    /// valid key as an sf-string, `None` when the request had no valid key.
+    pub fn key_echo(&self) -> Option<&str> {
+        self.echo.as_deref()
+    }
+
+    /// A store refusal seen since the last call: `(status, detail)`, for the
+    /// filter to log and count as a configuration error.
+    pub fn take_store_refusal(&mut self) -> Option<(u16, String)> {
+        self.refusal.take()
+    }
+
+    /// Whether the response path should run at all (and strip `Idempotency-Control`).
+    pub fn owns_response(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Forwarded { .. } | Phase::Capturing { .. } | Phase::Settling { .. }
+        )
+    }
+
+    fn start(&mut self, head: RequestHead) -> Step {
+        let fields: Vec<&[u8]> = head.key_fields.iter().map(Vec::as_slice).collect();
+        let key = match parse_key(&fields, &self.policy.key_rules) {
+            Ok(Some(key)) => {
+                self.echo = Some(key.to_sf_string());
+                key
+            }
+            Ok(None) if self.policy.require_key => {
+                let problem = Problem::key_missing(&head.method, &self.policy.name);
+                return self.reject(Handling::Missing, problem);
+            }
+            Ok(None) => return Step::Continue,
+            Err(e) => return self.reject(Handling::Invalid, Problem::key_invalid(e)),
+        };
+        let scope = client_scope(
+            &self.policy.identity,
+            &self.policy.name,
+            head.tenant.as_deref(),
+            head.principal.as_deref(),
+            key,
+        );
+        match scope {
+            Ok(scope) => self.scope = Some(scope),
+            Err(e) => return self.reject(Handling::IdentityMissing, Problem::identity_missing(e)),
+        }
+        if head
+            .content_length
+            .is_some_and(|n| n > self.policy.max_request_body as u64)
+        {
+            return self.too_large();
+        }
+        let fingerprint = Fingerprinter::new(
+            &self.policy.fingerprint,
+            &head.method,
+            &self.policy.name,
+            &head.path,
+            &head.fingerprint_headers,
+        );
+        if head.end_of_stream {
+            return self.claim(fingerprint);
+        }
+        self.phase = Phase::ReadingBody { fingerprint, seen: 0 };
+        Step::Pause
+    }
+
+    /// A chunk of the request body (empty with `end_of_stream` for trailers).
+    pub fn request_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
+        let Phase::ReadingBody { fingerprint, seen } = &mut self.phase else {
+            return Step::Continue;
+        };
+        *seen += chunk.len();
+        if *seen > self.policy.max_request_body {
+            return self.too_large();
+        }
+        fingerprint.push(chunk);
+        if !end_of_stream {
+            return Step::Pause;
+        }
+        match std::mem::replace(&mut self.phase, Phase::Claiming) {
+            Phase::ReadingBody { fingerprint, .. } => self.claim(fingerprint),
+            _ => Step::Continue,
+        }
+    }
+
+    fn claim(&mut self, fingerprint: Fingerprinter) -> Step {
+        let Some(scope) = self.scope.clone() else {
+            return Step::Continue;
+        };
+        let wait_ms = match self.policy.in_flight {
+            InFlight::Conflict => 0,
+            InFlight::Wait { max_ms } => max_ms,
+        };
+        let mut request = ClaimRequest {
+            scope,
+            fingerprint: fingerprint.finish(),
+            lease_ms: self.policy.lease_ms,
+            ttl_ms: self.policy.ttl_ms,
+            wait_ms,
+            after_expiry: self.policy.after_expiry,
+            on_unknown: self.policy.on_unknown,
+            attempt: Some(self.attempt.clone()),
+            deadline_ms: 0,
+        };
+        // The store must not commit a claim after we stopped waiting for it.
+        request.deadline_ms = self.call(CLAIM_PATH, Vec::new(), wait_ms).timeout_ms;
+        self.phase = Phase::Claiming;
+        Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
+    }
+
+    /// The store answered (or failed to answer) the call last returned.
+    pub fn store_reply(&mut self, answer: StoreAnswer) -> Step {
+        self.refusal = refusal(&answer);
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Claiming => self.claimed(answer),
+            Phase::Settling { settles } => {
+                self.settlement = Some(if settled(&answer) {
+                    settles
+                } else {
+                    Settlement::Failed
+                });
+                Step::Continue
+            }
+            other => {
+                self.phase = other;
+                Step::Continue
+            }
+        }
+    }
+
+    fn claimed(&mut self, answer: StoreAnswer) -> Step {
+        // A store that refused the frame (4xx) wrote nothing; any other
+        // failure may have lost the answer to a committed claim.
+        let refused = self.refusal.is_some();
+        let reply = match answer {
+            Some((200, body)) => decode_frame::<ClaimReply>(&body)
+                .map(|(meta, bytes)| (meta, bytes.to_vec()))
+                .ok(),
+            _ => None,
+        };
+        let Some((reply, body)) = reply else {
+            // The store may have committed the claim and lost only its answer:
+            // abandon it, so the retry the problem invites is a first request.
+            let next = match self.policy.failure_mode {
+                FailureMode::Open => self.pass(Handling::FailOpen),
+                FailureMode::Closed => self.reject(Handling::StoreError, Problem::store_unavailable()),
+            };
+            if refused {
+                return next;
+            }
+            self.settlement = Some(Settlement::Abandoned);
+            return match self.abandon_call() {
+                Some(call) => Step::Deliver(call, Box::new(next)),
+                None => next,
+            };
+        };
+        match reply {
+            ClaimReply::Owned { fence } => {
+                self.handling = Handling::Owned;
+                self.phase = Phase::Forwarded { fence };
+                Step::Continue
+            }
+            ClaimReply::Replay { status, headers, .. } => {
+                if self.policy.mode == Mode::Observe {
+                    return self.pass(Handling::WouldReplay);
+                }
+                self.handling = Handling::Replayed;
+                self.phase = Phase::Answered;
+                let mut headers: Vec<(String, String)> = headers
+                    .into_iter()
+                    .filter(|(name, _)| self.policy.replays_header(name))
+                    .collect();
+                headers.push(("idempotent-replayed".into(), "true".into()));
+                headers.extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
+                Step::Respond(Reply {
+                    status,
+                    headers,
+                    body,
+                })
+            }
+            // Every other reply is answered with a problem.
+            ClaimReply::ResultUnavailable {
+                original_status,
+                completed_at,
+            } => self.reject(
+                Handling::Conflict,
+                Problem::result_unavailable(original_status, completed_at),
+            ),
+            ClaimReply::InProgress { retry_after_ms } => {
+                self.reject(Handling::Conflict, Problem::request_in_progress(retry_after_ms))
+            }
+            ClaimReply::Mismatch => self.reject(Handling::Mismatch, Problem::key_reused()),
+            ClaimReply::Unknown => self.reject(Handling::Unknown, Problem::outcome_unknown()),
+            ClaimReply::Expired { completed_at } => {
+                self.reject(Handling::Expired, Problem::key_expired(completed_at))
+            }
+        }
+    }
+
+    /// The response headers. Only an owned request's response is captured.
+    pub fn response_headers(&mut self, head: ResponseHead) -> Step {
+        let Phase::Forwarded { fence } = self.phase else {
+            return Step::Continue;
+        };
+        match head.origin {
+            Origin::NeverReached => return self.settle(fence, Settlement::Released),
+            Origin::LostAfterForwarding => return self.settle(fence, Settlement::MarkedUnknown),
+            Origin::Upstream => {}
+        }
+        let control = headers::control(&head.headers);
+        match control {
+            Some(Control::NoStore) => return self.settle(fence, Settlement::Released),
+            Some(Control::Uncertain) => return self.settle(fence, Settlement::MarkedUnknown),
+            Some(Control::Store) => {}
+            None if self.policy.releases_on(head.status) => return self.settle(fence, Settlement::Released),
+            None => {}
+        }
+        let headers: Vec<(String, String)> = head
+            .headers
+            .into_iter()
+            .filter(|(name, _)| self.policy.replays_header(name))
+            .filter_map(|(name, value)| {
+                String::from_utf8(value)
+                    .ok()
+                    .map(|v| (name.to_ascii_lowercase(), v))
+            })
+            .collect();
+        // Headers the store would refuse: keep the outcome, not the response
+        // (a retry gets result-unavailable rather than a partial replay).
+        let keepable =
+            headers.len() <= limits::MAX_HEADERS && headers.iter().all(|(n, v)| limits::header_fits(n, v));
+        self.phase = Phase::Capturing {
+            fence,
+            status: head.status,
+            headers: if keepable { headers } else { Vec::new() },
+            body: Vec::new(),
+        };
+        if !keepable
+            || head
+                .content_length
+                .is_some_and(|n| n > self.policy.max_stored_body as u64)
+        {
+            return self.complete(false);
+        }
+        if head.end_of_stream {
+            return self.complete(true);
+        }
+        Step::Pause
+    }
+
+    /// A chunk of an owned response's body.
+    pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
+        let kept = match &mut self.phase {
+            Phase::Capturing { body, .. } => body,
+            // A call about this response is in flight: hold the rest until the
+            // store has recorded it, so no client can retry before that.
+            Phase::Settling { .. } => return Step::Pause,
+            _ => return Step::Continue,
+        };
+        // Too large to keep: record the outcome without the body now, while
+        // this chunk is held, and let the rest stream once that is done.
+        if kept.len() + chunk.len() > self.policy.max_stored_body {
+            return self.complete(false);
+        }
+        kept.extend_from_slice(chunk);
+        if end_of_stream {
+            self.complete(true)
+        } else {
+            Step::Pause
+        }
+    }
+
+    fn complete(&mut self, body_stored: bool) -> Step {
+        let Phase::Capturing {
+            fence,
+            status,
+            headers,
+            body,
+        } = std::mem::replace(&mut self.phase, Phase::Done)
+        else {
+            return Step::Continue;
+        };
+        let Some(scope) = self.scope.clone() else {
+            return Step::Continue;
+        };
+        let request = CompleteRequest {
+            scope,
+            fence,
+            status,
+            headers,
+            body_stored,
+        };
+        let kept: &[u8] = if body_stored { &body } else { &[] };
+        self.phase = Phase::Settling {
+            settles: Settlement::Completed,
+        };
+        Step::Call(self.call(COMPLETE_PATH, encode_frame(&request, kept), 0))
+    }
+
+    fn settle(&mut self, fence: u64, settles: Settlement) -> Step {
+        match self.settle_call(fence, settles) {
+            Some(call) => {
+                self.phase = Phase::Settling { settles };
+                Step::Call(call)
+            }
+            None => Step::Continue,
+        }
+    }
+
+    fn settle_call(&self, fence: u64, settles: Settlement) -> Option<StoreCall> {
+        let path = match settles {
+            Settlement::Released => RELEASE_PATH,
+            Settlement::MarkedUnknown => MARK_UNKNOWN_PATH,
+            Settlement::Completed | Settlement::Abandoned | Settlement::Failed => return None,
+        };
+        let scope = self.scope.clone()?;
+        Some(self.call(path, encode_frame(&FenceRequest { scope, fence }, &[]), 0))
+    }
+
+    /// The stream is over (Envoy's `on_log`). Returns the call, for the
+    /// worker's store client, that settles what was left open: a claim still
+    /// in flight is abandoned (nothing was forwarded); if the upstream had the
+    /// request and its response never fully came back, nobody knows whether
+    /// it acted, and the record is marked unknown.
+    pub fn finish(&mut self) -> Option<StoreCall> {
+        let (call, settles) = match self.phase {
+            Phase::Claiming => (self.abandon_call(), Settlement::Abandoned),
+            Phase::Forwarded { fence } | Phase::Capturing { fence, .. } => (
+                self.settle_call(fence, Settlement::MarkedUnknown),
+                Settlement::MarkedUnknown,
+            ),
+            _ => return None,
+        };
+        self.phase = Phase::Done;
+        self.settlement = Some(settles);
+        call
+    }
+
+    fn abandon_call(&self) -> Option<StoreCall> {
+        let request = AbandonRequest {
+            scope: self.scope.clone()?,
+            attempt: self.attempt.clone(),
+        };
+        Some(self.call(ABANDON_PATH, encode_frame(&request, &[]), 0))
+    }
+
+    fn call(&self, path: &'static str, body: Vec<u8>, extra_ms: u64) -> StoreCall {
+        StoreCall {
+            path,
+            body,
+            timeout_ms: self.config.store.timeout_ms.saturating_add(extra_ms),
+        }
+    }
+
+    /// Answer with a problem, or in observe mode note what would have happened
+    /// and let the request through.
+    fn reject(&mut self, handling: Handling, problem: Problem) -> Step {
+        if self.policy.mode == Mode::Observe {
+            let would = match handling {
+                Handling::Conflict | Handling::Unknown => Handling::WouldConflict,
+                Handling::StoreError => Handling::StoreError,
+                _ => Handling::WouldReject,
+            };
+            return self.pass(would);
+        }
+        self.handling = handling;
+        self.phase = Phase::Answered;
+        let mut reply = problem.render(&self.config.doc_base);
+        reply
+            .headers
+            .extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
+        Step::Respond(reply)
+    }
+
+    fn pass(&mut self, handling: Handling) -> Step {
+        self.handling = handling;
+        self.phase = Phase::Passing;
+        Step::Continue
+    }
+
+    fn too_large(&mut self) -> Step {
+        self.reject(
+            Handling::TooLarge,
+            Problem::body_too_large(self.policy.max_request_body),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

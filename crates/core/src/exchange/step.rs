@@ -1,0 +1,55 @@
+//! What the exchange asks of the filter, and what the store answers.
+
+use crate::protocol::FenceReply;
+use crate::Reply;
+
+/// What the filter must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Let the stream go on (resume it if it was held).
+    Continue,
+    /// Hold the stream: more input is needed.
+    Pause,
+    /// Send this to the store and hold the stream until its reply arrives.
+    Call(StoreCall),
+    /// Answer the client locally; the exchange is over.
+    Respond(Reply),
+    /// Hand this call to the worker's store client, which sends it whether or
+    /// not the request is still there and retries it until the store answers;
+    /// then carry out the next step.
+    Deliver(StoreCall, Box<Step>),
+}
+
+/// A `POST` to the store: the filter adds `:authority`, `authorization` and
+/// `content-type` from the [`crate::config::StoreConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreCall {
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// The store's answer to a call: status and body, or no answer at all (reset,
+/// timeout, dispatch failure).
+pub type StoreAnswer = Option<(u16, Vec<u8>)>;
+
+/// Whether the store confirmed a complete, release or mark-unknown call.
+pub fn settled(answer: &StoreAnswer) -> bool {
+    matches!(answer, Some((200, body)) if serde_json::from_slice::<FenceReply>(body).ok() == Some(FenceReply::Done))
+}
+
+/// A 4xx from the store means it refused the frame itself (a limit, the
+/// credential, the API version): a deployment error, not an outage. 409 is
+/// the store's ordinary "stale fence" answer.
+pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
+    match answer {
+        Some((status @ 400..=499, body)) if *status != 409 => {
+            let detail = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string))
+                .unwrap_or_default();
+            Some((*status, detail))
+        }
+        _ => None,
+    }
+}

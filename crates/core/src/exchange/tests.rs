@@ -1,0 +1,539 @@
+use super::*;
+use crate::protocol::{decode_frame, encode_frame};
+
+const CONFIG: &str = r#"{
+    "store": {"cluster": "store", "token": "t"},
+    "policies": [
+        {"name": "pay", "match": {"path": {"prefix": "/pay"}}, "tenant": {"header": "x-tenant"}},
+        {"name": "watch", "match": {"path": {"prefix": "/watch"}}, "anonymous": true, "mode": "observe"},
+        {"name": "open", "match": {"path": {"prefix": "/open"}}, "anonymous": true, "failure_mode": "open"},
+        {"name": "small", "match": {"path": {"prefix": "/small"}}, "anonymous": true,
+         "max_request_body": 4, "max_stored_body": 4, "in_flight": "wait", "wait_max_ms": 300}
+    ]}"#;
+
+fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) {
+    let config = Rc::new(Config::parse(CONFIG.as_bytes()).unwrap());
+    let policy = config.policy_for("POST", "h", path).unwrap().clone();
+    let head = RequestHead {
+        method: "POST".into(),
+        path: path.into(),
+        key_fields: key.map(|k| vec![k.as_bytes().to_vec()]).unwrap_or_default(),
+        tenant: Some(b"acme".to_vec()),
+        end_of_stream: body.is_none(),
+        ..RequestHead::default()
+    };
+    let (mut ex, step) = Exchange::begin(config, policy, head, attempt());
+    match body {
+        Some(body) if step == Step::Pause => {
+            let step = ex.request_body(body.as_bytes(), true);
+            (ex, step)
+        }
+        _ => (ex, step),
+    }
+}
+
+fn attempt() -> Attempt {
+    Attempt::try_from("attempt-1".to_string()).unwrap()
+}
+
+/// The abandon call a step hands to the store client, and the step after it.
+fn abandoning(step: Step) -> (AbandonRequest, Step) {
+    let Step::Deliver(call, next) = step else {
+        panic!("expected an abandon, got {step:?}")
+    };
+    assert_eq!(call.path, ABANDON_PATH);
+    (decode_frame::<AbandonRequest>(&call.body).unwrap().0, *next)
+}
+
+fn claim_of(step: &Step) -> ClaimRequest {
+    let Step::Call(call) = step else {
+        panic!("expected a claim, got {step:?}")
+    };
+    assert_eq!(call.path, CLAIM_PATH);
+    decode_frame::<ClaimRequest>(&call.body).unwrap().0
+}
+
+fn reply(reply: ClaimReply, body: &[u8]) -> StoreAnswer {
+    Some((200, encode_frame(&reply, body)))
+}
+
+fn problem_slug(step: &Step) -> (u16, String) {
+    let Step::Respond(reply) = step else {
+        panic!("expected a reply, got {step:?}")
+    };
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    (
+        reply.status,
+        body["type"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_string(),
+    )
+}
+
+fn upstream(status: u16, headers: &[(&str, &str)], end_of_stream: bool) -> ResponseHead {
+    ResponseHead {
+        status,
+        origin: Origin::Upstream,
+        headers: headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect(),
+        content_length: None,
+        end_of_stream,
+    }
+}
+
+fn owned(path: &str) -> Exchange {
+    let (mut ex, step) = begin(path, Some("k1"), Some("{}"));
+    claim_of(&step);
+    assert_eq!(
+        ex.store_reply(reply(ClaimReply::Owned { fence: 7 }, b"")),
+        Step::Continue
+    );
+    ex
+}
+
+fn called_path(step: &Step) -> &'static str {
+    let Step::Call(call) = step else {
+        panic!("expected a call, got {step:?}")
+    };
+    call.path
+}
+
+#[test]
+fn a_request_without_a_required_key_is_answered_400_key_missing() {
+    assert_eq!(
+        problem_slug(&begin("/pay", None, None).1),
+        (400, "key-missing".into())
+    );
+}
+
+#[test]
+fn a_malformed_key_is_answered_400_key_invalid() {
+    assert_eq!(
+        problem_slug(&begin("/pay", Some("a b"), None).1),
+        (400, "key-invalid".into())
+    );
+}
+
+#[test]
+fn a_missing_tenant_is_answered_400_identity_missing() {
+    let config = Rc::new(Config::parse(CONFIG.as_bytes()).unwrap());
+    let policy = config.policies[0].clone();
+    let head = RequestHead {
+        key_fields: vec![b"k".to_vec()],
+        end_of_stream: true,
+        ..RequestHead::default()
+    };
+    let (_, step) = Exchange::begin(config, policy, head, attempt());
+    assert_eq!(problem_slug(&step), (400, "identity-missing".into()));
+}
+
+#[test]
+fn the_body_is_read_before_the_claim_and_fingerprinted() {
+    let (_, a) = begin("/pay", Some("k"), Some(r#"{"a":1,"b":2}"#));
+    let (_, b) = begin("/pay", Some("k"), Some(r#"{ "b":2, "a":1.0 }"#));
+    let (_, c) = begin("/pay", Some("k"), Some(r#"{"a":1,"b":3}"#));
+    assert_eq!(claim_of(&a).fingerprint, claim_of(&b).fingerprint);
+    assert_ne!(claim_of(&a).fingerprint, claim_of(&c).fingerprint);
+    assert_eq!(claim_of(&a).scope.tenant(), "acme");
+}
+
+#[test]
+fn a_body_over_the_limit_is_answered_413() {
+    assert_eq!(
+        problem_slug(&begin("/small", Some("k"), Some("12345")).1),
+        (413, "body-too-large".into())
+    );
+}
+
+#[test]
+fn a_wait_policy_asks_the_store_to_wait_and_extends_the_call_timeout() {
+    let (_, step) = begin("/small", Some("k"), Some("{}"));
+    assert_eq!(claim_of(&step).wait_ms, 300);
+    let Step::Call(call) = step else { unreachable!() };
+    assert_eq!(call.timeout_ms, 1300);
+}
+
+#[test]
+fn store_verdicts_map_to_the_contract_answers() {
+    let cases: [(ClaimReply, u16, &str); 5] = [
+        (ClaimReply::Mismatch, 422, "key-reused"),
+        (
+            ClaimReply::InProgress { retry_after_ms: 1500 },
+            409,
+            "request-in-progress",
+        ),
+        (ClaimReply::Unknown, 409, "outcome-unknown"),
+        (
+            ClaimReply::Expired {
+                completed_at: Some(0),
+            },
+            422,
+            "key-expired",
+        ),
+        (
+            ClaimReply::ResultUnavailable {
+                original_status: 201,
+                completed_at: 0,
+            },
+            409,
+            "result-unavailable",
+        ),
+    ];
+    for (verdict, status, slug) in cases {
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        let step = ex.store_reply(reply(verdict, b""));
+        assert_eq!(problem_slug(&step), (status, slug.to_string()));
+        // Our own reply coming back through the response path is ignored.
+        assert_eq!(ex.response_headers(upstream(status, &[], true)), Step::Continue);
+        assert_eq!(ex.finish(), None);
+    }
+}
+
+#[test]
+fn in_progress_carries_retry_after_rounded_up_and_unknown_carries_none() {
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let Step::Respond(busy) = ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 1001 }, b""))
+    else {
+        panic!()
+    };
+    assert!(busy.headers.contains(&("retry-after".into(), "2".into())));
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let Step::Respond(unknown) = ex.store_reply(reply(ClaimReply::Unknown, b"")) else {
+        panic!()
+    };
+    assert!(!unknown.headers.iter().any(|(n, _)| n == "retry-after"));
+}
+
+#[test]
+fn a_replay_sends_the_stored_response_with_only_allowlisted_headers() {
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let stored = ClaimReply::Replay {
+        status: 201,
+        headers: vec![
+            ("location".into(), "/p/1".into()),
+            ("set-cookie".into(), "s=1".into()),
+        ],
+        completed_at: 1,
+    };
+    let Step::Respond(r) = ex.store_reply(reply(stored, b"{\"id\":1}")) else {
+        panic!()
+    };
+    assert_eq!((r.status, r.body.as_slice()), (201, b"{\"id\":1}".as_slice()));
+    assert_eq!(
+        r.headers,
+        vec![
+            ("location".into(), "/p/1".into()),
+            ("idempotent-replayed".into(), "true".into()),
+            ("idempotency-key".into(), "\"k\"".into())
+        ]
+    );
+    assert_eq!(ex.handling(), Handling::Replayed);
+}
+
+fn header<'a>(step: &'a Step, name: &str) -> Option<&'a str> {
+    let Step::Respond(reply) = step else {
+        panic!("expected a reply, got {step:?}")
+    };
+    reply
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn every_answer_to_a_valid_key_echoes_it_as_an_sf_string() {
+    // Problems after the key was read.
+    let (mut ex, _) = begin("/pay", Some("\"k-1\""), Some("{}"));
+    assert_eq!(ex.key_echo(), Some("\"k-1\""));
+    let step = ex.store_reply(reply(ClaimReply::Mismatch, b""));
+    assert_eq!(header(&step, "idempotency-key"), Some("\"k-1\""));
+    let (_, step) = begin("/small", Some("k-2"), Some("12345"));
+    assert_eq!(header(&step, "idempotency-key"), Some("\"k-2\""));
+    // Forwarded: the filter echoes it on the upstream's answer.
+    assert_eq!(owned("/pay").key_echo(), Some("\"k1\""));
+    // No valid key, nothing to echo.
+    let (ex, step) = begin("/pay", Some("a b"), None);
+    assert_eq!(header(&step, "idempotency-key"), None);
+    assert_eq!(ex.key_echo(), None);
+    let (ex, _) = begin("/pay", None, None);
+    assert_eq!(ex.key_echo(), None);
+}
+
+#[test]
+fn a_store_4xx_is_reported_once_as_a_refusal_and_still_fails_closed() {
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let refused = Some((400, br#"{"detail":"ttl_ms must be between 1 and 9"}"#.to_vec()));
+    assert_eq!(
+        problem_slug(&ex.store_reply(refused)),
+        (503, "store-unavailable".into())
+    );
+    assert_eq!(
+        ex.take_store_refusal(),
+        Some((400, "ttl_ms must be between 1 and 9".to_string()))
+    );
+    assert_eq!(ex.take_store_refusal(), None);
+    // An outage is not a refusal, nor is a stale fence.
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    ex.store_reply(Some((503, vec![])));
+    assert_eq!(ex.take_store_refusal(), None);
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(200, &[], true));
+    ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec())));
+    assert_eq!(ex.take_store_refusal(), None);
+}
+
+#[test]
+fn errors_before_execution_release_unless_the_upstream_says_store() {
+    for status in [400, 401, 403, 422] {
+        let mut ex = owned("/pay");
+        assert_eq!(
+            called_path(&ex.response_headers(upstream(status, &[], true))),
+            RELEASE_PATH
+        );
+    }
+    let mut ex = owned("/pay");
+    let step = ex.response_headers(upstream(401, &[("idempotency-control", "store")], true));
+    assert_eq!(called_path(&step), COMPLETE_PATH);
+    let Step::Call(call) = step else { unreachable!() };
+    assert_eq!(decode_frame::<CompleteRequest>(&call.body).unwrap().0.status, 401);
+}
+
+#[test]
+fn headers_the_store_would_refuse_complete_without_the_response() {
+    let mut ex = owned("/pay");
+    let long = "v".repeat(limits::MAX_HEADER_VALUE + 1);
+    let step = ex.response_headers(upstream(201, &[("location", &long)], true));
+    let Step::Call(call) = &step else {
+        panic!("{step:?}")
+    };
+    let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!(
+        (done.status, done.body_stored, done.headers.len(), body.len()),
+        (201, false, 0, 0)
+    );
+}
+
+#[test]
+fn envoys_replies_that_never_reached_the_upstream_release_and_timeouts_mark_unknown() {
+    for (details, path) in [
+        ("direct_response", RELEASE_PATH),
+        ("local_rate_limited", RELEASE_PATH),
+        ("upstream_reset_before_response_started{overflow}", RELEASE_PATH),
+        ("response_timeout", MARK_UNKNOWN_PATH),
+    ] {
+        let mut ex = owned("/pay");
+        let head = crate::headers::response_head(vec![(":status".into(), b"200".to_vec())], details, true);
+        assert_eq!(called_path(&ex.response_headers(head)), path, "{details}");
+    }
+}
+
+#[test]
+fn every_store_failure_shape_fails_closed_with_503() {
+    let answers: [StoreAnswer; 3] = [
+        None,
+        Some((503, b"no healthy upstream".to_vec())),
+        Some((200, b"garbage".to_vec())),
+    ];
+    for answer in answers {
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        let (abandon, next) = abandoning(ex.store_reply(answer));
+        assert_eq!(problem_slug(&next), (503, "store-unavailable".into()));
+        assert_eq!(abandon.attempt, attempt());
+        assert_eq!(abandon.scope.key().as_str(), "k");
+        assert_eq!(ex.handling(), Handling::StoreError);
+        assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
+    }
+}
+
+#[test]
+fn a_claim_names_its_attempt_and_the_deadline_of_its_caller() {
+    let (_, step) = begin("/pay", Some("k"), Some("{}"));
+    let claim = claim_of(&step);
+    assert_eq!(claim.attempt, Some(attempt()));
+    let Step::Call(call) = &step else { unreachable!() };
+    assert_eq!(claim.deadline_ms, call.timeout_ms);
+    // A waiting claim's caller waits longer.
+    let (_, step) = begin("/small", Some("k"), Some("{}"));
+    assert_eq!(claim_of(&step).deadline_ms, 1_000 + 300);
+}
+
+#[test]
+fn a_client_gone_while_the_claim_is_in_flight_abandons_it() {
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let call = ex.finish().unwrap();
+    assert_eq!(call.path, ABANDON_PATH);
+    let abandon = decode_frame::<AbandonRequest>(&call.body).unwrap().0;
+    assert_eq!(abandon.attempt, attempt());
+    assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
+    assert_eq!(ex.finish(), None);
+}
+
+#[test]
+fn fail_open_abandons_the_claim_and_forwards_without_dedupe() {
+    let (mut ex, _) = begin("/open", Some("k"), Some("{}"));
+    let (_, next) = abandoning(ex.store_reply(None));
+    assert_eq!(next, Step::Continue);
+    assert_eq!(ex.handling(), Handling::FailOpen);
+    assert!(!ex.owns_response());
+}
+
+#[test]
+fn observe_mode_never_answers_on_its_own() {
+    let (_, step) = begin("/watch", None, None);
+    assert_eq!(step, Step::Continue);
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    let replay = ClaimReply::Replay {
+        status: 200,
+        headers: vec![],
+        completed_at: 1,
+    };
+    assert_eq!(ex.store_reply(reply(replay, b"")), Step::Continue);
+    assert_eq!(ex.handling(), Handling::WouldReplay);
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    assert_eq!(
+        ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 5 }, b"")),
+        Step::Continue
+    );
+    assert_eq!(ex.handling(), Handling::WouldConflict);
+}
+
+#[test]
+fn an_owned_response_is_held_captured_and_completed() {
+    let mut ex = owned("/pay");
+    let head = upstream(
+        201,
+        &[
+            ("content-type", "application/json"),
+            ("set-cookie", "x"),
+            ("Location", "/p/1"),
+        ],
+        false,
+    );
+    assert_eq!(ex.response_headers(head), Step::Pause);
+    assert_eq!(ex.response_body(b"{\"id\"", false), Step::Pause);
+    let step = ex.response_body(b":1}", true);
+    let Step::Call(call) = &step else {
+        panic!("{step:?}")
+    };
+    let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!(done.fence, 7);
+    assert_eq!(done.status, 201);
+    assert!(done.body_stored);
+    assert_eq!(
+        done.headers,
+        vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), "/p/1".into())
+        ]
+    );
+    assert_eq!(body, b"{\"id\":1}");
+    assert_eq!(
+        ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+        Step::Continue
+    );
+    assert_eq!(ex.settlement(), Some(Settlement::Completed));
+    assert_eq!(ex.finish(), None);
+}
+
+#[test]
+fn a_response_too_large_to_keep_streams_and_completes_without_body() {
+    let mut ex = owned("/small");
+    assert_eq!(ex.response_headers(upstream(200, &[], false)), Step::Pause);
+    assert_eq!(ex.response_body(b"abc", false), Step::Pause);
+    // The chunk that outgrows the limit is held while the outcome is recorded.
+    let step = ex.response_body(b"defg", false);
+    let Step::Call(call) = &step else {
+        panic!("{step:?}")
+    };
+    let (done, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert!(!done.body_stored);
+    assert!(body.is_empty());
+    assert_eq!(ex.response_body(b"h", false), Step::Pause);
+    assert_eq!(
+        ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+        Step::Continue
+    );
+    assert_eq!(ex.response_body(b"i", true), Step::Continue);
+    assert_eq!(ex.settlement(), Some(Settlement::Completed));
+}
+
+#[test]
+fn a_response_announced_too_large_is_completed_at_its_headers() {
+    let mut ex = owned("/small");
+    let head = ResponseHead {
+        content_length: Some(5),
+        ..upstream(201, &[], false)
+    };
+    let step = ex.response_headers(head);
+    let Step::Call(call) = &step else {
+        panic!("{step:?}")
+    };
+    let (done, _) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!((done.status, done.body_stored), (201, false));
+}
+
+#[test]
+fn refusals_and_upstream_control_release_or_mark_unknown() {
+    let cases: [(ResponseHead, &str); 6] = [
+        (upstream(429, &[], false), RELEASE_PATH),
+        (upstream(408, &[], false), RELEASE_PATH),
+        (
+            upstream(200, &[("idempotency-control", "no-store")], false),
+            RELEASE_PATH,
+        ),
+        (
+            upstream(200, &[("Idempotency-Control", " Uncertain ")], false),
+            MARK_UNKNOWN_PATH,
+        ),
+        (
+            ResponseHead {
+                origin: Origin::NeverReached,
+                ..upstream(503, &[], false)
+            },
+            RELEASE_PATH,
+        ),
+        (
+            ResponseHead {
+                origin: Origin::LostAfterForwarding,
+                ..upstream(504, &[], false)
+            },
+            MARK_UNKNOWN_PATH,
+        ),
+    ];
+    for (head, path) in cases {
+        let mut ex = owned("/pay");
+        let step = ex.response_headers(head);
+        assert_eq!(called_path(&step), path);
+        assert_eq!(ex.response_body(b"late", true), Step::Pause);
+        let Step::Call(call) = step else { unreachable!() };
+        assert_eq!(decode_frame::<FenceRequest>(&call.body).unwrap().0.fence, 7);
+    }
+}
+
+#[test]
+fn a_stream_that_ends_before_the_response_came_back_marks_the_record_unknown() {
+    let mut ex = owned("/pay");
+    let call = ex.finish().unwrap();
+    assert_eq!(call.path, MARK_UNKNOWN_PATH);
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(200, &[], false));
+    assert!(ex.finish().is_some());
+}
+
+#[test]
+fn a_refused_completion_is_reported_as_failed() {
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(200, &[], true));
+    assert_eq!(
+        ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec()))),
+        Step::Continue
+    );
+    assert_eq!(ex.settlement(), Some(Settlement::Failed));
+}
