@@ -126,17 +126,17 @@ pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
     let headers = vec![
         (":method", "POST"),
         (":path", call.path),
-        (":authority", store.authority.as_str()),
-        ("authorization", store.authorization.as_str()),
+        (":authority", store.authority()),
+        ("authorization", store.authorization()),
         ("content-type", FRAME_CONTENT_TYPE),
     ];
     let timeout = Duration::from_millis(call.timeout_ms.max(1));
-    match hostcalls::dispatch_http_call(&store.cluster, headers, Some(&call.body), vec![], timeout) {
+    match hostcalls::dispatch_http_call(store.cluster(), headers, Some(&call.body), vec![], timeout) {
         Ok(token) => Some(token),
         Err(status) => {
             log(
                 LogLevel::Warn,
-                &format!("store call to cluster {} refused: {status:?}", store.cluster),
+                &format!("store call to cluster {} refused: {status:?}", store.cluster()),
             );
             None
         }

@@ -66,7 +66,11 @@ impl Filter {
                 self.deliver(call);
                 self.act(*next, direction)
             }
-            Step::Call(call) => match self.config.as_ref().and_then(|c| host::dispatch(&c.store, &call)) {
+            Step::Call(call) => match self
+                .config
+                .as_ref()
+                .and_then(|c| host::dispatch(c.store(), &call))
+            {
                 Some(_) => {
                     self.waiting = Some(direction);
                     Action::Pause

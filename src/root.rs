@@ -134,7 +134,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(config) = &self.config {
-            let given_up = self.shared.outbox.borrow_mut().tick(&config.store);
+            let given_up = self.shared.outbox.borrow_mut().tick(config.store());
             for _ in 0..given_up {
                 self.shared.metrics.count_settlement(Settlement::Failed);
             }

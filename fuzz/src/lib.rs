@@ -94,15 +94,15 @@ pub fn config(data: &[u8]) {
     let Ok(config) = Config::parse(data) else {
         return;
     };
-    assert!(!config.policies.is_empty());
-    for (i, p) in config.policies.iter().enumerate() {
+    assert!(!config.policies().is_empty());
+    for (i, p) in config.policies().iter().enumerate() {
         assert!(
-            config.policies[..i].iter().all(|q| q.name != p.name),
+            config.policies()[..i].iter().all(|q| q.name != p.name()),
             "policy name {:?} accepted twice",
-            p.name
+            p.name()
         );
-        assert!(p.key_rules.max_len <= MAX_KEY_LEN);
-        assert!(p.ttl_ms > 0 && p.lease_ms > 0);
+        assert!(p.key_rules().max_len <= MAX_KEY_LEN);
+        assert!(p.ttl_ms() > 0 && p.lease_ms() > 0);
     }
     let text = String::from_utf8_lossy(data);
     for path in ["/", "/pay", "/v1/accounts/7/charges", "//", "/%2F", text.as_ref()] {

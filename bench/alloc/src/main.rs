@@ -201,7 +201,7 @@ fn pieces(config: &Rc<Config>) {
     for i in 0..N {
         let key = Key::try_from(format!("sq-0-{i}")).unwrap_or_else(|e| panic!("{e}"));
         let scope = Scope::new("bench", "bench", "bench.create", Namespace::Client, key).unwrap_or_else(|e| panic!("{e:?}"));
-        let mut fp = measure(&mut t[0], || Fingerprinter::new(&policy.fingerprint, "POST", &policy.name, "/pay", &[]));
+        let mut fp = measure(&mut t[0], || Fingerprinter::new(&policy.fingerprint(), "POST", &policy.name(), "/pay", &[]));
         let fingerprint = measure(&mut t[1], || {
             fp.push(BODY);
             fp.finish()
@@ -210,11 +210,11 @@ fn pieces(config: &Rc<Config>) {
         let req = ClaimRequest {
             scope: s2,
             fingerprint,
-            lease_ms: policy.lease_ms,
-            ttl_ms: policy.ttl_ms,
+            lease_ms: policy.lease_ms(),
+            ttl_ms: policy.ttl_ms(),
             wait_ms: 0,
-            after_expiry: policy.after_expiry,
-            on_unknown: policy.on_unknown,
+            after_expiry: policy.after_expiry(),
+            on_unknown: policy.on_unknown(),
             attempt: None,
             deadline_ms: 0,
         };
@@ -224,8 +224,8 @@ fn pieces(config: &Rc<Config>) {
             vec![
                 (":method", "POST"),
                 (":path", "/v1/claim"),
-                (":authority", config.store.authority.as_str()),
-                ("authorization", config.store.authorization.as_str()),
+                (":authority", config.store().authority().as_str()),
+                ("authorization", config.store().authorization().as_str()),
                 ("content-type", "application/vnd.idemgate.frame"),
             ]
         });

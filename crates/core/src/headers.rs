@@ -111,7 +111,7 @@ pub fn request_head(
         Source::Header(name) => only(lines, name).map(<[u8]>::to_vec),
         Source::Jwt { payload, claim: name } => claim(payload, name),
     };
-    let (tenant, principal) = match &policy.identity {
+    let (tenant, principal) = match &policy.identity() {
         Identity::Anonymous => (None, None),
         Identity::Sourced { tenant, principal } => {
             (identity(tenant), principal.as_ref().and_then(&mut identity))
@@ -119,14 +119,14 @@ pub fn request_head(
     };
     RequestHead {
         method: method.to_string(),
-        path: policy.matcher.fingerprint_path(path),
+        path: policy.matcher().fingerprint_path(path),
         key_fields: values(lines, KEY_HEADER).map(<[u8]>::to_vec).collect(),
         tenant,
         principal,
         // Every line, so two requests that differ in a repeated header's
         // second line do not share a fingerprint.
         fingerprint_headers: policy
-            .fingerprint
+            .fingerprint()
             .headers
             .iter()
             .flat_map(|name| values(lines, name).map(move |v| (name.clone(), v.to_vec())))
@@ -258,7 +258,14 @@ mod tests {
             asked.push(format!("{payload}/{name}"));
             Some(b"alice".to_vec())
         };
-        let head = request_head(&config.policies[0], "POST", "/pay//x/?q=1", &l, &mut claim, false);
+        let head = request_head(
+            &config.policies()[0],
+            "POST",
+            "/pay//x/?q=1",
+            &l,
+            &mut claim,
+            false,
+        );
         assert_eq!(asked, vec!["p/sub"]);
         assert_eq!(head.tenant.as_deref(), Some(&b"acme"[..]));
         assert_eq!(head.principal.as_deref(), Some(&b"alice"[..]));
@@ -279,7 +286,7 @@ mod tests {
         let config = Config::parse(CONFIG.as_bytes()).unwrap();
         let mut claim = |_: &str, _: &str| -> Option<Vec<u8>> { panic!("no claim is read") };
         let head = request_head(
-            &config.policies[1],
+            &config.policies()[1],
             "POST",
             "/anon",
             &lines(&[("x-tenant", "a")]),

@@ -158,8 +158,8 @@ fn the_demo_filter_and_store_share_one_token_and_compose_runs_the_same_policies(
     let demo = plugin_config("envoy/demo.yaml");
     let script = std::fs::read_to_string(repo().join("scripts/demo.sh")).unwrap();
     assert!(
-        demo.store
-            .authorization
+        demo.store()
+            .authorization()
             .strip_prefix("Bearer ")
             .is_some_and(|token| script.contains(&format!("API_TOKEN={token} "))),
         "scripts/demo.sh must start the store with the token of envoy/demo.yaml"

@@ -134,21 +134,21 @@ impl Exchange {
 
     fn start(&mut self, head: RequestHead) -> Step {
         let fields: Vec<&[u8]> = head.key_fields.iter().map(Vec::as_slice).collect();
-        let key = match parse_key(&fields, &self.policy.key_rules) {
+        let key = match parse_key(&fields, self.policy.key_rules()) {
             Ok(Some(key)) => {
                 self.echo = Some(key.to_sf_string());
                 key
             }
-            Ok(None) if self.policy.require_key => {
-                let problem = Problem::key_missing(&head.method, &self.policy.name);
+            Ok(None) if self.policy.require_key() => {
+                let problem = Problem::key_missing(&head.method, self.policy.name());
                 return self.reject(Handling::Missing, problem);
             }
             Ok(None) => return Step::Continue,
             Err(e) => return self.reject(Handling::Invalid, Problem::key_invalid(e)),
         };
         let scope = client_scope(
-            &self.policy.identity,
-            &self.policy.name,
+            self.policy.identity(),
+            self.policy.name(),
             head.tenant.as_deref(),
             head.principal.as_deref(),
             key,
@@ -159,14 +159,14 @@ impl Exchange {
         }
         if head
             .content_length
-            .is_some_and(|n| n > self.policy.max_request_body as u64)
+            .is_some_and(|n| n > self.policy.max_request_body() as u64)
         {
             return self.too_large();
         }
         let fingerprint = Fingerprinter::new(
-            &self.policy.fingerprint,
+            self.policy.fingerprint(),
             &head.method,
-            &self.policy.name,
+            self.policy.name(),
             &head.path,
             &head.fingerprint_headers,
         );
@@ -183,7 +183,7 @@ impl Exchange {
             return Step::Continue;
         };
         *seen += chunk.len();
-        if *seen > self.policy.max_request_body {
+        if *seen > self.policy.max_request_body() {
             return self.too_large();
         }
         fingerprint.push(chunk);
@@ -200,18 +200,18 @@ impl Exchange {
         let Some(scope) = self.scope.clone() else {
             return Step::Continue;
         };
-        let wait_ms = match self.policy.in_flight {
+        let wait_ms = match self.policy.in_flight() {
             InFlight::Conflict => 0,
             InFlight::Wait { max_ms } => max_ms,
         };
         let mut request = ClaimRequest {
             scope,
             fingerprint: fingerprint.finish(),
-            lease_ms: self.policy.lease_ms,
-            ttl_ms: self.policy.ttl_ms,
+            lease_ms: self.policy.lease_ms(),
+            ttl_ms: self.policy.ttl_ms(),
             wait_ms,
-            after_expiry: self.policy.after_expiry,
-            on_unknown: self.policy.on_unknown,
+            after_expiry: self.policy.after_expiry(),
+            on_unknown: self.policy.on_unknown(),
             attempt: Some(self.attempt.clone()),
             deadline_ms: 0,
         };
@@ -254,7 +254,7 @@ impl Exchange {
         let Some((reply, body)) = reply else {
             // The store may have committed the claim and lost only its answer:
             // abandon it, so the retry the problem invites is a first request.
-            let next = match self.policy.failure_mode {
+            let next = match self.policy.failure_mode() {
                 FailureMode::Open => self.pass(Handling::FailOpen),
                 FailureMode::Closed => self.reject(Handling::StoreError, Problem::store_unavailable()),
             };
@@ -274,7 +274,7 @@ impl Exchange {
                 Step::Continue
             }
             ClaimReply::Replay { status, headers, .. } => {
-                if self.policy.mode == Mode::Observe {
+                if self.policy.mode() == Mode::Observe {
                     return self.pass(Handling::WouldReplay);
                 }
                 self.handling = Handling::Replayed;
@@ -351,7 +351,7 @@ impl Exchange {
         if !keepable
             || head
                 .content_length
-                .is_some_and(|n| n > self.policy.max_stored_body as u64)
+                .is_some_and(|n| n > self.policy.max_stored_body() as u64)
         {
             return self.complete(false);
         }
@@ -372,7 +372,7 @@ impl Exchange {
         };
         // Too large to keep: record the outcome without the body now, while
         // this chunk is held, and let the rest stream once that is done.
-        if kept.len() + chunk.len() > self.policy.max_stored_body {
+        if kept.len() + chunk.len() > self.policy.max_stored_body() {
             return self.complete(false);
         }
         kept.extend_from_slice(chunk);
@@ -461,14 +461,14 @@ impl Exchange {
         StoreCall {
             path,
             body,
-            timeout_ms: self.config.store.timeout_ms.saturating_add(extra_ms),
+            timeout_ms: self.config.store().timeout_ms().saturating_add(extra_ms),
         }
     }
 
     /// Answer with a problem, or in observe mode note what would have happened
     /// and let the request through.
     fn reject(&mut self, handling: Handling, problem: Problem) -> Step {
-        if self.policy.mode == Mode::Observe {
+        if self.policy.mode() == Mode::Observe {
             let would = match handling {
                 Handling::Conflict | Handling::Unknown => Handling::WouldConflict,
                 Handling::StoreError => Handling::StoreError,
@@ -478,7 +478,7 @@ impl Exchange {
         }
         self.handling = handling;
         self.phase = Phase::Answered;
-        let mut reply = problem.render(&self.config.doc_base);
+        let mut reply = problem.render(self.config.doc_base());
         reply
             .headers
             .extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
@@ -494,7 +494,7 @@ impl Exchange {
     fn too_large(&mut self) -> Step {
         self.reject(
             Handling::TooLarge,
-            Problem::body_too_large(self.policy.max_request_body),
+            Problem::body_too_large(self.policy.max_request_body()),
         )
     }
 }

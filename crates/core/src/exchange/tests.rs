@@ -123,7 +123,7 @@ fn a_malformed_key_is_answered_400_key_invalid() {
 #[test]
 fn a_missing_tenant_is_answered_400_identity_missing() {
     let config = Rc::new(Config::parse(CONFIG.as_bytes()).unwrap());
-    let policy = config.policies[0].clone();
+    let policy = config.policies()[0].clone();
     let head = RequestHead {
         key_fields: vec![b"k".to_vec()],
         end_of_stream: true,

@@ -1,0 +1,309 @@
+//! Plugin configuration: JSON from Envoy, parsed raw, then converted into a
+//! validated [`Config`]. Unknown fields and bad values are errors that name the
+//! field and say how to fix it. A minimal configuration is three lines:
+//!
+//! ```json
+//! {"store": {"cluster": "idempotency_store", "token": "secret"},
+//!  "policies": [{"name": "payments.create", "match": {"path": {"prefix": "/v1/payments"}},
+//!                "tenant": {"header": "x-tenant-id"}}]}
+//! ```
+
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::fingerprint::FingerprintSpec;
+use crate::key::KeyRules;
+
+mod matching;
+mod raw;
+
+pub use matching::{Matcher, PathMatch};
+
+pub const DEFAULT_DOC_BASE: &str = "https://idemgate.dev/problems/";
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    store: StoreConfig,
+    /// Problem `type` URIs are `doc_base` + the problem's slug.
+    doc_base: String,
+    /// Shared with every request's exchange without copying.
+    policies: Vec<Rc<Policy>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    cluster: String,
+    authority: String,
+    timeout_ms: u64,
+    /// `Bearer <token>`, built once rather than on every store call.
+    authorization: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    name: String,
+    matcher: Matcher,
+    require_key: bool,
+    key_rules: KeyRules,
+    identity: Identity,
+    fingerprint: FingerprintSpec,
+    ttl_ms: u64,
+    lease_ms: u64,
+    in_flight: InFlight,
+    after_expiry: AfterExpiry,
+    on_unknown: OnUnknown,
+    failure_mode: FailureMode,
+    release_statuses: Vec<u16>,
+    max_request_body: usize,
+    max_stored_body: usize,
+    /// Lower-case names replayed in addition to [`BASE_REPLAY_HEADERS`].
+    replay_headers: Vec<String>,
+    mode: Mode,
+}
+
+/// Read access only: a policy is built by [`Config::parse`], validated.
+impl Policy {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn matcher(&self) -> &Matcher {
+        &self.matcher
+    }
+    pub fn require_key(&self) -> bool {
+        self.require_key
+    }
+    pub fn key_rules(&self) -> &KeyRules {
+        &self.key_rules
+    }
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    pub fn fingerprint(&self) -> &FingerprintSpec {
+        &self.fingerprint
+    }
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight
+    }
+    pub fn after_expiry(&self) -> AfterExpiry {
+        self.after_expiry
+    }
+    pub fn on_unknown(&self) -> OnUnknown {
+        self.on_unknown
+    }
+    pub fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
+    }
+    pub fn release_statuses(&self) -> &[u16] {
+        &self.release_statuses
+    }
+    pub fn max_request_body(&self) -> usize {
+        self.max_request_body
+    }
+    pub fn max_stored_body(&self) -> usize {
+        self.max_stored_body
+    }
+    pub fn replay_headers(&self) -> &[String] {
+        &self.replay_headers
+    }
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+impl Config {
+    pub fn store(&self) -> &StoreConfig {
+        &self.store
+    }
+    /// Problem `type` URIs are `doc_base` + the problem's slug.
+    pub fn doc_base(&self) -> &str {
+        &self.doc_base
+    }
+    pub fn policies(&self) -> &[Rc<Policy>] {
+        &self.policies
+    }
+}
+
+impl StoreConfig {
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+    /// `Bearer <token>`.
+    pub fn authorization(&self) -> &str {
+        &self.authorization
+    }
+}
+
+/// Response headers that are stored and replayed for every policy.
+pub const BASE_REPLAY_HEADERS: [&str; 8] = [
+    "content-type",
+    "content-language",
+    "location",
+    "etag",
+    "last-modified",
+    "cache-control",
+    "link",
+    "content-encoding",
+];
+
+/// Never stored or replayed, whatever a policy lists.
+pub const NEVER_REPLAYED: [&str; 14] = [
+    "set-cookie",
+    "authorization",
+    "content-length",
+    "date",
+    "server",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "idempotency-control",
+];
+
+impl Policy {
+    /// Whether a response header is stored and replayed under this policy.
+    pub fn replays_header(&self, name: &str) -> bool {
+        let name = name.to_ascii_lowercase();
+        if NEVER_REPLAYED.contains(&name.as_str()) || name.starts_with("x-envoy-") || name.starts_with(':') {
+            return false;
+        }
+        BASE_REPLAY_HEADERS.contains(&name.as_str()) || self.replay_headers.contains(&name)
+    }
+
+    /// Whether an upstream status means "refused before acting" (release the
+    /// key): errors before execution, which Stripe v1 never stores and the
+    /// retry table tells clients to retry with the same key.
+    pub fn releases_on(&self, status: u16) -> bool {
+        DEFAULT_RELEASE_STATUSES.contains(&status) || self.release_statuses.contains(&status)
+    }
+}
+
+/// Statuses that release the key whatever the policy lists: the request was
+/// refused before it was acted on (bad request, credentials, rate limit...).
+pub const DEFAULT_RELEASE_STATUSES: [u16; 7] = [400, 401, 403, 408, 422, 425, 429];
+
+/// Where the tenant and principal of a request come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// One namespace for everyone on the route: an explicit opt-in.
+    Anonymous,
+    Sourced {
+        tenant: Source,
+        principal: Option<Source>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Source {
+    /// A request header set by a trusted earlier filter (lower-case name).
+    Header(String),
+    /// A claim that `jwt_authn` wrote with `payload_in_metadata: <payload>`.
+    Jwt { payload: String, claim: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlight {
+    Conflict,
+    /// Let the store hold the claim up to this long for the result.
+    Wait {
+        max_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterExpiry {
+    #[default]
+    Reject,
+    New,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnknown {
+    #[default]
+    Conflict,
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    #[default]
+    Closed,
+    Open,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Observe,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where the problem is, e.g. `policies[0].ttl_seconds`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid configuration at `{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+pub const DEFAULT_TTL_SECONDS: u64 = 24 * 60 * 60;
+pub const DEFAULT_LEASE_SECONDS: u64 = 60;
+pub const DEFAULT_WAIT_MAX_MS: u64 = 5_000;
+/// Below Envoy's default 1 MiB buffer limit, so the filter answers 413 itself with a problem.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 512 * 1024;
+pub const DEFAULT_MAX_STORED_BODY: usize = 512 * 1024;
+pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
+
+impl Config {
+    /// Parses and validates the plugin configuration.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        raw::parse(bytes)
+    }
+
+    /// The first policy whose match covers the request.
+    pub fn policy_for(&self, method: &str, host: &str, path: &str) -> Option<&Rc<Policy>> {
+        self.policies
+            .iter()
+            .find(|p| p.matcher.matches(method, host, path))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,383 @@
+//! The configuration as written (serde), and its validation into the types
+//! of [`super`]: every error names its field and says how to fix it.
+
+use serde::Deserialize;
+
+use super::*;
+use crate::fingerprint::FingerprintSpec;
+use crate::headers::is_header_name;
+use crate::key::KeyRules;
+use crate::limits;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    store: RawStore,
+    #[serde(default)]
+    doc_base: Option<String>,
+    policies: Vec<RawPolicy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    cluster: String,
+    #[serde(default)]
+    authority: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    token: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    host: Option<String>,
+    path: PathMatch,
+    #[serde(default)]
+    ignore_case: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFingerprint {
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    headers: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: String,
+    #[serde(rename = "match")]
+    matcher: RawMatch,
+    #[serde(default)]
+    require_key: Option<bool>,
+    #[serde(default)]
+    strict_syntax: Option<bool>,
+    #[serde(default)]
+    key_min_length: Option<usize>,
+    #[serde(default)]
+    key_max_length: Option<usize>,
+    #[serde(default)]
+    anonymous: Option<bool>,
+    #[serde(default)]
+    tenant: Option<Source>,
+    #[serde(default)]
+    principal: Option<Source>,
+    #[serde(default)]
+    fingerprint: Option<RawFingerprint>,
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    lease_seconds: Option<u64>,
+    #[serde(default)]
+    in_flight: Option<String>,
+    #[serde(default)]
+    wait_max_ms: Option<u64>,
+    #[serde(default)]
+    after_expiry: Option<AfterExpiry>,
+    #[serde(default)]
+    on_unknown: Option<OnUnknown>,
+    #[serde(default)]
+    failure_mode: Option<FailureMode>,
+    #[serde(default)]
+    release_statuses: Vec<u16>,
+    #[serde(default)]
+    max_request_body: Option<usize>,
+    #[serde(default)]
+    max_stored_body: Option<usize>,
+    #[serde(default)]
+    replay_headers: Vec<String>,
+    #[serde(default)]
+    mode: Option<Mode>,
+}
+
+impl RawStore {
+    fn validate(self) -> Result<StoreConfig, ConfigError> {
+        if self.cluster.is_empty() {
+            return Err(err(
+                "store.cluster",
+                "name the Envoy cluster that reaches the store",
+            ));
+        }
+        let timeout_ms = self.timeout_ms.unwrap_or(DEFAULT_STORE_TIMEOUT_MS);
+        if timeout_ms == 0 {
+            return Err(err(
+                "store.timeout_ms",
+                "must be at least 1; 0 would mean no timeout at all",
+            ));
+        }
+        if self.token.is_empty() || self.token.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(err(
+                "store.token",
+                "must be the store's API credential: non-empty visible ASCII",
+            ));
+        }
+        let authority = self.authority.unwrap_or_else(|| "idempotency-store".to_string());
+        if authority.is_empty() || authority.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(err(
+                "store.authority",
+                "must be the store's host name, e.g. `idempotency-store`",
+            ));
+        }
+        Ok(StoreConfig {
+            authority,
+            cluster: self.cluster,
+            timeout_ms,
+            authorization: format!("Bearer {}", self.token),
+        })
+    }
+}
+
+fn validate_source(source: Source, field: &str) -> Result<Source, ConfigError> {
+    match source {
+        Source::Header(h) => {
+            let h = h.to_ascii_lowercase();
+            if is_header_name(&h) {
+                Ok(Source::Header(h))
+            } else {
+                Err(err(
+                    format!("{field}.header"),
+                    "must be a header name such as `x-tenant-id`",
+                ))
+            }
+        }
+        Source::Jwt { payload, claim } if payload.is_empty() || claim.is_empty() => Err(err(
+            format!("{field}.jwt"),
+            "needs `payload` (jwt_authn's payload_in_metadata) and `claim`",
+        )),
+        jwt => Ok(jwt),
+    }
+}
+
+impl RawPolicy {
+    fn validate(self, at: &str) -> Result<Policy, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        if self.name.is_empty()
+            || self.name.len() > 128
+            || self.name.bytes().any(|b| !(0x21..=0x7e).contains(&b))
+        {
+            return Err(err(
+                f("name"),
+                "must be 1-128 visible ASCII characters, e.g. `payments.create`",
+            ));
+        }
+        let methods = self
+            .matcher
+            .methods
+            .iter()
+            .map(|m| m.to_ascii_uppercase())
+            .collect::<Vec<_>>();
+        if methods
+            .iter()
+            .any(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()))
+        {
+            return Err(err(f("match.methods"), "list HTTP methods such as `POST`"));
+        }
+        let ignore_case = self.matcher.ignore_case.unwrap_or(false);
+        let fold = |p: String| if ignore_case { p.to_ascii_lowercase() } else { p };
+        let path = match self.matcher.path {
+            PathMatch::Exact(p) | PathMatch::Prefix(p) | PathMatch::Template(p) if !p.starts_with('/') => {
+                return Err(err(f("match.path"), "must start with `/`"));
+            }
+            // Requests are matched in normal form, so the pattern is stored in it too.
+            PathMatch::Exact(p) => PathMatch::Exact(fold(crate::path::normalize(&p))),
+            PathMatch::Template(p) => PathMatch::Template(fold(crate::path::normalize(&p))),
+            PathMatch::Prefix(p) => PathMatch::Prefix(fold(p)),
+        };
+        let min = self.key_min_length.unwrap_or(1);
+        let max = self.key_max_length.unwrap_or(255);
+        if !(1..=255).contains(&max) {
+            return Err(err(f("key_max_length"), "must be between 1 and 255"));
+        }
+        if min == 0 || min > max {
+            return Err(err(
+                f("key_min_length"),
+                format!("must be between 1 and key_max_length ({max})"),
+            ));
+        }
+        let identity = match (self.anonymous.unwrap_or(false), self.tenant, self.principal) {
+            (true, None, None) => Identity::Anonymous,
+            (true, _, _) => {
+                return Err(err(
+                    f("anonymous"),
+                    "an anonymous policy cannot also name `tenant` or `principal`; remove one",
+                ));
+            }
+            (false, None, _) => {
+                return Err(err(
+                    f("tenant"),
+                    "say where the tenant comes from ({\"header\": \"x-tenant-id\"} or {\"jwt\": {\"payload\": \"jwt_payload\", \"claim\": \"tenant\"}}), or set `anonymous: true` to share one namespace",
+                ));
+            }
+            (false, Some(t), p) => Identity::Sourced {
+                tenant: validate_source(t, &f("tenant"))?,
+                principal: p.map(|p| validate_source(p, &f("principal"))).transpose()?,
+            },
+        };
+        let fingerprint = match self.fingerprint {
+            None => FingerprintSpec::default(),
+            Some(raw) => FingerprintSpec::from_parts(raw.mode.as_deref(), raw.exclude, raw.headers)
+                .map_err(|m| err(f("fingerprint"), m))?,
+        };
+        let ttl_s = self.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
+        if ttl_s == 0 || ttl_s > limits::MAX_TTL_MS / 1000 {
+            return Err(err(
+                f("ttl_seconds"),
+                format!(
+                    "must be between 1 and {} (366 days; the draft's default is 24 h: 86400)",
+                    limits::MAX_TTL_MS / 1000
+                ),
+            ));
+        }
+        let lease_s = self.lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS);
+        if lease_s == 0 || lease_s > limits::MAX_LEASE_MS / 1000 {
+            return Err(err(
+                f("lease_seconds"),
+                format!(
+                    "must be between 1 and {} (24 h) and longer than the upstream's timeout",
+                    limits::MAX_LEASE_MS / 1000
+                ),
+            ));
+        }
+        let in_flight = match (self.in_flight.as_deref(), self.wait_max_ms) {
+            (None | Some("conflict"), None) => InFlight::Conflict,
+            (None | Some("conflict"), Some(_)) => {
+                return Err(err(f("wait_max_ms"), "only applies with `in_flight: \"wait\"`"));
+            }
+            (Some("wait"), w) => match w.unwrap_or(DEFAULT_WAIT_MAX_MS) {
+                0 => return Err(err(f("wait_max_ms"), "must be at least 1")),
+                w if w > limits::MAX_WAIT_MS => {
+                    return Err(err(
+                        f("wait_max_ms"),
+                        format!(
+                            "must be at most {} (the store holds a claim no longer)",
+                            limits::MAX_WAIT_MS
+                        ),
+                    ));
+                }
+                max_ms => InFlight::Wait { max_ms },
+            },
+            (Some(other), _) => {
+                return Err(err(
+                    f("in_flight"),
+                    format!("`{other}` is not one of `conflict`, `wait`"),
+                ));
+            }
+        };
+        if let Some(s) = self.release_statuses.iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(err(f("release_statuses"), format!("{s} is not an HTTP status")));
+        }
+        let max_request_body = self.max_request_body.unwrap_or(DEFAULT_MAX_REQUEST_BODY);
+        if max_request_body == 0 {
+            return Err(err(f("max_request_body"), "must be at least 1 byte"));
+        }
+        let replay_headers = self
+            .replay_headers
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect::<Vec<_>>();
+        if let Some(h) = replay_headers.iter().find(|h| !is_header_name(h)) {
+            return Err(err(f("replay_headers"), format!("`{h}` is not a header name")));
+        }
+        if BASE_REPLAY_HEADERS.len() + replay_headers.len() > limits::MAX_HEADERS {
+            return Err(err(
+                f("replay_headers"),
+                format!(
+                    "at most {} extra headers: the store keeps at most {} per response",
+                    limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len(),
+                    limits::MAX_HEADERS
+                ),
+            ));
+        }
+        let max_stored_body = self.max_stored_body.unwrap_or(DEFAULT_MAX_STORED_BODY);
+        if max_stored_body > limits::MAX_STORED_BODY {
+            return Err(err(
+                f("max_stored_body"),
+                format!(
+                    "must be at most {} bytes (4 MiB), the largest response the store keeps; larger responses stream through unstored anyway",
+                    limits::MAX_STORED_BODY
+                ),
+            ));
+        }
+        Ok(Policy {
+            name: self.name,
+            matcher: Matcher {
+                methods,
+                host: self.matcher.host,
+                path,
+                ignore_case,
+            },
+            require_key: self.require_key.unwrap_or(true),
+            key_rules: KeyRules {
+                strict: self.strict_syntax.unwrap_or(false),
+                min_len: min,
+                max_len: max,
+            },
+            identity,
+            fingerprint,
+            ttl_ms: ttl_s.saturating_mul(1000),
+            lease_ms: lease_s.saturating_mul(1000),
+            in_flight,
+            after_expiry: self.after_expiry.unwrap_or_default(),
+            on_unknown: self.on_unknown.unwrap_or_default(),
+            failure_mode: self.failure_mode.unwrap_or_default(),
+            release_statuses: self.release_statuses,
+            max_request_body,
+            max_stored_body,
+            replay_headers,
+            mode: self.mode.unwrap_or_default(),
+        })
+    }
+}
+
+/// Parses and validates the plugin configuration.
+pub(super) fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+        err(
+            "(document)",
+            format!("{e}; the configuration must be a JSON object with `store` and `policies`"),
+        )
+    })?;
+    let store = raw.store.validate()?;
+    let doc_base = raw.doc_base.unwrap_or_else(|| DEFAULT_DOC_BASE.to_string());
+    if doc_base.is_empty() || doc_base.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+        return Err(err(
+            "doc_base",
+            "must be a non-empty URI without spaces, e.g. https://docs.example/problems/",
+        ));
+    }
+    if raw.policies.is_empty() {
+        return Err(err(
+            "policies",
+            "add at least one policy; without one the filter does nothing",
+        ));
+    }
+    let mut policies = Vec::with_capacity(raw.policies.len());
+    for (i, p) in raw.policies.into_iter().enumerate() {
+        let policy = p.validate(&format!("policies[{i}]"))?;
+        if policies.iter().any(|q: &Rc<Policy>| q.name == policy.name) {
+            return Err(err(
+                format!("policies[{i}].name"),
+                format!(
+                    "`{}` is used twice; policy names scope records and must be unique",
+                    policy.name
+                ),
+            ));
+        }
+        policies.push(Rc::new(policy));
+    }
+    Ok(Config {
+        store,
+        doc_base,
+        policies,
+    })
+}
