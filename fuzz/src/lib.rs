@@ -97,7 +97,7 @@ pub fn config(data: &[u8]) {
     assert!(!config.policies().is_empty());
     for (i, p) in config.policies().iter().enumerate() {
         assert!(
-            config.policies()[..i].iter().all(|q| q.name != p.name()),
+            config.policies()[..i].iter().all(|q| q.name() != p.name()),
             "policy name {:?} accepted twice",
             p.name()
         );
