@@ -537,3 +537,19 @@ fn a_refused_completion_is_reported_as_failed() {
     );
     assert_eq!(ex.settlement(), Some(Settlement::Failed));
 }
+
+#[test]
+fn a_refused_completion_is_also_a_refusal_to_report() {
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(201, &[], true));
+    let refused = Some((
+        400,
+        br#"{"detail":"status must be between 100 and 599"}"#.to_vec(),
+    ));
+    assert_eq!(ex.store_reply(refused), Step::Continue);
+    assert_eq!(ex.settlement(), Some(Settlement::Failed));
+    assert_eq!(
+        ex.take_store_refusal(),
+        Some((400, "status must be between 100 and 599".to_string()))
+    );
+}
