@@ -22,6 +22,14 @@ fn assert_problem(answer: &Answer, status: u16, slug: &str) {
         "link header {link:?}"
     );
     assert_eq!(answer.json()["status"], status);
+    // The retry hints SDKs obey, on every problem.
+    let retry = if matches!(slug, "request-in-progress" | "store-unavailable") {
+        "true"
+    } else {
+        "false"
+    };
+    assert_eq!(answer.header("x-should-retry"), Some(retry), "{answer:?}");
+    assert_eq!(answer.header("stripe-should-retry"), Some(retry), "{answer:?}");
 }
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR", "client_time": "10:00"}"#;
@@ -138,11 +146,13 @@ async fn a_key_in_progress_gets_409_with_retry_after() {
     .await;
     let busy = send(h.post("/pay", Some(&k), PAYMENT)).await;
     assert_problem(&busy, 409, "request-in-progress");
-    let retry: u64 = busy
-        .header("retry-after")
+    // A short hint, not the 60 s left of the lease.
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    let retry_ms: u64 = busy
+        .header("retry-after-ms")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    assert!(retry >= 1, "retry-after {retry}");
+    assert!((1..=1_000).contains(&retry_ms), "retry-after-ms {retry_ms}");
     assert_eq!(first.await.map(|a| a.status).ok(), Some(201));
     assert_eq!(h.upstream.executions(&k), 1);
 }

@@ -51,6 +51,16 @@ impl ProblemKind {
         ProblemKind::NotFound,
     ];
 
+    /// Whether the same request, sent again later with the same key, can
+    /// succeed: the record was busy or the store unreachable. Every other
+    /// problem is final for that request.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable
+        )
+    }
+
     /// The last segment of the problem's `type` URI.
     pub fn slug(self) -> &'static str {
         self.describe().0
@@ -104,7 +114,9 @@ impl ProblemKind {
 pub struct Problem {
     pub kind: ProblemKind,
     pub detail: String,
-    pub retry_after_s: Option<u64>,
+    /// When to come back; rendered as `Retry-After` (whole seconds, at
+    /// least 1) and `retry-after-ms`.
+    pub retry_after_ms: Option<u64>,
     /// Milliseconds since the epoch; rendered as RFC 3339.
     pub completed_at: Option<i64>,
     pub original_status: Option<u16>,
@@ -129,13 +141,16 @@ impl Problem {
         Problem {
             kind,
             detail: detail.into(),
-            retry_after_s: None,
+            retry_after_ms: None,
             completed_at: None,
             original_status: None,
         }
     }
-    pub fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after_s = Some(seconds.max(1));
+    pub fn retry_after(self, seconds: u64) -> Self {
+        self.retry_after_ms(seconds.max(1).saturating_mul(1000))
+    }
+    pub fn retry_after_ms(mut self, ms: u64) -> Self {
+        self.retry_after_ms = Some(ms.max(1));
         self
     }
     pub fn completed_at(mut self, ms: Option<i64>) -> Self {
@@ -194,7 +209,7 @@ impl Problem {
             ProblemKind::RequestInProgress,
             "a request with this key is still being processed; retry after the indicated time",
         )
-        .retry_after(retry_after_ms.div_ceil(1000))
+        .retry_after_ms(retry_after_ms)
     }
 
     pub fn key_reused() -> Self {
@@ -238,8 +253,15 @@ impl Problem {
             ("cache-control".to_string(), "no-store".to_string()),
             ("link".to_string(), format!("<{type_uri}>; rel=\"describedby\"")),
         ];
-        if let Some(seconds) = self.retry_after_s {
-            headers.push(("retry-after".to_string(), seconds.to_string()));
+        // The retry hints SDKs obey besides Retry-After: Stainless-generated
+        // clients read `x-should-retry` and `retry-after-ms`, Stripe's read
+        // `Stripe-Should-Retry`.
+        let retry = if self.kind.retryable() { "true" } else { "false" };
+        headers.push(("x-should-retry".to_string(), retry.to_string()));
+        headers.push(("stripe-should-retry".to_string(), retry.to_string()));
+        if let Some(ms) = self.retry_after_ms {
+            headers.push(("retry-after".to_string(), ms.div_ceil(1000).max(1).to_string()));
+            headers.push(("retry-after-ms".to_string(), ms.to_string()));
         }
         Reply {
             status: self.kind.status(),
@@ -364,6 +386,29 @@ mod tests {
             .retry_after(7)
             .render(BASE);
         assert_eq!(header(&reply, "retry-after"), Some("7"));
+        assert_eq!(header(&reply, "retry-after-ms"), Some("7000"));
+        let reply = Problem::new(ProblemKind::RequestInProgress, "soon")
+            .retry_after_ms(250)
+            .render(BASE);
+        assert_eq!(header(&reply, "retry-after"), Some("1"));
+        assert_eq!(header(&reply, "retry-after-ms"), Some("250"));
+    }
+
+    #[test]
+    fn every_problem_tells_sdks_whether_to_retry() {
+        for kind in ProblemKind::ALL {
+            let reply = Problem::new(kind, "d").render(BASE);
+            let want = if matches!(
+                kind,
+                ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable
+            ) {
+                "true"
+            } else {
+                "false"
+            };
+            assert_eq!(header(&reply, "x-should-retry"), Some(want), "{kind:?}");
+            assert_eq!(header(&reply, "stripe-should-retry"), Some(want), "{kind:?}");
+        }
     }
 
     #[test]

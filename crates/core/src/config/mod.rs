@@ -61,6 +61,7 @@ pub struct Policy {
     /// Lower-case names replayed in addition to [`BASE_REPLAY_HEADERS`].
     replay_headers: Vec<String>,
     mode: Mode,
+    in_progress_retry_after_ms: u64,
 }
 
 /// Read access only: a policy is built by [`Config::parse`], validated.
@@ -115,6 +116,11 @@ impl Policy {
     }
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+    /// How soon a request that found its key in progress is told to come
+    /// back (never later than the owner's lease ends).
+    pub fn in_progress_retry_after_ms(&self) -> u64 {
+        self.in_progress_retry_after_ms
     }
 }
 
@@ -286,6 +292,9 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 60 * 60;
 pub const DEFAULT_LEASE_SECONDS: u64 = 60;
 pub const DEFAULT_WAIT_MAX_MS: u64 = 5_000;
+/// A short hint: most requests finish within a second, and an SDK that obeys
+/// `Retry-After` would otherwise wait for the whole lease.
+pub const DEFAULT_IN_PROGRESS_RETRY_AFTER_MS: u64 = 1_000;
 /// Below Envoy's default 1 MiB buffer limit, so the filter answers 413 itself with a problem.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 512 * 1024;
 pub const DEFAULT_MAX_STORED_BODY: usize = 512 * 1024;

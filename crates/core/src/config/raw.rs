@@ -83,6 +83,8 @@ struct RawPolicy {
     #[serde(default)]
     wait_max_ms: Option<u64>,
     #[serde(default)]
+    in_progress_retry_after_ms: Option<u64>,
+    #[serde(default)]
     after_expiry: Option<AfterExpiry>,
     #[serde(default)]
     on_unknown: Option<OnUnknown>,
@@ -273,6 +275,15 @@ impl RawPolicy {
                 ));
             }
         };
+        let in_progress_retry_after_ms = self
+            .in_progress_retry_after_ms
+            .unwrap_or(DEFAULT_IN_PROGRESS_RETRY_AFTER_MS);
+        if !(1..=limits::MAX_WAIT_MS).contains(&in_progress_retry_after_ms) {
+            return Err(err(
+                f("in_progress_retry_after_ms"),
+                format!("must be between 1 and {}", limits::MAX_WAIT_MS),
+            ));
+        }
         if let Some(s) = self.release_statuses.iter().find(|s| !(100..=599).contains(*s)) {
             return Err(err(f("release_statuses"), format!("{s} is not an HTTP status")));
         }
@@ -335,6 +346,7 @@ impl RawPolicy {
             max_stored_body,
             replay_headers,
             mode: self.mode.unwrap_or_default(),
+            in_progress_retry_after_ms,
         })
     }
 }

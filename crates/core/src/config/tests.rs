@@ -77,6 +77,7 @@ fn the_minimal_config_parses_with_the_defaults() {
         max_stored_body: DEFAULT_MAX_STORED_BODY,
         replay_headers: vec![],
         mode: Mode::Enforce,
+        in_progress_retry_after_ms: 1_000,
     };
     assert_eq!(config.policies, vec![Rc::new(want)]);
 }
@@ -205,6 +206,8 @@ rejects!(a_wait_bound_with_conflict_is_rejected, {}, {"in_flight": "conflict", "
 rejects!(a_zero_wait_bound_is_rejected, {}, {"in_flight": "wait", "wait_max_ms": 0} => "policies[0].wait_max_ms");
 rejects!(an_unknown_in_flight_is_rejected, {}, {"in_flight": "queue"} => "policies[0].in_flight");
 rejects!(an_unknown_after_expiry_is_rejected, {}, {"after_expiry": "ignore"} => "(document)");
+rejects!(an_in_progress_retry_hint_of_zero_is_rejected, {}, {"in_progress_retry_after_ms": 0} => "policies[0].in_progress_retry_after_ms");
+rejects!(an_in_progress_retry_hint_over_a_minute_is_rejected, {}, {"in_progress_retry_after_ms": 60_001} => "policies[0].in_progress_retry_after_ms");
 rejects!(a_release_status_over_599_is_rejected, {}, {"release_statuses": [600]} => "policies[0].release_statuses");
 rejects!(a_release_status_under_100_is_rejected, {}, {"release_statuses": [99]} => "policies[0].release_statuses");
 rejects!(a_zero_max_request_body_is_rejected, {}, {"max_request_body": 0} => "policies[0].max_request_body");

@@ -300,7 +300,8 @@ impl Exchange {
                 Problem::result_unavailable(original_status, completed_at),
             ),
             ClaimReply::InProgress { retry_after_ms } => {
-                self.reject(Handling::Conflict, Problem::request_in_progress(retry_after_ms))
+                let hint = retry_after_ms.min(self.policy.in_progress_retry_after_ms());
+                self.reject(Handling::Conflict, Problem::request_in_progress(hint))
             }
             ClaimReply::Mismatch => self.reject(Handling::Mismatch, Problem::key_reused()),
             ClaimReply::Unknown => self.reject(Handling::Unknown, Problem::outcome_unknown()),

@@ -196,18 +196,53 @@ fn store_verdicts_map_to_the_contract_answers() {
 }
 
 #[test]
-fn in_progress_carries_retry_after_rounded_up_and_unknown_carries_none() {
-    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-    let Step::Respond(busy) = ex.store_reply(reply(ClaimReply::InProgress { retry_after_ms: 1001 }, b""))
-    else {
-        panic!()
+fn in_progress_hints_a_short_retry_and_unknown_none() {
+    let busy = |remaining_ms: u64| {
+        let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+        let Step::Respond(reply) = ex.store_reply(reply(
+            ClaimReply::InProgress {
+                retry_after_ms: remaining_ms,
+            },
+            b"",
+        )) else {
+            panic!()
+        };
+        let get = |name: &str| {
+            reply
+                .headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        (
+            get("retry-after"),
+            get("retry-after-ms"),
+            get("x-should-retry"),
+            get("stripe-should-retry"),
+        )
     };
-    assert!(busy.headers.contains(&("retry-after".into(), "2".into())));
+    let yes = Some("true".to_string());
+    // The policy's hint (1 s by default), not the whole remaining lease...
+    assert_eq!(
+        busy(59_000),
+        (Some("1".into()), Some("1000".into()), yes.clone(), yes.clone())
+    );
+    // ...and never beyond it.
+    assert_eq!(
+        busy(300),
+        (Some("1".into()), Some("300".into()), yes.clone(), yes)
+    );
     let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
     let Step::Respond(unknown) = ex.store_reply(reply(ClaimReply::Unknown, b"")) else {
         panic!()
     };
     assert!(!unknown.headers.iter().any(|(n, _)| n == "retry-after"));
+    assert!(unknown
+        .headers
+        .contains(&("x-should-retry".into(), "false".into())));
+    assert!(unknown
+        .headers
+        .contains(&("stripe-should-retry".into(), "false".into())));
 }
 
 #[test]
@@ -536,4 +571,20 @@ fn a_refused_completion_is_reported_as_failed() {
         Step::Continue
     );
     assert_eq!(ex.settlement(), Some(Settlement::Failed));
+}
+
+#[test]
+fn a_refused_completion_is_also_a_refusal_to_report() {
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(201, &[], true));
+    let refused = Some((
+        400,
+        br#"{"detail":"status must be between 100 and 599"}"#.to_vec(),
+    ));
+    assert_eq!(ex.store_reply(refused), Step::Continue);
+    assert_eq!(ex.settlement(), Some(Settlement::Failed));
+    assert_eq!(
+        ex.take_store_refusal(),
+        Some((400, "status must be between 100 and 599".to_string()))
+    );
 }
