@@ -17,12 +17,22 @@
 // anyway, and boxing it would only add an allocation on the error path.
 #![allow(clippy::result_large_err)]
 
+/// An event's columns, in table order (after its `id`), for `concat!`.
+macro_rules! event_columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
+         fingerprint, status, actor, detail, duration_ms"
+    };
+}
+
 pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod clock;
+pub mod columns;
+pub mod conditions;
 pub mod metrics;
 pub mod openapi;
 pub mod postgres;
