@@ -13,10 +13,6 @@
 //! Tests start the whole service in a few lines: bind a listener on port 0,
 //! build an [`AppState`], and spawn [`run`].
 
-// Handlers use a ready `Response` as their error type: it is what they return
-// anyway, and boxing it would only add an allocation on the error path.
-#![allow(clippy::result_large_err)]
-
 /// An event's columns, in table order (after its `id`), for `concat!`.
 macro_rules! event_columns {
     () => {
@@ -53,16 +49,18 @@ pub use backend::{open_backend, Backend, StoreError};
 pub use clock::Clock;
 pub use service::Store;
 
-/// Everything a request handler needs.
+/// Everything a request handler needs: the store and the service's settings.
 #[derive(Clone)]
 pub struct AppState {
-    pub inner: Arc<Inner>,
+    pub store: Store,
+    pub settings: Arc<Settings>,
 }
 
-pub struct Inner {
-    pub store: Store,
+/// How the HTTP surface is configured.
+pub struct Settings {
     pub api_token: auth::Credential,
     pub admin_token: auth::Credential,
+    /// Where problem type URIs point.
     pub doc_base: String,
     /// Largest request body accepted on any endpoint.
     pub max_body_bytes: usize,
@@ -71,16 +69,14 @@ pub struct Inner {
 
 impl AppState {
     pub fn new(store: Store, api_token: &str, admin_token: &str) -> AppState {
-        AppState {
-            inner: Arc::new(Inner {
-                store,
-                api_token: auth::Credential::new(api_token),
-                admin_token: auth::Credential::new(admin_token),
-                doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-                sweep: sweeper::SweepSettings::default(),
-            }),
-        }
+        AppState::with(
+            store,
+            api_token,
+            admin_token,
+            idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
+            DEFAULT_MAX_BODY_BYTES,
+            sweeper::SweepSettings::default(),
+        )
     }
 
     pub fn with(
@@ -92,8 +88,8 @@ impl AppState {
         sweep: sweeper::SweepSettings,
     ) -> AppState {
         AppState {
-            inner: Arc::new(Inner {
-                store,
+            store,
+            settings: Arc::new(Settings {
                 api_token: auth::Credential::new(api_token),
                 admin_token: auth::Credential::new(admin_token),
                 doc_base,
@@ -160,6 +156,10 @@ pub fn app(state: AppState) -> Router {
         .merge(v1)
         .merge(admin)
         .fallback(api::not_found)
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            problem::render_refusals,
+        ))
         // Bodies are read with our own limit so an oversize body gets a
         // problem+json 413 instead of axum's plain-text one.
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -174,10 +174,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sweeper = if state.inner.sweep.enabled {
+    let sweeper = if state.settings.sweep.enabled {
         Some(tokio::spawn(sweeper::run(
-            state.inner.store.clone(),
-            state.inner.sweep.clone(),
+            state.store.clone(),
+            state.settings.sweep.clone(),
             stop_rx,
         )))
     } else {
