@@ -3,8 +3,10 @@
 //! side by side in one run (ratios, not absolute numbers, are what to compare
 //! across machines).
 //!
-//! `idempotency-store-bench [--database-url URL] [--concurrency N] [--seconds S]`
-//! Without a URL it uses a fresh SQLite file in the temp directory.
+//! `cargo run --release -p idemgate-store-load -- [--database-url URL] [--concurrency N] [--seconds S]`
+//! (the binary is `idempotency-store-bench`). Without a URL it uses a fresh
+//! SQLite file in the temp directory. It lives outside the store's crate so
+//! that the service itself carries no HTTP client.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
