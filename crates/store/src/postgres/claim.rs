@@ -10,7 +10,7 @@ use tokio_postgres::NoTls;
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
-use super::rows::{Bind, CLAIM, REPLACE_GENERATION};
+use super::rows::{Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::{log_all, Postgres};
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
@@ -30,6 +30,20 @@ struct Claimed<'r> {
 }
 
 impl<'r> Claimed<'r> {
+    /// `key`'s parameters, the claim's, then `extra`.
+    fn bind<'p>(&'p self, key: &'p KeyColumns<'_>, extra: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut params = key.bind(&[
+            &self.fingerprint,
+            &self.lease_until,
+            &self.ttl_ms,
+            &self.release,
+            &self.now,
+            &self.attempt,
+        ]);
+        params.extend_from_slice(extra);
+        params
+    }
+
     fn of(req: &'r ClaimRequest, now: i64) -> Claimed<'r> {
         Claimed {
             fingerprint: req.fingerprint.map(|f| f.to_hex()),
@@ -59,15 +73,7 @@ impl Postgres {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(StoreError::Late);
             }
-            let c = &claimed;
-            let params = key.bind(&[
-                &c.fingerprint,
-                &c.lease_until,
-                &c.ttl_ms,
-                &c.release,
-                &c.now,
-                &c.attempt,
-            ]);
+            let params = claimed.bind(&key, &[]);
             let query = client.query(&claim_stmt, &params);
             let rows = match deadline {
                 None => query.await,
@@ -174,17 +180,7 @@ impl Postgres {
                     .await
                     .map_err(unavailable)?;
                 let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
-                let c = claimed;
-                let params = key.bind(&[
-                    &c.fingerprint,
-                    &c.lease_until,
-                    &c.ttl_ms,
-                    &c.release,
-                    &c.now,
-                    &c.attempt,
-                    &old_fence,
-                    &old_state,
-                ]);
+                let params = claimed.bind(&key, &[&old_fence, &old_state]);
                 let row = tx.query_one(&stmt, &params).await.map_err(unavailable)?;
                 let fence = row.unsigned("fence")?;
                 events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);
