@@ -4,11 +4,14 @@
 //! The filter calls `POST /v1/claim` before forwarding a request and
 //! `/v1/complete`, `/v1/release` or `/v1/mark-unknown` afterwards, always with
 //! the fencing token it got from the claim. Every decision about an existing
-//! record is made by the pure rules in [`idemgate_core::record`], so the
-//! SQLite and PostgreSQL backends cannot disagree; a backend only loads the
-//! record and carries the decision out atomically. Expiry, archiving and
-//! purging are a batched background job ([`sweeper`]), never a scan on the
-//! request path.
+//! record is made by the pure rules in [`idemgate_core::record`]; a backend
+//! only loads the record and carries the decision out atomically. Where a
+//! statement must pick rows in SQL instead (PostgreSQL's one-statement
+//! completion, guards, the sweeper), it writes the conditions [`conditions`]
+//! builds from those same rules, and rows map to values through one
+//! [`columns`] mapping, so the SQLite and PostgreSQL backends cannot disagree.
+//! Expiry, archiving and purging are a batched background job ([`sweeper`]),
+//! never a scan on the request path.
 //!
 //! Tests start the whole service in a few lines: bind a listener on port 0,
 //! build an [`AppState`], and spawn [`run`].
