@@ -8,7 +8,7 @@
 use idemgate_core::config::OnUnknown;
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::Key;
-use idemgate_core::record::{RecordView, State};
+use idemgate_core::record::{self, RecordView, State};
 use idemgate_core::scope::{Namespace, Scope};
 
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
@@ -146,6 +146,24 @@ pub struct LoadedRecord {
 }
 
 impl LoadedRecord {
+    /// Whether `complete`, `release` or `mark-unknown` with `fence` may act:
+    /// [`record::may_fence`], and archived records are history.
+    pub fn may_fence(&self, fence: u64) -> bool {
+        !self.archived && record::may_fence(self.view.state, self.view.fence, fence)
+    }
+
+    /// Whether an abandon of `attempt` may release it: [`record::may_abandon`],
+    /// and archived records are history.
+    pub fn may_abandon(&self, attempt: &str) -> bool {
+        !self.archived && record::may_abandon(self.view.state, self.attempt.as_deref(), attempt)
+    }
+
+    /// Whether an operator may resolve it: in progress or unknown (the states
+    /// a fence call acts on), and not archived.
+    pub fn is_open(&self) -> bool {
+        self.may_fence(self.view.fence)
+    }
+
     /// Reads `state`, `fingerprint`, `fence`, `lease_until`, `ttl_ms`,
     /// `response_status`, `response_headers`, `body_stored`, `completed_at`,
     /// `expires_at`, `archived` (a flag) and `attempt`.

@@ -36,7 +36,7 @@ static COMPLETE: LazyLock<String> = LazyLock::new(|| {
 
 /// Whether a fence call with `fence` may act on `locked`: [`record::may_fence`].
 fn fenced(locked: Option<LoadedRecord>, fence: u64) -> Option<LoadedRecord> {
-    locked.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence))
+    locked.filter(|l| l.may_fence(fence))
 }
 
 impl Postgres {
@@ -105,10 +105,7 @@ impl Postgres {
             Box::pin(async move {
                 let attempt = attempt.as_str();
                 match locked {
-                    Some(l)
-                        if !l.archived
-                            && record::may_abandon(l.view.state, l.attempt.as_deref(), attempt) =>
-                    {
+                    Some(l) if l.may_abandon(attempt) => {
                         let by = (Transition::Abandoned, actor::FILTER, None);
                         Ok((
                             FenceReply::Done,
@@ -139,7 +136,7 @@ impl Postgres {
                 let Some(loaded) = locked else {
                     return Ok((false, Vec::new()));
                 };
-                if loaded.archived || !matches!(loaded.view.state, State::InProgress | State::Unknown) {
+                if !loaded.is_open() {
                     return Ok((false, Vec::new()));
                 }
                 match how {

@@ -138,7 +138,7 @@ pub(super) fn set_unknown(conn: &Connection, key: &KeyColumns<'_>, expires_at: i
 /// The record, if the caller holds its current fence and it is still open:
 /// `record::may_fence`, checked on the writer.
 pub(super) fn fenced(conn: &Connection, key: &KeyColumns<'_>, fence: u64) -> Result<Option<LoadedRecord>> {
-    Ok(load(conn, key)?.filter(|l| !l.archived && record::may_fence(l.view.state, l.view.fence, fence)))
+    Ok(load(conn, key)?.filter(|l| l.may_fence(fence)))
 }
 
 pub(super) fn next_fence(conn: &Connection) -> Result<u64> {

@@ -71,7 +71,7 @@ pub(super) fn abandon(
     let key = KeyColumns::of(&req.scope);
     let attempt = req.attempt.as_str();
     match load(conn, &key)? {
-        Some(l) if !l.archived && record::may_abandon(l.view.state, l.attempt.as_deref(), attempt) => {
+        Some(l) if l.may_abandon(attempt) => {
             let by = (Transition::Abandoned, actor::FILTER, None);
             end_generation(conn, &key, l.view.state, by, now, journal)?;
             Ok(FenceReply::Done)
@@ -121,7 +121,7 @@ pub(super) fn resolve(
     let Some(loaded) = load(conn, &key)? else {
         return Ok(false);
     };
-    if loaded.archived || !matches!(loaded.view.state, State::InProgress | State::Unknown) {
+    if !loaded.is_open() {
         return Ok(false);
     }
     match how {
