@@ -64,6 +64,25 @@ static REPLAYS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Unknown records for operators: `$1` the limit.
+static LIST_UNKNOWN: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{unknown}} AND archived_at IS NULL \
+         ORDER BY created_at LIMIT $1",
+        *INFO_COLUMNS
+    ))
+});
+/// In-progress records created at `$1` or before: `$2` the limit.
+static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{leased}} AND created_at <= $1 \
+         ORDER BY created_at LIMIT $2",
+        *INFO_COLUMNS
+    ))
+});
+static OLDEST_IN_PROGRESS: LazyLock<String> =
+    LazyLock::new(|| expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}"));
+
 pub struct Postgres {
     connections: Connections,
     replays: Arc<ReplayCounts>,
@@ -264,22 +283,10 @@ impl Backend for Postgres {
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
         let limit = i64::from(limit);
         match which {
-            Listing::Unknown => {
-                let sql = expand(&format!(
-                    "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{unknown}} \
-                     AND archived_at IS NULL ORDER BY created_at LIMIT $1",
-                    *INFO_COLUMNS
-                ));
-                self.infos(&sql, &[&limit]).await
-            }
+            Listing::Unknown => self.infos(&LIST_UNKNOWN, &[&limit]).await,
             Listing::Stuck { older_than_ms } => {
-                let sql = expand(&format!(
-                    "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{leased}} \
-                     AND created_at <= $1 ORDER BY created_at LIMIT $2",
-                    *INFO_COLUMNS
-                ));
                 let before = now.saturating_sub(i64_from(older_than_ms));
-                self.infos(&sql, &[&before, &limit]).await
+                self.infos(&LIST_STUCK, &[&before, &limit]).await
             }
         }
     }
@@ -297,8 +304,7 @@ impl Backend for Postgres {
     }
 
     async fn oldest_in_progress(&self) -> Result<Option<i64>> {
-        let sql = expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}");
-        match self.connections.query(&sql, &[]).await?.first() {
+        match self.connections.query(&OLDEST_IN_PROGRESS, &[]).await?.first() {
             Some(row) => row.optional_int("oldest"),
             None => Ok(None),
         }

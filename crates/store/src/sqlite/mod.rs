@@ -12,7 +12,7 @@
 //! goes to the writer afterwards without being awaited (see
 //! [`crate::replays`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -51,6 +51,25 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_records.sql")),
     (2, include_str!("migrations/0002_generations.sql")),
 ];
+
+/// Unknown records for operators: `?1` the limit.
+static LIST_UNKNOWN: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL AS ended_at FROM idempotency_records WHERE {{unknown}} AND archived_at IS NULL \
+         ORDER BY created_at LIMIT ?1",
+        *INFO_COLUMNS
+    ))
+});
+/// In-progress records created at `?1` or before: `?2` the limit.
+static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL AS ended_at FROM idempotency_records WHERE {{leased}} AND created_at <= ?1 \
+         ORDER BY created_at LIMIT ?2",
+        *INFO_COLUMNS
+    ))
+});
+static OLDEST_IN_PROGRESS: LazyLock<String> =
+    LazyLock::new(|| expand("SELECT min(created_at) FROM idempotency_records WHERE {leased}"));
 
 pub struct Sqlite {
     engine: Engine,
@@ -216,22 +235,10 @@ impl Backend for Sqlite {
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
         self.engine
             .read(move |conn| match which {
-                Listing::Unknown => {
-                    let sql = expand(&format!(
-                        "SELECT {}, NULL AS ended_at FROM idempotency_records WHERE {{unknown}} AND archived_at IS NULL \
-                         ORDER BY created_at LIMIT ?1",
-                        *INFO_COLUMNS
-                    ));
-                    query_infos(conn, &sql, params![limit])
-                }
+                Listing::Unknown => query_infos(conn, &LIST_UNKNOWN, params![limit]),
                 Listing::Stuck { older_than_ms } => {
-                    let sql = expand(&format!(
-                        "SELECT {}, NULL AS ended_at FROM idempotency_records WHERE {{leased}} AND created_at <= ?1 \
-                         ORDER BY created_at LIMIT ?2",
-                        *INFO_COLUMNS
-                    ));
                     let before = now.saturating_sub(i64_from(older_than_ms));
-                    query_infos(conn, &sql, params![before, limit])
+                    query_infos(conn, &LIST_STUCK, params![before, limit])
                 }
             })
             .await
@@ -258,8 +265,9 @@ impl Backend for Sqlite {
     async fn oldest_in_progress(&self) -> Result<Option<i64>> {
         self.engine
             .read(|conn| {
-                let sql = expand("SELECT min(created_at) FROM idempotency_records WHERE {leased}");
-                conn.query_row(&sql, [], |r| r.get(0)).map_err(unavailable)
+                conn.prepare_cached(&OLDEST_IN_PROGRESS)
+                    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+                    .map_err(unavailable)
             })
             .await
     }
