@@ -47,6 +47,26 @@ pub const RECORD_COLUMNS: [&str; 23] = [
 /// An event's columns, in table order (after its `id`).
 pub const EVENT_COLUMNS: &str = event_columns!();
 
+/// [`EVENT_COLUMNS`] one by one, for reading a row by position.
+pub const EVENT_COLUMN_NAMES: &[&str] = &[
+    "scope_version",
+    "tenant",
+    "principal",
+    "route",
+    "namespace",
+    "idem_key",
+    "generation",
+    "at",
+    "transition",
+    "attempt",
+    "fence",
+    "fingerprint",
+    "status",
+    "actor",
+    "detail",
+    "duration_ms",
+];
+
 /// [`RECORD_COLUMNS`] joined for a statement, each column written as `each`
 /// says (`None`: its plain name).
 pub fn record_list(each: impl Fn(&str) -> Option<String>) -> String {
@@ -270,4 +290,17 @@ pub fn u64_from(v: i64, what: &str) -> Result<u64> {
 
 pub fn i64_from(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_column_names_are_the_event_columns() {
+        assert_eq!(
+            EVENT_COLUMN_NAMES.join(", "),
+            EVENT_COLUMNS.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
 }

@@ -8,7 +8,7 @@ use rusqlite::{Connection, Row, ToSql};
 
 use super::engine::unavailable;
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
-use crate::columns::{record_list, ColumnReader, KeyColumns, LoadedRecord};
+use crate::columns::{record_list, ColumnReader, KeyColumns, LoadedRecord, EVENT_COLUMN_NAMES};
 
 /// The six key parameters, `?1`..`?6`; a statement's own start at `?7`.
 pub(super) const KEY_WHERE: &str = key_where!();
@@ -27,29 +27,45 @@ impl Bind for KeyColumns<'_> {
     }
 }
 
-fn get<T: FromSql>(row: &Row<'_>, name: &str) -> Result<T> {
-    row.get(name)
-        .map_err(|e| StoreError::Corrupt(format!("column {name}: {e}")))
+/// A row read by column name. With `select`, the statement's select list in
+/// order, a name is found in that list instead of being asked of SQLite
+/// column by column: the claim path reads every record that way.
+pub(super) struct SqliteRow<'a, 'r> {
+    row: &'a Row<'r>,
+    select: Option<&'static [&'static str]>,
 }
 
-impl ColumnReader for Row<'_> {
+impl SqliteRow<'_, '_> {
+    fn get<T: FromSql>(&self, name: &str) -> Result<T> {
+        let read = match self.select {
+            None => self.row.get(name),
+            Some(select) => match select.iter().position(|c| *c == name) {
+                Some(i) => self.row.get(i),
+                None => return Err(StoreError::Corrupt(format!("column {name}: not selected"))),
+            },
+        };
+        read.map_err(|e| StoreError::Corrupt(format!("column {name}: {e}")))
+    }
+}
+
+impl ColumnReader for SqliteRow<'_, '_> {
     fn text(&self, name: &str) -> Result<String> {
-        get(self, name)
+        self.get(name)
     }
     fn optional_text(&self, name: &str) -> Result<Option<String>> {
-        get(self, name)
+        self.get(name)
     }
     fn int(&self, name: &str) -> Result<i64> {
-        get(self, name)
+        self.get(name)
     }
     fn optional_int(&self, name: &str) -> Result<Option<i64>> {
-        get(self, name)
+        self.get(name)
     }
     fn flag(&self, name: &str) -> Result<bool> {
-        get(self, name)
+        self.get(name)
     }
     fn optional_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        get(self, name)
+        self.get(name)
     }
 }
 
@@ -120,13 +136,40 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
     insert_generation_sql(&format!("UPDATE SET {set}"))
 });
 
-/// The current record of `?1..?6` as [`LoadedRecord`] reads it, and its body.
-const LOAD: &str = concat!(
-    "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, body_stored, \
-     completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, response_body \
-     FROM idempotency_records WHERE ",
-    key_where!()
-);
+/// What [`LOAD`] selects: what [`LoadedRecord`] reads, and the body.
+const LOADED: &[&str] = &[
+    "state",
+    "fingerprint",
+    "fence",
+    "lease_until",
+    "ttl_ms",
+    "response_status",
+    "response_headers",
+    "body_stored",
+    "completed_at",
+    "expires_at",
+    "archived",
+    "attempt",
+    "response_body",
+];
+
+/// The current record of `?1..?6`: [`LOADED`].
+static LOAD: LazyLock<String> = LazyLock::new(|| {
+    let select: Vec<&str> = LOADED
+        .iter()
+        .map(|c| {
+            if *c == "archived" {
+                "archived_at IS NOT NULL AS archived"
+            } else {
+                c
+            }
+        })
+        .collect();
+    format!(
+        "SELECT {} FROM idempotency_records WHERE {KEY_WHERE}",
+        select.join(", ")
+    )
+});
 
 pub(super) fn load(conn: &Connection, key: &KeyColumns<'_>) -> Result<Option<LoadedRecord>> {
     load_with(conn, key, |loaded, _| Ok(loaded))
@@ -140,12 +183,16 @@ pub(super) fn load_with<T>(
     key: &KeyColumns<'_>,
     f: impl FnOnce(Option<LoadedRecord>, &dyn Fn() -> Result<Vec<u8>>) -> Result<T>,
 ) -> Result<T> {
-    let mut stmt = conn.prepare_cached(LOAD).map_err(unavailable)?;
+    let mut stmt = conn.prepare_cached(&LOAD).map_err(unavailable)?;
     let mut rows = stmt.query(key.bind(&[]).as_slice()).map_err(unavailable)?;
     let Some(row) = rows.next().map_err(unavailable)? else {
         return f(None, &|| Ok(Vec::new()));
     };
-    let loaded = LoadedRecord::read(row)?;
+    let row = SqliteRow {
+        row,
+        select: Some(LOADED),
+    };
+    let loaded = LoadedRecord::read(&row)?;
     let body = || Ok(row.optional_bytes("response_body")?.unwrap_or_default());
     f(Some(loaded), &body)
 }
@@ -156,8 +203,11 @@ pub(super) fn query_infos(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -
 }
 
 /// Runs a statement that selects (or returns) [`crate::columns::EVENT_COLUMNS`].
+/// Read by position: the writer records an event with every change.
 pub(super) fn query_events(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<EventInfo>> {
-    query_all(conn, sql, params, |row| EventInfo::read(row))
+    query_selected(conn, sql, params, Some(EVENT_COLUMN_NAMES), |row| {
+        EventInfo::read(row)
+    })
 }
 
 /// Every row of `sql`, each read by `read`.
@@ -165,13 +215,24 @@ pub(super) fn query_all<T>(
     conn: &Connection,
     sql: &str,
     params: &[&dyn ToSql],
-    read: impl Fn(&Row<'_>) -> Result<T>,
+    read: impl Fn(&SqliteRow<'_, '_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    query_selected(conn, sql, params, None, read)
+}
+
+/// [`query_all`] for a statement whose select list is `select`, if given.
+fn query_selected<T>(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+    select: Option<&'static [&'static str]>,
+    read: impl Fn(&SqliteRow<'_, '_>) -> Result<T>,
 ) -> Result<Vec<T>> {
     let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
     let mut rows = stmt.query(params).map_err(unavailable)?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(unavailable)? {
-        out.push(read(row)?);
+        out.push(read(&SqliteRow { row, select })?);
     }
     Ok(out)
 }
