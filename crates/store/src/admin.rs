@@ -3,16 +3,14 @@
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idemgate_core::problem::ProblemKind;
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{read_body, unavailable, validate_response};
-use crate::backend::{Listing, Lookup, Resolution, SweepPolicy};
-use crate::problem::problem;
+use crate::api::{read_body, validate_response};
+use crate::backend::{KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepPolicy, SweepReport};
+use crate::problem::Refusal;
 use crate::AppState;
 
 /// A `POST` with a [`LookupQuery`] body: raw keys never travel in a URL, which
@@ -69,17 +67,14 @@ fn limit(l: Option<u32>) -> u32 {
     l.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)
 }
 
-fn bad_query(state: &AppState, e: impl std::fmt::Display) -> Response {
-    problem(state, ProblemKind::BadRequest, &format!("bad query: {e}"))
+fn bad_query(e: impl std::fmt::Display) -> Refusal {
+    Refusal::bad_request(format!("bad query: {e}"))
 }
 
-pub async fn lookup(State(state): State<AppState>, body: Body) -> Response {
-    let q: LookupQuery = match json_body(&state, body).await {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
+pub async fn lookup(State(state): State<AppState>, body: Body) -> Result<Json<KeyHistory>, Refusal> {
+    let q: LookupQuery = json_body(&state, body).await?;
     if q.tenant.is_empty() || q.key.is_empty() {
-        return problem(&state, ProblemKind::BadRequest, "tenant and key are required");
+        return Err(Refusal::bad_request("tenant and key are required"));
     }
     let lookup = Lookup {
         tenant: q.tenant,
@@ -88,115 +83,84 @@ pub async fn lookup(State(state): State<AppState>, body: Body) -> Response {
         principal: q.principal,
         namespace: q.namespace,
     };
-    match state.inner.store.backend.lookup(&lookup, limit(q.limit)).await {
-        Ok(records) => Json(records).into_response(),
-        Err(e) => unavailable(&state, &e),
-    }
+    Ok(Json(state.store.backend.lookup(&lookup, limit(q.limit)).await?))
 }
 
-async fn listing(state: AppState, which: Listing, l: Option<u32>) -> Response {
-    let now = state.inner.store.clock.now();
-    match state.inner.store.backend.list(which, now, limit(l)).await {
-        Ok(records) => Json(records).into_response(),
-        Err(e) => unavailable(&state, &e),
-    }
+async fn listing(state: AppState, which: Listing, l: Option<u32>) -> Result<Json<Vec<RecordInfo>>, Refusal> {
+    let now = state.store.clock.now();
+    Ok(Json(state.store.backend.list(which, now, limit(l)).await?))
 }
+
+type ListQueryResult = Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>;
 
 pub async fn unknown(
     State(state): State<AppState>,
-    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    match q {
-        Ok(Query(q)) => listing(state, Listing::Unknown, q.limit).await,
-        Err(e) => bad_query(&state, e.body_text()),
-    }
+    q: ListQueryResult,
+) -> Result<Json<Vec<RecordInfo>>, Refusal> {
+    let Query(q) = q.map_err(|e| bad_query(e.body_text()))?;
+    listing(state, Listing::Unknown, q.limit).await
 }
 
 pub async fn stuck(
     State(state): State<AppState>,
-    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    match q {
-        Ok(Query(q)) => {
-            let older_than_ms = q.older_than_ms.unwrap_or(DEFAULT_STUCK_AFTER_MS);
-            listing(state, Listing::Stuck { older_than_ms }, q.limit).await
-        }
-        Err(e) => bad_query(&state, e.body_text()),
-    }
+    q: ListQueryResult,
+) -> Result<Json<Vec<RecordInfo>>, Refusal> {
+    let Query(q) = q.map_err(|e| bad_query(e.body_text()))?;
+    let older_than_ms = q.older_than_ms.unwrap_or(DEFAULT_STUCK_AFTER_MS);
+    listing(state, Listing::Stuck { older_than_ms }, q.limit).await
 }
 
-async fn json_body<T: serde::de::DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
+async fn json_body<T: serde::de::DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Refusal> {
     let bytes = read_body(state, body).await?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| problem(state, ProblemKind::BadRequest, &format!("invalid JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| Refusal::bad_request(format!("invalid JSON: {e}")))
 }
 
-pub async fn resolve(State(state): State<AppState>, body: Body) -> Response {
-    let req: ResolveRequest = match json_body(&state, body).await {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
+pub async fn resolve(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
+    let req: ResolveRequest = json_body(&state, body).await?;
     if let Resolution::Complete { status, headers, .. } = &req.resolution {
-        if let Err(e) = validate_response(*status, headers) {
-            return problem(&state, ProblemKind::BadRequest, &e);
-        }
+        validate_response(*status, headers).map_err(Refusal::bad_request)?;
     }
-    let now = state.inner.store.clock.now();
-    match state
-        .inner
+    let now = state.store.clock.now();
+    if !state
         .store
         .backend
         .resolve(&req.scope, &req.resolution, now)
-        .await
+        .await?
     {
-        Ok(true) => {
-            let action = match req.resolution {
-                Resolution::Complete { .. } => "complete",
-                Resolution::Release => "release",
-            };
-            tracing::info!(record = %req.scope.log_id(), action, "resolved by an operator");
-            state.inner.store.notify_changed();
-            Json(Changed { changed: true }).into_response()
-        }
-        Ok(false) => problem(
-            &state,
+        return Err(Refusal::new(
             ProblemKind::NotFound,
             "no in-progress or unknown record with this scope",
-        ),
-        Err(e) => unavailable(&state, &e),
+        ));
     }
+    let action = match req.resolution {
+        Resolution::Complete { .. } => "complete",
+        Resolution::Release => "release",
+    };
+    tracing::info!(record = %req.scope.log_id(), action, "resolved by an operator");
+    state.store.notify_changed();
+    Ok(Json(Changed { changed: true }))
 }
 
-pub async fn purge(State(state): State<AppState>, body: Body) -> Response {
-    let req: PurgeRequest = match json_body(&state, body).await {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    match state
-        .inner
+pub async fn purge(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
+    let req: PurgeRequest = json_body(&state, body).await?;
+    if !state
         .store
         .backend
-        .purge(&req.scope, state.inner.store.clock.now())
-        .await
+        .purge(&req.scope, state.store.clock.now())
+        .await?
     {
-        Ok(true) => {
-            tracing::info!(record = %req.scope.log_id(), "purged by an operator");
-            state.inner.store.notify_changed();
-            Json(Changed { changed: true }).into_response()
-        }
-        Ok(false) => problem(&state, ProblemKind::NotFound, "no record with this scope"),
-        Err(e) => unavailable(&state, &e),
+        return Err(Refusal::new(ProblemKind::NotFound, "no record with this scope"));
     }
+    tracing::info!(record = %req.scope.log_id(), "purged by an operator");
+    state.store.notify_changed();
+    Ok(Json(Changed { changed: true }))
 }
 
 /// Runs the sweeper until it has nothing left to do (bounded), now.
-pub async fn sweep(State(state): State<AppState>) -> Response {
+pub async fn sweep(State(state): State<AppState>) -> Result<Json<SweepReport>, Refusal> {
     let policy = SweepPolicy {
-        batch: state.inner.sweep.batch,
-        audit_retention_ms: state.inner.sweep.audit_retention_ms,
+        batch: state.settings.sweep.batch,
+        audit_retention_ms: state.settings.sweep.audit_retention_ms,
     };
-    match crate::sweeper::sweep_all(&state.inner.store, &policy).await {
-        Ok(report) => (StatusCode::OK, Json(report)).into_response(),
-        Err(e) => unavailable(&state, &e),
-    }
+    Ok(Json(crate::sweeper::sweep_all(&state.store, &policy).await?))
 }

@@ -10,77 +10,50 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idemgate_core::problem::{Problem, ProblemKind};
+use idemgate_core::problem::ProblemKind;
 use idemgate_core::protocol::{
     decode_frame, encode_frame, AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
     FRAME_CONTENT_TYPE,
 };
 use serde::de::DeserializeOwned;
 
-use crate::backend::{limits, StoreError};
-use crate::problem::{problem, render};
+use crate::backend::limits;
+use crate::problem::Refusal;
 use crate::AppState;
 
 /// Reads the whole body, refusing more than the configured limit with 413.
-pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, Response> {
-    let limit = state.inner.max_body_bytes;
-    match axum::body::to_bytes(body, limit).await {
-        Ok(b) => Ok(b),
-        Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
-            if too_large {
-                Err(problem(
-                    state,
-                    ProblemKind::BodyTooLarge,
-                    &format!("the request body is larger than {limit} bytes"),
-                ))
-            } else {
-                Err(problem(
-                    state,
-                    ProblemKind::BadRequest,
-                    "the request body could not be read",
-                ))
-            }
+pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, Refusal> {
+    let limit = state.settings.max_body_bytes;
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+            || e.to_string().contains("length limit");
+        if too_large {
+            Refusal::new(
+                ProblemKind::BodyTooLarge,
+                format!("the request body is larger than {limit} bytes"),
+            )
+        } else {
+            Refusal::bad_request("the request body could not be read")
         }
-    }
+    })
 }
 
 /// A frame whose metadata is all there is (claim, release, mark-unknown).
-async fn read_bare_frame<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
+async fn read_bare_frame<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Refusal> {
     let bytes = read_body(state, body).await?;
-    let (req, rest) = decode::<T>(state, &bytes)?;
+    let (req, rest) = decode::<T>(&bytes)?;
     if !rest.is_empty() {
-        return Err(problem(
-            state,
-            ProblemKind::BadRequest,
+        return Err(Refusal::bad_request(
             "this frame carries no bytes after its metadata line",
         ));
     }
     Ok(req)
 }
 
-fn decode<T: DeserializeOwned>(state: &AppState, bytes: &Bytes) -> Result<(T, Bytes), Response> {
-    match decode_frame::<T>(bytes) {
-        Ok((meta, rest)) => {
-            let rest = bytes.slice_ref(rest);
-            Ok((meta, rest))
-        }
-        Err(e) => Err(problem(state, ProblemKind::BadRequest, &e.to_string())),
-    }
-}
-
-pub fn unavailable(state: &AppState, e: &StoreError) -> Response {
-    tracing::error!(error = %e, "store operation failed");
-    render(
-        &Problem::new(
-            ProblemKind::StoreUnavailable,
-            "the store's database is unavailable",
-        )
-        .retry_after(1),
-        &state.inner.doc_base,
-    )
+fn decode<T: DeserializeOwned>(bytes: &Bytes) -> Result<(T, Bytes), Refusal> {
+    let (meta, rest) = decode_frame::<T>(bytes).map_err(|e| Refusal::bad_request(e.to_string()))?;
+    Ok((meta, bytes.slice_ref(rest)))
 }
 
 pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
@@ -123,94 +96,56 @@ fn fence_reply(reply: FenceReply) -> Response {
     (status, axum::Json(reply)).into_response()
 }
 
-pub async fn claim(State(state): State<AppState>, body: Body) -> Response {
-    let req = match read_bare_frame::<ClaimRequest>(&state, body).await {
-        Ok(req) => req,
-        Err(r) => return r,
-    };
-    if let Err(e) = validate_claim(&req) {
-        return problem(&state, ProblemKind::BadRequest, &e);
-    }
-    match state.inner.store.claim(&req).await {
-        Ok(outcome) => {
-            tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
-            (
-                [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
-                encode_frame(&outcome.reply, &outcome.body),
-            )
-                .into_response()
-        }
-        Err(e) => unavailable(&state, &e),
-    }
+pub async fn claim(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
+    let req = read_bare_frame::<ClaimRequest>(&state, body).await?;
+    validate_claim(&req).map_err(Refusal::bad_request)?;
+    let outcome = state.store.claim(&req).await?;
+    tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
+    Ok((
+        [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
+        encode_frame(&outcome.reply, &outcome.body),
+    )
+        .into_response())
 }
 
-pub async fn complete(State(state): State<AppState>, body: Body) -> Response {
-    let bytes = match read_body(&state, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let (req, rest) = match decode::<CompleteRequest>(&state, &bytes) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    if let Err(e) = validate_response(req.status, &req.headers) {
-        return problem(&state, ProblemKind::BadRequest, &e);
-    }
+pub async fn complete(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
+    let bytes = read_body(&state, body).await?;
+    let (req, rest) = decode::<CompleteRequest>(&bytes)?;
+    validate_response(req.status, &req.headers).map_err(Refusal::bad_request)?;
     if !req.body_stored && !rest.is_empty() {
-        return problem(
-            &state,
-            ProblemKind::BadRequest,
+        return Err(Refusal::bad_request(
             "body_stored is false but the frame carries bytes",
-        );
+        ));
     }
-    match state.inner.store.complete(&req, &rest).await {
-        Ok(reply) => {
-            tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
-            fence_reply(reply)
-        }
-        Err(e) => unavailable(&state, &e),
-    }
+    let reply = state.store.complete(&req, &rest).await?;
+    tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
+    Ok(fence_reply(reply))
 }
 
-async fn fence_call(state: AppState, body: Body, mark_unknown: bool) -> Response {
-    let req = match read_bare_frame::<FenceRequest>(&state, body).await {
-        Ok(req) => req,
-        Err(r) => return r,
-    };
-    let result = if mark_unknown {
-        state.inner.store.mark_unknown(&req).await
+async fn fence_call(state: AppState, body: Body, mark_unknown: bool) -> Result<Response, Refusal> {
+    let req = read_bare_frame::<FenceRequest>(&state, body).await?;
+    let reply = if mark_unknown {
+        state.store.mark_unknown(&req).await?
     } else {
-        state.inner.store.release(&req).await
+        state.store.release(&req).await?
     };
-    match result {
-        Ok(reply) => {
-            tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
-            fence_reply(reply)
-        }
-        Err(e) => unavailable(&state, &e),
-    }
+    tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
+    Ok(fence_reply(reply))
 }
 
-pub async fn release(State(state): State<AppState>, body: Body) -> Response {
+pub async fn release(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
     fence_call(state, body, false).await
 }
 
-pub async fn mark_unknown(State(state): State<AppState>, body: Body) -> Response {
+pub async fn mark_unknown(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
     fence_call(state, body, true).await
 }
 
-pub async fn abandon(State(state): State<AppState>, body: Body) -> Response {
-    let req = match read_bare_frame::<AbandonRequest>(&state, body).await {
-        Ok(req) => req,
-        Err(r) => return r,
-    };
-    match state.inner.store.abandon(&req).await {
-        Ok(reply) => {
-            tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
-            fence_reply(reply)
-        }
-        Err(e) => unavailable(&state, &e),
-    }
+pub async fn abandon(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
+    let req = read_bare_frame::<AbandonRequest>(&state, body).await?;
+    let reply = state.store.abandon(&req).await?;
+    tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
+    Ok(fence_reply(reply))
 }
 
 pub async fn healthz() -> &'static str {
@@ -219,7 +154,7 @@ pub async fn healthz() -> &'static str {
 
 /// 200 only when the database answers and the schema is in place.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.inner.store.backend.ping().await {
+    match state.store.backend.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "not ready");
@@ -228,10 +163,6 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-pub async fn not_found(State(state): State<AppState>) -> Response {
-    problem(
-        &state,
-        ProblemKind::NotFound,
-        "no such endpoint; see /openapi.json",
-    )
+pub async fn not_found() -> Refusal {
+    Refusal::new(ProblemKind::NotFound, "no such endpoint; see /openapi.json")
 }

@@ -9,7 +9,7 @@ use idemgate_core::problem::ProblemKind;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::problem::problem;
+use crate::problem::Refusal;
 use crate::AppState;
 
 /// A credential kept only as its SHA-256, so comparing takes the same time
@@ -44,34 +44,38 @@ fn bearer(req: &Request) -> Option<&[u8]> {
     }
 }
 
-pub async fn require_api(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_api(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, Refusal> {
     match bearer(&req) {
-        Some(t) if state.inner.api_token.matches(t) => next.run(req).await,
-        Some(t) if state.inner.admin_token.matches(t) => problem(
-            &state,
+        Some(t) if state.settings.api_token.matches(t) => Ok(next.run(req).await),
+        Some(t) if state.settings.admin_token.matches(t) => Err(Refusal::new(
             ProblemKind::Forbidden,
             "the admin credential is not valid for the /v1 API",
-        ),
-        _ => problem(
-            &state,
+        )),
+        _ => Err(Refusal::new(
             ProblemKind::Unauthorized,
             "send Authorization: Bearer <API token>",
-        ),
+        )),
     }
 }
 
-pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_admin(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, Refusal> {
     match bearer(&req) {
-        Some(t) if state.inner.admin_token.matches(t) => next.run(req).await,
-        Some(t) if state.inner.api_token.matches(t) => problem(
-            &state,
+        Some(t) if state.settings.admin_token.matches(t) => Ok(next.run(req).await),
+        Some(t) if state.settings.api_token.matches(t) => Err(Refusal::new(
             ProblemKind::Forbidden,
             "the API credential is not valid for admin endpoints",
-        ),
-        _ => problem(
-            &state,
+        )),
+        _ => Err(Refusal::new(
             ProblemKind::Unauthorized,
             "send Authorization: Bearer <admin token>",
-        ),
+        )),
     }
 }

@@ -4,18 +4,25 @@
 //! The filter calls `POST /v1/claim` before forwarding a request and
 //! `/v1/complete`, `/v1/release` or `/v1/mark-unknown` afterwards, always with
 //! the fencing token it got from the claim. Every decision about an existing
-//! record is made by the pure rules in [`idemgate_core::record`], so the
-//! SQLite and PostgreSQL backends cannot disagree; a backend only loads the
-//! record and carries the decision out atomically. Expiry, archiving and
-//! purging are a batched background job ([`sweeper`]), never a scan on the
-//! request path.
+//! record is made by the pure rules in [`idemgate_core::record`]; a backend
+//! only loads the record and carries the decision out atomically. Where a
+//! statement must pick rows in SQL instead (PostgreSQL's one-statement
+//! completion, guards, the sweeper), it writes the conditions [`conditions`]
+//! builds from those same rules, and rows map to values through one
+//! [`columns`] mapping, so the SQLite and PostgreSQL backends cannot disagree.
+//! Expiry, archiving and purging are a batched background job ([`sweeper`]),
+//! never a scan on the request path.
 //!
 //! Tests start the whole service in a few lines: bind a listener on port 0,
 //! build an [`AppState`], and spawn [`run`].
 
-// Handlers use a ready `Response` as their error type: it is what they return
-// anyway, and boxing it would only add an allocation on the error path.
-#![allow(clippy::result_large_err)]
+/// An event's columns, in table order (after its `id`), for `concat!`.
+macro_rules! event_columns {
+    () => {
+        "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
+         fingerprint, status, actor, detail, duration_ms"
+    };
+}
 
 pub mod admin;
 pub mod api;
@@ -23,6 +30,8 @@ pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod clock;
+pub mod columns;
+pub mod conditions;
 pub mod metrics;
 pub mod openapi;
 pub mod postgres;
@@ -43,16 +52,18 @@ pub use backend::{open_backend, Backend, StoreError};
 pub use clock::Clock;
 pub use service::Store;
 
-/// Everything a request handler needs.
+/// Everything a request handler needs: the store and the service's settings.
 #[derive(Clone)]
 pub struct AppState {
-    pub inner: Arc<Inner>,
+    pub store: Store,
+    pub settings: Arc<Settings>,
 }
 
-pub struct Inner {
-    pub store: Store,
+/// How the HTTP surface is configured.
+pub struct Settings {
     pub api_token: auth::Credential,
     pub admin_token: auth::Credential,
+    /// Where problem type URIs point.
     pub doc_base: String,
     /// Largest request body accepted on any endpoint.
     pub max_body_bytes: usize,
@@ -61,16 +72,14 @@ pub struct Inner {
 
 impl AppState {
     pub fn new(store: Store, api_token: &str, admin_token: &str) -> AppState {
-        AppState {
-            inner: Arc::new(Inner {
-                store,
-                api_token: auth::Credential::new(api_token),
-                admin_token: auth::Credential::new(admin_token),
-                doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-                sweep: sweeper::SweepSettings::default(),
-            }),
-        }
+        AppState::with(
+            store,
+            api_token,
+            admin_token,
+            idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
+            DEFAULT_MAX_BODY_BYTES,
+            sweeper::SweepSettings::default(),
+        )
     }
 
     pub fn with(
@@ -82,8 +91,8 @@ impl AppState {
         sweep: sweeper::SweepSettings,
     ) -> AppState {
         AppState {
-            inner: Arc::new(Inner {
-                store,
+            store,
+            settings: Arc::new(Settings {
                 api_token: auth::Credential::new(api_token),
                 admin_token: auth::Credential::new(admin_token),
                 doc_base,
@@ -150,6 +159,10 @@ pub fn app(state: AppState) -> Router {
         .merge(v1)
         .merge(admin)
         .fallback(api::not_found)
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            problem::render_refusals,
+        ))
         // Bodies are read with our own limit so an oversize body gets a
         // problem+json 413 instead of axum's plain-text one.
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -164,10 +177,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sweeper = if state.inner.sweep.enabled {
+    let sweeper = if state.settings.sweep.enabled {
         Some(tokio::spawn(sweeper::run(
-            state.inner.store.clone(),
-            state.inner.sweep.clone(),
+            state.store.clone(),
+            state.settings.sweep.clone(),
             stop_rx,
         )))
     } else {

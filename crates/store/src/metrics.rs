@@ -187,7 +187,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
             CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.inner.store.metrics.render(),
+        state.store.metrics.render(),
     )
         .into_response()
 }

@@ -322,7 +322,6 @@ async fn bad_input_is_a_400_and_never_reaches_the_database() {
 
     let found = h
         .state
-        .inner
         .store
         .backend
         .lookup(

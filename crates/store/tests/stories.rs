@@ -28,7 +28,7 @@ impl Ctx {
             clock,
         }
     }
-    fn b(&self) -> &dyn Backend {
+    fn backend(&self) -> &dyn Backend {
         self.store.backend.as_ref()
     }
     fn now(&self) -> i64 {
@@ -44,7 +44,7 @@ impl Ctx {
         self.store.claim(req).await.unwrap().reply
     }
     async fn sweep(&self, retention_ms: u64) -> idemgate_store::backend::SweepReport {
-        self.b()
+        self.backend()
             .sweep(
                 self.now(),
                 &SweepPolicy {
@@ -82,7 +82,7 @@ async fn claim_complete_replay(b: Arc<dyn Backend>) {
     assert_eq!(out.body, b"{\"id\":1}");
     cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     let rec = &cx
-        .b()
+        .backend()
         .lookup(
             &Lookup {
                 tenant: "acme".into(),
@@ -128,7 +128,7 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
         ..Default::default()
     };
     assert_eq!(
-        cx.b().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
+        cx.backend().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
         40
     );
     // Replays of the old record, then the key is claimed afresh after expiry.
@@ -141,7 +141,7 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
     let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     assert_eq!(out.body, b"v2");
     assert_eq!(
-        cx.b().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
+        cx.backend().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
         1
     );
 }
@@ -253,12 +253,12 @@ async fn lease_expiry_turns_the_record_unknown(b: Arc<dyn Backend>) {
     cx.clock.advance(1_000);
     let report = cx.sweep(u64::MAX / 4).await;
     assert_eq!(report.marked_unknown, 1);
-    let unknown = cx.b().list(Listing::Unknown, cx.now(), 10).await.unwrap();
+    let unknown = cx.backend().list(Listing::Unknown, cx.now(), 10).await.unwrap();
     assert_eq!(unknown.len(), 2);
     assert_eq!(cx.reply(&claim(&s2, Some(1))).await, ClaimReply::Unknown);
     // expires_at = when it became unknown + ttl.
     let rec = &cx
-        .b()
+        .backend()
         .lookup(
             &Lookup {
                 tenant: "acme".into(),
@@ -312,7 +312,11 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
         cx.store.release(&crate::support::fence(&s2, f2)).await.unwrap(),
         FenceReply::Stale
     );
-    assert!(!cx.b().resolve(&s2, &Resolution::Release, cx.now()).await.unwrap());
+    assert!(!cx
+        .backend()
+        .resolve(&s2, &Resolution::Release, cx.now())
+        .await
+        .unwrap());
 }
 
 async fn a_superseded_token_is_refused(b: Arc<dyn Backend>) {
@@ -370,7 +374,7 @@ async fn release_frees_the_key(b: Arc<dyn Backend>) {
     let f = cx.owned(&claim(&s, Some(1))).await;
     assert_eq!(cx.store.release(&fence(&s, f)).await.unwrap(), FenceReply::Done);
     assert!(cx
-        .b()
+        .backend()
         .lookup(
             &Lookup {
                 tenant: "acme".into(),
@@ -434,7 +438,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
         key: "k-expiry".into(),
         ..Default::default()
     };
-    let rec = &cx.b().lookup(&lookup, 1).await.unwrap().records[0];
+    let rec = &cx.backend().lookup(&lookup, 1).await.unwrap().records[0];
     assert_eq!(rec.archived_at, Some(cx.now()));
     assert_eq!(rec.body_len, None, "body dropped");
     assert_eq!(rec.status, Some(201), "metadata kept");
@@ -449,7 +453,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
     assert_eq!(cx.sweep(60_000).await.purged, 0);
     cx.clock.advance(1);
     assert_eq!(cx.sweep(60_000).await.purged, 1);
-    assert!(cx.b().lookup(&lookup, 1).await.unwrap().records.is_empty());
+    assert!(cx.backend().lookup(&lookup, 1).await.unwrap().records.is_empty());
     cx.owned(&claim(&s, Some(1))).await;
 }
 
@@ -494,7 +498,7 @@ async fn the_same_key_in_another_scope_is_another_record(b: Arc<dyn Backend>) {
         cx.owned(&claim(&other, Some(9))).await;
     }
     let all = cx
-        .b()
+        .backend()
         .lookup(
             &Lookup {
                 tenant: "acme".into(),
@@ -507,7 +511,7 @@ async fn the_same_key_in_another_scope_is_another_record(b: Arc<dyn Backend>) {
         .unwrap();
     assert_eq!(all.records.len(), 4);
     let one = cx
-        .b()
+        .backend()
         .lookup(
             &Lookup {
                 tenant: "acme".into(),
@@ -530,7 +534,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     let f = cx.owned(&claim(&stuck, Some(1))).await;
     cx.clock.advance(500);
     assert_eq!(
-        cx.b()
+        cx.backend()
             .list(Listing::Stuck { older_than_ms: 400 }, cx.now(), 10)
             .await
             .unwrap()
@@ -538,7 +542,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         1
     );
     assert_eq!(
-        cx.b()
+        cx.backend()
             .list(Listing::Stuck { older_than_ms: 600 }, cx.now(), 10)
             .await
             .unwrap()
@@ -550,7 +554,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         headers: vec![("content-type".into(), "text/plain".into())],
         body: "by hand".into(),
     };
-    assert!(cx.b().resolve(&stuck, &how, cx.now()).await.unwrap());
+    assert!(cx.backend().resolve(&stuck, &how, cx.now()).await.unwrap());
     // The operator's answer wins over the old owner's late completion.
     assert_eq!(
         cx.store
@@ -562,7 +566,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     let out = cx.store.claim(&claim(&stuck, Some(1))).await.unwrap();
     assert_eq!(out.body, b"by hand");
     assert!(
-        !cx.b()
+        !cx.backend()
             .resolve(&stuck, &Resolution::Release, cx.now())
             .await
             .unwrap(),
@@ -573,14 +577,14 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     let f = cx.owned(&claim(&unknown, Some(1))).await;
     cx.store.mark_unknown(&fence(&unknown, f)).await.unwrap();
     assert!(cx
-        .b()
+        .backend()
         .resolve(&unknown, &Resolution::Release, cx.now())
         .await
         .unwrap());
     cx.owned(&claim(&unknown, Some(1))).await;
 
-    assert!(cx.b().purge(&stuck, cx.now()).await.unwrap());
-    assert!(!cx.b().purge(&stuck, cx.now()).await.unwrap());
+    assert!(cx.backend().purge(&stuck, cx.now()).await.unwrap());
+    assert!(!cx.backend().purge(&stuck, cx.now()).await.unwrap());
 }
 
 async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
@@ -592,11 +596,9 @@ async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
     cx.clock.advance(1_000);
     let report = cx.sweep(u64::MAX / 4).await;
     assert_eq!((report.released, report.marked_unknown), (1, 0));
-    assert!(cx.b().oldest_in_progress().await.unwrap().is_none());
+    assert!(cx.backend().oldest_in_progress().await.unwrap().is_none());
     cx.owned(&claim(&s, Some(2))).await;
 }
-
-type Story = fn(Arc<dyn Backend>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 fn attempt(a: &str) -> Option<Attempt> {
     Some(Attempt::try_from(a.to_string()).unwrap())
@@ -615,7 +617,7 @@ async fn history(cx: &Ctx, key: &str) -> KeyHistory {
         key: key.into(),
         ..Default::default()
     };
-    cx.b().lookup(&q, 100).await.unwrap()
+    cx.backend().lookup(&q, 100).await.unwrap()
 }
 
 fn transitions(h: &KeyHistory) -> Vec<&str> {
@@ -684,7 +686,10 @@ async fn a_claim_past_its_callers_deadline_is_not_committed(b: Arc<dyn Backend>)
     let cx = Ctx::new(b);
     let s = scope("k-late");
     let passed = std::time::Instant::now();
-    let out = cx.b().claim(&claim(&s, Some(1)), cx.now(), Some(passed)).await;
+    let out = cx
+        .backend()
+        .claim(&claim(&s, Some(1)), cx.now(), Some(passed))
+        .await;
     assert!(matches!(out, Err(StoreError::Late)), "{out:?}");
     assert!(history(&cx, "k-late").await.records.is_empty());
     cx.owned(&claim(&s, Some(1))).await;
@@ -763,10 +768,88 @@ async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
     assert_eq!((h.records.len(), h.events.len()), (1, 2));
 }
 
+/// The conditions some statements state in SQL (`conditions.rs`): a fence
+/// call acts only on an open, unarchived record, a completion expires
+/// `ttl_ms` after it, and the sweeper never abandons a completed record.
+async fn the_rules_stated_in_sql_hold(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    // Fenceable: a completed record refuses every fence call, even its own fence.
+    let s = scope("k-sql-completed");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, fence, 201), b"ok").await.unwrap();
+    let completed_at = cx.now();
+    assert_eq!(
+        cx.store.complete(&complete(&s, fence, 500), b"x").await.unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store.release(&crate::support::fence(&s, fence)).await.unwrap(),
+        FenceReply::Stale
+    );
+    assert_eq!(
+        cx.store
+            .mark_unknown(&crate::support::fence(&s, fence))
+            .await
+            .unwrap(),
+        FenceReply::Stale
+    );
+    // Completion expiry: `ttl_ms` (10 s) after completion.
+    let rec = &history(&cx, "k-sql-completed").await.records[0];
+    assert_eq!(rec.expires_at, Some(completed_at + 10_000));
+    // Fenceable: an unknown record that was archived takes no late completion.
+    let u = scope("k-sql-archived");
+    let fence = cx.owned(&claim(&u, Some(1))).await;
+    cx.store
+        .mark_unknown(&crate::support::fence(&u, fence))
+        .await
+        .unwrap();
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(u64::MAX / 4).await.archived, 2);
+    assert_eq!(
+        cx.store
+            .complete(&complete(&u, fence, 201), b"late")
+            .await
+            .unwrap(),
+        FenceReply::Stale
+    );
+    let rec = &history(&cx, "k-sql-archived").await.records[0];
+    assert_eq!((rec.state.as_str(), rec.archived_at.is_some()), ("unknown", true));
+    // Abandonable: a claim that landed under an abandoned attempt and was
+    // completed stays completed.
+    let c = scope("k-sql-abandoned");
+    cx.store.abandon(&abandon(&c, "a1")).await.unwrap();
+    let mut landed = claim(&c, Some(1));
+    landed.attempt = attempt("a1");
+    let fence = cx.owned(&landed).await;
+    cx.store.complete(&complete(&c, fence, 201), b"ok").await.unwrap();
+    assert_eq!(cx.sweep(u64::MAX / 4).await.abandoned, 0);
+    assert!(matches!(cx.reply(&landed).await, ClaimReply::Replay { .. }));
+}
+
+/// One test per story and backend, so a failing story hides none of the
+/// others: `stories::sqlite::NAME` and `stories::postgres::NAME`. The
+/// PostgreSQL ones share a throwaway cluster, each in a fresh database.
 macro_rules! stories {
     ($($name:ident),* $(,)?) => {
-        pub fn all() -> Vec<(&'static str, Story)> {
-            vec![$((stringify!($name), (|b| Box::pin($name(b))) as Story)),*]
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let dir = tempfile::tempdir().unwrap();
+                    super::$name(crate::support::sqlite_backend(&dir).await).await;
+                }
+            )*
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let cluster = crate::support::shared_cluster();
+                    let url = cluster.fresh_database().await;
+                    super::$name(crate::support::pg_backend(&url).await).await;
+                }
+            )*
         }
     };
 }
@@ -792,23 +875,5 @@ stories!(
     a_claim_past_its_callers_deadline_is_not_committed,
     a_new_generation_keeps_the_old_one_and_its_events,
     purge_removes_only_what_is_past_retention,
+    the_rules_stated_in_sql_hold,
 );
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_story_holds_on_sqlite() {
-    for (name, story) in all() {
-        eprintln!("sqlite story: {name}");
-        let dir = tempfile::tempdir().unwrap();
-        story(sqlite_backend(&dir).await).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_story_holds_on_postgres() {
-    let cluster = crate::support::pg::PgCluster::start();
-    for (name, story) in all() {
-        eprintln!("postgres story: {name}");
-        let url = cluster.fresh_database().await;
-        story(pg_backend(&url).await).await;
-    }
-}

@@ -4,7 +4,7 @@
 pub use idemgate_testkit::{free_port, pg};
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -77,6 +77,19 @@ pub async fn sqlite_backend(dir: &tempfile::TempDir) -> Arc<dyn Backend> {
     let b = open_backend(&url, &BackendOptions::default()).await.unwrap();
     b.migrate().await.unwrap();
     b
+}
+
+/// A throwaway PostgreSQL cluster shared by the tests that run at the same
+/// time; it stops when the last of them lets go of it.
+pub fn shared_cluster() -> Arc<pg::PgCluster> {
+    static SHARED: Mutex<Weak<pg::PgCluster>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cluster) = shared.upgrade() {
+        return cluster;
+    }
+    let cluster = Arc::new(pg::PgCluster::start());
+    *shared = Arc::downgrade(&cluster);
+    cluster
 }
 
 pub async fn pg_backend(url: &str) -> Arc<dyn Backend> {

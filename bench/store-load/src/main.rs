@@ -3,8 +3,10 @@
 //! side by side in one run (ratios, not absolute numbers, are what to compare
 //! across machines).
 //!
-//! `idempotency-store-bench [--database-url URL] [--concurrency N] [--seconds S]`
-//! Without a URL it uses a fresh SQLite file in the temp directory.
+//! `cargo run --release -p idemgate-store-load -- [--database-url URL] [--concurrency N] [--seconds S]`
+//! (the binary is `idempotency-store-bench`). Without a URL it uses a fresh
+//! SQLite file in the temp directory. It lives outside the store's crate so
+//! that the service itself carries no HTTP client.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,26 +129,7 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
         let backend = backend.clone();
         async move {
             let s = scope("raw", w, i)?;
-            let now = idemgate_store::clock::system_now();
-            let out = backend
-                .claim(&request(s.clone()), now, None)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ClaimReply::Owned { fence } = out.reply else {
-                return Err(format!("unexpected {:?}", out.reply));
-            };
-            let c = CompleteRequest {
-                scope: s,
-                fence,
-                status: 201,
-                headers: vec![],
-                body_stored: true,
-            };
-            backend
-                .complete(&c, b"{\"ok\":true}", now)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(())
+            claim_and_complete(&backend, s, vec![]).await
         }
     })
     .await
@@ -223,30 +206,41 @@ async fn http(post: Post, args: &Args) -> Result<Report, String> {
     .await
 }
 
+/// Claims `s` straight on the backend and completes it with a small JSON body.
+async fn claim_and_complete(
+    backend: &Arc<dyn Backend>,
+    s: Scope,
+    headers: Vec<(String, String)>,
+) -> Result<(), String> {
+    let now = idemgate_store::clock::system_now();
+    let out = backend
+        .claim(&request(s.clone()), now, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ClaimReply::Owned { fence } = out.reply else {
+        return Err(format!("unexpected {:?}", out.reply));
+    };
+    let c = CompleteRequest {
+        scope: s,
+        fence,
+        status: 201,
+        headers,
+        body_stored: true,
+    };
+    backend
+        .complete(&c, b"{\"ok\":true}", now)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// Keys completed once, for the replay measurements: one per worker.
 async fn completed_keys(backend: &Arc<dyn Backend>, args: &Args) -> Result<Vec<Scope>, String> {
-    let now = idemgate_store::clock::system_now();
     let mut keys = Vec::new();
     for w in 0..args.concurrency {
         let s = scope("replay", w, 0)?;
-        let out = backend
-            .claim(&request(s.clone()), now, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        let ClaimReply::Owned { fence } = out.reply else {
-            return Err(format!("unexpected {:?}", out.reply));
-        };
-        let c = CompleteRequest {
-            scope: s.clone(),
-            fence,
-            status: 201,
-            headers: vec![("content-type".into(), "application/json".into())],
-            body_stored: true,
-        };
-        backend
-            .complete(&c, b"{\"ok\":true}", now)
-            .await
-            .map_err(|e| e.to_string())?;
+        let json = vec![("content-type".into(), "application/json".into())];
+        claim_and_complete(backend, s.clone(), json).await?;
         keys.push(s);
     }
     Ok(keys)

@@ -1,0 +1,306 @@
+//! The tables' columns, once for both backends: their names, how a row turns
+//! into the values the rest of the store uses, and the six key columns.
+//!
+//! Rows are read by column name through [`ColumnReader`], which each backend
+//! implements for its own row type, so a statement's select list can be in
+//! any order and the mapping is written only here.
+
+use idemgate_core::config::OnUnknown;
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::Key;
+use idemgate_core::record::{self, RecordView, State};
+use idemgate_core::scope::{Namespace, Scope};
+
+use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
+
+/// The primary key columns, in [`KeyColumns`] order.
+pub const KEY_COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key";
+
+/// Every column of a current record, in table order. The history table has
+/// the same ones followed by `ended_at`.
+pub const RECORD_COLUMNS: [&str; 23] = [
+    "scope_version",
+    "tenant",
+    "principal",
+    "route",
+    "namespace",
+    "idem_key",
+    "state",
+    "fingerprint",
+    "fence",
+    "lease_until",
+    "ttl_ms",
+    "release_on_unknown",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "body_stored",
+    "created_at",
+    "completed_at",
+    "expires_at",
+    "archived_at",
+    "replay_count",
+    "generation",
+    "attempt",
+];
+
+/// An event's columns, in table order (after its `id`).
+pub const EVENT_COLUMNS: &str = event_columns!();
+
+/// [`EVENT_COLUMNS`] one by one, for reading a row by position.
+pub const EVENT_COLUMN_NAMES: &[&str] = &[
+    "scope_version",
+    "tenant",
+    "principal",
+    "route",
+    "namespace",
+    "idem_key",
+    "generation",
+    "at",
+    "transition",
+    "attempt",
+    "fence",
+    "fingerprint",
+    "status",
+    "actor",
+    "detail",
+    "duration_ms",
+];
+
+/// [`RECORD_COLUMNS`] joined for a statement, each column written as `each`
+/// says (`None`: its plain name).
+pub fn record_list(each: impl Fn(&str) -> Option<String>) -> String {
+    RECORD_COLUMNS
+        .iter()
+        .map(|c| each(c).unwrap_or_else(|| (*c).to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A record's primary key: the six columns of its scope, in table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyColumns<'a>(pub [&'a str; 6]);
+
+impl<'a> KeyColumns<'a> {
+    pub fn of(s: &'a Scope) -> KeyColumns<'a> {
+        KeyColumns([
+            s.version(),
+            s.tenant(),
+            s.principal(),
+            s.route(),
+            s.namespace().as_str(),
+            s.key().as_str(),
+        ])
+    }
+
+    pub fn borrowed(cols: &'a [String; 6]) -> KeyColumns<'a> {
+        KeyColumns(cols.each_ref().map(String::as_str))
+    }
+
+    pub fn owned(&self) -> [String; 6] {
+        self.0.map(String::from)
+    }
+}
+
+/// A database row read by column name; each backend implements it for its
+/// own row type. Integer columns of any width read as `i64`.
+pub trait ColumnReader {
+    fn text(&self, name: &str) -> Result<String>;
+    fn optional_text(&self, name: &str) -> Result<Option<String>>;
+    fn int(&self, name: &str) -> Result<i64>;
+    fn optional_int(&self, name: &str) -> Result<Option<i64>>;
+    fn flag(&self, name: &str) -> Result<bool>;
+    fn optional_bytes(&self, name: &str) -> Result<Option<Vec<u8>>>;
+
+    fn unsigned(&self, name: &str) -> Result<u64> {
+        u64_from(self.int(name)?, name)
+    }
+
+    /// The six key columns as a validated scope.
+    fn scope(&self) -> Result<Scope> {
+        let key =
+            Key::try_from(self.text("idem_key")?).map_err(|e| StoreError::Corrupt(format!("key: {e}")))?;
+        let namespace = match self.text("namespace")?.as_str() {
+            "u" => Namespace::Client,
+            "s" => Namespace::Server,
+            other => return Err(StoreError::Corrupt(format!("namespace {other:?}"))),
+        };
+        Scope::new(
+            &self.text("tenant")?,
+            &self.text("principal")?,
+            &self.text("route")?,
+            namespace,
+            key,
+        )
+        .map_err(|e| StoreError::Corrupt(format!("scope: {e:?}")))
+    }
+
+    /// The key columns as they are stored, for statements that pick rows.
+    fn key_columns(&self) -> Result<[String; 6]> {
+        Ok([
+            self.text("scope_version")?,
+            self.text("tenant")?,
+            self.text("principal")?,
+            self.text("route")?,
+            self.text("namespace")?,
+            self.text("idem_key")?,
+        ])
+    }
+
+    fn status(&self, name: &str) -> Result<Option<u16>> {
+        Ok(self.optional_int(name)?.map(|s| u16::try_from(s).unwrap_or(0)))
+    }
+}
+
+/// What the rules and the operations need of the current record: its view
+/// for [`idemgate_core::record`], plus what a replay serves.
+#[derive(Debug, Clone)]
+pub struct LoadedRecord {
+    pub view: RecordView,
+    pub ttl_ms: u64,
+    pub headers: Option<Vec<(String, String)>>,
+    /// Archived records are history: no fence opens them again.
+    pub archived: bool,
+    /// The claim attempt that opened the generation.
+    pub attempt: Option<String>,
+}
+
+impl LoadedRecord {
+    /// Whether `complete`, `release` or `mark-unknown` with `fence` may act:
+    /// [`record::may_fence`], and archived records are history.
+    pub fn may_fence(&self, fence: u64) -> bool {
+        !self.archived && record::may_fence(self.view.state, self.view.fence, fence)
+    }
+
+    /// Whether an abandon of `attempt` may release it: [`record::may_abandon`],
+    /// and archived records are history.
+    pub fn may_abandon(&self, attempt: &str) -> bool {
+        !self.archived && record::may_abandon(self.view.state, self.attempt.as_deref(), attempt)
+    }
+
+    /// Whether an operator may resolve it: in progress or unknown (the states
+    /// a fence call acts on), and not archived.
+    pub fn is_open(&self) -> bool {
+        self.may_fence(self.view.fence)
+    }
+
+    /// Reads `state`, `fingerprint`, `fence`, `lease_until`, `ttl_ms`,
+    /// `response_status`, `response_headers`, `body_stored`, `completed_at`,
+    /// `expires_at`, `archived` (a flag) and `attempt`.
+    pub fn read(row: &impl ColumnReader) -> Result<LoadedRecord> {
+        let state = row.text("state")?;
+        Ok(LoadedRecord {
+            view: RecordView {
+                state: State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+                fingerprint: fingerprint_from(row.optional_text("fingerprint")?)?,
+                fence: row.unsigned("fence")?,
+                lease_until: row.int("lease_until")?,
+                status: row.status("response_status")?,
+                body_stored: row.flag("body_stored")?,
+                completed_at: row.optional_int("completed_at")?,
+                expires_at: row.optional_int("expires_at")?,
+            },
+            ttl_ms: row.unsigned("ttl_ms")?,
+            headers: decode_headers(row.optional_text("response_headers")?.as_deref())?,
+            archived: row.flag("archived")?,
+            attempt: row.optional_text("attempt")?,
+        })
+    }
+}
+
+impl RecordInfo {
+    /// Reads [`RECORD_COLUMNS`] with `body_len` in place of the body, and
+    /// `ended_at` (NULL for a current record).
+    pub fn read(row: &impl ColumnReader) -> Result<RecordInfo> {
+        let scope = row.scope()?;
+        Ok(RecordInfo {
+            log_id: scope.log_id(),
+            scope,
+            state: row.text("state")?,
+            fingerprint: row.optional_text("fingerprint")?,
+            fence: row.unsigned("fence")?,
+            lease_until: row.int("lease_until")?,
+            ttl_ms: row.unsigned("ttl_ms")?,
+            on_unknown: if row.flag("release_on_unknown")? {
+                OnUnknown::Release
+            } else {
+                OnUnknown::Conflict
+            },
+            status: row.status("response_status")?,
+            headers: decode_headers(row.optional_text("response_headers")?.as_deref())?,
+            body_stored: row.flag("body_stored")?,
+            body_len: row
+                .optional_int("body_len")?
+                .map(|l| u64::try_from(l).unwrap_or(0)),
+            created_at: row.int("created_at")?,
+            completed_at: row.optional_int("completed_at")?,
+            expires_at: row.optional_int("expires_at")?,
+            archived_at: row.optional_int("archived_at")?,
+            replay_count: row.unsigned("replay_count")?,
+            generation: row.unsigned("generation")?,
+            attempt: row.optional_text("attempt")?,
+            ended_at: row.optional_int("ended_at")?,
+        })
+    }
+}
+
+impl EventInfo {
+    /// Reads [`EVENT_COLUMNS`].
+    pub fn read(row: &impl ColumnReader) -> Result<EventInfo> {
+        let scope = row.scope()?;
+        Ok(EventInfo {
+            log_id: scope.log_id(),
+            scope,
+            generation: row.unsigned("generation")?,
+            at: row.int("at")?,
+            transition: row.text("transition")?,
+            attempt: row.optional_text("attempt")?,
+            fence: row.unsigned("fence")?,
+            fingerprint: row.optional_text("fingerprint")?,
+            status: row.status("status")?,
+            actor: row.text("actor")?,
+            detail: row.optional_text("detail")?,
+            duration_ms: row.int("duration_ms")?,
+        })
+    }
+}
+
+/// The decoded headers column.
+pub fn decode_headers(json: Option<&str>) -> Result<Option<Vec<(String, String)>>> {
+    match json {
+        None => Ok(None),
+        Some(s) => serde_json::from_str(s)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt(format!("headers column: {e}"))),
+    }
+}
+
+pub fn encode_headers(headers: &[(String, String)]) -> String {
+    serde_json::to_string(headers).unwrap_or_else(|_| "[]".to_string())
+}
+
+fn fingerprint_from(hex: Option<String>) -> Result<Option<Fingerprint>> {
+    hex.map(|h| Fingerprint::try_from(h).map_err(|e| StoreError::Corrupt(format!("fingerprint: {e}"))))
+        .transpose()
+}
+
+pub fn u64_from(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative {what}")))
+}
+
+pub fn i64_from(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_column_names_are_the_event_columns() {
+        assert_eq!(
+            EVENT_COLUMN_NAMES.join(", "),
+            EVENT_COLUMNS.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! A claim: one statement in the common path, a locked re-decision when it
+//! must change an existing record.
+
+use std::time::Instant;
+
+use idemgate_core::config::OnUnknown;
+use idemgate_core::protocol::{ClaimReply, ClaimRequest};
+use idemgate_core::record::{self, ClaimDecision, Transition};
+use tokio_postgres::NoTls;
+
+use super::generation::{event, lock, set_unknown, to_history};
+use super::pool::{unavailable, Client};
+use super::rows::{Bind, Param, CLAIM, REPLACE_GENERATION};
+use super::{log_all, Postgres};
+use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
+use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
+
+/// How often a claim that keeps losing races looks again before giving up.
+const MAX_ATTEMPTS: usize = 20;
+
+/// A claim's own parameters, `$7..$12`, in the order [`CLAIM`] and
+/// [`REPLACE_GENERATION`] take them.
+struct Claimed<'r> {
+    fingerprint: Option<String>,
+    lease_until: i64,
+    ttl_ms: i64,
+    release: bool,
+    now: i64,
+    attempt: Option<&'r str>,
+}
+
+impl<'r> Claimed<'r> {
+    /// `key`'s parameters, the claim's, then `extra`.
+    fn bind<'p>(&'p self, key: &'p KeyColumns<'_>, extra: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut params = key.bind(&[
+            &self.fingerprint,
+            &self.lease_until,
+            &self.ttl_ms,
+            &self.release,
+            &self.now,
+            &self.attempt,
+        ]);
+        params.extend_from_slice(extra);
+        params
+    }
+
+    fn of(req: &'r ClaimRequest, now: i64) -> Claimed<'r> {
+        Claimed {
+            fingerprint: req.fingerprint.map(|f| f.to_hex()),
+            lease_until: record::lease_until(now, req.lease_ms),
+            ttl_ms: i64_from(req.ttl_ms),
+            release: req.on_unknown == OnUnknown::Release,
+            now,
+            attempt: req.attempt.as_ref().map(|a| a.as_str()),
+        }
+    }
+}
+
+impl Postgres {
+    pub(super) async fn claim_record(
+        &self,
+        req: &ClaimRequest,
+        now: i64,
+        deadline: Option<Instant>,
+    ) -> Result<ClaimOutcome> {
+        let key = KeyColumns::of(&req.scope);
+        let claimed = Claimed::of(req, now);
+        let mut client = self.connections.client().await?;
+        let claim_stmt = client.prepare_cached(&CLAIM).await.map_err(unavailable)?;
+        for _ in 0..MAX_ATTEMPTS {
+            // Nobody waits for this claim any more: committing it would only
+            // leave a record that its filter is abandoning.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(StoreError::Late);
+            }
+            let params = claimed.bind(&key, &[]);
+            let query = client.query(&claim_stmt, &params);
+            let rows = match deadline {
+                None => query.await,
+                Some(d) => match tokio::time::timeout_at(d.into(), query).await {
+                    Ok(rows) => rows,
+                    Err(_) => {
+                        // Stuck past its caller's deadline (a lock wait, a slow
+                        // commit): cancelled at the server so that it does not
+                        // land later. One that lands anyway is abandoned.
+                        let cancel = client.cancel_token();
+                        tokio::spawn(async move {
+                            if let Err(e) = cancel.cancel_query(NoTls).await {
+                                tracing::warn!("postgres: could not cancel a late claim: {e}");
+                            }
+                        });
+                        return Err(StoreError::Late);
+                    }
+                },
+            }
+            .map_err(unavailable)?;
+            let Some(row) = rows.first() else {
+                // Lost a race with a concurrent insert we cannot see yet: look again.
+                continue;
+            };
+            if row.flag("inserted")? {
+                let fence = row.unsigned("fence")?;
+                EventInfo {
+                    log_id: req.scope.log_id(),
+                    scope: req.scope.clone(),
+                    generation: fence,
+                    at: now,
+                    transition: Transition::Claimed.as_str().into(),
+                    attempt: claimed.attempt.map(String::from),
+                    fence,
+                    fingerprint: claimed.fingerprint,
+                    status: None,
+                    actor: actor::FILTER.into(),
+                    detail: None,
+                    duration_ms: 0,
+                }
+                .log();
+                return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
+            }
+            let loaded = LoadedRecord::read(row)?;
+            match record::decide_claim(Some(&loaded.view), req, now) {
+                ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
+                ClaimDecision::Replay { status, completed_at } => {
+                    // Served from the committed row this statement returned.
+                    self.count_replay(key.owned(), loaded.view.fence);
+                    let body = row.optional_bytes("response_body")?.unwrap_or_default();
+                    return Ok(ClaimOutcome::replay(status, loaded.headers, completed_at, body));
+                }
+                ClaimDecision::Claim | ClaimDecision::BecomeUnknown => {
+                    if let Some(out) = self
+                        .change_claimed(&mut client, req, &claimed, now, deadline)
+                        .await?
+                    {
+                        return Ok(out);
+                    }
+                }
+            }
+            // The record went away between our read and our lock: decide again.
+        }
+        Err(StoreError::Unavailable(
+            "claim kept racing with concurrent changes".into(),
+        ))
+    }
+
+    /// A claim that must change an existing record (a new generation, or a
+    /// lease that ran out turning unknown), decided again under the record's
+    /// lock so that nothing that happened since (a completion, another
+    /// claim) is overwritten. `None` when the record is gone.
+    async fn change_claimed(
+        &self,
+        client: &mut Client,
+        req: &ClaimRequest,
+        claimed: &Claimed<'_>,
+        now: i64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<ClaimOutcome>> {
+        let key = KeyColumns::of(&req.scope);
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let Some((loaded, body)) = lock(&tx, &key).await? else {
+            return Ok(None);
+        };
+        let view = &loaded.view;
+        let mut events = Vec::new();
+        let outcome = match record::decide_claim(Some(view), req, now) {
+            ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
+            ClaimDecision::Replay { status, completed_at } => {
+                self.count_replay(key.owned(), view.fence);
+                ClaimOutcome::replay(status, loaded.headers.clone(), completed_at, body)
+            }
+            ClaimDecision::Claim => {
+                to_history(
+                    &tx,
+                    &key,
+                    record::ended_as(view.state, Transition::Reclaimed),
+                    now,
+                )
+                .await?;
+                let stmt = tx
+                    .prepare_cached(&REPLACE_GENERATION)
+                    .await
+                    .map_err(unavailable)?;
+                let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
+                let params = claimed.bind(&key, &[&old_fence, &old_state]);
+                let row = tx.query_one(&stmt, &params).await.map_err(unavailable)?;
+                let fence = row.unsigned("fence")?;
+                events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);
+                ClaimOutcome::answer(ClaimReply::Owned { fence })
+            }
+            ClaimDecision::BecomeUnknown => {
+                let expires_at = record::unknown_expiry(now, loaded.ttl_ms);
+                set_unknown(&tx, &key, (view.fence, view.state), expires_at).await?;
+                let by = (Transition::LeaseExpired, actor::FILTER, Some("unknown"));
+                events.extend(event(&tx, &key, by, now).await?);
+                ClaimOutcome {
+                    reply: ClaimReply::Unknown,
+                    body: Vec::new(),
+                    became_unknown: true,
+                }
+            }
+        };
+        if matches!(outcome.reply, ClaimReply::Owned { .. }) && deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return Err(StoreError::Late);
+        }
+        tx.commit().await.map_err(unavailable)?;
+        log_all(&events);
+        Ok(Some(outcome))
+    }
+}

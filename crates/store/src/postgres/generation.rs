@@ -1,0 +1,106 @@
+//! The steps every operation is made of, inside a transaction: lock the
+//! record, record a transition, end a generation, turn one unknown.
+
+use idemgate_core::record::{self, State, Transition};
+
+use super::pool::{unavailable, Tx};
+use super::rows::{Bind, Param, TO_HISTORY};
+use crate::backend::{EventInfo, Result};
+use crate::columns::{i64_from, KeyColumns, LoadedRecord};
+
+/// A transition, who caused it, and an optional detail.
+pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
+
+/// Runs a statement about the record of `key`, its own parameters from `$7`.
+pub(super) async fn execute(
+    tx: &Tx<'_>,
+    sql: &str,
+    key: &KeyColumns<'_>,
+    extra: &[Param<'_>],
+) -> Result<u64> {
+    let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+    tx.execute(&stmt, &key.bind(extra)).await.map_err(unavailable)
+}
+
+/// A transition of the current record, written in `tx` and returned for the log.
+pub(super) async fn event(tx: &Tx<'_>, key: &KeyColumns<'_>, by: By<'_>, now: i64) -> Result<Vec<EventInfo>> {
+    const SQL: &str = concat!(
+        "INSERT INTO idempotency_events (",
+        event_columns!(),
+        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $7, $8, attempt, fence, \
+         fingerprint, response_status, $9, $10, $7 - created_at FROM idempotency_records WHERE ",
+        key_where!(),
+        " RETURNING ",
+        event_columns!()
+    );
+    let (transition, actor, detail) = by;
+    let name = transition.as_str();
+    let stmt = tx.prepare_cached(SQL).await.map_err(unavailable)?;
+    let rows = tx
+        .query(&stmt, &key.bind(&[&now, &name, &actor, &detail]))
+        .await
+        .map_err(unavailable)?;
+    rows.iter().map(EventInfo::read).collect()
+}
+
+/// Moves the current generation to the history as `ended`.
+pub(super) async fn to_history(tx: &Tx<'_>, key: &KeyColumns<'_>, ended: &str, now: i64) -> Result<()> {
+    execute(tx, &TO_HISTORY, key, &[&ended, &now]).await.map(drop)
+}
+
+/// Ends the current generation (state `last`): its event, its move to the
+/// history, and the key is free.
+pub(super) async fn end_generation(
+    tx: &Tx<'_>,
+    key: &KeyColumns<'_>,
+    last: State,
+    by: By<'_>,
+    now: i64,
+) -> Result<Vec<EventInfo>> {
+    let events = event(tx, key, by, now).await?;
+    to_history(tx, key, record::ended_as(last, by.0), now).await?;
+    execute(
+        tx,
+        concat!("DELETE FROM idempotency_records WHERE ", key_where!()),
+        key,
+        &[],
+    )
+    .await?;
+    Ok(events)
+}
+
+/// The current record, locked for the rest of `tx`, and its stored body.
+pub(super) async fn lock(tx: &Tx<'_>, key: &KeyColumns<'_>) -> Result<Option<(LoadedRecord, Vec<u8>)>> {
+    const SQL: &str = concat!(
+        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_body, \
+         body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt FROM idempotency_records WHERE ",
+        key_where!(),
+        " FOR UPDATE"
+    );
+    let stmt = tx.prepare_cached(SQL).await.map_err(unavailable)?;
+    let Some(row) = tx.query_opt(&stmt, &key.bind(&[])).await.map_err(unavailable)? else {
+        return Ok(None);
+    };
+    use crate::columns::ColumnReader;
+    let body = row.optional_bytes("response_body")?.unwrap_or_default();
+    Ok(Some((LoadedRecord::read(&row)?, body)))
+}
+
+/// Turns an in-progress record unknown until `expires_at`
+/// ([`record::unknown_expiry`]), guarded by the fence and state it was read with.
+pub(super) async fn set_unknown(
+    tx: &Tx<'_>,
+    key: &KeyColumns<'_>,
+    read_with: (u64, State),
+    expires_at: i64,
+) -> Result<()> {
+    let sql = concat!(
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE ",
+        key_where!(),
+        " AND fence = $7 AND state = $9"
+    );
+    let (fence, state) = (i64_from(read_with.0), read_with.1.as_str());
+    execute(tx, sql, key, &[&fence, &expires_at, &state])
+        .await
+        .map(drop)
+}

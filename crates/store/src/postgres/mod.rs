@@ -1,0 +1,312 @@
+//! PostgreSQL, for several store replicas sharing one database (≥ 13).
+//!
+//! A claim is one round trip in the common path: a single statement inserts
+//! the record if absent and, if it was present, returns the existing row
+//! instead. Under READ COMMITTED that statement can see neither (a competing
+//! insert committed after our snapshot was taken but before our insert looked
+//! for a conflict); we simply run it again. Changes to an existing record
+//! (take-over, replay count, turning unknown) are guarded by the fence we read,
+//! so two replicas deciding at once cannot both win; the loser re-reads.
+//! Fencing tokens come from one global SEQUENCE.
+//!
+//! A replay is answered from the row that statement returned; its
+//! `replay_count` increment is applied afterwards on a spawned task, batched
+//! with other replays (see [`crate::replays`]), not on the request path.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::scope::Scope;
+
+use crate::backend::{
+    Backend, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution, Result,
+    SweepPolicy, SweepReport,
+};
+use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
+use crate::conditions::expand;
+use crate::replays::ReplayTally;
+
+/// The six key parameters, `$1`..`$6`; a statement's own start at `$7`.
+macro_rules! key_where {
+    () => {
+        "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6"
+    };
+}
+
+mod claim;
+mod generation;
+mod operations;
+mod pool;
+mod rows;
+mod sweep;
+
+use pool::{unavailable, Connections, Tx};
+use rows::{Param, INFO_COLUMNS};
+
+/// The schema, one file per version, applied in order.
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("migrations/0001_records.sql")),
+    (2, include_str!("migrations/0002_generations.sql")),
+];
+
+/// Pending replay counts, one row per record. The fence and state guard keep
+/// a late count off a newer record under the same key.
+static REPLAYS: LazyLock<String> = LazyLock::new(|| {
+    expand(
+        "UPDATE idempotency_records r SET replay_count = r.replay_count + v.n \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[]) \
+           AS v(scope_version, tenant, principal, route, namespace, idem_key, fence, n) \
+         WHERE r.scope_version = v.scope_version AND r.tenant = v.tenant AND r.principal = v.principal \
+           AND r.route = v.route AND r.namespace = v.namespace AND r.idem_key = v.idem_key AND r.fence = v.fence \
+           AND r.{replayable}",
+    )
+});
+
+/// Unknown records for operators: `$1` the limit.
+static LIST_UNKNOWN: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{unknown}} AND archived_at IS NULL \
+         ORDER BY created_at LIMIT $1",
+        *INFO_COLUMNS
+    ))
+});
+/// In-progress records created at `$1` or before: `$2` the limit.
+static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
+    expand(&format!(
+        "SELECT {}, NULL::bigint AS ended_at FROM idempotency_records WHERE {{leased}} AND created_at <= $1 \
+         ORDER BY created_at LIMIT $2",
+        *INFO_COLUMNS
+    ))
+});
+static OLDEST_IN_PROGRESS: LazyLock<String> =
+    LazyLock::new(|| expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}"));
+
+pub struct Postgres {
+    connections: Connections,
+    replays: Arc<ReplayCounts>,
+}
+
+/// Replays served and not yet counted, and the one task at a time that
+/// applies them.
+struct ReplayCounts {
+    connections: Connections,
+    tally: ReplayTally,
+    /// Held from taking a batch until it is applied, so a lookup that
+    /// flushes also waits for a batch already on its way.
+    flushing: tokio::sync::Mutex<()>,
+}
+
+impl ReplayCounts {
+    async fn flush(&self) -> Result<()> {
+        let _turn = self.flushing.lock().await;
+        let mut batch = self.tally.take();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Sorted, so replicas flushing at once take row locks in the same order.
+        batch.sort_unstable();
+        let mut cols: [Vec<&str>; 6] = Default::default();
+        let (mut fences, mut counts) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+        for ((key, fence), n) in &batch {
+            for (col, v) in cols.iter_mut().zip(key) {
+                col.push(v.as_str());
+            }
+            fences.push(i64_from(*fence));
+            counts.push(i64_from(*n));
+        }
+        let [c0, c1, c2, c3, c4, c5] = &cols;
+        self.connections
+            .query(&REPLAYS, &[c0, c1, c2, c3, c4, c5, &fences, &counts])
+            .await
+            .map(drop)
+    }
+}
+
+/// What a transaction's work returns: its answer and the events to log once
+/// it has committed.
+type TxWork<'t, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(T, Vec<EventInfo>)>> + Send + 't>>;
+
+fn log_all(events: &[EventInfo]) {
+    events.iter().for_each(EventInfo::log);
+}
+
+impl Postgres {
+    pub fn connect(url: &str, pool_size: usize) -> Result<Postgres> {
+        let connections = Connections::open(url, pool_size)?;
+        let replays = Arc::new(ReplayCounts {
+            connections: connections.clone(),
+            tally: ReplayTally::default(),
+            flushing: tokio::sync::Mutex::new(()),
+        });
+        Ok(Postgres { connections, replays })
+    }
+
+    /// Counts a replay; the first one since the last flush spawns the task
+    /// that applies every pending count. Nobody waits for it.
+    fn count_replay(&self, key: [String; 6], fence: u64) {
+        if self.replays.tally.add(key, fence) {
+            let replays = Arc::clone(&self.replays);
+            tokio::spawn(async move {
+                if let Err(e) = replays.flush().await {
+                    tracing::warn!("postgres: replay counts lost: {e}");
+                }
+            });
+        }
+    }
+
+    /// Runs `work` in a transaction that holds the lock on the scope's
+    /// record (if any); its events are logged once it has committed.
+    async fn in_tx<T: Send>(
+        &self,
+        scope: &Scope,
+        work: impl for<'t> FnOnce(&'t Tx<'t>, &'t KeyColumns<'t>, Option<LoadedRecord>) -> TxWork<'t, T> + Send,
+    ) -> Result<T> {
+        let key = KeyColumns::of(scope);
+        let mut client = self.connections.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
+        let (out, events) = work(&tx, &key, locked).await?;
+        tx.commit().await.map_err(unavailable)?;
+        log_all(&events);
+        Ok(out)
+    }
+
+    async fn infos(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<RecordInfo>> {
+        let rows = self.connections.query(sql, params).await?;
+        rows.iter().map(RecordInfo::read).collect()
+    }
+}
+
+#[async_trait]
+impl Backend for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self.connections.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        // Replicas starting together take turns; the lock ends with the transaction.
+        tx.execute("SELECT pg_advisory_xact_lock(7201865443)", &[])
+            .await
+            .map_err(unavailable)?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)")
+            .await
+            .map_err(unavailable)?;
+        for (version, sql) in MIGRATIONS {
+            let done = tx
+                .query_opt(
+                    "SELECT version FROM idempotency_schema_migrations WHERE version = $1",
+                    &[version],
+                )
+                .await
+                .map_err(unavailable)?;
+            if done.is_none() {
+                tx.batch_execute(sql).await.map_err(unavailable)?;
+                tx.execute(
+                    "INSERT INTO idempotency_schema_migrations (version, applied_at) VALUES ($1, $2)",
+                    &[version, &crate::clock::system_now()],
+                )
+                .await
+                .map_err(unavailable)?;
+            }
+        }
+        tx.commit().await.map_err(unavailable)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.connections
+            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
+            .await
+            .map(drop)
+    }
+
+    async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
+        self.claim_record(req, now, deadline).await
+    }
+
+    async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
+        self.complete_record(req, body, now).await
+    }
+
+    async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        self.release_record(req, now).await
+    }
+
+    async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        self.mark_record_unknown(req, now).await
+    }
+
+    async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
+        self.abandon_record(req, now).await
+    }
+
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
+        // Operators see every replay this process served so far.
+        if let Err(e) = self.replays.flush().await {
+            tracing::warn!("postgres: replay counts not applied before a lookup: {e}");
+        }
+        const MATCH: &str = "tenant = $1 AND idem_key = $2 AND ($3::text IS NULL OR route = $3) \
+                             AND ($4::text IS NULL OR principal = $4) AND ($5::text IS NULL OR namespace = $5)";
+        let sql = format!(
+            "SELECT {cols}, NULL::bigint AS ended_at, true AS current FROM idempotency_records WHERE {MATCH} \
+             UNION ALL SELECT {cols}, ended_at, false FROM idempotency_history WHERE {MATCH} \
+             ORDER BY current DESC, generation DESC LIMIT $6",
+            cols = *INFO_COLUMNS
+        );
+        let ns = q.namespace.map(|n| n.as_str().to_string());
+        let limit = i64::from(limit);
+        let records = self
+            .infos(&sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
+            .await?;
+        let sql = format!(
+            "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT $6",
+            crate::columns::EVENT_COLUMNS
+        );
+        let events_limit = limit.saturating_mul(16);
+        let events = self
+            .connections
+            .query(
+                &sql,
+                &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &events_limit],
+            )
+            .await?
+            .iter()
+            .map(EventInfo::read)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KeyHistory { records, events })
+    }
+
+    async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
+        let limit = i64::from(limit);
+        match which {
+            Listing::Unknown => self.infos(&LIST_UNKNOWN, &[&limit]).await,
+            Listing::Stuck { older_than_ms } => {
+                let before = now.saturating_sub(i64_from(older_than_ms));
+                self.infos(&LIST_STUCK, &[&before, &limit]).await
+            }
+        }
+    }
+
+    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
+        self.resolve_record(scope, how, now).await
+    }
+
+    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
+        self.purge_record(scope, now).await
+    }
+
+    async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
+        self.sweep_once(now, policy).await
+    }
+
+    async fn oldest_in_progress(&self) -> Result<Option<i64>> {
+        match self.connections.query(&OLDEST_IN_PROGRESS, &[]).await?.first() {
+            Some(row) => row.optional_int("oldest"),
+            None => Ok(None),
+        }
+    }
+}

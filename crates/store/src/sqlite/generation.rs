@@ -1,0 +1,177 @@
+//! The steps every operation is made of, on the writer: record a
+//! transition, start a generation, end one, turn one unknown, take a fence.
+
+use std::sync::LazyLock;
+
+use idemgate_core::config::OnUnknown;
+use idemgate_core::protocol::ClaimRequest;
+use idemgate_core::record::{self, State, Transition};
+use rusqlite::Connection;
+
+use super::engine::unavailable;
+use super::rows::{load, query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
+use crate::backend::{EventInfo, Result};
+use crate::columns::{i64_from, u64_from, KeyColumns, LoadedRecord};
+use crate::conditions;
+use crate::replays::ReplayTally;
+
+/// The events a writer job recorded, logged after its commit.
+pub(super) type Journal = Vec<EventInfo>;
+
+/// A transition, who caused it, and an optional detail.
+pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
+
+/// Records a transition of the current record of `key` (which must exist).
+pub(super) fn event(
+    conn: &Connection,
+    key: &KeyColumns<'_>,
+    by: By<'_>,
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
+    const SQL: &str = concat!(
+        "INSERT INTO idempotency_events (",
+        event_columns!(),
+        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?7, ?8, attempt, fence, \
+         fingerprint, response_status, ?9, ?10, ?7 - created_at FROM idempotency_records WHERE ",
+        key_where!(),
+        " RETURNING ",
+        event_columns!()
+    );
+    let (transition, actor, detail) = by;
+    let name = transition.as_str();
+    journal.extend(query_events(
+        conn,
+        SQL,
+        &key.bind(&[&now, &name, &actor, &detail]),
+    )?);
+    Ok(())
+}
+
+/// Moves the current generation of `key` to the history as `ended`.
+pub(super) fn to_history(conn: &Connection, key: &KeyColumns<'_>, ended: &str, now: i64) -> Result<()> {
+    conn.prepare_cached(&TO_HISTORY)
+        .map_err(unavailable)?
+        .execute(key.bind(&[&ended, &now]).as_slice())
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// Ends the current generation of `key` (state `last`): its event, its move
+/// to the history, and the key is free.
+pub(super) fn end_generation(
+    conn: &Connection,
+    key: &KeyColumns<'_>,
+    last: State,
+    by: By<'_>,
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
+    event(conn, key, by, now, journal)?;
+    to_history(conn, key, record::ended_as(last, by.0), now)?;
+    execute(
+        conn,
+        concat!("DELETE FROM idempotency_records WHERE ", key_where!()),
+        key,
+        &[],
+    )
+}
+
+/// Runs a statement about the record of `key`, its own parameters from `?7`.
+pub(super) fn execute(
+    conn: &Connection,
+    sql: &str,
+    key: &KeyColumns<'_>,
+    extra: &[&dyn rusqlite::ToSql],
+) -> Result<()> {
+    conn.prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(key.bind(extra).as_slice())
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// Inserts a new generation claimed by `req` with `fence`. With `replace`
+/// false it does nothing if a record is there (`false`); with `true` it
+/// overwrites it (the caller moved it to the history first).
+pub(super) fn insert_generation(
+    conn: &Connection,
+    req: &ClaimRequest,
+    key: &KeyColumns<'_>,
+    fence: u64,
+    now: i64,
+    replace: bool,
+) -> Result<bool> {
+    let sql: &str = if replace {
+        &REPLACE_GENERATION
+    } else {
+        &INSERT_GENERATION
+    };
+    let n = conn
+        .prepare_cached(sql)
+        .map_err(unavailable)?
+        .execute(
+            key.bind(&[
+                &req.fingerprint.map(|f| f.to_hex()),
+                &i64_from(fence),
+                &record::lease_until(now, req.lease_ms),
+                &i64_from(req.ttl_ms),
+                &(req.on_unknown == OnUnknown::Release),
+                &now,
+                &req.attempt.as_ref().map(|a| a.as_str()),
+            ])
+            .as_slice(),
+        )
+        .map_err(unavailable)?;
+    Ok(n > 0)
+}
+
+/// Turns the record unknown until `expires_at` ([`record::unknown_expiry`]).
+pub(super) fn set_unknown(conn: &Connection, key: &KeyColumns<'_>, expires_at: i64) -> Result<()> {
+    let sql = concat!(
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
+        key_where!()
+    );
+    execute(conn, sql, key, &[&expires_at])
+}
+
+/// The record, if the caller holds its current fence and it is still open:
+/// `record::may_fence`, checked on the writer.
+pub(super) fn fenced(conn: &Connection, key: &KeyColumns<'_>, fence: u64) -> Result<Option<LoadedRecord>> {
+    Ok(load(conn, key)?.filter(|l| l.may_fence(fence)))
+}
+
+pub(super) fn next_fence(conn: &Connection) -> Result<u64> {
+    let v: i64 = conn
+        .prepare_cached("UPDATE idempotency_fence SET value = value + 1 WHERE id = 1 RETURNING value")
+        .map_err(unavailable)?
+        .query_row([], |r| r.get(0))
+        .map_err(unavailable)?;
+    u64_from(v, "fence")
+}
+
+/// Adds the pending replay counts; only ever called on the writer. The fence
+/// and state guard keep a late count off a newer record under the same key.
+pub(super) fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
+    let batch = tally.take();
+    if batch.is_empty() {
+        return Ok(());
+    }
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        conditions::expand(concat!(
+            "UPDATE idempotency_records SET replay_count = replay_count + ?8 WHERE ",
+            key_where!(),
+            " AND fence = ?7 AND {replayable}"
+        ))
+    });
+    let mut stmt = conn.prepare_cached(&SQL).map_err(unavailable)?;
+    for ((key, fence), n) in batch {
+        stmt.execute(
+            KeyColumns::borrowed(&key)
+                .bind(&[&i64_from(fence), &i64_from(n)])
+                .as_slice(),
+        )
+        .map_err(unavailable)?;
+    }
+    Ok(())
+}

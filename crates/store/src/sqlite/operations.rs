@@ -1,0 +1,171 @@
+//! The fence calls, abandon and the operators' changes, each one job on the
+//! writer: load, ask the rules, write.
+
+use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::record::{self, State, Transition};
+use idemgate_core::scope::Scope;
+use rusqlite::Connection;
+
+use super::generation::{end_generation, event, execute, fenced, next_fence, set_unknown, Journal};
+use super::rows::load;
+use crate::backend::{actor, Resolution, Result};
+use crate::columns::{encode_headers, i64_from, KeyColumns};
+
+pub(super) fn complete(
+    conn: &Connection,
+    journal: &mut Journal,
+    req: &CompleteRequest,
+    body: Option<&[u8]>,
+    now: i64,
+) -> Result<FenceReply> {
+    let key = KeyColumns::of(&req.scope);
+    let Some(loaded) = fenced(conn, &key, req.fence)? else {
+        return Ok(FenceReply::Stale);
+    };
+    let sql = concat!(
+        "UPDATE idempotency_records SET state = 'completed', response_status = ?7, response_headers = ?8, \
+         response_body = ?9, body_stored = ?10, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE ",
+        key_where!()
+    );
+    let expires_at = record::completion_expiry(now, loaded.ttl_ms);
+    let params: [&dyn rusqlite::ToSql; 6] = [
+        &req.status,
+        &encode_headers(&req.headers),
+        &body,
+        &req.body_stored,
+        &now,
+        &expires_at,
+    ];
+    execute(conn, sql, &key, &params)?;
+    event(
+        conn,
+        &key,
+        (Transition::Completed, actor::FILTER, None),
+        now,
+        journal,
+    )?;
+    Ok(FenceReply::Done)
+}
+
+pub(super) fn release(
+    conn: &Connection,
+    journal: &mut Journal,
+    req: &FenceRequest,
+    now: i64,
+) -> Result<FenceReply> {
+    let key = KeyColumns::of(&req.scope);
+    let Some(loaded) = fenced(conn, &key, req.fence)? else {
+        return Ok(FenceReply::Stale);
+    };
+    let by = (Transition::Released, actor::FILTER, None);
+    end_generation(conn, &key, loaded.view.state, by, now, journal)?;
+    Ok(FenceReply::Done)
+}
+
+pub(super) fn abandon(
+    conn: &Connection,
+    journal: &mut Journal,
+    req: &AbandonRequest,
+    now: i64,
+) -> Result<FenceReply> {
+    let key = KeyColumns::of(&req.scope);
+    let attempt = req.attempt.as_str();
+    match load(conn, &key)? {
+        Some(l) if l.may_abandon(attempt) => {
+            let by = (Transition::Abandoned, actor::FILTER, None);
+            end_generation(conn, &key, l.view.state, by, now, journal)?;
+            Ok(FenceReply::Done)
+        }
+        Some(_) => Ok(FenceReply::Stale),
+        None => {
+            let sql = "INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, \
+                       attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING";
+            execute(conn, sql, &key, &[&attempt, &now])?;
+            Ok(FenceReply::Done)
+        }
+    }
+}
+
+pub(super) fn mark_unknown(
+    conn: &Connection,
+    journal: &mut Journal,
+    req: &FenceRequest,
+    now: i64,
+) -> Result<FenceReply> {
+    let key = KeyColumns::of(&req.scope);
+    let Some(loaded) = fenced(conn, &key, req.fence)? else {
+        return Ok(FenceReply::Stale);
+    };
+    if loaded.view.state == State::Unknown {
+        return Ok(FenceReply::Done);
+    }
+    set_unknown(conn, &key, record::unknown_expiry(now, loaded.ttl_ms))?;
+    event(
+        conn,
+        &key,
+        (Transition::MarkedUnknown, actor::FILTER, None),
+        now,
+        journal,
+    )?;
+    Ok(FenceReply::Done)
+}
+
+pub(super) fn resolve(
+    conn: &Connection,
+    journal: &mut Journal,
+    scope: &Scope,
+    how: Resolution,
+    now: i64,
+) -> Result<bool> {
+    let key = KeyColumns::of(scope);
+    let Some(loaded) = load(conn, &key)? else {
+        return Ok(false);
+    };
+    if !loaded.is_open() {
+        return Ok(false);
+    }
+    match how {
+        Resolution::Release => {
+            let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
+            end_generation(conn, &key, loaded.view.state, by, now, journal)?;
+        }
+        Resolution::Complete {
+            status,
+            headers,
+            body,
+        } => {
+            // A new fence: the old owner's late completion must not
+            // overwrite what the operator decided.
+            let fence = next_fence(conn)?;
+            let sql = concat!(
+                "UPDATE idempotency_records SET state = 'completed', fence = ?7, response_status = ?8, \
+                 response_headers = ?9, response_body = ?10, body_stored = 1, completed_at = ?11, expires_at = ?12, \
+                 lease_until = ?11 WHERE ",
+                key_where!()
+            );
+            let expires_at = record::completion_expiry(now, loaded.ttl_ms);
+            let params: [&dyn rusqlite::ToSql; 6] = [
+                &i64_from(fence),
+                &status,
+                &encode_headers(&headers),
+                &body.into_bytes(),
+                &now,
+                &expires_at,
+            ];
+            execute(conn, sql, &key, &params)?;
+            let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
+            event(conn, &key, by, now, journal)?;
+        }
+    }
+    Ok(true)
+}
+
+pub(super) fn purge(conn: &Connection, journal: &mut Journal, scope: &Scope, now: i64) -> Result<bool> {
+    let key = KeyColumns::of(scope);
+    let Some(loaded) = load(conn, &key)? else {
+        return Ok(false);
+    };
+    let by = (Transition::Purged, actor::OPERATOR, None);
+    end_generation(conn, &key, loaded.view.state, by, now, journal)?;
+    Ok(true)
+}
