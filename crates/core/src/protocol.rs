@@ -3,8 +3,8 @@
 //! Every call is `POST` with a *frame* as body: one line of compact JSON
 //! metadata, a `\n`, then raw bytes (a stored response body travels as bytes,
 //! never as base64 inside JSON). Compact JSON never contains a raw newline, so
-//! the first `\n` always ends the metadata. Replies to `claim` are frames too;
-//! the other calls answer plain JSON.
+//! the first `\n` always ends the metadata. Every reply is a frame too: a
+//! claim's carries a replayed body, the other calls' an empty one.
 //!
 //! Timestamps are milliseconds since the Unix epoch, taken by the store's clock.
 

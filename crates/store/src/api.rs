@@ -93,7 +93,12 @@ fn fence_reply(reply: FenceReply) -> Response {
         FenceReply::Done => StatusCode::OK,
         FenceReply::Stale => StatusCode::CONFLICT,
     };
-    (status, axum::Json(reply)).into_response()
+    (
+        status,
+        [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
+        encode_frame(&reply, &[]),
+    )
+        .into_response()
 }
 
 pub async fn claim(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {

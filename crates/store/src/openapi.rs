@@ -45,8 +45,8 @@ fn api_op(summary: &str, meta: &str, ok: Value) -> Value {
 
 fn fence_responses() -> Value {
     json!({
-        "200": { "description": "Done", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
-        "409": { "description": "Stale: the fencing token was superseded or the record is gone", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
+        "200": { "description": "Done", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
+        "409": { "description": "Stale: the fencing token was superseded or the record is gone", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/FenceReply" } } } },
     })
 }
 

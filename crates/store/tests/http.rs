@@ -183,7 +183,7 @@ async fn claim_complete_and_replay_over_http() {
         .await;
     assert_eq!(done.status, 200);
     assert_eq!(
-        serde_json::from_slice::<FenceReply>(&done.body).unwrap(),
+        decode_frame::<FenceReply>(&done.body).unwrap().0,
         FenceReply::Done
     );
     let stale = h
@@ -196,7 +196,7 @@ async fn claim_complete_and_replay_over_http() {
         .await;
     assert_eq!(stale.status, 409);
     assert_eq!(
-        serde_json::from_slice::<FenceReply>(&stale.body).unwrap(),
+        decode_frame::<FenceReply>(&stale.body).unwrap().0,
         FenceReply::Stale
     );
     let r = h

@@ -1,6 +1,6 @@
 //! What the exchange asks of the filter, and what the store answers.
 
-use crate::protocol::FenceReply;
+use crate::protocol::{decode_frame, FenceReply};
 use crate::Reply;
 
 /// What the filter must do next.
@@ -35,7 +35,7 @@ pub type StoreAnswer = Option<(u16, Vec<u8>)>;
 
 /// Whether the store confirmed a complete, release or mark-unknown call.
 pub fn settled(answer: &StoreAnswer) -> bool {
-    matches!(answer, Some((200, body)) if serde_json::from_slice::<FenceReply>(body).ok() == Some(FenceReply::Done))
+    matches!(answer, Some((200, body)) if decode_frame::<FenceReply>(body).ok().map(|(reply, _)| reply) == Some(FenceReply::Done))
 }
 
 /// A 4xx from the store means it refused the frame itself (a limit, the

@@ -320,7 +320,7 @@ fn a_store_4xx_is_reported_once_as_a_refusal_and_still_fails_closed() {
     assert_eq!(ex.take_store_refusal(), None);
     let mut ex = owned("/pay");
     ex.response_headers(upstream(200, &[], true));
-    ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec())));
+    ex.store_reply(Some((409, b"{\"outcome\":\"stale\"}\n".to_vec())));
     assert_eq!(ex.take_store_refusal(), None);
 }
 
@@ -470,7 +470,7 @@ fn an_owned_response_is_held_captured_and_completed() {
     );
     assert_eq!(body, b"{\"id\":1}");
     assert_eq!(
-        ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+        ex.store_reply(Some((200, b"{\"outcome\":\"done\"}\n".to_vec()))),
         Step::Continue
     );
     assert_eq!(ex.settlement(), Some(Settlement::Completed));
@@ -492,7 +492,7 @@ fn a_response_too_large_to_keep_streams_and_completes_without_body() {
     assert!(body.is_empty());
     assert_eq!(ex.response_body(b"h", false), Step::Pause);
     assert_eq!(
-        ex.store_reply(Some((200, br#"{"outcome":"done"}"#.to_vec()))),
+        ex.store_reply(Some((200, b"{\"outcome\":\"done\"}\n".to_vec()))),
         Step::Continue
     );
     assert_eq!(ex.response_body(b"i", true), Step::Continue);
@@ -567,7 +567,7 @@ fn a_refused_completion_is_reported_as_failed() {
     let mut ex = owned("/pay");
     ex.response_headers(upstream(200, &[], true));
     assert_eq!(
-        ex.store_reply(Some((409, br#"{"outcome":"stale"}"#.to_vec()))),
+        ex.store_reply(Some((409, b"{\"outcome\":\"stale\"}\n".to_vec()))),
         Step::Continue
     );
     assert_eq!(ex.settlement(), Some(Settlement::Failed));

@@ -24,8 +24,8 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
         "{abandonable} AND EXISTS (SELECT 1 FROM idempotency_abandoned a WHERE (a.scope_version, a.tenant, \
          a.principal, a.route, a.namespace, a.idem_key, a.attempt) = (idempotency_records.scope_version, \
          idempotency_records.tenant, idempotency_records.principal, idempotency_records.route, \
-         idempotency_records.namespace, idempotency_records.idem_key, idempotency_records.attempt)) \
-         AND $1::bigint IS NOT NULL",
+         idempotency_records.namespace, idempotency_records.idem_key, idempotency_records.attempt) \
+         AND a.at <= $1)",
     )
 });
 static EXPIRED: LazyLock<String> = LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1"));

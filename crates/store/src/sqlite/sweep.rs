@@ -26,7 +26,7 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
         "SELECT r.scope_version, r.tenant, r.principal, r.route, r.namespace, r.idem_key \
          FROM idempotency_abandoned a JOIN idempotency_records r \
          USING (scope_version, tenant, principal, route, namespace, idem_key, attempt) \
-         WHERE {abandonable} AND ?1 = ?1 LIMIT ?2",
+         WHERE {abandonable} AND a.at <= ?1 LIMIT ?2",
     )
 });
 const EXPIRED: &str =
