@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use e2e::chaos::INTERNALS;
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::{eventually, send, Answer, Harness, ADMIN_TOKEN, API_TOKEN};
@@ -274,7 +273,7 @@ async fn identity_headers_and_forged_tokens_cannot_choose_a_tenant() {
 async fn the_store_refuses_missing_and_wrong_credentials_and_admin_refuses_the_api_one() {
     let h = Harness::start().await;
     let mut c = Checks::default();
-    let store = |path: &str| format!("http://127.0.0.1:{}{path}", h.store_port);
+    let store = |path: &str| format!("http://127.0.0.1:{}{path}", h.stores[0].port);
     let api = ["/v1/claim", "/v1/complete", "/v1/release", "/v1/mark-unknown"];
     let admin_get = ["/admin/v1/records/unknown", "/admin/v1/records/stuck"];
     let admin_post = [
@@ -477,7 +476,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
                 format!("{what}: not a problem: {} {text}", a.status),
             );
         }
-        if let Some(m) = INTERNALS.iter().find(|m| text.contains(*m)) {
+        if let Some(m) = e2e::internals::shown_in(&text) {
             c.check(
                 false,
                 format!("{what}: problem body shows internals ({m}): {text}"),
