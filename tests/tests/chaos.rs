@@ -145,18 +145,8 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     let (envoy_end, store_end) = rss(&stack);
     // Where store errors come from, if any: timeouts, resets, health checks.
     let stats = stack
-        .client
-        .get(format!(
-            "http://127.0.0.1:{}/stats?filter=^cluster\\.idempotency_store\\.",
-            stack.admin_port
-        ))
-        .send()
-        .await
-        .ok();
-    let stats = match stats {
-        Some(r) => r.text().await.unwrap_or_default(),
-        None => String::new(),
-    };
+        .admin_text("/stats?filter=^cluster\\.idempotency_store\\.")
+        .await;
     let store_stats: Vec<&str> = stats
         .lines()
         .filter(|l| {

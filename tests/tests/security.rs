@@ -366,25 +366,13 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     let tag = format!("rk{:x}", e2e::chaos::seed() & 0xffff_ffff);
     let k = |label: &str| format!("{tag}-{}", key(label));
     let mut answers: Vec<(String, Answer)> = Vec::new();
-    let (client, base) = (s.client.clone(), s.url(""));
-    let post = |path: &str, key: Option<&str>, body: &str| {
-        let mut req = client
-            .post(format!("{base}{path}"))
-            .header("content-type", "application/json")
-            .header("x-tenant-id", "tenant-a")
-            .header("x-user-id", "alice")
-            .body(body.to_string());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        req
-    };
     let (done, busy, unknown, big) = (k("done"), k("busy"), k("unknown"), k("big"));
-    answers.push(("fresh".into(), send(post("/pay", Some(&done), PAYMENT)).await));
-    answers.push(("replay".into(), send(post("/pay", Some(&done), PAYMENT)).await));
-    answers.push(("key-reused".into(), send(post("/pay", Some(&done), "{}")).await));
+    answers.push(("fresh".into(), send(s.post("/pay", Some(&done), PAYMENT)).await));
+    answers.push(("replay".into(), send(s.post("/pay", Some(&done), PAYMENT)).await));
+    answers.push(("key-reused".into(), send(s.post("/pay", Some(&done), "{}")).await));
     let slow = tokio::spawn(send(
-        post("/pay", Some(&busy), PAYMENT).header("x-test-delay-ms", "1000"),
+        s.post("/pay", Some(&busy), PAYMENT)
+            .header("x-test-delay-ms", "1000"),
     ));
     eventually(
         "the slow request to reach the upstream",
@@ -394,24 +382,32 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     .await;
     answers.push((
         "in-progress".into(),
-        send(post("/pay", Some(&busy), PAYMENT)).await,
+        send(s.post("/pay", Some(&busy), PAYMENT)).await,
     ));
     let _ = slow.await;
-    send(post("/pay", Some(&unknown), PAYMENT).header("x-test-control", "uncertain")).await;
+    send(
+        s.post("/pay", Some(&unknown), PAYMENT)
+            .header("x-test-control", "uncertain"),
+    )
+    .await;
     answers.push((
         "outcome-unknown".into(),
-        send(post("/pay", Some(&unknown), PAYMENT)).await,
+        send(s.post("/pay", Some(&unknown), PAYMENT)).await,
     ));
-    send(post("/small", Some(&big), "{}").header("x-test-body-size", "5000")).await;
+    send(
+        s.post("/small", Some(&big), "{}")
+            .header("x-test-body-size", "5000"),
+    )
+    .await;
     answers.push((
         "result-unavailable".into(),
-        send(post("/small", Some(&big), "{}")).await,
+        send(s.post("/small", Some(&big), "{}")).await,
     ));
     answers.push((
         "body-too-large".into(),
-        send(post("/small", Some(&k("large")), &"x".repeat(100))).await,
+        send(s.post("/small", Some(&k("large")), &"x".repeat(100))).await,
     ));
-    answers.push(("key-missing".into(), send(post("/pay", None, PAYMENT)).await));
+    answers.push(("key-missing".into(), send(s.post("/pay", None, PAYMENT)).await));
     let hostile_keys = [
         format!("{tag} with spaces"),
         format!("\"{tag}-unterminated"),
@@ -424,7 +420,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
             reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
         answers.push((
             "key-invalid".into(),
-            send(post("/pay", None, PAYMENT).header("idempotency-key", value)).await,
+            send(s.post("/pay", None, PAYMENT).header("idempotency-key", value)).await,
         ));
     }
     let nobody = s
@@ -453,7 +449,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     drop(s.pg.take());
     answers.push((
         "database down, via Envoy".into(),
-        send(post("/pay", Some(&k("pgdown")), PAYMENT)).await,
+        send(s.post("/pay", Some(&k("pgdown")), PAYMENT)).await,
     ));
     let claim = format!(
         "{{\"scope\":{{\"version\":\"v1\",\"tenant\":\"t\",\"principal\":\"p\",\"route\":\"r\",\"namespace\":\"u\",\"key\":\"{tag}\"}},\"fingerprint\":null,\"lease_ms\":1000,\"ttl_ms\":1000,\"after_expiry\":\"reject\",\"on_unknown\":\"conflict\"}}\n"
@@ -465,7 +461,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     s.kill_store(0);
     answers.push((
         "store down".into(),
-        send(post("/pay", Some(&k("down")), PAYMENT)).await,
+        send(s.post("/pay", Some(&k("down")), PAYMENT)).await,
     ));
 
     for (what, a) in &answers {
