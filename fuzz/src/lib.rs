@@ -12,6 +12,7 @@ use idemgate_core::config::Config;
 use idemgate_core::jcs;
 use idemgate_core::key::{parse_key, KeyRules, MAX_KEY_LEN};
 use idemgate_core::protocol::{decode_frame, ClaimReply, ClaimRequest};
+use idemgate_testkit::INTERNALS;
 
 /// `Idempotency-Key` parsing (semantics §1). The first byte picks the rules
 /// and how many field lines the rest is split into (at `\n`).
@@ -162,22 +163,6 @@ fn store() -> &'static StoreUnderTest {
         }
     })
 }
-
-/// Markers of internals that must never reach a client.
-pub const INTERNALS: [&str; 12] = [
-    "SELECT ",
-    "INSERT ",
-    "UPDATE ",
-    "sqlite",
-    "SQLITE",
-    "postgres",
-    "/tmp/",
-    "/home/",
-    "/root/",
-    ".rs:",
-    "panicked",
-    "backtrace",
-];
 
 /// One request to the store's HTTP surface (the real router on SQLite).
 /// Whatever the bytes: no 5xx, credentials are checked before anything else,

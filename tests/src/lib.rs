@@ -2,18 +2,21 @@
 //! built wasm module (`IDEMGATE_WASM`), the real store (`IDEMGATE_STORE_BIN`) on
 //! a fresh SQLite file, and an in-process upstream that counts executions.
 //!
-//! Ports are picked free, readiness is polled, every process is killed on drop,
-//! and when a test fails the Envoy and store logs are printed.
+//! [`stack::Stack`] starts all of it (ports picked free, readiness polled,
+//! every process killed on drop, logs printed when a test fails);
+//! [`Harness`] is its preset for `envoy/e2e.yaml` on one SQLite store. What
+//! other test suites share (free ports, PostgreSQL clusters, processes,
+//! waiting, the internals list) comes from `idemgate-testkit`.
 
 // Test support: failing loudly is how a harness reports a broken environment.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 pub mod chaos;
 pub use idemgate_testkit::pg;
@@ -22,6 +25,8 @@ pub mod report;
 pub mod stack;
 mod upstream;
 
+pub use idemgate_testkit::{eventually, free_port, internals, poll, Proc, INTERNALS};
+pub use stack::{bootstrap, Ports};
 pub use upstream::{Execution, ExecutionLog, Upstream};
 
 pub const API_TOKEN: &str = "e2e-api-token";
@@ -47,110 +52,9 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-pub use idemgate_testkit::free_port;
-
-/// A process whose output goes to a log file we can print on failure.
-pub struct Proc {
-    name: &'static str,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Proc {
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("log file {log:?}: {e}"));
-        let err = out.try_clone().unwrap_or_else(|e| panic!("log file: {e}"));
-        let child = cmd
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
-        Proc {
-            name,
-            child: Some(child),
-            log,
-        }
-    }
-
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("===== {} log =====\n{}", self.name, self.log());
-        }
-    }
-}
-
-/// Polls `probe` until it is true, or fails the test after `within`.
-pub async fn eventually<F, Fut>(what: &str, within: Duration, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    poll(what, within, || {
-        let fut = probe();
-        async move { fut.await.then_some(()) }
-    })
-    .await
-}
-
-/// Polls `probe` until it yields a value, or fails the test after `within`.
-pub async fn poll<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-pub struct Harness {
-    pub dir: tempfile::TempDir,
-    pub upstream: Upstream,
-    pub store: Proc,
-    pub store_port: u16,
-    pub envoy: Proc,
-    pub port: u16,
-    pub admin_port: u16,
-    pub client: reqwest::Client,
-}
-
-/// A bootstrap from the repository with its listener, admin and upstream
-/// ports and its wasm path rewritten for this test.
-pub fn bootstrap(file: &str, port: u16, admin_port: u16, upstream_port: u16) -> String {
-    std::fs::read_to_string(repo_root().join(file))
-        .unwrap_or_else(|e| panic!("{file}: {e}"))
-        .replace("port_value: 10000", &format!("port_value: {port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin_port}"))
-        .replace("port_value: 8080", &format!("port_value: {upstream_port}"))
-        .replace(
-            "filename: target/idemgate.wasm",
-            &format!("filename: {}", wasm_path().display()),
-        )
-}
+/// The stack most end-to-end tests run against: `envoy/e2e.yaml`, one store
+/// on SQLite, a client without a timeout. Everything else is [`stack::Stack`]'s.
+pub struct Harness(stack::Stack);
 
 impl Harness {
     pub async fn start() -> Harness {
@@ -159,156 +63,24 @@ impl Harness {
 
     /// Starts with `envoy/e2e.yaml` changed by `edit` (after the ports are
     /// rewritten), e.g. to point the `express` cluster at a running app.
-    pub async fn start_with(edit: impl FnOnce(String) -> String) -> Harness {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let upstream = Upstream::start().await;
-        let store_port = free_port();
-        let store = start_store(dir.path(), store_port);
-        let (port, admin_port) = (free_port(), free_port());
-        let config = edit(
-            bootstrap("envoy/e2e.yaml", port, admin_port, upstream.addr.port())
-                .replace("port_value: 8787", &format!("port_value: {store_port}")),
-        );
-        let config_path = dir.path().join("envoy.yaml");
-        std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
-        let envoy_bin = envoy_bin();
-        let envoy = Proc::spawn(
-            "envoy",
-            Command::new(&envoy_bin)
-                .arg("-c")
-                .arg(&config_path)
-                .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
-                .args(["--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]),
-            dir.path().join("envoy.log"),
-        );
-        let harness = Harness {
-            client: reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .build()
-                .unwrap_or_else(|e| panic!("client: {e}")),
-            dir,
-            upstream,
-            store,
-            store_port,
-            envoy,
-            port,
-            admin_port,
-        };
-        harness.wait_store().await;
-        let admin = format!("http://127.0.0.1:{admin_port}/ready");
-        let client = harness.client.clone();
-        eventually("envoy to be ready", Duration::from_secs(60), || {
-            let (client, admin) = (client.clone(), admin.clone());
-            async move { matches!(client.get(&admin).send().await, Ok(r) if r.status() == 200) }
-        })
-        .await;
-        harness
-    }
-
-    pub async fn wait_store(&self) {
-        let url = format!("http://127.0.0.1:{}/readyz", self.store_port);
-        let client = self.client.clone();
-        eventually("the store to be ready", Duration::from_secs(30), || {
-            let (client, url) = (client.clone(), url.clone());
-            async move { matches!(client.get(&url).send().await, Ok(r) if r.status() == 200) }
-        })
-        .await;
-    }
-
-    pub fn restart_store(&mut self) {
-        self.store.kill();
-        self.store = start_store(self.dir.path(), self.store_port);
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// A POST through Envoy with an optional key, as alice of tenant-a.
-    pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
-        self.post_as("tenant-a", "alice", path, key, body)
-    }
-
-    pub fn post_as(
-        &self,
-        tenant: &str,
-        user: &str,
-        path: &str,
-        key: Option<&str>,
-        body: &str,
-    ) -> reqwest::RequestBuilder {
-        let mut req = self
-            .client
-            .post(self.url(path))
-            .header("content-type", "application/json")
-            .header("x-tenant-id", tenant)
-            .header("x-user-id", user)
-            .body(body.to_string());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        req
-    }
-
-    /// The filter's counter `name` (e.g. `requests_owned`) as Envoy's
-    /// Prometheus endpoint shows it.
-    pub async fn counter(&self, name: &str) -> u64 {
-        let url = format!("http://127.0.0.1:{}/stats/prometheus", self.admin_port);
-        let text = match self.client.get(url).send().await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        let metric = format!("idemgate_{name}");
-        text.lines()
-            .filter_map(|l| l.split_once(' '))
-            .filter(|(n, _)| n.split('{').next() == Some(metric.as_str()))
-            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
-            .sum()
-    }
-
-    /// The key's current generation (`null` when there is none: never
-    /// claimed, or released).
-    pub async fn current_record(
-        &self,
-        route: &str,
-        tenant: &str,
-        principal: &str,
-        key: &str,
-    ) -> serde_json::Value {
-        let history = self.history(route, tenant, principal, key).await;
-        match history["records"].as_array().and_then(|r| r.first()) {
-            Some(r) if r["ended_at"].is_null() => r.clone(),
-            _ => serde_json::Value::Null,
-        }
-    }
-
-    /// The store's admin view of a key: every generation and event, as JSON.
-    pub async fn history(&self, route: &str, tenant: &str, principal: &str, key: &str) -> serde_json::Value {
-        let url = format!("http://127.0.0.1:{}/admin/v1/records/lookup", self.store_port);
-        let query = serde_json::json!({"route": route, "tenant": tenant, "principal": principal, "key": key});
-        match self
-            .client
-            .post(url)
-            .bearer_auth(ADMIN_TOKEN)
-            .header("content-type", "application/json")
-            .body(query.to_string())
-            .send()
-            .await
-        {
-            Ok(r) if r.status() == 200 => r.json_value().await,
-            _ => serde_json::Value::Null,
-        }
+    pub async fn start_with(edit: impl FnOnce(String) -> String + Send + 'static) -> Harness {
+        let mut options = stack::Options::new("envoy/e2e.yaml", stack::Database::Sqlite, 1);
+        options.edit = Some(Box::new(edit));
+        options.client_timeout = None;
+        Harness(stack::Stack::start(options).await)
     }
 }
 
-trait JsonValue {
-    async fn json_value(self) -> serde_json::Value;
+impl Deref for Harness {
+    type Target = stack::Stack;
+    fn deref(&self) -> &stack::Stack {
+        &self.0
+    }
 }
 
-impl JsonValue for reqwest::Response {
-    async fn json_value(self) -> serde_json::Value {
-        let bytes = self.bytes().await.unwrap_or_default();
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+impl DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut stack::Stack {
+        &mut self.0
     }
 }
 
@@ -330,23 +102,6 @@ pub fn express(port: u16, log_dir: &Path) -> Proc {
         "express",
         Command::new("node").arg(app.join("app.js")).arg(port.to_string()),
         log_dir.join("express.log"),
-    )
-}
-
-fn start_store(dir: &Path, port: u16) -> Proc {
-    let bin = env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store");
-    Proc::spawn(
-        "store",
-        Command::new(bin)
-            .arg("serve")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--database-url",
-                &format!("sqlite://{}", dir.join("store.db").display()),
-            ])
-            .args(["--api-token", API_TOKEN, "--admin-token", ADMIN_TOKEN])
-            .env("RUST_LOG", "info"),
-        dir.join(format!("store-{port}.log")),
     )
 }
 

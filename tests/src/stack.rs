@@ -1,9 +1,10 @@
-//! A configurable stack for the chaos, soak and security runs: the real Envoy
-//! on any bootstrap from `envoy/`, one or more store replicas on SQLite or a
-//! throwaway PostgreSQL cluster, and the in-process upstream. Unlike
-//! [`crate::Harness`], every part can be killed (SIGKILL) and restarted on its
-//! port, and every process start gets its own log file, so the logs of a whole
-//! run can be audited afterwards.
+//! The stack every end-to-end test runs against: the real Envoy on a
+//! bootstrap from `envoy/` (its ports and wasm path rewritten for the test),
+//! one or more store replicas on SQLite or a throwaway PostgreSQL cluster,
+//! and the in-process upstream. Ports are picked free and readiness is
+//! polled; every part can be killed (SIGKILL) and restarted on its port, and
+//! every process start gets its own log file, so the logs of a whole run can
+//! be audited afterwards. [`crate::Harness`] is its preset for `envoy/e2e.yaml`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,6 +18,9 @@ pub enum Database {
     Postgres,
 }
 
+/// A change to the bootstrap text, made after its ports are rewritten.
+pub type Edit = Box<dyn FnOnce(String) -> String + Send>;
+
 pub struct Options {
     /// Relative to the repository root, e.g. `envoy/chaos.yaml`.
     pub bootstrap: &'static str,
@@ -28,6 +32,10 @@ pub struct Options {
     pub envoy_args: Vec<String>,
     /// `RUST_LOG` of the store.
     pub store_log: &'static str,
+    /// E.g. point the `express` cluster at a running app.
+    pub edit: Option<Edit>,
+    /// The test client's timeout per request (`None`: none).
+    pub client_timeout: Option<Duration>,
 }
 
 impl Options {
@@ -39,8 +47,43 @@ impl Options {
             api_token: crate::API_TOKEN,
             envoy_args: Vec::new(),
             store_log: "info",
+            edit: None,
+            client_timeout: Some(Duration::from_secs(20)),
         }
     }
+}
+
+/// Envoy's listener, admin and upstream ports in a bootstrap of `envoy/`.
+pub struct Ports {
+    pub listener: u16,
+    pub admin: u16,
+    pub upstream: u16,
+}
+
+/// A bootstrap from the repository with its listener, admin and upstream
+/// ports and its wasm path rewritten for this test.
+pub fn bootstrap(file: &str, ports: &Ports) -> String {
+    std::fs::read_to_string(crate::repo_root().join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .replace("port_value: 10000", &format!("port_value: {}", ports.listener))
+        .replace("port_value: 9901", &format!("port_value: {}", ports.admin))
+        .replace("port_value: 8080", &format!("port_value: {}", ports.upstream))
+        .replace(
+            "filename: target/idemgate.wasm",
+            &format!("filename: {}", crate::wasm_path().display()),
+        )
+}
+
+/// The store cluster's one endpoint in a bootstrap of `envoy/`, replaced by
+/// one endpoint per replica.
+const STORE_ENDPOINT: &str =
+    "{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8787}}}}";
+
+fn store_endpoints(ports: impl Iterator<Item = u16>) -> String {
+    ports
+        .map(|port| STORE_ENDPOINT.replace("8787", &port.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub struct Replica {
@@ -66,7 +109,7 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub async fn start(options: Options) -> Stack {
+    pub async fn start(mut options: Options) -> Stack {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let upstream = Upstream::start().await;
         let (pg, database_url) = match options.database {
@@ -86,37 +129,33 @@ impl Stack {
                 port: free_port(),
             })
             .collect();
-        let (port, admin_port) = (free_port(), free_port());
-        let store_endpoints = stores
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}}}",
-                    r.port
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let config = crate::bootstrap(options.bootstrap, port, admin_port, upstream.addr.port()).replace(
-            "{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8787}}}}",
-            &store_endpoints,
-        );
+        let ports = Ports {
+            listener: free_port(),
+            admin: free_port(),
+            upstream: upstream.addr.port(),
+        };
+        let config = bootstrap(options.bootstrap, &ports)
+            .replace(STORE_ENDPOINT, &store_endpoints(stores.iter().map(|r| r.port)));
+        let config = match options.edit.take() {
+            Some(edit) => edit(config),
+            None => config,
+        };
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        let mut client = reqwest::Client::builder().pool_max_idle_per_host(0);
+        if let Some(timeout) = options.client_timeout {
+            client = client.timeout(timeout);
+        }
         let mut stack = Stack {
-            client: reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap_or_else(|e| panic!("client: {e}")),
+            client: client.build().unwrap_or_else(|e| panic!("client: {e}")),
             dir,
             upstream,
             pg,
             database_url,
             stores,
             envoy: None,
-            port,
-            admin_port,
+            port: ports.listener,
+            admin_port: ports.admin,
             options,
             config_path,
             logs: Vec::new(),
@@ -142,23 +181,15 @@ impl Stack {
     pub fn start_store(&mut self, i: usize) {
         let log = self.next_log(&format!("store{i}"));
         let bin = env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store");
-        let port = self.stores[i].port;
-        let proc = Proc::spawn(
-            "store",
-            Command::new(bin)
-                .arg("serve")
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--database-url", &self.database_url])
-                .args([
-                    "--api-token",
-                    self.options.api_token,
-                    "--admin-token",
-                    ADMIN_TOKEN,
-                ])
-                .args(["--pg-pool-size", "8"])
-                .env("RUST_LOG", self.options.store_log),
-            log,
+        let mut serve = idemgate_testkit::store::serve(
+            &bin,
+            self.stores[i].port,
+            &self.database_url,
+            self.options.api_token,
+            ADMIN_TOKEN,
+            self.options.store_log,
         );
+        let proc = Proc::spawn("store", serve.args(["--pg-pool-size", "8"]), log);
         self.stores[i].proc = Some(proc);
     }
 
@@ -189,17 +220,19 @@ impl Stack {
 
     pub async fn wait_store(&self, i: usize) {
         let url = self.store_url(i, "/readyz");
-        let client = self.client.clone();
         eventually("the store to be ready", Duration::from_secs(30), || {
-            let (client, url) = (client.clone(), url.clone());
-            async move { matches!(client.get(&url).send().await, Ok(r) if r.status() == 200) }
+            self.answers_200(&url)
         })
         .await;
     }
 
+    async fn answers_200(&self, url: &str) -> bool {
+        matches!(self.client.get(url).send().await, Ok(r) if r.status() == 200)
+    }
+
     pub fn start_envoy(&mut self) {
         let log = self.next_log("envoy");
-        let envoy_bin = env_path("ENVOY_BIN", ".tools/venv/bin/envoy");
+        let envoy_bin = crate::envoy_bin();
         let proc = Proc::spawn(
             "envoy",
             Command::new(&envoy_bin)
@@ -219,29 +252,27 @@ impl Stack {
         }
     }
 
+    /// What the running Envoy wrote so far.
+    pub fn envoy_log(&self) -> String {
+        self.envoy.as_ref().map(Proc::log).unwrap_or_default()
+    }
+
     /// Ready, and every store endpoint passed its health check: otherwise the
     /// first requests after a start meet "no healthy host".
     pub async fn wait_envoy(&self) {
-        let ready = format!("http://127.0.0.1:{}/ready", self.admin_port);
-        let clusters = format!("http://127.0.0.1:{}/clusters", self.admin_port);
-        let client = self.client.clone();
+        let ready = self.admin_url("/ready");
         let wanted = self.stores.iter().filter(|r| r.proc.is_some()).count();
-        eventually("envoy to be ready", Duration::from_secs(60), || {
-            let (client, ready, clusters) = (client.clone(), ready.clone(), clusters.clone());
-            async move {
-                if !matches!(client.get(&ready).send().await, Ok(r) if r.status() == 200) {
-                    return false;
-                }
-                let text = match client.get(&clusters).send().await {
-                    Ok(r) => r.text().await.unwrap_or_default(),
-                    Err(_) => return false,
-                };
-                let healthy = text
-                    .lines()
-                    .filter(|l| l.starts_with("idempotency_store::") && l.contains("::health_flags::healthy"))
-                    .count();
-                healthy >= wanted
+        eventually("envoy to be ready", Duration::from_secs(60), || async {
+            if !self.answers_200(&ready).await {
+                return false;
             }
+            let healthy = self
+                .admin_text("/clusters")
+                .await
+                .lines()
+                .filter(|l| l.starts_with("idempotency_store::") && l.contains("::health_flags::healthy"))
+                .count();
+            healthy >= wanted
         })
         .await;
     }
@@ -250,39 +281,56 @@ impl Stack {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    /// The store's records with this tenant and key (any replica that answers).
-    pub async fn records(
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.admin_port)
+    }
+
+    /// An admin page of Envoy as text (empty when it does not answer).
+    pub async fn admin_text(&self, path: &str) -> String {
+        match self.client.get(self.admin_url(path)).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// A POST through Envoy with an optional key, as alice of tenant-a.
+    pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        self.post_as("tenant-a", "alice", path, key, body)
+    }
+
+    /// A POST through Envoy with an optional key, as `user` of `tenant`
+    /// (the identity headers `envoy/e2e.yaml` trusts).
+    pub fn post_as(
         &self,
         tenant: &str,
-        principal: &str,
-        route: &str,
-        key: &str,
-    ) -> Option<Vec<serde_json::Value>> {
-        for i in 0..self.stores.len() {
-            let query =
-                serde_json::json!({"tenant": tenant, "principal": principal, "route": route, "key": key});
-            let res = self
-                .client
-                .post(self.store_url(i, "/admin/v1/records/lookup"))
-                .bearer_auth(ADMIN_TOKEN)
-                .header("content-type", "application/json")
-                .body(query.to_string())
-                .send()
-                .await;
-            if let Ok(r) = res {
-                if r.status() == 200 {
-                    let bytes = r.bytes().await.unwrap_or_default();
-                    // The current generation; earlier ones (released,
-                    // abandoned, replaced) are history, not records.
-                    if let Ok(serde_json::Value::Object(mut v)) = serde_json::from_slice(&bytes) {
-                        if let Some(serde_json::Value::Array(records)) = v.remove("records") {
-                            return Some(records.into_iter().filter(|r| r["ended_at"].is_null()).collect());
-                        }
-                    }
-                }
-            }
+        user: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::RequestBuilder {
+        let mut req = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .header("x-tenant-id", tenant)
+            .header("x-user-id", user)
+            .body(body.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
         }
-        None
+        req
+    }
+
+    /// The filter's counter `name` (e.g. `requests_owned`) as Envoy's
+    /// Prometheus endpoint shows it.
+    pub async fn counter(&self, name: &str) -> u64 {
+        let text = self.admin_text("/stats/prometheus").await;
+        let metric = format!("idemgate_{name}");
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(n, _)| n.split('{').next() == Some(metric.as_str()))
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .sum()
     }
 
     /// Every generation of the key (current ones have `ended_at: null`) and
@@ -295,10 +343,10 @@ impl Stack {
         route: &str,
         key: &str,
     ) -> Option<serde_json::Value> {
+        let query = serde_json::json!({
+            "tenant": tenant, "principal": principal, "route": route, "key": key, "limit": 1000
+        });
         for i in 0..self.stores.len() {
-            let query = serde_json::json!({
-                "tenant": tenant, "principal": principal, "route": route, "key": key, "limit": 1000
-            });
             let res = self
                 .client
                 .post(self.store_url(i, "/admin/v1/records/lookup"))
@@ -319,6 +367,37 @@ impl Stack {
             }
         }
         None
+    }
+
+    /// The store's current records with this tenant and key (any replica
+    /// that answers); earlier generations (released, abandoned, replaced)
+    /// are history, not records.
+    pub async fn records(
+        &self,
+        tenant: &str,
+        principal: &str,
+        route: &str,
+        key: &str,
+    ) -> Option<Vec<serde_json::Value>> {
+        let mut history = self.history(tenant, principal, route, key).await?;
+        let records = history["records"].as_array_mut().map(std::mem::take)?;
+        Some(records.into_iter().filter(|r| r["ended_at"].is_null()).collect())
+    }
+
+    /// The key's current generation (`null` when there is none: never
+    /// claimed, or released).
+    pub async fn current_record(
+        &self,
+        tenant: &str,
+        principal: &str,
+        route: &str,
+        key: &str,
+    ) -> serde_json::Value {
+        let history = self.history(tenant, principal, route, key).await;
+        match history.as_ref().and_then(|h| h["records"].as_array()?.first()) {
+            Some(r) if r["ended_at"].is_null() => r.clone(),
+            _ => serde_json::Value::Null,
+        }
     }
 
     /// Records still in progress (any age).
@@ -351,16 +430,6 @@ impl Stack {
             }
         }
         out
-    }
-
-    /// Resident memory of a process in KiB (Linux `/proc`).
-    pub fn rss_kib(proc: &Proc) -> Option<u64> {
-        let pid = proc.pid()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use e2e::chaos::{audit, inject_faults, worker, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
+use e2e::Proc;
 
 /// One run at a time: they share two cores, and their timing matters.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -132,12 +133,8 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         })
         .collect();
     let rss = |stack: &Stack| {
-        let envoy = stack.envoy.as_ref().and_then(Stack::rss_kib).unwrap_or(0);
-        let store = stack.stores[0]
-            .proc
-            .as_ref()
-            .and_then(Stack::rss_kib)
-            .unwrap_or(0);
+        let envoy = stack.envoy.as_ref().and_then(Proc::rss_kib).unwrap_or(0);
+        let store = stack.stores[0].proc.as_ref().and_then(Proc::rss_kib).unwrap_or(0);
         (envoy, store)
     };
     tokio::time::sleep(warmup).await;
@@ -148,18 +145,8 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     let (envoy_end, store_end) = rss(&stack);
     // Where store errors come from, if any: timeouts, resets, health checks.
     let stats = stack
-        .client
-        .get(format!(
-            "http://127.0.0.1:{}/stats?filter=^cluster\\.idempotency_store\\.",
-            stack.admin_port
-        ))
-        .send()
-        .await
-        .ok();
-    let stats = match stats {
-        Some(r) => r.text().await.unwrap_or_default(),
-        None => String::new(),
-    };
+        .admin_text("/stats?filter=^cluster\\.idempotency_store\\.")
+        .await;
     let store_stats: Vec<&str> = stats
         .lines()
         .filter(|l| {

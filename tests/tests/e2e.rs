@@ -378,7 +378,7 @@ async fn envoys_replies_that_never_reached_the_upstream_release_the_key() {
             assert!(a.header("idempotent-replayed").is_none(), "{path}: {a:?}");
         }
         assert!(
-            h.current_record(path.trim_start_matches('/'), "*", "*", &k)
+            h.current_record("*", "*", path.trim_start_matches('/'), &k)
                 .await
                 .is_null(),
             "{path}"
@@ -406,7 +406,7 @@ async fn envoys_replies_that_never_reached_the_upstream_release_the_key() {
     assert_eq!(again.status, 429, "{again:?}");
     assert_ne!(again.problem().as_deref(), Some("outcome-unknown"));
     assert_eq!(h.upstream.executions(&k), 0);
-    assert!(h.current_record("ratelimited", "*", "*", &k).await.is_null());
+    assert!(h.current_record("*", "*", "ratelimited", &k).await.is_null());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -449,7 +449,7 @@ async fn idempotency_control_never_reaches_the_client_in_any_mode() {
     }
     // Fail-open: the store is down, the request is forwarded.
     let mut h = h;
-    h.store.kill();
+    h.kill_store(0);
     let a = send(
         h.post("/open", Some(&key("c-open")), PAYMENT)
             .header("x-test-control", "store"),
@@ -475,7 +475,7 @@ async fn a_store_that_refuses_the_filters_frames_is_a_counted_configuration_erro
         || async { h.counter("config_errors").await >= 1 },
     )
     .await;
-    assert!(h.envoy.log().contains("the store refused a call with 401"));
+    assert!(h.envoy_log().contains("the store refused a call with 401"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -483,7 +483,7 @@ async fn every_spelling_of_a_covered_path_executes_once_on_express() {
     let port = e2e::free_port();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let _app = e2e::express(port, dir.path());
-    let h = Harness::start_with(|c| c.replace("port_value: 8081", &format!("port_value: {port}"))).await;
+    let h = Harness::start_with(move |c| c.replace("port_value: 8081", &format!("port_value: {port}"))).await;
     let executions = || async {
         let url = format!("http://127.0.0.1:{port}/executions");
         match h.client.get(url).send().await {
@@ -559,7 +559,7 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_store_fails_closed_and_service_resumes_when_it_returns() {
     let mut h = Harness::start().await;
-    h.store.kill();
+    h.kill_store(0);
     let k = key("dead");
     let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
     assert_problem(&a, 503, "store-unavailable");
@@ -568,8 +568,8 @@ async fn a_dead_store_fails_closed_and_service_resumes_when_it_returns() {
     let open = key("open");
     assert_eq!(send(h.post("/open", Some(&open), PAYMENT)).await.status, 201);
     assert_eq!(h.upstream.executions(&open), 1);
-    h.restart_store();
-    h.wait_store().await;
+    h.start_store(0);
+    h.wait_store(0).await;
     assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
     assert_eq!(
         send(h.post("/pay", Some(&k), PAYMENT))
@@ -607,7 +607,7 @@ async fn hostile_keys_get_400_and_every_worker_keeps_serving() {
         let k = key(&format!("alive-{i}"));
         assert_eq!(send(h.post("/pay", Some(&k), PAYMENT)).await.status, 201);
     }
-    assert!(!h.envoy.log().contains("panicked"), "a VM panicked");
+    assert!(!h.envoy_log().contains("panicked"), "a VM panicked");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -658,13 +658,13 @@ fn the_wasm_module_is_under_one_megabyte() {
 #[test]
 fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let wasm = e2e::wasm_path().display().to_string();
-    let config = std::fs::read_to_string(e2e::repo_root().join("envoy/e2e.yaml"))
-        .unwrap()
-        .replace("\"ttl_seconds\": 1}", "\"ttl_seconds\": 0}")
-        .replace("filename: target/idemgate.wasm", &format!("filename: {wasm}"))
-        .replace("port_value: 10000", &format!("port_value: {}", e2e::free_port()))
-        .replace("port_value: 9901", &format!("port_value: {}", e2e::free_port()));
+    let ports = e2e::Ports {
+        listener: e2e::free_port(),
+        admin: e2e::free_port(),
+        upstream: 8080,
+    };
+    let config =
+        e2e::bootstrap("envoy/e2e.yaml", &ports).replace("\"ttl_seconds\": 1}", "\"ttl_seconds\": 0}");
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, config).unwrap();
     let out = std::process::Command::new(e2e::envoy_bin())

@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use e2e::chaos::INTERNALS;
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::{eventually, send, Answer, Harness, ADMIN_TOKEN, API_TOKEN};
@@ -274,7 +273,7 @@ async fn identity_headers_and_forged_tokens_cannot_choose_a_tenant() {
 async fn the_store_refuses_missing_and_wrong_credentials_and_admin_refuses_the_api_one() {
     let h = Harness::start().await;
     let mut c = Checks::default();
-    let store = |path: &str| format!("http://127.0.0.1:{}{path}", h.store_port);
+    let store = |path: &str| format!("http://127.0.0.1:{}{path}", h.stores[0].port);
     let api = ["/v1/claim", "/v1/complete", "/v1/release", "/v1/mark-unknown"];
     let admin_get = ["/admin/v1/records/unknown", "/admin/v1/records/stuck"];
     let admin_post = [
@@ -367,25 +366,13 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     let tag = format!("rk{:x}", e2e::chaos::seed() & 0xffff_ffff);
     let k = |label: &str| format!("{tag}-{}", key(label));
     let mut answers: Vec<(String, Answer)> = Vec::new();
-    let (client, base) = (s.client.clone(), s.url(""));
-    let post = |path: &str, key: Option<&str>, body: &str| {
-        let mut req = client
-            .post(format!("{base}{path}"))
-            .header("content-type", "application/json")
-            .header("x-tenant-id", "tenant-a")
-            .header("x-user-id", "alice")
-            .body(body.to_string());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        req
-    };
     let (done, busy, unknown, big) = (k("done"), k("busy"), k("unknown"), k("big"));
-    answers.push(("fresh".into(), send(post("/pay", Some(&done), PAYMENT)).await));
-    answers.push(("replay".into(), send(post("/pay", Some(&done), PAYMENT)).await));
-    answers.push(("key-reused".into(), send(post("/pay", Some(&done), "{}")).await));
+    answers.push(("fresh".into(), send(s.post("/pay", Some(&done), PAYMENT)).await));
+    answers.push(("replay".into(), send(s.post("/pay", Some(&done), PAYMENT)).await));
+    answers.push(("key-reused".into(), send(s.post("/pay", Some(&done), "{}")).await));
     let slow = tokio::spawn(send(
-        post("/pay", Some(&busy), PAYMENT).header("x-test-delay-ms", "1000"),
+        s.post("/pay", Some(&busy), PAYMENT)
+            .header("x-test-delay-ms", "1000"),
     ));
     eventually(
         "the slow request to reach the upstream",
@@ -395,24 +382,32 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     .await;
     answers.push((
         "in-progress".into(),
-        send(post("/pay", Some(&busy), PAYMENT)).await,
+        send(s.post("/pay", Some(&busy), PAYMENT)).await,
     ));
     let _ = slow.await;
-    send(post("/pay", Some(&unknown), PAYMENT).header("x-test-control", "uncertain")).await;
+    send(
+        s.post("/pay", Some(&unknown), PAYMENT)
+            .header("x-test-control", "uncertain"),
+    )
+    .await;
     answers.push((
         "outcome-unknown".into(),
-        send(post("/pay", Some(&unknown), PAYMENT)).await,
+        send(s.post("/pay", Some(&unknown), PAYMENT)).await,
     ));
-    send(post("/small", Some(&big), "{}").header("x-test-body-size", "5000")).await;
+    send(
+        s.post("/small", Some(&big), "{}")
+            .header("x-test-body-size", "5000"),
+    )
+    .await;
     answers.push((
         "result-unavailable".into(),
-        send(post("/small", Some(&big), "{}")).await,
+        send(s.post("/small", Some(&big), "{}")).await,
     ));
     answers.push((
         "body-too-large".into(),
-        send(post("/small", Some(&k("large")), &"x".repeat(100))).await,
+        send(s.post("/small", Some(&k("large")), &"x".repeat(100))).await,
     ));
-    answers.push(("key-missing".into(), send(post("/pay", None, PAYMENT)).await));
+    answers.push(("key-missing".into(), send(s.post("/pay", None, PAYMENT)).await));
     let hostile_keys = [
         format!("{tag} with spaces"),
         format!("\"{tag}-unterminated"),
@@ -425,7 +420,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
             reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
         answers.push((
             "key-invalid".into(),
-            send(post("/pay", None, PAYMENT).header("idempotency-key", value)).await,
+            send(s.post("/pay", None, PAYMENT).header("idempotency-key", value)).await,
         ));
     }
     let nobody = s
@@ -454,7 +449,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     drop(s.pg.take());
     answers.push((
         "database down, via Envoy".into(),
-        send(post("/pay", Some(&k("pgdown")), PAYMENT)).await,
+        send(s.post("/pay", Some(&k("pgdown")), PAYMENT)).await,
     ));
     let claim = format!(
         "{{\"scope\":{{\"version\":\"v1\",\"tenant\":\"t\",\"principal\":\"p\",\"route\":\"r\",\"namespace\":\"u\",\"key\":\"{tag}\"}},\"fingerprint\":null,\"lease_ms\":1000,\"ttl_ms\":1000,\"after_expiry\":\"reject\",\"on_unknown\":\"conflict\"}}\n"
@@ -466,7 +461,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
     s.kill_store(0);
     answers.push((
         "store down".into(),
-        send(post("/pay", Some(&k("down")), PAYMENT)).await,
+        send(s.post("/pay", Some(&k("down")), PAYMENT)).await,
     ));
 
     for (what, a) in &answers {
@@ -477,7 +472,7 @@ async fn no_log_line_holds_a_raw_key_and_no_problem_body_shows_internals() {
                 format!("{what}: not a problem: {} {text}", a.status),
             );
         }
-        if let Some(m) = INTERNALS.iter().find(|m| text.contains(*m)) {
+        if let Some(m) = e2e::internals::shown_in(&text) {
             c.check(
                 false,
                 format!("{what}: problem body shows internals ({m}): {text}"),

@@ -1,9 +1,20 @@
-//! Test support shared by the store's tests and the end-to-end tests.
+//! Test support shared by the store's tests, the end-to-end tests and the
+//! fuzz oracle: free ports, throwaway PostgreSQL clusters, processes that
+//! keep their output for a failing test, the store's command line, waiting
+//! for a condition, and the internals that must never reach a client.
 
 // Test support: failing loudly is how it reports a broken environment.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod internals;
 pub mod pg;
+pub mod process;
+pub mod store;
+pub mod wait;
+
+pub use internals::INTERNALS;
+pub use process::Proc;
+pub use wait::{eventually, poll};
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {

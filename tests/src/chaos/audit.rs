@@ -1,0 +1,458 @@
+//! The audit: the evidence of a run (what was sent, what the upstream
+//! executed, the store's whole history) read once, then one function per
+//! promise, each adding what it found to the [`Audit`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::answers::check_answer;
+use super::judge::{execution_scope, judge, released, sha256_hex, Generation};
+use super::{now_ms, policy, Audit, ScopeId, Sent, Traffic};
+use crate::stack::Stack;
+use crate::{Answer, Execution};
+
+/// How long the audit lets leases, abandons and the sweeper settle after no
+/// record is in progress any more: two sweeper passes (1 s apart) and the
+/// filter's retried abandons.
+const SETTLE: Duration = Duration::from_millis(2_500);
+
+/// A re-check is sent only to a record that stays unexpired this long, so it
+/// can neither meet an expiry nor (under `after_expiry: new`) run again.
+const RECHECK_MARGIN_MS: i64 = 5_000;
+
+/// What the audit reads, grouped by scope.
+struct Evidence<'a> {
+    sent: BTreeMap<ScopeId, Vec<&'a Sent>>,
+    /// Each scope's executions, in arrival order.
+    execs: BTreeMap<ScopeId, Vec<&'a Execution>>,
+    by_n: HashMap<u64, &'a Execution>,
+    /// Each scope's generations, in claim order (only scopes whose lookup
+    /// the store answered).
+    histories: BTreeMap<ScopeId, Vec<Generation>>,
+    /// Each scope's events, `(generation, "transition by actor (detail)")`,
+    /// to say how a burnt key got where it is.
+    events: BTreeMap<ScopeId, Vec<(u64, String)>>,
+}
+
+impl<'a> Evidence<'a> {
+    fn execs_of(&self, scope: &ScopeId) -> &[&'a Execution] {
+        self.execs.get(scope).map(Vec::as_slice).unwrap_or_default()
+    }
+}
+
+/// What the store kept, from judging the scopes: the executions whose
+/// outcome a completed generation holds, and the execution of each current
+/// generation.
+#[derive(Default)]
+struct Kept<'a> {
+    stored: BTreeMap<ScopeId, Vec<&'a Execution>>,
+    current: BTreeMap<ScopeId, &'a Execution>,
+}
+
+/// The whole audit; `stack` must be up (all replicas and Envoy).
+pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
+    let mut audit = Audit::default();
+    no_record_left_in_progress(stack, &mut audit).await;
+    tokio::time::sleep(SETTLE).await;
+
+    let log = stack.upstream.log();
+    let sent = std::mem::take(&mut *traffic.sent.lock().unwrap_or_else(|e| e.into_inner()));
+    audit.requests = sent.len();
+    audit.executions = log.len();
+    let mut evidence = Evidence {
+        sent: BTreeMap::new(),
+        execs: BTreeMap::new(),
+        by_n: log.iter().map(|e| (e.n, e)).collect(),
+        histories: BTreeMap::new(),
+        events: BTreeMap::new(),
+    };
+    for e in &log {
+        evidence.execs.entry(execution_scope(e)).or_default().push(e);
+    }
+    for list in evidence.execs.values_mut() {
+        list.sort_by_key(|e| e.n);
+    }
+    for s in &sent {
+        evidence.sent.entry(s.scope.clone()).or_default().push(s);
+    }
+    count_traffic(&evidence, &mut audit);
+    no_execution_nobody_sent(&evidence, &mut audit);
+    read_histories(stack, &mut evidence, &mut audit).await;
+
+    let kept = records_agree_with_executions(&evidence, &mut audit);
+    answers_keep_the_contract(&evidence, &kept, &mut audit);
+    records_replay_and_stay_unknown(stack, traffic, &evidence, &kept, &mut audit).await;
+    // What the re-checks sent is not part of the traffic.
+    traffic.sent.lock().map(|mut s| s.clear()).ok();
+    no_raw_key_in_logs(stack, &traffic.tag, &mut audit);
+    audit
+}
+
+/// Every lease runs out after the run, so no record is left in progress
+/// (30 s at most); then the sweeper passes and the filter's abandons land.
+async fn no_record_left_in_progress(stack: &Stack, audit: &mut Audit) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stuck = Vec::new();
+    while Instant::now() < deadline {
+        match stack.in_progress().await {
+            Some(v) if v.is_empty() => {
+                stuck.clear();
+                break;
+            }
+            Some(v) => stuck = v,
+            None => {}
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for r in &stuck {
+        audit.violations.push(format!(
+            "record still in progress 30 s after the run: {}",
+            r["log_id"]
+        ));
+    }
+}
+
+/// The traffic's shape: scopes, duplicates, changed bodies, shared keys.
+fn count_traffic(evidence: &Evidence<'_>, audit: &mut Audit) {
+    audit.scopes = evidence.sent.len();
+    for list in evidence.sent.values() {
+        audit.duplicates += list.len() - 1;
+        audit.changed_bodies += list.iter().filter(|s| s.body != list[0].body).count();
+    }
+    let mut tenants_by_key: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for scope in evidence.sent.keys() {
+        tenants_by_key
+            .entry(&scope.key)
+            .or_default()
+            .insert(&scope.tenant);
+    }
+    audit.shared_keys = tenants_by_key.values().filter(|t| t.len() > 1).count();
+}
+
+/// The upstream executes only what a client sent.
+fn no_execution_nobody_sent(evidence: &Evidence<'_>, audit: &mut Audit) {
+    for scope in evidence.execs.keys() {
+        if !evidence.sent.contains_key(scope) {
+            audit
+                .violations
+                .push(format!("execution of {} {} nobody sent", scope.tenant, scope.key));
+        }
+    }
+}
+
+/// The store's whole history of every scope sent to (16 lookups at a time).
+async fn read_histories(stack: &Stack, evidence: &mut Evidence<'_>, audit: &mut Audit) {
+    let scopes: Vec<ScopeId> = evidence.sent.keys().cloned().collect();
+    for chunk in scopes.chunks(16) {
+        let lookups: Vec<_> = chunk
+            .iter()
+            .map(|scope| async move {
+                let h = stack
+                    .history(&scope.tenant, &scope.user, scope.route, &scope.key)
+                    .await;
+                (scope, h)
+            })
+            .collect();
+        for (scope, h) in futures_join_all(lookups).await {
+            let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
+            let Some(h) = h else {
+                audit
+                    .violations
+                    .push(format!("{what}: the store did not answer the lookup"));
+                continue;
+            };
+            let records = h["records"].as_array().cloned().unwrap_or_default();
+            let mut gens = Vec::new();
+            for r in &records {
+                if r["scope"]["namespace"] != "u" || r["scope"]["principal"] != scope.user.as_str() {
+                    continue;
+                }
+                match Generation::from_json(r) {
+                    Some(g) => gens.push(g),
+                    None => audit
+                        .violations
+                        .push(format!("{what}: a generation the audit cannot read: {r}")),
+                }
+            }
+            gens.sort_by_key(|g| (g.created_at, g.generation));
+            evidence.histories.insert(scope.clone(), gens);
+            let list: Vec<(u64, String)> = h["events"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|e| e["scope"]["principal"] == scope.user.as_str())
+                        .map(|e| (e["generation"].as_u64().unwrap_or(0), event_text(e)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            evidence.events.insert(scope.clone(), list);
+        }
+    }
+}
+
+/// `"transition by actor (detail)"`.
+fn event_text(e: &serde_json::Value) -> String {
+    format!(
+        "{} by {}{}",
+        e["transition"].as_str().unwrap_or("?"),
+        e["actor"].as_str().unwrap_or("?"),
+        e["detail"]
+            .as_str()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default()
+    )
+}
+
+/// Each scope's history against its executions ([`judge`]): exactly once as
+/// its policy defines it, no burnt key, no execution of an abandoned claim,
+/// records that agree with what ran. Returns what the store kept.
+fn records_agree_with_executions<'a>(evidence: &Evidence<'a>, audit: &mut Audit) -> Kept<'a> {
+    let mut kept = Kept::default();
+    for (scope, gens) in &evidence.histories {
+        let what = format!("{} {} {}", scope.tenant, scope.route, scope.key);
+        let scope_execs = evidence.execs_of(scope);
+        let v = judge(&what, policy(scope.route), scope_execs, gens);
+        audit.generations += gens.len();
+        for g in gens.iter().filter(|g| !g.current) {
+            *audit.ended.entry(g.state.clone()).or_default() += 1;
+        }
+        for (r, n) in &v.reruns {
+            *audit.reruns.entry(r).or_default() += n;
+        }
+        for (e, owner) in scope_execs.iter().zip(&v.owner) {
+            let Some(g) = owner.map(|g| &gens[g]) else {
+                continue;
+            };
+            if g.state == "completed" {
+                kept.stored.entry(scope.clone()).or_default().push(e);
+            }
+            if g.current {
+                kept.current.insert(scope.clone(), e);
+            }
+        }
+        audit.double_executions.extend(v.double_executions);
+        audit.violations.extend(v.violations);
+        for (b, at, generation) in v.burnt {
+            let how: Vec<&str> = evidence
+                .events
+                .get(scope)
+                .map(|l| {
+                    l.iter()
+                        .filter(|(g, _)| *g == generation)
+                        .map(|(_, t)| t.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            audit.burnt_keys.push(format!("{b} (events: {})", how.join(", ")));
+            audit.burnt_at.push(at);
+        }
+        audit.abandoned_executed.extend(v.abandoned_executed);
+    }
+    kept
+}
+
+/// Every answer a client got is one the contract allows ([`check_answer`]);
+/// counts the answers by outcome.
+fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &mut Audit) {
+    for (scope, list) in &evidence.sent {
+        let stored_here: Vec<&Execution> = match (evidence.histories.get(scope), kept.stored.get(scope)) {
+            (Some(_), Some(s)) => s.clone(),
+            (Some(_), None) => Vec::new(),
+            // Without the history: any execution that was not released.
+            (None, _) => evidence
+                .execs_of(scope)
+                .iter()
+                .filter(|e| !released(e))
+                .copied()
+                .collect(),
+        };
+        let bodies: Vec<&str> = list.iter().map(|s| s.body.as_str()).collect();
+        for s in list {
+            match &s.outcome {
+                Err(_) => {
+                    audit.transport_errors += 1;
+                    *audit.by_outcome.entry("no answer".into()).or_default() += 1;
+                }
+                Ok(a) => {
+                    audit.answers += 1;
+                    let label = match (a.problem(), a.header("idempotent-replayed")) {
+                        (Some(p), _) => p,
+                        (None, Some(_)) => "replayed".to_string(),
+                        (None, None) => a.status.to_string(),
+                    };
+                    *audit.by_outcome.entry(label).or_default() += 1;
+                    if let Some(v) = check_answer(s, a, &stored_here, &evidence.by_n, &bodies) {
+                        audit.violations.push(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every completed record replays byte-identical and every unknown one
+/// answers 409 `outcome-unknown`, executing nothing — where a request can
+/// check that without changing the record: not under `on_unknown: release`
+/// for an unknown one (it would be claimed again), not near its expiry.
+async fn records_replay_and_stay_unknown(
+    stack: &Stack,
+    traffic: &Traffic,
+    evidence: &Evidence<'_>,
+    kept: &Kept<'_>,
+    audit: &mut Audit,
+) {
+    let before = stack.upstream.log().len();
+    for (scope, gens) in &evidence.histories {
+        let Some(gen) = gens.iter().find(|g| g.current) else {
+            continue;
+        };
+        if gen.archived_at.is_some() || gen.expires_at.is_none_or(|e| e <= now_ms() + RECHECK_MARGIN_MS) {
+            continue;
+        }
+        let list = &evidence.sent[scope];
+        let exec = kept.current.get(scope).copied();
+        let found = match (gen.state.as_str(), exec) {
+            ("completed", Some(e)) => match list_body(list, &e.body_sha256) {
+                None => Some("executed a body nobody sent".into()),
+                Some(body) => {
+                    audit.replays_checked += 1;
+                    replays_byte_identical(traffic, scope, body, e).await
+                }
+            },
+            ("unknown", exec) if !policy(scope.route).release_on_unknown => {
+                audit.unknown_checked += 1;
+                stays_unknown(traffic, scope, list, exec).await
+            }
+            _ => None,
+        };
+        if let Some(v) = found {
+            audit
+                .violations
+                .push(format!("{} {} {}: {v}", scope.tenant, scope.route, scope.key));
+        }
+    }
+    let after = stack.upstream.log().len();
+    if after != before {
+        audit.double_executions.push(format!(
+            "re-checking completed and unknown records executed {} requests",
+            after - before
+        ));
+    }
+}
+
+/// A completed record's replay: its execution's answer, byte for byte.
+async fn replays_byte_identical(
+    traffic: &Traffic,
+    scope: &ScopeId,
+    body: &str,
+    e: &Execution,
+) -> Option<String> {
+    match settled(traffic, scope, body).await {
+        Ok(a)
+            if a.header("idempotent-replayed") == Some("true")
+                && a.status == e.status
+                && a.body == e.response =>
+        {
+            None
+        }
+        Ok(a) => Some(format!(
+            "completed record does not replay byte-identical: {} {:?}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        )),
+        Err(err) => Some(format!("replay failed: {err}")),
+    }
+}
+
+/// An unknown record (under `on_unknown: conflict`) answers 409
+/// `outcome-unknown` to a retry.
+async fn stays_unknown(
+    traffic: &Traffic,
+    scope: &ScopeId,
+    list: &[&Sent],
+    exec: Option<&Execution>,
+) -> Option<String> {
+    let body = exec
+        .and_then(|e| list_body(list, &e.body_sha256))
+        .unwrap_or(&list[0].body)
+        .to_string();
+    match settled(traffic, scope, &body).await {
+        Ok(a) if a.problem().as_deref() == Some("outcome-unknown") => None,
+        Ok(a) => Some(format!(
+            "unknown record answered {} {:?}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        )),
+        Err(err) => Some(format!("retry failed: {err}")),
+    }
+}
+
+/// No log line of any process holds a raw key (every key carries `tag`).
+fn no_raw_key_in_logs(stack: &Stack, tag: &str, audit: &mut Audit) {
+    let leaks: Vec<String> = stack
+        .log_lines()
+        .into_iter()
+        .filter(|(_, line)| line.contains(tag))
+        .map(|(file, line)| format!("{file}: {line}"))
+        .collect();
+    for l in leaks.iter().take(5) {
+        audit.violations.push(format!("raw key in a log line: {l}"));
+    }
+    if leaks.len() > 5 {
+        audit.violations.push(format!(
+            "... and {} more log lines with raw keys",
+            leaks.len() - 5
+        ));
+    }
+}
+
+/// A re-check's answer; a 503 `store-unavailable` says nothing about the
+/// record (it is the contract's answer while the store does not answer in
+/// time), so it is asked again, a few times.
+async fn settled(traffic: &Traffic, scope: &ScopeId, body: &str) -> Result<Answer, String> {
+    let mut last = Err("not sent".to_string());
+    for _ in 0..5 {
+        last = traffic.send(scope, path_of(scope), body, &[]).await;
+        match &last {
+            Ok(a) if a.problem().as_deref() == Some("store-unavailable") => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => break,
+        }
+    }
+    last
+}
+
+fn path_of(scope: &ScopeId) -> &'static str {
+    policy(scope.route).path
+}
+
+fn list_body<'a>(list: &[&'a Sent], sha: &str) -> Option<&'a str> {
+    list.iter()
+        .find(|s| sha256_hex(s.body.as_bytes()) == sha)
+        .map(|s| s.body.as_str())
+}
+
+/// Awaits every future concurrently (on this task), in order.
+async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}

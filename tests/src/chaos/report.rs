@@ -1,0 +1,143 @@
+//! What the audit found, counted per broken promise, and its text for the
+//! run's output and the results table.
+
+use std::collections::BTreeMap;
+
+/// What the audit found.
+#[derive(Debug, Default)]
+pub struct Audit {
+    pub requests: usize,
+    pub answers: usize,
+    pub transport_errors: usize,
+    pub scopes: usize,
+    pub executions: usize,
+    pub replays_checked: usize,
+    pub unknown_checked: usize,
+    pub by_outcome: BTreeMap<String, usize>,
+    /// Requests that repeated a key (same or changed body).
+    pub duplicates: usize,
+    /// Requests that reused a key with another body.
+    pub changed_bodies: usize,
+    /// Keys sent by more than one tenant.
+    pub shared_keys: usize,
+    /// Generations in the store's history of all scopes, and how the ended
+    /// ones ended.
+    pub generations: usize,
+    pub ended: BTreeMap<String, usize>,
+    /// Executions the policy allowed after an earlier one of the scope, by
+    /// reason (released, unknown or lease run out, expired).
+    pub reruns: BTreeMap<&'static str, usize>,
+    pub double_executions: Vec<String>,
+    pub violations: Vec<String>,
+    /// Current generations left unknown or in progress, after the run
+    /// settled, whose upstream never ran: keys burnt for their TTL.
+    pub burnt_keys: Vec<String>,
+    /// When each burnt key's generation was claimed (ms since the epoch).
+    pub burnt_at: Vec<i64>,
+    /// Burnt keys an Envoy kill or an upstream reset left unknown while their
+    /// request was in flight: what the contract prescribes, so counted apart,
+    /// not as violations (see [`Audit::excuse`]).
+    pub unknown_by_contract: Vec<String>,
+    /// Executions inside a generation the store ended as abandoned (the
+    /// filter abandons only what it never forwarded).
+    pub abandoned_executed: Vec<String>,
+}
+
+impl Audit {
+    /// Moves the burnt keys that `cause` explains (a fault after which the
+    /// contract leaves the record unknown) out of the violations.
+    pub fn excuse(&mut self, cause: impl Fn(i64) -> Option<&'static str>) {
+        let burnt = std::mem::take(&mut self.burnt_keys);
+        let at = std::mem::take(&mut self.burnt_at);
+        for (key, at) in burnt.into_iter().zip(at) {
+            match cause(at) {
+                Some(fault) => self
+                    .unknown_by_contract
+                    .push(format!("{key} (in flight at a {fault})")),
+                None => {
+                    self.burnt_keys.push(key);
+                    self.burnt_at.push(at);
+                }
+            }
+        }
+    }
+
+    pub fn total_violations(&self) -> usize {
+        self.double_executions.len()
+            + self.violations.len()
+            + self.burnt_keys.len()
+            + self.abandoned_executed.len()
+    }
+
+    /// The hostile part of the traffic, for the results table.
+    pub fn hostile(&self) -> String {
+        format!(
+            "{} duplicate requests, {} with a changed body, {} keys sent by two tenants",
+            self.duplicates, self.changed_bodies, self.shared_keys
+        )
+    }
+
+    /// The verdict column of the results table.
+    pub fn verdict(&self) -> String {
+        format!(
+            "{} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims \
+             ({} replays, {} unknown records re-checked; {} generations, re-run after {}; \
+             {} left unknown by an Envoy kill or upstream reset in flight)",
+            self.double_executions.len(),
+            self.violations.len(),
+            self.burnt_keys.len(),
+            self.abandoned_executed.len(),
+            self.replays_checked,
+            self.unknown_checked,
+            self.generations,
+            self.reruns_text(),
+            self.unknown_by_contract.len()
+        )
+    }
+
+    fn reruns_text(&self) -> String {
+        let n = |k: &str| self.reruns.get(k).copied().unwrap_or(0);
+        format!(
+            "release {}, unknown or lease run-out {}, expiry {}",
+            n("released"),
+            n("unknown"),
+            n("expired")
+        )
+    }
+
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} requests ({} answered, {} transport errors), {} scopes, {} executions, \
+             {} replays and {} unknown records re-checked; outcomes {:?}; \
+             {} generations, ended {:?}, re-run after {}; \
+             {} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims",
+            self.requests,
+            self.answers,
+            self.transport_errors,
+            self.scopes,
+            self.executions,
+            self.replays_checked,
+            self.unknown_checked,
+            self.by_outcome,
+            self.generations,
+            self.ended,
+            self.reruns_text(),
+            self.double_executions.len(),
+            self.violations.len(),
+            self.burnt_keys.len(),
+            self.abandoned_executed.len(),
+        );
+        for v in self
+            .double_executions
+            .iter()
+            .chain(&self.abandoned_executed)
+            .chain(&self.burnt_keys)
+            .chain(&self.violations)
+            .take(30)
+        {
+            s.push_str("\n  - ");
+            s.push_str(v);
+        }
+        s
+    }
+}

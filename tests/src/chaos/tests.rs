@@ -1,0 +1,396 @@
+//! The audit must be able to fail: each broken promise, fabricated.
+use std::collections::{BTreeMap, HashMap};
+
+use super::answers::check_answer;
+use super::judge::{execution_scope, released, sha256_hex};
+use super::*;
+use crate::{Answer, Execution};
+
+fn scope(tenant: &str) -> ScopeId {
+    ScopeId {
+        tenant: tenant.into(),
+        user: "u".into(),
+        route: "payments.create",
+        key: "k".into(),
+    }
+}
+
+#[test]
+fn only_a_kill_or_reset_while_the_request_was_in_flight_excuses_a_burnt_key() {
+    let faults = Faults {
+        windows: vec![("Envoy SIGKILL", 10_000, 10_500), ("store stall", 30_000, 31_500)],
+        ..Faults::default()
+    };
+    let mut audit = Audit {
+        burnt_keys: vec![
+            "before the kill".into(),
+            "after the kill".into(),
+            "before a stall".into(),
+            "long before".into(),
+        ],
+        burnt_at: vec![9_000, 10_600, 29_000, -5_000],
+        ..Audit::default()
+    };
+    audit.excuse(|at| faults.left_unknown_by_contract(at));
+    assert_eq!(
+        audit.unknown_by_contract,
+        ["before the kill (in flight at a Envoy SIGKILL)"]
+    );
+    assert_eq!(
+        audit.burnt_keys,
+        ["after the kill", "before a stall", "long before"]
+    );
+    assert_eq!(audit.total_violations(), 3);
+}
+
+fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
+    Execution {
+        n,
+        // Execution n arrives at n s (and generations are claimed at
+        // whole seconds before it).
+        at_ms: n as i64 * 1_000 + 10,
+        key: "k".into(),
+        tenant: tenant.into(),
+        user: "u".into(),
+        path: "/pay".into(),
+        body_sha256: sha256_hex(body.as_bytes()),
+        status,
+        control: None,
+        response: bytes::Bytes::from(format!("{{\"execution\":{n}}}")),
+        reset: false,
+    }
+}
+
+fn answer(status: u16, headers: &[(&'static str, &str)], body: &str) -> Answer {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        map.insert(*name, value.parse().unwrap());
+    }
+    Answer {
+        status,
+        headers: map,
+        body: bytes::Bytes::from(body.to_string()),
+    }
+}
+
+fn sent(tenant: &str, body: &str) -> Sent {
+    Sent {
+        scope: scope(tenant),
+        path: "/pay",
+        body: body.into(),
+        knobs: vec![],
+        outcome: Err(String::new()),
+    }
+}
+
+fn verdict(s: &Sent, a: &Answer, execs: &[Execution], bodies: &[&str]) -> Option<String> {
+    let refs: Vec<&Execution> = execs
+        .iter()
+        .filter(|e| execution_scope(e) == s.scope && !released(e))
+        .collect();
+    let by_n: HashMap<u64, &Execution> = execs.iter().map(|e| (e.n, e)).collect();
+    check_answer(s, a, &refs, &by_n, bodies)
+}
+
+const REPLAYED: (&str, &str) = ("idempotent-replayed", "true");
+
+#[test]
+fn a_faithful_replay_and_a_fresh_answer_pass() {
+    let e = [exec(1, "a", "A", 201)];
+    let s = sent("a", "A");
+    assert_eq!(
+        verdict(&s, &answer(201, &[REPLAYED], "{\"execution\":1}"), &e, &["A"]),
+        None
+    );
+    assert_eq!(
+        verdict(&s, &answer(201, &[], "{\"execution\":1}"), &e, &["A"]),
+        None
+    );
+}
+
+#[test]
+fn a_replay_with_other_bytes_or_for_another_body_is_a_violation() {
+    let e = [exec(1, "a", "A", 201)];
+    assert!(verdict(
+        &sent("a", "A"),
+        &answer(201, &[REPLAYED], "{\"execution\":2}"),
+        &e,
+        &["A"]
+    )
+    .is_some());
+    assert!(verdict(
+        &sent("a", "B"),
+        &answer(201, &[REPLAYED], "{\"execution\":1}"),
+        &e,
+        &["A", "B"]
+    )
+    .is_some());
+}
+
+#[test]
+fn another_tenants_execution_is_a_violation() {
+    let e = [exec(1, "a", "A", 201)];
+    assert!(verdict(
+        &sent("b", "A"),
+        &answer(201, &[], "{\"execution\":1}"),
+        &e,
+        &["A"]
+    )
+    .is_some());
+}
+
+#[test]
+fn a_422_for_the_same_body_is_a_violation() {
+    let problem = r#"{"type":"https://x/key-reused","title":"t","status":422,"detail":"d"}"#;
+    let headers = [
+        ("content-type", "application/problem+json"),
+        ("cache-control", "no-store"),
+    ];
+    let a = answer(422, &headers, problem);
+    assert!(verdict(&sent("a", "A"), &a, &[], &["A"]).is_some());
+    assert_eq!(verdict(&sent("a", "B"), &a, &[], &["A", "B"]), None);
+}
+
+/// A generation claimed at `at` s; `end`: how and when (s) it ended, or
+/// `None` for the current one, in `state`.
+fn generation(n: u64, at: i64, state: &str, end: Option<i64>, status: Option<u16>) -> Generation {
+    Generation {
+        generation: n,
+        state: state.into(),
+        current: end.is_none(),
+        created_at: at * 1_000,
+        ended_at: end.map(|e| e * 1_000),
+        // A 24 h TTL unless a test says otherwise.
+        expires_at: status.map(|_| at * 1_000 + 86_400_000),
+        archived_at: None,
+        status,
+        body_len: status.map(|_| 15),
+    }
+}
+
+fn run(route: Route, execs: &[Execution], gens: &[Generation]) -> ScopeVerdict {
+    let refs: Vec<&Execution> = execs.iter().collect();
+    judge("a k", route, &refs, gens)
+}
+
+const CONFLICT: Route = ROUTES[0];
+const RELEASE: Route = ROUTES[2];
+const RENEW: Route = ROUTES[3];
+
+#[test]
+fn the_routes_match_the_bootstrap() {
+    let yaml = std::fs::read_to_string(crate::repo_root().join("envoy/chaos.yaml")).unwrap();
+    for r in ROUTES {
+        assert!(yaml.contains(&format!("\"name\": \"{}\"", r.name)), "{}", r.name);
+        assert!(
+            yaml.contains(&format!("{{\"prefix\": \"{}\"}}", r.path)),
+            "{}",
+            r.path
+        );
+        assert_eq!(route_of(r.path), r.name);
+        assert_eq!(policy(r.name), r);
+    }
+    assert!(yaml.contains(r#""lease_seconds": 2, "on_unknown": "release"}"#));
+    assert!(yaml.contains(&format!(
+        r#""ttl_seconds": {}, "after_expiry": "new"}}"#,
+        RENEW_TTL_MS / 1_000
+    )));
+}
+
+#[test]
+fn running_again_after_a_stored_execution_is_a_double_execution() {
+    let (one, two, refused) = (
+        exec(1, "a", "A", 201),
+        exec(2, "a", "A", 201),
+        exec(2, "a", "A", 429),
+    );
+    // Twice in one generation, whatever the policy.
+    for route in ROUTES {
+        let v = run(
+            route,
+            &[one.clone(), two.clone()],
+            &[generation(1, 1, "completed", None, Some(201))],
+        );
+        assert_eq!(v.double_executions.len(), 1, "{route:?}");
+    }
+    // Again in a new generation after a stored one: the store replaced a
+    // live completion, and the scope ran twice.
+    let gens = [
+        generation(1, 1, "completed", Some(2), Some(201)),
+        generation(2, 2, "completed", None, Some(201)),
+    ];
+    for route in ROUTES {
+        let v = run(route, &[one.clone(), two.clone()], &gens);
+        assert_eq!(v.double_executions.len(), 1, "{route:?}");
+        assert_eq!(v.violations.len(), 1, "{route:?}: {v:?}");
+    }
+    // After a release: fine, and counted as a re-run.
+    let gens = [
+        generation(1, 0, "released", Some(1), None),
+        generation(2, 1, "completed", None, Some(201)),
+    ];
+    let first = exec(0, "a", "A", 429);
+    let v = run(CONFLICT, &[first, one.clone()], &gens);
+    assert_eq!(
+        v,
+        ScopeVerdict {
+            reruns: BTreeMap::from([("released", 1)]),
+            owner: vec![Some(0), Some(1)],
+            ..ScopeVerdict::default()
+        }
+    );
+    // A stored execution, then a refused one in a new generation.
+    let gens = [
+        generation(1, 1, "released", Some(2), None),
+        generation(2, 2, "completed", None, Some(429)),
+    ];
+    let v = run(CONFLICT, &[one.clone(), refused], &gens);
+    assert_eq!(v.double_executions.len(), 1);
+    // ... and the store released a generation whose upstream acted.
+    assert_eq!(v.violations.len(), 1, "{v:?}");
+}
+
+#[test]
+fn a_rerun_after_an_unknown_outcome_is_allowed_only_under_on_unknown_release() {
+    let mut reset = exec(1, "a", "A", 201);
+    reset.reset = true;
+    reset.response = bytes::Bytes::new();
+    let again = exec(2, "a", "A", 201);
+    for ended in ["unknown", "lease_expired"] {
+        let gens = [
+            generation(1, 1, ended, Some(2), None),
+            generation(2, 2, "completed", None, Some(201)),
+        ];
+        let v = run(RELEASE, &[reset.clone(), again.clone()], &gens);
+        assert!(v.double_executions.is_empty() && v.violations.is_empty(), "{v:?}");
+        assert_eq!(v.reruns, BTreeMap::from([("unknown", 1)]));
+        for route in [CONFLICT, RENEW] {
+            let v = run(route, &[reset.clone(), again.clone()], &gens);
+            assert_eq!(v.double_executions.len(), 1, "{route:?} {ended}");
+        }
+    }
+    // Under release, a generation that completed still may not run again.
+    let gens = [
+        generation(1, 1, "completed", Some(2), Some(201)),
+        generation(2, 2, "completed", None, Some(201)),
+    ];
+    let v = run(RELEASE, &[exec(1, "a", "A", 201), again], &gens);
+    assert_eq!(v.double_executions.len(), 1);
+}
+
+#[test]
+fn a_rerun_after_expiry_is_allowed_only_under_after_expiry_new_and_only_once_expired() {
+    let (one, two) = (exec(1, "a", "A", 201), exec(5, "a", "A", 201));
+    let mut expired = generation(1, 1, "completed", Some(5), Some(201));
+    expired.expires_at = Some(3_000);
+    expired.archived_at = Some(3_500);
+    let gens = [expired.clone(), generation(2, 5, "completed", None, Some(201))];
+    let v = run(RENEW, &[one.clone(), two.clone()], &gens);
+    assert!(v.double_executions.is_empty() && v.violations.is_empty(), "{v:?}");
+    assert_eq!(v.reruns, BTreeMap::from([("expired", 1)]));
+    for route in [CONFLICT, RELEASE] {
+        assert_eq!(
+            run(route, &[one.clone(), two.clone()], &gens)
+                .double_executions
+                .len(),
+            1
+        );
+    }
+    // Not yet expired when the next generation was claimed.
+    let mut live = expired;
+    live.expires_at = Some(6_000);
+    live.archived_at = None;
+    let v = run(
+        RENEW,
+        &[one, two],
+        &[live, generation(2, 5, "completed", None, Some(201))],
+    );
+    assert_eq!(v.double_executions.len(), 1);
+    assert_eq!(v.violations.len(), 1, "{v:?}");
+}
+
+#[test]
+fn a_key_left_unknown_or_in_progress_with_no_execution_is_burnt() {
+    for route in ROUTES {
+        for state in ["unknown", "in_progress"] {
+            let v = run(route, &[], &[generation(1, 1, state, None, None)]);
+            assert_eq!(v.burnt.len(), 1, "{route:?} {state}");
+            assert_eq!(v.burnt[0].1, 1_000);
+        }
+        // Its upstream ran (and reset): an honest unknown.
+        let mut reset = exec(1, "a", "A", 201);
+        reset.reset = true;
+        let v = run(route, &[reset], &[generation(1, 1, "unknown", None, None)]);
+        assert_eq!(
+            v,
+            ScopeVerdict {
+                owner: vec![Some(0)],
+                ..ScopeVerdict::default()
+            }
+        );
+        // An earlier generation ran, the current one did not.
+        let gens = [
+            generation(1, 0, "released", Some(1), None),
+            generation(2, 2, "unknown", None, None),
+        ];
+        let v = run(route, &[exec(0, "a", "A", 429)], &gens);
+        assert_eq!(v.burnt.len(), 1, "{route:?}");
+    }
+}
+
+#[test]
+fn an_execution_of_an_abandoned_claim_or_with_no_claim_is_caught() {
+    let gens = [
+        generation(1, 1, "abandoned", Some(3), None),
+        generation(2, 3, "completed", None, Some(201)),
+    ];
+    let v = run(CONFLICT, &[exec(1, "a", "A", 201), exec(3, "a", "A", 201)], &gens);
+    assert_eq!(v.abandoned_executed.len(), 1, "{v:?}");
+    // Nothing claimed before it ran.
+    let v = run(
+        CONFLICT,
+        &[exec(1, "a", "A", 201)],
+        &[generation(1, 2, "completed", None, Some(201))],
+    );
+    assert_eq!(v.owner, vec![None]);
+    assert_eq!(v.violations.len(), 2, "{v:?}");
+    // After its generation was released.
+    let gens = [generation(1, 1, "released", Some(1), None)];
+    let mut late = exec(1, "a", "A", 429);
+    late.at_ms = 1_500;
+    let v = run(CONFLICT, &[late], &gens);
+    assert_eq!(v.violations.len(), 1, "{v:?}");
+}
+
+#[test]
+fn envoys_own_502_to_504_problem_passes_and_others_do_not() {
+    let reply = |status: u16| {
+        answer(
+            status,
+            &[
+                ("content-type", "application/problem+json"),
+                ("cache-control", "no-store"),
+            ],
+            &format!(
+                r#"{{"type":"about:blank","title":"upstream connect error","status":{status},"detail":"d"}}"#
+            ),
+        )
+    };
+    assert_eq!(verdict(&sent("a", "A"), &reply(503), &[], &["A"]), None);
+    assert!(verdict(&sent("a", "A"), &reply(404), &[], &["A"]).is_some());
+    assert!(verdict(&sent("a", "A"), &reply(500), &[], &["A"]).is_some());
+}
+
+#[test]
+fn outcome_unknown_under_on_unknown_release_is_a_violation() {
+    let problem = r#"{"type":"https://x/outcome-unknown","title":"t","status":409,"detail":"d"}"#;
+    let headers = [
+        ("content-type", "application/problem+json"),
+        ("cache-control", "no-store"),
+    ];
+    let a = answer(409, &headers, problem);
+    let mut s = sent("a", "A");
+    assert_eq!(verdict(&s, &a, &[], &["A"]), None);
+    s.scope.route = "payments.release";
+    assert!(verdict(&s, &a, &[], &["A"]).is_some());
+}
