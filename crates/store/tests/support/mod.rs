@@ -3,9 +3,8 @@
 
 pub use idemgate_testkit::{free_port, pg};
 
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -17,6 +16,7 @@ use idemgate_core::key::Key;
 use idemgate_core::protocol::{ClaimRequest, CompleteRequest, FenceRequest};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+pub use idemgate_testkit::{eventually, Proc};
 
 pub const API: &str = "api-token";
 pub const ADMIN: &str = "admin-token";
@@ -129,64 +129,33 @@ pub async fn request(
     HttpReply { status, body }
 }
 
-/// Polls `cond` every 20 ms until it holds or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
-
 /// The real binary, killed (SIGKILL) when dropped.
 pub struct StoreProcess {
-    pub child: Child,
+    proc: Proc,
     pub addr: String,
 }
 
 impl StoreProcess {
     pub async fn start(database_url: &str) -> StoreProcess {
         let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
-        let child = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-            .args([
-                "serve",
-                "--listen",
-                &addr,
-                "--database-url",
-                database_url,
-                "--api-token",
-                API,
-                "--admin-token",
-                ADMIN,
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let p = StoreProcess { child, addr };
+        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
+        let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
+        let proc = Proc::spawn(
+            "store",
+            &mut idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, "warn"),
+            log,
+        );
+        let p = StoreProcess {
+            proc,
+            addr: format!("127.0.0.1:{port}"),
+        };
         let c = client();
         let url = format!("http://{}/readyz", p.addr);
-        let ready = eventually(Duration::from_secs(30), || {
-            let c = c.clone();
-            let url = url.clone();
-            async move {
-                match c.get(url.parse().unwrap()).await {
-                    Ok(r) => r.status() == 200,
-                    Err(_) => false,
-                }
-            }
+        eventually("the store to be ready", Duration::from_secs(30), || {
+            let (c, url) = (c.clone(), url.clone());
+            async move { matches!(c.get(url.parse().unwrap()).await, Ok(r) if r.status() == 200) }
         })
         .await;
-        assert!(ready, "the store at {} never became ready", p.addr);
         p
     }
 
@@ -195,14 +164,6 @@ impl StoreProcess {
     }
 
     pub fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for StoreProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.kill();
     }
 }
