@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use idemgate_core::claims::claim_in_metadata;
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{Exchange, Settlement, Step};
+use idemgate_core::exchange::{Exchange, Settlement, Step, StoreCall};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -88,7 +88,7 @@ impl Filter {
 
     /// Hands a call to the root's store client, to be counted as the
     /// exchange's settlement once the store confirms it.
-    fn deliver(&mut self, call: idemgate_core::exchange::StoreCall) {
+    fn deliver(&mut self, call: StoreCall) {
         let settles = self
             .exchange
             .as_ref()
