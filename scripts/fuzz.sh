@@ -64,7 +64,8 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t: $runs executions, $crashes crashes (log: $log)"
     if [[ -n ${IDEMGATE_REPORT:-} ]]; then
         scripts/reliability-row.sh "$IDEMGATE_REPORT" "fuzz: $t ($secs s)" "1 core" "—" \
-            "${hostile[$t]}" "$runs" "$crashes crashes"
+            "${hostile[$t]}" "$runs" "$crashes crashes" \
+            "$( ((status == 0 && crashes == 0)) && echo passed || echo FAILED)"
     fi
 done
 echo "fuzz: replaying seeds and saved crashes"

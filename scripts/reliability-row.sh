@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
-# Writes one row of the results table in docs/reliability.md (or FILE): the row
-# whose first cell is RUN is replaced, or appended if there is none. Called by
-# scripts/fuzz.sh and by the chaos, soak and security tests when
-# IDEMGATE_REPORT names the file; nobody types these rows by hand.
+# Writes one row of the results table in docs/reliability.md (or FILE), after
+# the run's own assertions: the row whose first cell is RUN is replaced, or
+# appended if there is none. Every row names the commit it ran on ("+changes"
+# when the tree had uncommitted changes) and whether the run passed. Rows of
+# other commits move to the "Earlier runs" table, so the results table only
+# ever shows evidence for one commit. Called by scripts/fuzz.sh and by the
+# chaos, soak and security tests when IDEMGATE_REPORT names the file; nobody
+# types these rows by hand.
 #
-#   scripts/reliability-row.sh FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS
+#   scripts/reliability-row.sh FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT
 set -euo pipefail
-(($# == 7)) || { echo "usage: $0 FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS" >&2; exit 2; }
-file=$1
-shift
-row="| $1 | $2 | $3 | $4 | $5 | $6 | $(date -u +%Y-%m-%d) |"
-exec 9>"$file.lock"
+(($# == 8)) || { echo "usage: $0 FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT" >&2; exit 2; }
+repo=$(cd "$(dirname "$0")/.." && pwd)
+commit=$(git -C "$repo" rev-parse --short=10 HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$repo" status --porcelain -- . ':!docs/reliability.md' 2>/dev/null) ]]; then
+    commit="$commit+changes"
+fi
+exec 9>"$1.lock"
 flock 9
-tmp=$(mktemp "$file.XXXXXX")
-awk -v run="$1" -v row="$row" '
-    BEGIN { done = 0; inside = 0 }
-    /<!-- results:begin -->/ { inside = 1 }
-    inside && /<!-- results:end -->/ { if (!done) print row; done = 1; inside = 0 }
-    inside && index($0, "| " run " |") == 1 { if (!done) print row; done = 1; next }
-    { print }
-' "$file" >"$tmp"
-mv "$tmp" "$file"
-rm -f "$file.lock"
+python3 - "$commit" "$(date -u +%Y-%m-%d)" "$@" <<'PY'
+import sys
+commit, date, path, run, *cells = sys.argv[1:]
+row = "| " + " | ".join([run, *cells, f"`{commit}`", date]) + " |"
+lines = open(path).read().split("\n")
+
+def block(name):
+    begin = lines.index(f"<!-- {name}:begin -->")
+    end = lines.index(f"<!-- {name}:end -->")
+    # Header and separator lines stay; the rest are rows.
+    return begin, end
+
+def run_of(line):
+    return line.split(" | ")[0][2:]
+
+def commit_of(line):
+    parts = [p.strip() for p in line.strip().strip("|").split("|")]
+    return parts[-2] if len(parts) >= 2 else ""
+
+rb, re_ = block("results")
+head, rows = lines[rb + 1 : rb + 3], lines[rb + 3 : re_]
+current = [r for r in rows if r.startswith("| ") and commit_of(r) == f"`{commit}`" and run_of(r) != run]
+stale = [r for r in rows if r.startswith("| ") and commit_of(r) != f"`{commit}`" and run_of(r) != run]
+eb, ee = block("earlier")
+eh, erows = lines[eb + 1 : eb + 3], lines[eb + 3 : ee]
+moved = {run_of(r) for r in stale}
+erows = stale + [r for r in erows if r.startswith("| ") and run_of(r) not in moved]
+out = lines[: rb + 1] + head + current + [row] + lines[re_:eb + 1] + eh + erows + lines[ee:]
+open(path, "w").write("\n".join(out))
+PY
+rm -f "$1.lock"

@@ -1,5 +1,6 @@
-//! Rows of the results table in docs/reliability.md. A run writes its row only
-//! when `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
+//! Rows of the results table in docs/reliability.md, written after the run's
+//! own checks with their verdict. A run writes its row only when
+//! `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
 //! `soak` targets set it), through scripts/reliability-row.sh, the same
 //! script scripts/fuzz.sh uses.
 
@@ -10,6 +11,8 @@ pub struct Row<'a> {
     pub hostile: String,
     pub fuzz_execs: String,
     pub violations: String,
+    /// Whether every assertion of the run held.
+    pub passed: bool,
 }
 
 pub fn write(row: &Row<'_>) {
@@ -27,6 +30,7 @@ pub fn write(row: &Row<'_>) {
             &row.hostile,
             &row.fuzz_execs,
             &row.violations,
+            if row.passed { "passed" } else { "FAILED" },
         ])
         .status();
     if !matches!(status, Ok(s) if s.success()) {

@@ -62,6 +62,8 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
     for key in &report.unknown_by_contract {
         println!("{run}: left unknown by contract: {key}");
     }
+    let enough_faults = faults.store_kills >= 1 && faults.store_stalls >= 1 && faults.envoy_restarts >= 1;
+    let exercised = report.executions > 0 && report.replays_checked > 0;
     write(&Row {
         run: &format!("{run} ({secs} s)"),
         load: format!(
@@ -75,20 +77,14 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
         hostile: report.hostile(),
         fuzz_execs: "—".into(),
         violations: report.verdict(),
+        passed: enough_faults && exercised && report.total_violations() == 0,
     });
     // Which fault each burnt key follows.
     for (key, at) in report.burnt_keys.iter().zip(&report.burnt_at) {
         println!("{run}: {key}: claimed {}", faults.near(*at));
     }
-    assert!(
-        faults.store_kills >= 1 && faults.store_stalls >= 1 && faults.envoy_restarts >= 1,
-        "too short to inject faults"
-    );
-    assert!(
-        report.executions > 0 && report.replays_checked > 0,
-        "{}",
-        report.summary()
-    );
+    assert!(enough_faults, "too short to inject faults");
+    assert!(exercised, "{}", report.summary());
     assert_eq!(report.total_violations(), 0, "{}", report.summary());
 }
 
@@ -183,6 +179,10 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         warmup.as_secs()
     );
     println!("soak: {secs} s; {memory}; {errors} errors; {}", report.summary());
+    // Flat: at most 20 % plus 8 MiB of growth after warm-up.
+    let flat = |warm: u64, end: u64| end <= warm + warm / 5 + 8 * 1024;
+    let measured = envoy_warm > 0 && store_warm > 0;
+    let memory_flat = flat(envoy_warm, envoy_end) && flat(store_warm, store_end);
     write(&Row {
         run: &format!("soak ({secs} s, not in CI)"),
         load: format!(
@@ -194,10 +194,9 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         hostile: report.hostile(),
         fuzz_execs: "—".into(),
         violations: format!("{errors} errors, {} violations", report.total_violations()),
+        passed: measured && memory_flat && errors == 0 && report.total_violations() == 0,
     });
-    assert!(envoy_warm > 0 && store_warm > 0, "could not read memory");
-    // Flat: at most 20 % plus 8 MiB of growth after warm-up.
-    let flat = |warm: u64, end: u64| end <= warm + warm / 5 + 8 * 1024;
+    assert!(measured, "could not read memory");
     assert!(flat(envoy_warm, envoy_end), "Envoy memory grew: {memory}");
     assert!(flat(store_warm, store_end), "store memory grew: {memory}");
     assert_eq!(errors, 0, "{}", report.summary());

@@ -43,6 +43,7 @@ impl Checks {
             hostile: format!("{hostile} ({} checks)", self.tried),
             fuzz_execs: "—".into(),
             violations: self.failed.len().to_string(),
+            passed: self.failed.is_empty(),
         });
         assert!(self.failed.is_empty(), "{run}:\n  {}", self.failed.join("\n  "));
     }
