@@ -202,3 +202,58 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     assert_eq!(errors, 0, "{}", report.summary());
     assert_eq!(report.total_violations(), 0, "{}", report.summary());
 }
+
+/// The audit must be able to fail: Envoy retrying a covered route on a reset
+/// sends a claimed request to the upstream twice behind the filter's back
+/// (the reason every bootstrap sets `num_retries: 0`), and the audit has to
+/// report the double executions that follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
+    options.edit = Some(Box::new(|yaml: String| {
+        let safe = "retry_policy: {num_retries: 0}";
+        assert!(
+            yaml.contains(safe),
+            "envoy/chaos.yaml no longer disables retries where this test expects"
+        );
+        yaml.replace(safe, "retry_policy: {retry_on: reset, num_retries: 2}")
+    }));
+    let stack = Stack::start(options).await;
+    let traffic = Traffic::new(stack.url(""));
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|id| {
+            tokio::spawn(worker(
+                traffic.clone(),
+                id,
+                deadline,
+                100_000,
+                Duration::ZERO,
+                100,
+            ))
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
+    }
+    let report = audit(&stack, &traffic).await;
+    println!("sabotaged (retry_on: reset): {}", report.summary());
+    write(&Row {
+        run: "oracle: Envoy retries a covered route on reset (8 s)",
+        load: format!(
+            "8 s, {WORKERS} clients: {} requests, {} upstream executions",
+            report.requests, report.executions
+        ),
+        faults: "retry_on: reset on the covered route (sabotage)".into(),
+        hostile: report.hostile(),
+        fuzz_execs: "—".into(),
+        violations: format!("{} double executions reported", report.double_executions.len()),
+        passed: !report.double_executions.is_empty(),
+    });
+    assert!(
+        !report.double_executions.is_empty(),
+        "the audit missed the double executions of a retried route: {}",
+        report.summary()
+    );
+}
