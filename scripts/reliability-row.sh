@@ -6,11 +6,14 @@
 # other commits move to the "Earlier runs" table, so the results table only
 # ever shows evidence for one commit. Called by scripts/fuzz.sh and by the
 # chaos, soak and security tests when IDEMGATE_REPORT names the file; nobody
-# types these rows by hand.
+# types these rows by hand. TABLE `oracles` holds the runs built to break a
+# promise, whose pass is the audit reporting it; they replace their own row.
 #
-#   scripts/reliability-row.sh FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT
+#   scripts/reliability-row.sh FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT [TABLE]
 set -euo pipefail
-(($# == 8)) || { echo "usage: $0 FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT" >&2; exit 2; }
+(($# == 8 || $# == 9)) || { echo "usage: $0 FILE RUN LOAD FAULTS HOSTILE FUZZ_EXECS VIOLATIONS VERDICT [TABLE]" >&2; exit 2; }
+table=${9:-results}
+set -- "${@:1:8}"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 commit=$(git -C "$repo" rev-parse --short=10 HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git -C "$repo" status --porcelain -- . ':!docs/reliability.md' 2>/dev/null) ]]; then
@@ -18,9 +21,9 @@ if [[ -n $(git -C "$repo" status --porcelain -- . ':!docs/reliability.md' 2>/dev
 fi
 exec 9>"$1.lock"
 flock 9
-python3 - "$commit" "$(date -u +%Y-%m-%d)" "$@" <<'PY'
+python3 - "$commit" "$(date -u +%Y-%m-%d)" "$table" "$@" <<'PY'
 import sys
-commit, date, path, run, *cells = sys.argv[1:]
+commit, date, table, path, run, *cells = sys.argv[1:]
 row = "| " + " | ".join([run, *cells, f"`{commit}`", date]) + " |"
 lines = open(path).read().split("\n")
 
@@ -37,6 +40,12 @@ def commit_of(line):
     parts = [p.strip() for p in line.strip().strip("|").split("|")]
     return parts[-2] if len(parts) >= 2 else ""
 
+if table != "results":
+    b, e = block(table)
+    rows = [r for r in lines[b + 3 : e] if r.startswith("| ") and run_of(r) != run]
+    out = lines[: b + 3] + rows + [row] + lines[e:]
+    open(path, "w").write("\n".join(out))
+    sys.exit(0)
 rb, re_ = block("results")
 head, rows = lines[rb + 1 : rb + 3], lines[rb + 3 : re_]
 current = [r for r in rows if r.startswith("| ") and commit_of(r) == f"`{commit}`" and run_of(r) != run]

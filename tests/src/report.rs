@@ -13,6 +13,8 @@ pub struct Row<'a> {
     pub violations: String,
     /// Whether every assertion of the run held.
     pub passed: bool,
+    /// `results`, or `oracles` for a run built to break a promise.
+    pub table: &'static str,
 }
 
 pub fn write(row: &Row<'_>) {
@@ -31,6 +33,7 @@ pub fn write(row: &Row<'_>) {
             &row.fuzz_execs,
             &row.violations,
             if row.passed { "passed" } else { "FAILED" },
+            row.table,
         ])
         .status();
     if !matches!(status, Ok(s) if s.success()) {

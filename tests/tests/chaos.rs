@@ -78,6 +78,7 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
         fuzz_execs: "—".into(),
         violations: report.verdict(),
         passed: enough_faults && exercised && report.total_violations() == 0,
+        table: "results",
     });
     // Which fault each burnt key follows.
     for (key, at) in report.burnt_keys.iter().zip(&report.burnt_at) {
@@ -195,6 +196,7 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         fuzz_execs: "—".into(),
         violations: format!("{errors} errors, {} violations", report.total_violations()),
         passed: measured && memory_flat && errors == 0 && report.total_violations() == 0,
+        table: "results",
     });
     assert!(measured, "could not read memory");
     assert!(flat(envoy_warm, envoy_end), "Envoy memory grew: {memory}");
@@ -248,8 +250,9 @@ async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route(
         faults: "retry_on: reset on the covered route (sabotage)".into(),
         hostile: report.hostile(),
         fuzz_execs: "—".into(),
-        violations: format!("{} double executions reported", report.double_executions.len()),
+        violations: format!("caught: {} double executions", report.double_executions.len()),
         passed: !report.double_executions.is_empty(),
+        table: "oracles",
     });
     assert!(
         !report.double_executions.is_empty(),

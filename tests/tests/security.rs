@@ -44,6 +44,7 @@ impl Checks {
             fuzz_execs: "—".into(),
             violations: self.failed.len().to_string(),
             passed: self.failed.is_empty(),
+            table: "results",
         });
         assert!(self.failed.is_empty(), "{run}:\n  {}", self.failed.join("\n  "));
     }

@@ -1,3 +1,6 @@
+//! Unit tests of the parent module (compiled only for tests).
+#![cfg(test)]
+
 use super::*;
 use crate::protocol::{decode_frame, encode_frame};
 
