@@ -41,8 +41,8 @@ impl Metrics {
         if let Some((_, id)) = self.handlings.iter().find(|(h, _)| *h == handling) {
             host::increment(*id);
         }
-        if let Some((_, id)) = self.settlements.iter().find(|(s, _)| Some(*s) == settlement) {
-            host::increment(*id);
+        if let Some(settlement) = settlement {
+            self.count_settlement(settlement);
         }
     }
 

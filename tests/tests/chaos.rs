@@ -11,6 +11,7 @@
 // Test support: failing loudly is how a helper reports a broken run.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::chaos::{audit, inject_faults, worker, Traffic};
@@ -30,14 +31,9 @@ fn seconds(var: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn chaos_run(run: &str, database: Database, replicas: usize) {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let secs = seconds("CHAOS_SECONDS", 20);
-    let mut stack = Stack::start(Options::new("envoy/chaos.yaml", database, replicas)).await;
-    let traffic = Traffic::new(stack.url(""));
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let workers: Vec<_> = (0..WORKERS)
+/// The chaos run's clients: every scenario at full speed until `deadline`.
+fn chaos_workers(traffic: &Arc<Traffic>, deadline: Instant) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..WORKERS)
         .map(|id| {
             tokio::spawn(worker(
                 traffic.clone(),
@@ -48,11 +44,25 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
                 100,
             ))
         })
-        .collect();
-    let faults = inject_faults(&mut stack, deadline, Duration::from_millis(1_800)).await;
+        .collect()
+}
+
+async fn join(workers: Vec<tokio::task::JoinHandle<()>>) {
     for w in workers {
         w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
     }
+}
+
+async fn chaos_run(run: &str, database: Database, replicas: usize) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = seconds("CHAOS_SECONDS", 20);
+    let mut stack = Stack::start(Options::new("envoy/chaos.yaml", database, replicas)).await;
+    let traffic = Traffic::new(stack.url(""));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let workers = chaos_workers(&traffic, deadline);
+    let faults = inject_faults(&mut stack, deadline, Duration::from_millis(1_800)).await;
+    join(workers).await;
     let elapsed = started.elapsed().as_secs_f64();
     // Everything is up again (inject_faults leaves it so); wait for health.
     stack.wait_envoy().await;
@@ -136,9 +146,7 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     };
     tokio::time::sleep(warmup).await;
     let (envoy_warm, store_warm) = rss(&stack);
-    for w in workers {
-        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
-    }
+    join(workers).await;
     let (envoy_end, store_end) = rss(&stack);
     // Where store errors come from, if any: timeouts, resets, health checks.
     let stats = stack
@@ -224,21 +232,8 @@ async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route(
     let stack = Stack::start(options).await;
     let traffic = Traffic::new(stack.url(""));
     let deadline = Instant::now() + Duration::from_secs(8);
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|id| {
-            tokio::spawn(worker(
-                traffic.clone(),
-                id,
-                deadline,
-                100_000,
-                Duration::ZERO,
-                100,
-            ))
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
-    }
+    let workers = chaos_workers(&traffic, deadline);
+    join(workers).await;
     let report = audit(&stack, &traffic).await;
     println!("sabotaged (retry_on: reset): {}", report.summary());
     write(&Row {

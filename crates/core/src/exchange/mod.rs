@@ -204,7 +204,7 @@ impl Exchange {
             InFlight::Conflict => 0,
             InFlight::Wait { max_ms } => max_ms,
         };
-        let mut request = ClaimRequest {
+        let request = ClaimRequest {
             scope,
             fingerprint: fingerprint.finish(),
             lease_ms: self.policy.lease_ms(),
@@ -213,10 +213,9 @@ impl Exchange {
             after_expiry: self.policy.after_expiry(),
             on_unknown: self.policy.on_unknown(),
             attempt: Some(self.attempt.clone()),
-            deadline_ms: 0,
+            // The store must not commit a claim after we stopped waiting for it.
+            deadline_ms: self.timeout_ms(wait_ms),
         };
-        // The store must not commit a claim after we stopped waiting for it.
-        request.deadline_ms = self.call(CLAIM_PATH, Vec::new(), wait_ms).timeout_ms;
         self.phase = Phase::Claiming;
         Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
     }
@@ -462,8 +461,13 @@ impl Exchange {
         StoreCall {
             path,
             body,
-            timeout_ms: self.config.store().timeout_ms().saturating_add(extra_ms),
+            timeout_ms: self.timeout_ms(extra_ms),
         }
+    }
+
+    /// How long the filter waits for a store call that may itself wait `extra_ms`.
+    fn timeout_ms(&self, extra_ms: u64) -> u64 {
+        self.config.store().timeout_ms().saturating_add(extra_ms)
     }
 
     /// Answer with a problem, or in observe mode note what would have happened
