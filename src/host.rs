@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{StoreAnswer, StoreCall};
+use idemgate_core::exchange::{StoreAnswer, StoreCall, UpstreamCall};
 use idemgate_core::protocol::FRAME_CONTENT_TYPE;
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
@@ -143,6 +143,40 @@ pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
     }
 }
 
+/// Dispatches the filter's own upstream request (detached forwarding);
+/// `None` when Envoy refuses it (no healthy host, unknown cluster).
+pub fn dispatch_upstream(call: &UpstreamCall, body: &[u8]) -> Option<u32> {
+    let headers: Vec<(&str, &str)> = call
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let timeout = Duration::from_millis(call.timeout_ms.max(1));
+    match hostcalls::dispatch_http_call(&call.cluster, headers, Some(body), vec![], timeout) {
+        Ok(token) => Some(token),
+        Err(status) => {
+            log(
+                LogLevel::Warn,
+                &format!("upstream call to cluster {} refused: {status:?}", call.cluster),
+            );
+            None
+        }
+    }
+}
+
+/// A callout's response headers inside `on_http_call_response`; `None` when
+/// it has none (reset, failure): asking for them then would fail.
+pub fn call_response_headers(num_headers: usize) -> Option<Vec<(String, Bytes)>> {
+    if num_headers == 0 {
+        return None;
+    }
+    hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).ok()
+}
+
+pub fn call_response_body(size: usize) -> Bytes {
+    read_buffer(BufferType::HttpCallResponseBody, 0, size)
+}
+
 /// Reads the store's reply inside `on_http_call_response`. No headers means
 /// the call was reset or timed out; asking for a header then would panic.
 pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {
@@ -153,8 +187,5 @@ pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {
         .ok()
         .flatten()?;
     let status = std::str::from_utf8(&status).ok()?.parse::<u16>().ok()?;
-    Some((
-        status,
-        read_buffer(BufferType::HttpCallResponseBody, 0, body_size),
-    ))
+    Some((status, call_response_body(body_size)))
 }

@@ -4,39 +4,29 @@
 use std::rc::Rc;
 
 use idemgate_core::claims::claim_in_metadata;
-use idemgate_core::config::Config;
-use idemgate_core::exchange::{Exchange, Settlement, Step, StoreCall};
+use idemgate_core::config::{Config, Forwarding};
+use idemgate_core::exchange::{Exchange, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, LogLevel};
+use proxy_wasm::types::Action;
 
+use crate::carrier::{Carrier, Direction};
 use crate::host;
 use crate::root::Shared;
 
 /// The filter whose dynamic metadata holds verified JWT payloads.
 const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    Request,
-    Response,
-}
-
 pub struct Filter {
     config: Option<Rc<Config>>,
     shared: Rc<Shared>,
     /// This request's claim attempt id, unique on the worker.
     attempt: Option<Attempt>,
-    exchange: Option<Exchange>,
-    /// A call was handed to the root's store client, which counts its
-    /// settlement once the store confirms it.
-    delivered: bool,
-    /// Body bytes already handed to the exchange (Envoy's buffer grows while we pause).
-    request_seen: usize,
+    /// Set once a policy covers the request.
+    carrier: Option<Carrier>,
+    /// Response body bytes already handed to the exchange.
     response_seen: usize,
-    /// The direction held while a store call is in flight.
-    waiting: Option<Direction>,
 }
 
 impl Filter {
@@ -45,81 +35,25 @@ impl Filter {
             config,
             shared,
             attempt,
-            exchange: None,
-            delivered: false,
-            request_seen: 0,
+            carrier: None,
             response_seen: 0,
-            waiting: None,
         }
     }
 
-    /// Carries out a step inside a stream callback.
-    fn act(&mut self, step: Step, direction: Direction) -> Action {
-        match step {
-            Step::Continue => Action::Continue,
-            Step::Pause => Action::Pause,
-            Step::Respond(reply) => {
-                host::send_reply(&reply);
-                Action::Pause
-            }
-            Step::Deliver(call, next) => {
-                self.deliver(call);
-                self.act(*next, direction)
-            }
-            Step::Call(call) => match self
-                .config
-                .as_ref()
-                .and_then(|c| host::dispatch(c.store(), &call))
-            {
-                Some(_) => {
-                    self.waiting = Some(direction);
-                    Action::Pause
-                }
-                None => match self.exchange.as_mut() {
-                    Some(ex) => {
-                        let next = ex.store_reply(None);
-                        self.act(next, direction)
-                    }
-                    None => Action::Continue,
-                },
-            },
-        }
-    }
-
-    /// Hands a call to the root's store client, to be counted as the
-    /// exchange's settlement once the store confirms it.
-    fn deliver(&mut self, call: StoreCall) {
-        let settles = self
-            .exchange
-            .as_ref()
-            .and_then(Exchange::settlement)
-            .unwrap_or(Settlement::Failed);
-        self.shared.outbox.borrow_mut().post(call, settles);
-        self.delivered = true;
-    }
-
-    /// Carries out a step outside a stream callback (after a store reply).
-    fn resume(&mut self, step: Step) {
-        let Some(direction) = self.waiting.take() else {
-            return;
+    /// Feeds the exchange and carries out its step.
+    fn drive(&mut self, direction: Direction, feed: impl FnOnce(&mut Exchange) -> Step) -> Action {
+        let Some(carrier) = self.carrier.as_mut() else {
+            return Action::Continue;
         };
-        match self.act(step, direction) {
-            Action::Continue if direction == Direction::Request => host::resume_request(),
-            Action::Continue => host::resume_response(),
-            _ => {}
-        }
+        let step = feed(&mut carrier.exchange);
+        carrier.act(step, direction)
     }
 }
 
 impl Context for Filter {
-    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let answer = host::store_answer(num_headers, body_size);
-        if let Some(ex) = self.exchange.as_mut() {
-            let step = ex.store_reply(answer);
-            if let Some((status, detail)) = ex.take_store_refusal() {
-                self.shared.metrics.config_error(status, &detail);
-            }
-            self.resume(step);
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        if let Some(carrier) = self.carrier.as_mut() {
+            carrier.answered(token, num_headers, body_size);
         }
     }
 }
@@ -145,34 +79,48 @@ impl HttpContext for Filter {
             let metadata = metadata.get_or_insert_with(|| host::property(&["metadata"]));
             claim_in_metadata(metadata.as_deref()?, JWT_AUTHN, payload, claim)
         };
-        let head = headers::request_head(&policy, &method, &path, &lines, &mut jwt_claim, end_of_stream);
+        // Detached forwarding calls the route's cluster unless the policy names one.
+        let route_cluster = match policy.forwarding() {
+            Forwarding::Detached(_) => host::property(&["xds", "cluster_name"]),
+            Forwarding::Streaming => None,
+        };
+        let route_cluster = route_cluster.map(|c| String::from_utf8_lossy(&c).into_owned());
+        let head = headers::request_head(
+            &policy,
+            &method,
+            &path,
+            &lines,
+            &mut jwt_claim,
+            route_cluster.as_deref(),
+            end_of_stream,
+        );
         let (exchange, step) = Exchange::begin(config.clone(), policy, head, attempt);
-        self.exchange = Some(exchange);
-        self.act(step, Direction::Request)
+        let carrier = self
+            .carrier
+            .insert(Carrier::new(exchange, config, self.shared.clone()));
+        carrier.act(step, Direction::Request)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else {
+        let Some(carrier) = self.carrier.as_mut() else {
             return Action::Continue;
         };
-        let chunk = host::request_body(self.request_seen, body_size.saturating_sub(self.request_seen));
-        self.request_seen = body_size;
-        let step = ex.request_body(&chunk, end_of_stream);
-        self.act(step, Direction::Request)
+        let seen = carrier.request_seen;
+        let chunk = host::request_body(seen, body_size.saturating_sub(seen));
+        carrier.request_seen = body_size;
+        let step = carrier.exchange.request_body(&chunk, end_of_stream);
+        carrier.act(step, Direction::Request)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(ex) = self.exchange.as_mut() else {
-            return Action::Continue;
-        };
-        let step = ex.request_body(&[], true);
-        self.act(step, Direction::Request)
+        self.drive(Direction::Request, |ex| ex.request_body(&[], true))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else {
+        let Some(carrier) = self.carrier.as_ref() else {
             return Action::Continue;
         };
+        let ex = &carrier.exchange;
         let lines = if ex.owns_response() {
             host::response_headers()
         } else {
@@ -187,53 +135,32 @@ impl HttpContext for Filter {
         }
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
         let head = headers::response_head(lines, &String::from_utf8_lossy(&details), end_of_stream);
-        let step = ex.response_headers(head);
-        self.act(step, Direction::Response)
+        self.drive(Direction::Response, |ex| ex.response_headers(head))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(ex) = self.exchange.as_mut() else {
-            return Action::Continue;
-        };
-        if !ex.owns_response() {
+        if !self.carrier.as_ref().is_some_and(|c| c.exchange.owns_response()) {
             return Action::Continue;
         }
         let chunk = host::response_body(self.response_seen, body_size.saturating_sub(self.response_seen));
-        let step = ex.response_body(&chunk, end_of_stream);
-        let action = self.act(step, Direction::Response);
+        let action = self.drive(Direction::Response, |ex| ex.response_body(&chunk, end_of_stream));
         // Once data flows on, Envoy's buffer restarts from the next chunk.
         self.response_seen = if action == Action::Continue { 0 } else { body_size };
         action
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(ex) = self.exchange.as_mut() else {
-            return Action::Continue;
-        };
-        let step = ex.response_body(&[], true);
-        self.act(step, Direction::Response)
+        self.drive(Direction::Response, |ex| ex.response_body(&[], true))
     }
 
     fn on_log(&mut self) {
-        let Some(ex) = self.exchange.as_mut() else { return };
-        // This context is deleted right after on_log, and the store's answer
-        // to a call sent from here would find nobody: the root sends it and
-        // counts the settlement once the store confirms.
-        let orphan = ex.finish();
-        let (handling, settlement) = (ex.handling(), ex.settlement());
-        if settlement == Some(Settlement::Failed) {
-            let record = ex.log_id().unwrap_or_default();
-            host::log(
-                LogLevel::Warn,
-                &format!(
-                    "record {record}: the store did not record the outcome; its lease will turn it unknown"
-                ),
-            );
+        let Some(mut carrier) = self.carrier.take() else {
+            return;
+        };
+        // This context is deleted right after on_log; an exchange that must
+        // go on is handed to the root, which hears its call's answer.
+        if let Some(token) = carrier.client_left() {
+            self.shared.adopt(token, carrier);
         }
-        if let Some(call) = orphan {
-            self.deliver(call);
-        }
-        let settlement = if self.delivered { None } else { settlement };
-        self.shared.metrics.count(handling, settlement);
     }
 }

@@ -2,11 +2,14 @@
 //!
 //! [`root`] parses the plugin configuration and owns the metrics and the
 //! [`outbox`], the store client for calls that outlive a request; [`http`]
-//! carries out the steps of one request's [`idemgate_core::exchange::Exchange`];
+//! reads a request for its [`idemgate_core::exchange::Exchange`], whose steps
+//! [`carrier`] carries out (handed to the root when the client leaves a
+//! detached exchange);
 //! [`host`] is the only module that talks to Envoy, and it handles every host
 //! error instead of unwrapping it (an unwrap here would kill the VM for every
 //! request on the worker).
 
+mod carrier;
 mod host;
 mod http;
 mod outbox;

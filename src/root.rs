@@ -2,6 +2,7 @@
 //! that must outlive their request, shared by every request on this worker's VM.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use idemgate_core::config::Config;
@@ -10,6 +11,7 @@ use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
+use crate::carrier::Carrier;
 use crate::host;
 use crate::http::Filter;
 use crate::outbox::Outbox;
@@ -72,6 +74,45 @@ pub struct Shared {
     /// while someone is still there to count it, and sent again until the
     /// store has answered.
     pub outbox: RefCell<Outbox>,
+    /// Detached exchanges whose client has left, by the call they wait on.
+    orphans: RefCell<HashMap<u32, Carrier>>,
+}
+
+/// Detached exchanges held at most; beyond that a client that leaves gets
+/// the streaming outcome (the record turns unknown).
+const MAX_ORPHANS: usize = 4_096;
+
+impl Shared {
+    /// Takes over an exchange whose client has left; the answer to its call
+    /// `token` comes to the root.
+    pub fn adopt(&self, token: u32, mut carrier: Carrier) {
+        let mut orphans = self.orphans.borrow_mut();
+        if orphans.len() >= MAX_ORPHANS {
+            drop(orphans);
+            host::log(
+                LogLevel::Warn,
+                "too many detached requests without a client; this one's record will be unknown",
+            );
+            carrier.give_up();
+            return;
+        }
+        orphans.insert(token, carrier);
+    }
+
+    /// The answer to a call an orphan waits on; `false` if none does.
+    fn answer_orphan(&self, token: u32, num_headers: usize, body_size: usize) -> bool {
+        let Some(mut carrier) = self.orphans.borrow_mut().remove(&token) else {
+            return false;
+        };
+        carrier.answered(token, num_headers, body_size);
+        match carrier.pending() {
+            Some(next) => {
+                self.orphans.borrow_mut().insert(next, carrier);
+            }
+            None => carrier.close(),
+        }
+        true
+    }
 }
 
 #[derive(Default)]
@@ -85,6 +126,9 @@ pub struct Root {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        if self.shared.answer_orphan(token, num_headers, body_size) {
+            return;
+        }
         let answer = host::store_answer(num_headers, body_size);
         let Some((settles, answer)) = self.shared.outbox.borrow_mut().answered(token, answer) else {
             return;
@@ -122,6 +166,7 @@ impl RootContext for Root {
                 self.shared = Rc::new(Shared {
                     metrics: Metrics::define(),
                     outbox: RefCell::default(),
+                    orphans: RefCell::default(),
                 });
                 true
             }

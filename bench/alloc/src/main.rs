@@ -70,6 +70,7 @@ fn head(i: u64) -> RequestHead {
         fingerprint_headers: vec![],
         content_length: Some(BODY.len() as u64),
         end_of_stream: false,
+        upstream: None,
     }
 }
 

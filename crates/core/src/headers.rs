@@ -3,8 +3,8 @@
 //! header is ambiguous, what `Idempotency-Control` says, and how a request's
 //! and a response's heads are built from them.
 
-use crate::config::{Identity, Policy, Source};
-use crate::exchange::{RequestHead, ResponseHead};
+use crate::config::{Forwarding, Identity, Mode, Policy, Source};
+use crate::exchange::{RequestHead, ResponseHead, UpstreamCall};
 use crate::{limits, origin};
 
 /// Header names are compared case-insensitively; these are written lower-case.
@@ -96,15 +96,72 @@ pub fn status(lines: &Lines) -> u16 {
         .unwrap_or(0)
 }
 
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and framing: a request or response
+/// the filter sends on itself does not carry them; Envoy frames it anew.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+];
+
+fn passes_on(name: &str) -> bool {
+    !HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The filter's own upstream request under detached forwarding: every
+/// request header but the hop-by-hop ones, to the policy's cluster or else
+/// the route's. `None` (the request goes through Envoy's router instead)
+/// when there is no cluster to call (a route without one, such as a direct
+/// response) or a header value is not UTF-8 (the host API sends text only);
+/// and in observe mode, which never changes how traffic flows.
+pub fn upstream_call(policy: &Policy, route_cluster: Option<&str>, lines: &Lines) -> Option<UpstreamCall> {
+    let Forwarding::Detached(detached) = policy.forwarding() else {
+        return None;
+    };
+    if policy.mode() == Mode::Observe {
+        return None;
+    }
+    let cluster = detached.cluster().or(route_cluster).filter(|c| !c.is_empty())?;
+    let headers = lines
+        .iter()
+        .filter(|(name, _)| passes_on(name))
+        .map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    Some(UpstreamCall {
+        cluster: cluster.to_string(),
+        headers,
+        timeout_ms: detached.timeout_ms(),
+    })
+}
+
+/// The headers of a response the filter relays itself (detached
+/// forwarding): all but pseudo-headers, hop-by-hop ones and values that are
+/// not text.
+pub fn relayed(lines: &Lines) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .filter(|(name, _)| !name.starts_with(':') && passes_on(name))
+        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect()
+}
+
 /// Builds the exchange's view of a request covered by `policy`. `path` is the
 /// request's `:path` as received; `claim(payload, claim)` reads a JWT claim
-/// (see [`crate::claims`]).
+/// (see [`crate::claims`]); `route_cluster` is the cluster Envoy routes the
+/// request to, for detached forwarding.
 pub fn request_head(
     policy: &Policy,
     method: &str,
     path: &str,
     lines: &Lines,
     claim: &mut dyn FnMut(&str, &str) -> Option<Vec<u8>>,
+    route_cluster: Option<&str>,
     end_of_stream: bool,
 ) -> RequestHead {
     let mut identity = |source: &Source| match source {
@@ -133,6 +190,7 @@ pub fn request_head(
             .collect(),
         content_length: content_length(lines),
         end_of_stream,
+        upstream: upstream_call(policy, route_cluster, lines),
     }
 }
 
@@ -264,6 +322,7 @@ mod tests {
             "/pay//x/?q=1",
             &l,
             &mut claim,
+            None,
             false,
         );
         assert_eq!(asked, vec!["p/sub"]);
@@ -291,6 +350,7 @@ mod tests {
             "/anon",
             &lines(&[("x-tenant", "a")]),
             &mut claim,
+            None,
             true,
         );
         assert_eq!((head.tenant, head.principal), (None, None));

@@ -110,6 +110,36 @@ pub fn classify(details: &str) -> Origin {
     Origin::LostAfterForwarding
 }
 
+/// The header Envoy's router adds to every response it got from an upstream,
+/// also on the filter's own calls; Envoy's own replies lack it.
+pub const UPSTREAM_MARK: &str = "x-envoy-upstream-service-time";
+
+/// Classifies an answer to the filter's own upstream request (detached
+/// forwarding), which carries no `response.code_details`: a response marked
+/// with [`UPSTREAM_MARK`] is the upstream's; Envoy's own replies say why in
+/// their body ("no healthy upstream", "upstream connect error or
+/// disconnect/reset before headers. reset reason: connection failure"),
+/// which reads as the detail strings above once spaces become underscores.
+pub fn of_callout(marked: bool, body: &[u8]) -> Origin {
+    if marked {
+        return Origin::Upstream;
+    }
+    let text = String::from_utf8_lossy(body)
+        .trim()
+        .to_ascii_lowercase()
+        .replace(' ', "_");
+    if NEVER_REACHED.contains(&text.as_str()) {
+        return Origin::NeverReached;
+    }
+    let reason = text
+        .split_once("reset_reason:_")
+        .and_then(|(_, rest)| rest.split(',').next());
+    if reason.is_some_and(|r| RESET_BEFORE_SENDING.contains(&r)) {
+        return Origin::NeverReached;
+    }
+    Origin::LostAfterForwarding
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +154,27 @@ mod tests {
     }
 
     origin!(a_relayed_response_is_the_upstreams, "via_upstream" => Upstream);
+
+    macro_rules! callout {
+        ($name:ident, $marked:expr, $body:expr => $want:ident) => {
+            #[test]
+            fn $name() {
+                assert_eq!(of_callout($marked, $body.as_bytes()), Origin::$want);
+            }
+        };
+    }
+
+    // Bodies as Envoy 1.40's router writes them for its own replies.
+    callout!(a_marked_callout_answer_is_the_upstreams, true, "no healthy upstream" => Upstream);
+    callout!(a_callout_with_no_healthy_host_never_reached, false, "no healthy upstream" => NeverReached);
+    callout!(a_callout_refused_by_the_upstream_never_reached, false,
+        "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: delayed connect error: Connection refused" => NeverReached);
+    callout!(a_callout_over_the_circuit_breaker_never_reached, false,
+        "upstream connect error or disconnect/reset before headers. reset reason: overflow" => NeverReached);
+    callout!(a_callout_reset_after_sending_may_have_run, false,
+        "upstream connect error or disconnect/reset before headers. reset reason: connection termination" => LostAfterForwarding);
+    callout!(a_callout_timeout_may_have_run, false, "upstream request timeout" => LostAfterForwarding);
+    callout!(an_unmarked_unknown_answer_may_have_run, false, "" => LostAfterForwarding);
     origin!(unreadable_details_count_as_the_upstreams, "" => Upstream);
     // Never reached (each seen from Envoy 1.40.0 or listed in its sources).
     origin!(a_direct_response_never_reached, "direct_response" => NeverReached);

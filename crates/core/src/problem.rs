@@ -204,6 +204,16 @@ impl Problem {
         .completed_at(Some(completed_at))
     }
 
+    /// Detached forwarding: the upstream answered, but with more than the
+    /// route relays; the outcome is recorded without the body.
+    pub fn response_too_large(original_status: u16, max: usize) -> Self {
+        Problem::new(
+            ProblemKind::ResultUnavailable,
+            format!("the request was executed, but its response was larger than the {max} bytes this route relays"),
+        )
+        .original_status(original_status)
+    }
+
     pub fn request_in_progress(retry_after_ms: u64) -> Self {
         Problem::new(
             ProblemKind::RequestInProgress,

@@ -62,6 +62,7 @@ pub struct Policy {
     replay_headers: Vec<String>,
     mode: Mode,
     in_progress_retry_after_ms: u64,
+    forwarding: Forwarding,
 }
 
 /// Read access only: a policy is built by [`Config::parse`], validated.
@@ -121,6 +122,9 @@ impl Policy {
     /// back (never later than the owner's lease ends).
     pub fn in_progress_retry_after_ms(&self) -> u64 {
         self.in_progress_retry_after_ms
+    }
+    pub fn forwarding(&self) -> &Forwarding {
+        &self.forwarding
     }
 }
 
@@ -267,6 +271,40 @@ pub enum Mode {
     Observe,
 }
 
+/// How an owned request reaches the upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Forwarding {
+    /// Through Envoy's router, streaming both ways: the request dies with a
+    /// client that leaves, and its record is then unknown.
+    #[default]
+    Streaming,
+    /// As the filter's own request to the upstream cluster, which outlives
+    /// the client: its response is recorded whether or not anyone waits.
+    Detached(Detached),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detached {
+    /// The cluster to call; `None`: the route's.
+    cluster: Option<String>,
+    timeout_ms: u64,
+    max_response_body: usize,
+}
+
+impl Detached {
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+    /// How long the upstream has to answer; always shorter than the lease.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+    /// The largest response body relayed; never below `max_stored_body`.
+    pub fn max_response_body(&self) -> usize {
+        self.max_response_body
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// Where the problem is, e.g. `policies[0].ttl_seconds`.
@@ -299,6 +337,9 @@ pub const DEFAULT_IN_PROGRESS_RETRY_AFTER_MS: u64 = 1_000;
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 512 * 1024;
 pub const DEFAULT_MAX_STORED_BODY: usize = 512 * 1024;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
+pub const DEFAULT_DETACHED_TIMEOUT_MS: u64 = 30_000;
+/// Envoy's default buffer limit.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
 impl Config {
     /// Parses and validates the plugin configuration.

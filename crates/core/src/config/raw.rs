@@ -100,6 +100,73 @@ struct RawPolicy {
     replay_headers: Vec<String>,
     #[serde(default)]
     mode: Option<Mode>,
+    #[serde(default)]
+    forwarding: Option<RawForwarding>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawForwarding {
+    mode: String,
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    max_response_body: Option<usize>,
+}
+
+impl RawForwarding {
+    fn validate(self, at: &str, lease_ms: u64, max_stored_body: usize) -> Result<Forwarding, ConfigError> {
+        let f = |name: &str| format!("{at}.forwarding.{name}");
+        match self.mode.as_str() {
+            "streaming" => {
+                if self.cluster.is_some() || self.timeout_ms.is_some() || self.max_response_body.is_some() {
+                    return Err(err(
+                        f("mode"),
+                        "`cluster`, `timeout_ms` and `max_response_body` only apply with `mode: \"detached\"`",
+                    ));
+                }
+                return Ok(Forwarding::Streaming);
+            }
+            "detached" => {}
+            other => {
+                return Err(err(
+                    f("mode"),
+                    format!("`{other}` is not one of `streaming`, `detached`"),
+                ));
+            }
+        }
+        if self.cluster.as_deref() == Some("") {
+            return Err(err(
+                f("cluster"),
+                "name an Envoy cluster, or leave it out to use the route's",
+            ));
+        }
+        let timeout_ms = self
+            .timeout_ms
+            .unwrap_or(DEFAULT_DETACHED_TIMEOUT_MS.min(lease_ms / 2));
+        if timeout_ms == 0 || timeout_ms >= lease_ms {
+            return Err(err(
+                f("timeout_ms"),
+                format!("must be at least 1 and shorter than the lease ({lease_ms} ms), so that no other request can claim the key while the upstream may still act; raise `lease_seconds` or lower the timeout"),
+            ));
+        }
+        let max_response_body = self
+            .max_response_body
+            .unwrap_or(DEFAULT_MAX_RESPONSE_BODY.max(max_stored_body));
+        if max_response_body < max_stored_body {
+            return Err(err(
+                f("max_response_body"),
+                format!("must be at least `max_stored_body` ({max_stored_body} bytes): a response the store would keep must also reach the client"),
+            ));
+        }
+        Ok(Forwarding::Detached(Detached {
+            cluster: self.cluster,
+            timeout_ms,
+            max_response_body,
+        }))
+    }
 }
 
 impl RawStore {
@@ -319,6 +386,11 @@ impl RawPolicy {
                 ),
             ));
         }
+        let lease_ms = lease_s.saturating_mul(1000);
+        let forwarding = match self.forwarding {
+            None => Forwarding::Streaming,
+            Some(raw) => raw.validate(at, lease_ms, max_stored_body)?,
+        };
         Ok(Policy {
             name: self.name,
             matcher: Matcher {
@@ -336,7 +408,7 @@ impl RawPolicy {
             identity,
             fingerprint,
             ttl_ms: ttl_s.saturating_mul(1000),
-            lease_ms: lease_s.saturating_mul(1000),
+            lease_ms,
             in_flight,
             after_expiry: self.after_expiry.unwrap_or_default(),
             on_unknown: self.on_unknown.unwrap_or_default(),
@@ -347,6 +419,7 @@ impl RawPolicy {
             replay_headers,
             mode: self.mode.unwrap_or_default(),
             in_progress_retry_after_ms,
+            forwarding,
         })
     }
 }

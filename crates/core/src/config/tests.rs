@@ -81,6 +81,7 @@ fn the_minimal_config_parses_with_the_defaults() {
         replay_headers: vec![],
         mode: Mode::Enforce,
         in_progress_retry_after_ms: 1_000,
+        forwarding: Forwarding::Streaming,
     };
     assert_eq!(config.policies, vec![Rc::new(want)]);
 }
@@ -145,6 +146,30 @@ fn waiting_without_a_bound_uses_the_default() {
     );
 }
 
+#[test]
+fn detached_forwarding_defaults_to_the_routes_cluster_and_half_the_lease() {
+    let p = policy_with(json!({"forwarding": {"mode": "detached"}}));
+    let Forwarding::Detached(d) = &p.forwarding else {
+        panic!("{:?}", p.forwarding)
+    };
+    assert_eq!(d.cluster(), None);
+    assert_eq!(d.timeout_ms(), DEFAULT_DETACHED_TIMEOUT_MS.min(p.lease_ms / 2));
+    assert_eq!(d.max_response_body(), DEFAULT_MAX_RESPONSE_BODY);
+    let p = policy_with(json!({"lease_seconds": 10, "max_stored_body": 100,
+        "forwarding": {"mode": "detached", "cluster": "payments", "timeout_ms": 9000, "max_response_body": 100}}));
+    let Forwarding::Detached(d) = &p.forwarding else {
+        panic!("{:?}", p.forwarding)
+    };
+    assert_eq!(
+        (d.cluster(), d.timeout_ms(), d.max_response_body()),
+        (Some("payments"), 9000, 100)
+    );
+    assert_eq!(
+        policy_with(json!({"forwarding": {"mode": "streaming"}})).forwarding,
+        Forwarding::Streaming
+    );
+}
+
 macro_rules! rejects {
     ($name:ident, $root:tt, $policy:tt => $field:expr) => {
         #[test]
@@ -156,6 +181,12 @@ macro_rules! rejects {
     };
 }
 
+rejects!(an_unknown_forwarding_mode_is_rejected, {}, {"forwarding": {"mode": "async"}} => "policies[0].forwarding.mode");
+rejects!(detached_settings_under_streaming_are_rejected, {}, {"forwarding": {"mode": "streaming", "timeout_ms": 5}} => "policies[0].forwarding.mode");
+rejects!(an_empty_detached_cluster_is_rejected, {}, {"forwarding": {"mode": "detached", "cluster": ""}} => "policies[0].forwarding.cluster");
+rejects!(a_detached_timeout_as_long_as_the_lease_is_rejected, {}, {"lease_seconds": 5, "forwarding": {"mode": "detached", "timeout_ms": 5000}} => "policies[0].forwarding.timeout_ms");
+rejects!(a_zero_detached_timeout_is_rejected, {}, {"forwarding": {"mode": "detached", "timeout_ms": 0}} => "policies[0].forwarding.timeout_ms");
+rejects!(a_relay_limit_below_the_stored_body_is_rejected, {}, {"max_stored_body": 10, "forwarding": {"mode": "detached", "max_response_body": 9}} => "policies[0].forwarding.max_response_body");
 rejects!(an_unknown_top_level_field_is_rejected, {"extra": 1}, {} => "(document)");
 rejects!(an_unknown_policy_field_is_rejected, {}, {"ttl": 1} => "(document)");
 rejects!(a_missing_store_is_rejected, {"store": null}, {} => "(document)");

@@ -16,6 +16,9 @@ pub struct RequestHead {
     pub content_length: Option<u64>,
     /// The request has no body.
     pub end_of_stream: bool,
+    /// Under detached forwarding, the request the filter sends itself once
+    /// it owns the key; `None`: through Envoy's router.
+    pub upstream: Option<super::UpstreamCall>,
 }
 
 use crate::origin::Origin;

@@ -11,12 +11,13 @@
 
 use std::rc::Rc;
 
-use crate::config::{Config, FailureMode, InFlight, Mode, Policy};
+use crate::config::{Config, FailureMode, Forwarding, InFlight, Mode, Policy};
 use crate::fingerprint::Fingerprinter;
 use crate::headers::{self, Control, KEY_HEADER};
 use crate::identity::client_scope;
 use crate::key::parse_key;
 use crate::limits;
+use crate::origin;
 use crate::problem::Problem;
 use crate::protocol::{
     decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
@@ -32,7 +33,7 @@ mod step;
 pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
 pub use head::{RequestHead, ResponseHead};
-pub use step::{refusal, settled, Step, StoreAnswer, StoreCall};
+pub use step::{refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall};
 
 enum Phase {
     /// Not ours to dedupe: everything flows untouched.
@@ -45,6 +46,10 @@ enum Phase {
     },
     Claiming,
     Forwarded {
+        fence: u64,
+    },
+    /// The filter's own upstream request is in flight (detached forwarding).
+    Detached {
         fence: u64,
     },
     Capturing {
@@ -73,6 +78,14 @@ pub struct Exchange {
     echo: Option<String>,
     /// The store refused a frame with a 4xx: status and its problem detail.
     refusal: Option<(u16, String)>,
+    /// Detached forwarding: the request to send once the key is ours.
+    upstream: Option<UpstreamCall>,
+    /// Detached forwarding: the answer for the client, sent once the store
+    /// has settled the record.
+    relay: Option<Reply>,
+    /// Detached forwarding: the settling call, handed to the worker's store
+    /// client if the store does not confirm it, since the outcome is known.
+    redeliver: Option<StoreCall>,
 }
 
 impl Exchange {
@@ -94,6 +107,9 @@ impl Exchange {
             settlement: None,
             echo: None,
             refusal: None,
+            upstream: None,
+            relay: None,
+            redeliver: None,
         };
         let step = ex.start(head);
         (ex, step)
@@ -122,6 +138,17 @@ impl Exchange {
     /// filter to log and count as a configuration error.
     pub fn take_store_refusal(&mut self) -> Option<(u16, String)> {
         self.refusal.take()
+    }
+
+    /// Whether the exchange must go on when the client leaves: the filter's
+    /// own upstream request, or the store call recording its answer, is in
+    /// flight, and its outcome must still reach the store.
+    pub fn outlives_client(&self) -> bool {
+        match self.phase {
+            Phase::Detached { .. } => true,
+            Phase::Settling { .. } => self.redeliver.is_some(),
+            _ => false,
+        }
     }
 
     /// Whether the response path should run at all (and strip `Idempotency-Control`).
@@ -170,6 +197,7 @@ impl Exchange {
             &head.path,
             &head.fingerprint_headers,
         );
+        self.upstream = head.upstream;
         if head.end_of_stream {
             return self.claim(fingerprint);
         }
@@ -226,12 +254,19 @@ impl Exchange {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Claiming => self.claimed(answer),
             Phase::Settling { settles } => {
-                self.settlement = Some(if settled(&answer) {
-                    settles
-                } else {
-                    Settlement::Failed
-                });
-                Step::Continue
+                let relay = self.relay.take().map_or(Step::Continue, Step::Respond);
+                let confirmed = settled(&answer);
+                self.settlement = Some(if confirmed { settles } else { Settlement::Failed });
+                match self.redeliver.take() {
+                    // The outcome is known: the worker's store client sends
+                    // it until the store has it, rather than the lease
+                    // turning it unknown.
+                    Some(call) if !confirmed && self.refusal.is_none() => {
+                        self.settlement = Some(settles);
+                        Step::Deliver(call, Box::new(relay))
+                    }
+                    _ => relay,
+                }
             }
             other => {
                 self.phase = other;
@@ -269,8 +304,16 @@ impl Exchange {
         match reply {
             ClaimReply::Owned { fence } => {
                 self.handling = Handling::Owned;
-                self.phase = Phase::Forwarded { fence };
-                Step::Continue
+                match self.upstream.take() {
+                    Some(call) => {
+                        self.phase = Phase::Detached { fence };
+                        Step::Forward(call)
+                    }
+                    None => {
+                        self.phase = Phase::Forwarded { fence };
+                        Step::Continue
+                    }
+                }
             }
             ClaimReply::Replay { status, headers, .. } => {
                 if self.policy.mode() == Mode::Observe {
@@ -307,6 +350,70 @@ impl Exchange {
             ClaimReply::Expired { completed_at } => {
                 self.reject(Handling::Expired, Problem::key_expired(completed_at))
             }
+        }
+    }
+
+    /// The answer to the filter's own upstream request (after
+    /// [`Step::Forward`]). It is recorded by the same rules as a response
+    /// through the router, then relayed to the client as it came (or as a
+    /// problem when it is larger than the route relays) once the store has
+    /// settled the record. `read_body` is called at most once, and not for a
+    /// body over `max_response_body`.
+    pub fn upstream_reply(&mut self, answer: UpstreamAnswer, read_body: impl FnOnce() -> Vec<u8>) -> Step {
+        let Phase::Detached { fence } = self.phase else {
+            return Step::Continue;
+        };
+        self.phase = Phase::Forwarded { fence };
+        let max = match self.policy.forwarding() {
+            Forwarding::Detached(detached) => detached.max_response_body(),
+            Forwarding::Streaming => 0,
+        };
+        let step = match answer {
+            UpstreamAnswer::Refused => {
+                self.relay = Some(Reply {
+                    status: 503,
+                    headers: vec![("content-type".into(), "text/plain".into())],
+                    body: b"no healthy upstream".to_vec(),
+                });
+                self.settle(fence, Settlement::Released)
+            }
+            UpstreamAnswer::Lost => {
+                self.relay = Some(self.problem(Problem::outcome_unknown()));
+                self.settle(fence, Settlement::MarkedUnknown)
+            }
+            UpstreamAnswer::Response { headers, body_size } => {
+                let status = headers::status(&headers);
+                let relayed = headers::relayed(&headers);
+                let marked = headers::only(&headers, origin::UPSTREAM_MARK).is_some();
+                let body = if body_size > max { None } else { Some(read_body()) };
+                let head = ResponseHead {
+                    status,
+                    origin: origin::of_callout(marked || body.is_none(), body.as_deref().unwrap_or_default()),
+                    headers: headers.into_iter().filter(|(n, _)| !n.starts_with(':')).collect(),
+                    content_length: Some(body_size as u64),
+                    end_of_stream: body_size == 0,
+                };
+                let step = match self.response_headers(head) {
+                    Step::Pause => self.response_body(body.as_deref().unwrap_or_default(), true),
+                    step => step,
+                };
+                self.relay = Some(match body {
+                    Some(body) => Reply {
+                        status,
+                        headers: relayed,
+                        body,
+                    },
+                    None => self.problem(Problem::response_too_large(status, max)),
+                });
+                step
+            }
+        };
+        match step {
+            Step::Call(call) => {
+                self.redeliver = Some(call.clone());
+                Step::Call(call)
+            }
+            _ => self.relay.take().map_or(Step::Continue, Step::Respond),
         }
     }
 
@@ -438,7 +545,7 @@ impl Exchange {
     pub fn finish(&mut self) -> Option<StoreCall> {
         let (call, settles) = match self.phase {
             Phase::Claiming => (self.abandon_call(), Settlement::Abandoned),
-            Phase::Forwarded { fence } | Phase::Capturing { fence, .. } => (
+            Phase::Forwarded { fence } | Phase::Detached { fence } | Phase::Capturing { fence, .. } => (
                 self.settle_call(fence, Settlement::MarkedUnknown),
                 Settlement::MarkedUnknown,
             ),
@@ -483,11 +590,16 @@ impl Exchange {
         }
         self.handling = handling;
         self.phase = Phase::Answered;
+        Step::Respond(self.problem(problem))
+    }
+
+    /// A problem as this request's answer, with the key echoed.
+    fn problem(&self, problem: Problem) -> Reply {
         let mut reply = problem.render(self.config.doc_base());
         reply
             .headers
             .extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
-        Step::Respond(reply)
+        reply
     }
 
     fn pass(&mut self, handling: Handling) -> Step {

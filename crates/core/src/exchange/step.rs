@@ -14,6 +14,10 @@ pub enum Step {
     Call(StoreCall),
     /// Answer the client locally; the exchange is over.
     Respond(Reply),
+    /// Send the filter's own request to the upstream (detached forwarding),
+    /// with the request body Envoy buffered, and hold the stream until its
+    /// answer arrives.
+    Forward(UpstreamCall),
     /// Hand this call to the worker's store client, which sends it whether or
     /// not the request is still there and retries it until the store answers;
     /// then carry out the next step.
@@ -27,6 +31,31 @@ pub struct StoreCall {
     pub path: &'static str,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
+}
+
+/// The filter's own request to the upstream: the request's headers as the
+/// filter received them (minus hop-by-hop ones), to the route's cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamCall {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub timeout_ms: u64,
+}
+
+/// What came back for an [`UpstreamCall`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamAnswer {
+    /// Envoy refused to send it (no healthy host): nothing was executed.
+    Refused,
+    /// The call was reset after its response started, or the response
+    /// outgrew Envoy's buffer: the upstream may have acted.
+    Lost,
+    /// A response, from the upstream or from Envoy on its behalf; the body
+    /// is read only when the exchange asks for it.
+    Response {
+        headers: Vec<(String, Vec<u8>)>,
+        body_size: usize,
+    },
 }
 
 /// The store's answer to a call: status and body, or no answer at all (reset,

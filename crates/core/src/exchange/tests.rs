@@ -23,6 +23,7 @@ fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) 
         key_fields: key.map(|k| vec![k.as_bytes().to_vec()]).unwrap_or_default(),
         tenant: Some(b"acme".to_vec()),
         end_of_stream: body.is_none(),
+        upstream: None,
         ..RequestHead::default()
     };
     let (mut ex, step) = Exchange::begin(config, policy, head, attempt());
