@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{Settlement, StoreAnswer, StoreCall};
+use idemgate_core::exchange::{decided, Settlement, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
@@ -94,11 +94,10 @@ impl Outbox {
     pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<(Settlement, StoreAnswer)> {
         let letter = self.in_flight.remove(&token)?;
         let settles = letter.settles;
-        match answer {
-            Some((status, _)) if status < 500 => Some((settles, answer)),
-            _ if self.retry(letter) => None,
-            _ => Some((settles, answer)),
+        if decided(&answer) || !self.retry(letter) {
+            return Some((settles, answer));
         }
+        None
     }
 
     /// Queues a letter again; `false` when it has had all its tries.

@@ -302,6 +302,63 @@ mod tests {
         {"name": "anon", "match": {"path": {"prefix": "/anon"}}, "anonymous": true}]}"#;
 
     #[test]
+    fn a_detached_request_goes_to_the_policys_cluster_or_the_routes_or_through_the_router() {
+        let policy = |forwarding: &str, mode: &str| {
+            let json = format!(
+                r#"{{"store": {{"cluster": "s", "token": "t"}}, "policies": [{{"name": "p",
+                "match": {{"path": {{"prefix": "/"}}}}, "anonymous": true, "mode": "{mode}",
+                "forwarding": {forwarding}}}]}}"#
+            );
+            Config::parse(json.as_bytes()).unwrap().policies()[0].clone()
+        };
+        let l = lines(&[
+            (":path", "/p"),
+            ("Connection", "close"),
+            ("content-length", "2"),
+            ("x-a", "1"),
+        ]);
+        let detached = policy(r#"{"mode": "detached"}"#, "enforce");
+        let call = upstream_call(&detached, Some("route"), &l).unwrap();
+        assert_eq!(call.cluster, "route");
+        assert_eq!(
+            call.headers,
+            vec![
+                (":path".to_string(), "/p".to_string()),
+                ("x-a".to_string(), "1".to_string())
+            ]
+        );
+        let named = policy(r#"{"mode": "detached", "cluster": "named"}"#, "enforce");
+        assert_eq!(upstream_call(&named, Some("route"), &l).unwrap().cluster, "named");
+        // Through the router: no cluster to call, a header the host API cannot
+        // send, observe mode, streaming mode.
+        assert_eq!(upstream_call(&detached, None, &l), None);
+        assert_eq!(upstream_call(&detached, Some(""), &l), None);
+        let mut binary = l.clone();
+        binary.push(("x-b".to_string(), vec![0xff]));
+        assert_eq!(upstream_call(&detached, Some("route"), &binary), None);
+        let observed = policy(r#"{"mode": "detached"}"#, "observe");
+        assert_eq!(upstream_call(&observed, Some("route"), &l), None);
+        let streaming = policy(r#"{"mode": "streaming"}"#, "enforce");
+        assert_eq!(upstream_call(&streaming, Some("route"), &l), None);
+    }
+
+    #[test]
+    fn a_relayed_response_keeps_all_but_framing() {
+        let mut l = lines(&[
+            (":status", "201"),
+            ("Transfer-Encoding", "chunked"),
+            ("set-cookie", "s"),
+            ("x-a", "1"),
+        ]);
+        l.push(("x-b".to_string(), vec![0xff]));
+        let want = vec![
+            ("set-cookie".to_string(), "s".to_string()),
+            ("x-a".to_string(), "1".to_string()),
+        ];
+        assert_eq!(relayed(&l), want);
+    }
+
+    #[test]
     fn a_request_head_reads_identity_key_lines_and_every_fingerprint_line() {
         let config = Config::parse(CONFIG.as_bytes()).unwrap();
         let l = lines(&[

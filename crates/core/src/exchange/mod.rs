@@ -33,7 +33,7 @@ mod step;
 pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
 pub use head::{RequestHead, ResponseHead};
-pub use step::{refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall};
+pub use step::{decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall};
 
 enum Phase {
     /// Not ours to dedupe: everything flows untouched.
@@ -261,7 +261,7 @@ impl Exchange {
                     // The outcome is known: the worker's store client sends
                     // it until the store has it, rather than the lease
                     // turning it unknown.
-                    Some(call) if !confirmed && self.refusal.is_none() => {
+                    Some(call) if !decided(&answer) => {
                         self.settlement = Some(settles);
                         Step::Deliver(call, Box::new(relay))
                     }
@@ -357,8 +357,8 @@ impl Exchange {
     /// [`Step::Forward`]). It is recorded by the same rules as a response
     /// through the router, then relayed to the client as it came (or as a
     /// problem when it is larger than the route relays) once the store has
-    /// settled the record. `read_body` is called at most once, and not for a
-    /// body over `max_response_body`.
+    /// settled the record. `read_body` is called at most once, and not for
+    /// an upstream's body over `max_response_body`.
     pub fn upstream_reply(&mut self, answer: UpstreamAnswer, read_body: impl FnOnce() -> Vec<u8>) -> Step {
         let Phase::Detached { fence } = self.phase else {
             return Step::Continue;
@@ -385,10 +385,11 @@ impl Exchange {
                 let status = headers::status(&headers);
                 let relayed = headers::relayed(&headers);
                 let marked = headers::only(&headers, origin::UPSTREAM_MARK).is_some();
-                let body = if body_size > max { None } else { Some(read_body()) };
+                // Envoy's own replies are a line of text, read whatever the limit.
+                let body = (body_size <= max || !marked).then(read_body);
                 let head = ResponseHead {
                     status,
-                    origin: origin::of_callout(marked || body.is_none(), body.as_deref().unwrap_or_default()),
+                    origin: origin::of_callout(marked, body.as_deref().unwrap_or_default()),
                     headers: headers.into_iter().filter(|(n, _)| !n.starts_with(':')).collect(),
                     content_length: Some(body_size as u64),
                     end_of_stream: body_size == 0,

@@ -62,6 +62,12 @@ pub enum UpstreamAnswer {
 /// timeout, dispatch failure).
 pub type StoreAnswer = Option<(u16, Vec<u8>)>;
 
+/// Whether the store itself decided on the call (anything below 500): no
+/// answer, or an unavailable store, means it should be sent again.
+pub fn decided(answer: &StoreAnswer) -> bool {
+    matches!(answer, Some((status, _)) if *status < 500)
+}
+
 /// Whether the store confirmed a complete, release or mark-unknown call.
 pub fn settled(answer: &StoreAnswer) -> bool {
     matches!(answer, Some((200, body)) if decode_frame::<FenceReply>(body).ok().map(|(reply, _)| reply) == Some(FenceReply::Done))

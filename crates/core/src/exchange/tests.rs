@@ -11,19 +11,26 @@ const CONFIG: &str = r#"{
         {"name": "watch", "match": {"path": {"prefix": "/watch"}}, "anonymous": true, "mode": "observe"},
         {"name": "open", "match": {"path": {"prefix": "/open"}}, "anonymous": true, "failure_mode": "open"},
         {"name": "small", "match": {"path": {"prefix": "/small"}}, "anonymous": true,
-         "max_request_body": 4, "max_stored_body": 4, "in_flight": "wait", "wait_max_ms": 300}
+         "max_request_body": 4, "max_stored_body": 4, "in_flight": "wait", "wait_max_ms": 300},
+        {"name": "detached", "match": {"path": {"prefix": "/detached"}}, "anonymous": true,
+         "max_stored_body": 8, "forwarding": {"mode": "detached", "max_response_body": 16}}
     ]}"#;
 
 fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) {
     let config = Rc::new(Config::parse(CONFIG.as_bytes()).unwrap());
     let policy = config.policy_for("POST", "h", path).unwrap().clone();
+    let lines = [
+        (":path".to_string(), path.as_bytes().to_vec()),
+        ("transfer-encoding".to_string(), b"chunked".to_vec()),
+        ("x-trace".to_string(), b"t1".to_vec()),
+    ];
     let head = RequestHead {
         method: "POST".into(),
         path: path.into(),
         key_fields: key.map(|k| vec![k.as_bytes().to_vec()]).unwrap_or_default(),
         tenant: Some(b"acme".to_vec()),
         end_of_stream: body.is_none(),
-        upstream: None,
+        upstream: crate::headers::upstream_call(&policy, Some("route"), &lines),
         ..RequestHead::default()
     };
     let (mut ex, step) = Exchange::begin(config, policy, head, attempt());
@@ -591,4 +598,175 @@ fn a_refused_completion_is_also_a_refusal_to_report() {
         ex.take_store_refusal(),
         Some((400, "status must be between 100 and 599".to_string()))
     );
+}
+
+/// A detached exchange that owns its key and has sent the upstream request.
+fn forwarded() -> Exchange {
+    let (mut ex, step) = begin("/detached", Some("k1"), Some("{}"));
+    claim_of(&step);
+    let Step::Forward(call) = ex.store_reply(reply(ClaimReply::Owned { fence: 7 }, b"")) else {
+        panic!("expected the upstream request")
+    };
+    assert_eq!(call.cluster, "route");
+    // Hop-by-hop headers stay behind; the rest goes as received.
+    assert_eq!(
+        call.headers,
+        vec![
+            (":path".to_string(), "/detached".to_string()),
+            ("x-trace".to_string(), "t1".to_string())
+        ]
+    );
+    assert!(ex.outlives_client());
+    ex
+}
+
+fn answer(status: &str, extra: &[(&str, &str)], body_size: usize) -> UpstreamAnswer {
+    let mut headers = vec![(":status".to_string(), status.as_bytes().to_vec())];
+    headers.extend(extra.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())));
+    UpstreamAnswer::Response { headers, body_size }
+}
+
+const MARK: (&str, &str) = ("x-envoy-upstream-service-time", "3");
+const DONE: &[u8] = b"{\"outcome\":\"done\"}\n";
+
+#[test]
+fn a_detached_answer_is_completed_then_relayed_whole() {
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(
+        answer(
+            "201",
+            &[
+                MARK,
+                ("set-cookie", "s=1"),
+                ("content-length", "6"),
+                ("content-type", "a/b"),
+            ],
+            6,
+        ),
+        || b"{\"a\":1}".to_vec(),
+    );
+    let Step::Call(call) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(call.path, COMPLETE_PATH);
+    let (complete, body) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!(
+        (complete.status, complete.body_stored, body),
+        (201, true, &b"{\"a\":1}"[..])
+    );
+    // The record keeps what a replay carries; the client gets all but framing.
+    assert_eq!(
+        complete.headers,
+        vec![("content-type".to_string(), "a/b".to_string())]
+    );
+    assert!(ex.outlives_client());
+    let Step::Respond(relay) = ex.store_reply(Some((200, DONE.to_vec()))) else {
+        panic!("expected the relay")
+    };
+    assert_eq!((relay.status, relay.body.as_slice()), (201, &b"{\"a\":1}"[..]));
+    let names: Vec<&str> = relay.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["x-envoy-upstream-service-time", "set-cookie", "content-type"]
+    );
+    assert_eq!(ex.settlement(), Some(Settlement::Completed));
+    assert!(!ex.outlives_client());
+}
+
+#[test]
+fn a_detached_completion_the_store_did_not_take_goes_to_the_store_client() {
+    for unanswered in [None, Some((503, vec![]))] {
+        let mut ex = forwarded();
+        let Step::Call(call) = ex.upstream_reply(answer("201", &[MARK], 2), || b"ok".to_vec()) else {
+            panic!("expected the completion")
+        };
+        let Step::Deliver(again, next) = ex.store_reply(unanswered) else {
+            panic!("expected the completion handed on")
+        };
+        assert_eq!(again, call);
+        assert!(matches!(*next, Step::Respond(ref r) if r.status == 201));
+        // Counted by the store client once the store confirms it.
+        assert_eq!(ex.settlement(), Some(Settlement::Completed));
+    }
+    // A store that decided (stale fence, refused frame) is not asked again.
+    for decided in [
+        Some((409, b"{\"outcome\":\"stale\"}\n".to_vec())),
+        Some((400, b"{}".to_vec())),
+    ] {
+        let mut ex = forwarded();
+        ex.upstream_reply(answer("201", &[MARK], 2), || b"ok".to_vec());
+        assert!(matches!(ex.store_reply(decided), Step::Respond(ref r) if r.status == 201));
+        assert_eq!(ex.settlement(), Some(Settlement::Failed));
+    }
+}
+
+#[test]
+fn envoys_own_answers_to_a_detached_request_are_classified() {
+    // No healthy host: never reached, released, relayed as Envoy wrote it.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("503", &[], 19), || b"no healthy upstream".to_vec());
+    assert_eq!(called_path(&step), RELEASE_PATH);
+    assert!(matches!(ex.store_reply(Some((200, DONE.to_vec()))), Step::Respond(ref r) if r.status == 503));
+    assert_eq!(ex.settlement(), Some(Settlement::Released));
+    // A timeout: the upstream may have acted.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("504", &[], 24), || b"upstream request timeout".to_vec());
+    assert_eq!(called_path(&step), MARK_UNKNOWN_PATH);
+    // The upstream's own 503 is its answer.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("503", &[MARK], 19), || b"no healthy upstream".to_vec());
+    assert_eq!(called_path(&step), COMPLETE_PATH);
+    // Envoy refused to send it: released, answered like Envoy's router would.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(UpstreamAnswer::Refused, Vec::new);
+    assert_eq!(called_path(&step), RELEASE_PATH);
+    assert!(matches!(ex.store_reply(Some((200, DONE.to_vec()))), Step::Respond(ref r) if r.status == 503));
+    // Reset after the response started: unknown, and the client is told so.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(UpstreamAnswer::Lost, Vec::new);
+    assert_eq!(called_path(&step), MARK_UNKNOWN_PATH);
+    assert_eq!(
+        problem_slug(&ex.store_reply(Some((200, DONE.to_vec())))),
+        (409, "outcome-unknown".into())
+    );
+}
+
+#[test]
+fn a_detached_answer_over_the_relay_limit_is_recorded_without_being_read() {
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("201", &[MARK], 17), || panic!("the body must not be read"));
+    let Step::Call(call) = step else {
+        panic!("{step:?}")
+    };
+    let (complete, _) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!((complete.status, complete.body_stored), (201, false));
+    let step = ex.store_reply(Some((200, DONE.to_vec())));
+    assert_eq!(problem_slug(&step), (409, "result-unavailable".into()));
+    let Step::Respond(r) = step else { unreachable!() };
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["original_status"], 201);
+}
+
+#[test]
+fn a_detached_answer_too_large_to_keep_still_reaches_the_client() {
+    let mut ex = forwarded();
+    let body = b"0123456789".to_vec();
+    let step = ex.upstream_reply(answer("201", &[MARK], body.len()), || body.clone());
+    let Step::Call(call) = step else {
+        panic!("{step:?}")
+    };
+    let (complete, _) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert!(!complete.body_stored);
+    assert!(matches!(ex.store_reply(Some((200, DONE.to_vec()))), Step::Respond(ref r) if r.body == body));
+}
+
+#[test]
+fn a_streaming_settlement_does_not_outlive_its_client() {
+    let mut ex = owned("/pay");
+    ex.response_headers(upstream(201, &[], true));
+    assert!(!ex.outlives_client());
+    // With the client gone mid-request, a detached exchange is marked unknown
+    // only when nobody can take it over.
+    let mut ex = forwarded();
+    assert_eq!(ex.finish().map(|c| c.path), Some(MARK_UNKNOWN_PATH));
 }
