@@ -7,6 +7,14 @@
 //! claim's carries a replayed body, the other calls' an empty one.
 //!
 //! Timestamps are milliseconds since the Unix epoch, taken by the store's clock.
+//!
+//! A *batch* (`/v1/batch`) carries several calls in one request: its frame's
+//! metadata is a [`Batch`] listing each call's path and length, its bytes the
+//! calls' own frames back to back. The reply's metadata is a [`BatchReply`]
+//! listing each call's status and length, its bytes the calls' own replies
+//! back to back, in the same order. Each call is decided on its own, exactly
+//! as if it had been sent alone; a refusal of one is its own result, never
+//! its neighbours'.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +27,7 @@ pub const COMPLETE_PATH: &str = "/v1/complete";
 pub const RELEASE_PATH: &str = "/v1/release";
 pub const MARK_UNKNOWN_PATH: &str = "/v1/mark-unknown";
 pub const ABANDON_PATH: &str = "/v1/abandon";
+pub const BATCH_PATH: &str = "/v1/batch";
 pub const FRAME_CONTENT_TYPE: &str = "application/vnd.idemgate.frame";
 
 /// Ask to own a key. The store answers with a [`ClaimReply`].
@@ -152,6 +161,7 @@ pub enum FenceReply {
 pub enum FrameError {
     MissingSeparator,
     Json(String),
+    Batch(&'static str),
 }
 
 impl std::fmt::Display for FrameError {
@@ -159,11 +169,104 @@ impl std::fmt::Display for FrameError {
         match self {
             FrameError::MissingSeparator => f.write_str("frame has no metadata line"),
             FrameError::Json(e) => write!(f, "frame metadata is not valid: {e}"),
+            FrameError::Batch(e) => write!(f, "batch lengths do not match its bytes: {e}"),
         }
     }
 }
 
 impl std::error::Error for FrameError {}
+
+/// The calls of a batch, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    pub calls: Vec<BatchCall>,
+}
+
+/// One call of a batch: where it would have been sent alone, and the length
+/// of its frame in the batch's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchCall {
+    pub path: String,
+    pub len: usize,
+}
+
+/// The answers of a batch, in the order of its calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchReply {
+    pub results: Vec<BatchResult>,
+}
+
+/// One call's answer: the status it would have had alone, and the length of
+/// its reply in the batch reply's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchResult {
+    pub status: u16,
+    pub len: usize,
+}
+
+/// The most calls one batch carries.
+pub const MAX_BATCH: usize = 64;
+
+/// A batch of `(path, frame)` calls.
+pub fn encode_batch(calls: &[(&str, &[u8])]) -> Vec<u8> {
+    let meta = Batch {
+        calls: calls
+            .iter()
+            .map(|(path, frame)| BatchCall {
+                path: path.to_string(),
+                len: frame.len(),
+            })
+            .collect(),
+    };
+    let bytes: Vec<u8> = calls
+        .iter()
+        .flat_map(|(_, frame)| frame.iter().copied())
+        .collect();
+    encode_frame(&meta, &bytes)
+}
+
+/// A batch's reply from each call's `(status, reply)`.
+pub fn encode_batch_reply(results: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let meta = BatchReply {
+        results: results
+            .iter()
+            .map(|(status, reply)| BatchResult {
+                status: *status,
+                len: reply.len(),
+            })
+            .collect(),
+    };
+    let bytes: Vec<u8> = results
+        .iter()
+        .flat_map(|(_, reply)| reply.iter().copied())
+        .collect();
+    encode_frame(&meta, &bytes)
+}
+
+/// Cuts a batch's (or a batch reply's) bytes into its parts' frames; the
+/// lengths must add up exactly.
+pub fn split_batch(
+    lens: impl IntoIterator<Item = usize>,
+    mut bytes: &[u8],
+) -> Result<Vec<&[u8]>, FrameError> {
+    let mut out = Vec::new();
+    for len in lens {
+        if len > bytes.len() {
+            return Err(FrameError::Batch("a part is longer than the bytes left"));
+        }
+        let (frame, rest) = bytes.split_at(len);
+        out.push(frame);
+        bytes = rest;
+    }
+    if !bytes.is_empty() {
+        return Err(FrameError::Batch("bytes are left after the last part"));
+    }
+    Ok(out)
+}
 
 /// Metadata line, `\n`, bytes.
 pub fn encode_frame<T: Serialize>(meta: &T, bytes: &[u8]) -> Vec<u8> {
@@ -193,6 +296,41 @@ pub fn decode_frame<'a, T: Deserialize<'a>>(frame: &'a [u8]) -> Result<(T, &'a [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_carries_its_calls_frames_back_to_back() {
+        let (a, b) = (
+            encode_frame(&serde_json::json!({"x": 1}), b"\nraw"),
+            encode_frame(&serde_json::json!({}), &[]),
+        );
+        let batch = encode_batch(&[(CLAIM_PATH, &a), (RELEASE_PATH, &b)]);
+        let (meta, bytes) = decode_frame::<Batch>(&batch).unwrap();
+        assert_eq!(
+            meta.calls.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(),
+            [CLAIM_PATH, RELEASE_PATH]
+        );
+        assert_eq!(
+            split_batch(meta.calls.iter().map(|c| c.len), bytes).unwrap(),
+            [&a[..], &b[..]]
+        );
+        let reply = encode_batch_reply(&[(200, b"one".to_vec()), (503, vec![])]);
+        let (meta, bytes) = decode_frame::<BatchReply>(&reply).unwrap();
+        assert_eq!(
+            meta.results.iter().map(|r| r.status).collect::<Vec<_>>(),
+            [200, 503]
+        );
+        assert_eq!(
+            split_batch(meta.results.iter().map(|r| r.len), bytes).unwrap(),
+            [&b"one"[..], &b""[..]]
+        );
+    }
+
+    #[test]
+    fn batch_lengths_must_add_up() {
+        assert!(split_batch([4], b"abc").is_err());
+        assert!(split_batch([2], b"abc").is_err());
+        assert_eq!(split_batch([1, 2], b"abc").unwrap(), [&b"a"[..], &b"bc"[..]]);
+    }
     use crate::key::Key;
     use crate::scope::Namespace;
     use serde_json::json;

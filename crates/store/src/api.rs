@@ -8,12 +8,13 @@
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::ProblemKind;
 use idemgate_core::protocol::{
-    decode_frame, encode_frame, AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
-    FRAME_CONTENT_TYPE,
+    decode_frame, encode_batch_reply, encode_frame, split_batch, AbandonRequest, Batch, ClaimRequest,
+    CompleteRequest, FenceReply, FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, FRAME_CONTENT_TYPE,
+    MARK_UNKNOWN_PATH, MAX_BATCH, RELEASE_PATH,
 };
 use serde::de::DeserializeOwned;
 
@@ -40,9 +41,8 @@ pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, Refusal> {
 }
 
 /// A frame whose metadata is all there is (claim, release, mark-unknown).
-async fn read_bare_frame<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Refusal> {
-    let bytes = read_body(state, body).await?;
-    let (req, rest) = decode::<T>(&bytes)?;
+fn bare_frame<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, Refusal> {
+    let (req, rest) = decode::<T>(bytes)?;
     if !rest.is_empty() {
         return Err(Refusal::bad_request(
             "this frame carries no bytes after its metadata line",
@@ -88,69 +88,97 @@ pub fn validate_response(status: u16, headers: &[(String, String)]) -> Result<()
     Ok(())
 }
 
-fn fence_reply(reply: FenceReply) -> Response {
+/// A call's answer: its status and frame.
+type Answered = (StatusCode, Vec<u8>);
+
+fn fence_reply(reply: FenceReply) -> Answered {
     let status = match reply {
         FenceReply::Done => StatusCode::OK,
         FenceReply::Stale => StatusCode::CONFLICT,
     };
-    (
-        status,
-        [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
-        encode_frame(&reply, &[]),
-    )
-        .into_response()
+    (status, encode_frame(&reply, &[]))
 }
 
-pub async fn claim(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
-    let req = read_bare_frame::<ClaimRequest>(&state, body).await?;
-    validate_claim(&req).map_err(Refusal::bad_request)?;
-    let outcome = state.store.claim(&req).await?;
-    tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
-    Ok((
-        [(CONTENT_TYPE, FRAME_CONTENT_TYPE)],
-        encode_frame(&outcome.reply, &outcome.body),
-    )
-        .into_response())
-}
-
-pub async fn complete(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
-    let bytes = read_body(&state, body).await?;
-    let (req, rest) = decode::<CompleteRequest>(&bytes)?;
-    validate_response(req.status, &req.headers).map_err(Refusal::bad_request)?;
-    if !req.body_stored && !rest.is_empty() {
-        return Err(Refusal::bad_request(
-            "body_stored is false but the frame carries bytes",
-        ));
+/// Decides one call of the filter's API, sent alone or in a batch.
+async fn call(state: &AppState, path: &str, bytes: Bytes) -> Result<Answered, Refusal> {
+    match path {
+        CLAIM_PATH => {
+            let req = bare_frame::<ClaimRequest>(&bytes)?;
+            validate_claim(&req).map_err(Refusal::bad_request)?;
+            let outcome = state.store.claim(&req).await?;
+            tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
+            Ok((StatusCode::OK, encode_frame(&outcome.reply, &outcome.body)))
+        }
+        COMPLETE_PATH => {
+            let (req, rest) = decode::<CompleteRequest>(&bytes)?;
+            validate_response(req.status, &req.headers).map_err(Refusal::bad_request)?;
+            if !req.body_stored && !rest.is_empty() {
+                return Err(Refusal::bad_request(
+                    "body_stored is false but the frame carries bytes",
+                ));
+            }
+            let reply = state.store.complete(&req, &rest).await?;
+            tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
+            Ok(fence_reply(reply))
+        }
+        RELEASE_PATH | MARK_UNKNOWN_PATH => {
+            let req = bare_frame::<FenceRequest>(&bytes)?;
+            let mark_unknown = path == MARK_UNKNOWN_PATH;
+            let reply = if mark_unknown {
+                state.store.mark_unknown(&req).await?
+            } else {
+                state.store.release(&req).await?
+            };
+            tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
+            Ok(fence_reply(reply))
+        }
+        ABANDON_PATH => {
+            let req = bare_frame::<AbandonRequest>(&bytes)?;
+            let reply = state.store.abandon(&req).await?;
+            tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
+            Ok(fence_reply(reply))
+        }
+        _ => Err(Refusal::new(
+            ProblemKind::NotFound,
+            format!("{path} is not a call of /v1"),
+        )),
     }
-    let reply = state.store.complete(&req, &rest).await?;
-    tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
-    Ok(fence_reply(reply))
 }
 
-async fn fence_call(state: AppState, body: Body, mark_unknown: bool) -> Result<Response, Refusal> {
-    let req = read_bare_frame::<FenceRequest>(&state, body).await?;
-    let reply = if mark_unknown {
-        state.store.mark_unknown(&req).await?
-    } else {
-        state.store.release(&req).await?
-    };
-    tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
-    Ok(fence_reply(reply))
+/// One call sent alone: `POST` to its path.
+pub async fn single(State(state): State<AppState>, uri: Uri, body: Body) -> Result<Response, Refusal> {
+    let bytes = read_body(&state, body).await?;
+    let (status, frame) = call(&state, uri.path(), bytes).await?;
+    Ok((status, [(CONTENT_TYPE, FRAME_CONTENT_TYPE)], frame).into_response())
 }
 
-pub async fn release(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
-    fence_call(state, body, false).await
-}
-
-pub async fn mark_unknown(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
-    fence_call(state, body, true).await
-}
-
-pub async fn abandon(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
-    let req = read_bare_frame::<AbandonRequest>(&state, body).await?;
-    let reply = state.store.abandon(&req).await?;
-    tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
-    Ok(fence_reply(reply))
+/// Several calls in one request (`/v1/batch`), decided concurrently, each on
+/// its own: a refused or failed call answers with its own problem, as it
+/// would alone. On SQLite the writer commits them together.
+pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
+    let bytes = read_body(&state, body).await?;
+    let (meta, rest) = decode::<Batch>(&bytes)?;
+    if meta.calls.is_empty() || meta.calls.len() > MAX_BATCH {
+        return Err(Refusal::bad_request(format!(
+            "a batch carries 1 to {MAX_BATCH} calls"
+        )));
+    }
+    let frames = split_batch(meta.calls.iter().map(|c| c.len), &rest)
+        .map_err(|e| Refusal::bad_request(e.to_string()))?;
+    let calls = meta
+        .calls
+        .iter()
+        .zip(frames)
+        .map(|(c, frame)| call(&state, &c.path, rest.slice_ref(frame)));
+    let results: Vec<(u16, Vec<u8>)> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|answered| match answered {
+            Ok((status, frame)) => (status.as_u16(), frame),
+            Err(refusal) => refusal.render(&state.settings.doc_base),
+        })
+        .collect();
+    Ok(([(CONTENT_TYPE, FRAME_CONTENT_TYPE)], encode_batch_reply(&results)).into_response())
 }
 
 pub async fn healthz() -> &'static str {

@@ -119,6 +119,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", idemgate_core::protocol::RELEASE_PATH),
     ("post", idemgate_core::protocol::MARK_UNKNOWN_PATH),
     ("post", idemgate_core::protocol::ABANDON_PATH),
+    ("post", idemgate_core::protocol::BATCH_PATH),
     ("post", admin::LOOKUP_PATH),
     ("get", admin::UNKNOWN_PATH),
     ("get", admin::STUCK_PATH),
@@ -129,13 +130,16 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 /// The whole HTTP surface.
 pub fn app(state: AppState) -> Router {
-    use idemgate_core::protocol::{ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
+    use idemgate_core::protocol::{
+        ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    };
     let v1 = Router::new()
-        .route(CLAIM_PATH, post(api::claim))
-        .route(COMPLETE_PATH, post(api::complete))
-        .route(RELEASE_PATH, post(api::release))
-        .route(MARK_UNKNOWN_PATH, post(api::mark_unknown))
-        .route(ABANDON_PATH, post(api::abandon))
+        .route(CLAIM_PATH, post(api::single))
+        .route(COMPLETE_PATH, post(api::single))
+        .route(RELEASE_PATH, post(api::single))
+        .route(MARK_UNKNOWN_PATH, post(api::single))
+        .route(ABANDON_PATH, post(api::single))
+        .route(BATCH_PATH, post(api::batch))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_api,

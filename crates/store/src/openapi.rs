@@ -6,7 +6,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::admin;
-use idemgate_core::protocol::{ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH};
+use idemgate_core::protocol::{
+    ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+};
 
 fn frame_body(what: &str) -> Value {
     json!({
@@ -129,6 +131,14 @@ pub fn document() -> Value {
         ),
     );
     paths.insert(
+        BATCH_PATH.into(),
+        api_op(
+            "Several of the calls above in one request, each decided on its own as if sent alone (at most 64): metadata Batch, then the calls' frames back to back; the reply's metadata is BatchReply, then each call's reply (frame or problem) back to back",
+            "Batch",
+            json!({ "200": { "description": "A frame: BatchReply metadata, then the calls' replies in order", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/BatchReply" } } } } }),
+        ),
+    );
+    paths.insert(
         admin::LOOKUP_PATH.into(),
         admin_post(
             "Every generation (archived and ended ones included) and every event of a tenant's key; the key travels in the body, never in the URL",
@@ -203,6 +213,8 @@ pub fn document() -> Value {
                 "CompleteRequest": { "type": "object", "required": ["scope", "fence", "status", "headers", "body_stored"] },
                 "FenceRequest": { "type": "object", "required": ["scope", "fence"] },
                 "AbandonRequest": { "type": "object", "required": ["scope", "attempt"] },
+                "Batch": { "type": "object", "required": ["calls"], "properties": { "calls": { "type": "array", "maxItems": 64, "items": { "type": "object", "required": ["path", "len"], "properties": { "path": { "type": "string" }, "len": { "type": "integer" } } } } } },
+                "BatchReply": { "type": "object", "required": ["results"], "properties": { "results": { "type": "array", "items": { "type": "object", "required": ["status", "len"], "properties": { "status": { "type": "integer" }, "len": { "type": "integer" } } } } } },
                 "FenceReply": { "type": "object", "properties": { "outcome": { "enum": ["done", "stale"] } } },
                 "Record": { "type": "object", "description": "Everything stored about a record except its body" },
                 "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" } } },

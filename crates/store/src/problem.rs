@@ -32,6 +32,12 @@ impl Refusal {
     pub fn bad_request(detail: impl Into<String>) -> Refusal {
         Refusal::new(ProblemKind::BadRequest, detail)
     }
+
+    /// Status and problem document, for a call answered inside a batch.
+    pub fn render(&self, doc_base: &str) -> (u16, Vec<u8>) {
+        let reply = self.0.render(doc_base);
+        (reply.status, reply.body)
+    }
 }
 
 impl From<StoreError> for Refusal {

@@ -519,3 +519,50 @@ async fn run_serves_on_a_listener_until_shutdown() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_batch_decides_each_call_on_its_own() {
+    use idemgate_core::protocol::{encode_batch, split_batch, BatchReply};
+    let h = harness().await;
+    let k1 = frame(&claim_json("acme", "b1"), b"");
+    let k2 = frame(&claim_json("acme", "b2"), b"");
+    let bad = frame(&serde_json::json!({"scope": "nonsense"}), b"");
+    let batch = encode_batch(&[
+        ("/v1/claim", &k1),
+        ("/v1/claim", &bad),
+        ("/v1/nowhere", &k2),
+        ("/v1/claim", &k2),
+        ("/v1/claim", &k1),
+    ]);
+    let r = h.send("POST", "/v1/batch", Some(API), batch).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let (meta, bytes) = decode_frame::<BatchReply>(&r.body).unwrap();
+    let replies = split_batch(meta.results.iter().map(|r| r.len), bytes).unwrap();
+    let statuses: Vec<u16> = meta.results.iter().map(|r| r.status).collect();
+    // A refused call answers with its own problem; its neighbours go on.
+    assert_eq!(statuses, [200, 400, 404, 200, 200]);
+    let problem: serde_json::Value = serde_json::from_slice(replies[1]).unwrap();
+    assert_eq!(problem["type"], "https://docs.example/problems/bad-request");
+    let claim = |i: usize| decode_frame::<ClaimReply>(replies[i]).unwrap().0;
+    assert!(matches!(claim(3), ClaimReply::Owned { .. }));
+    // The same key twice in one batch: exactly one owns it.
+    let owned = [claim(0), claim(4)]
+        .iter()
+        .filter(|c| matches!(c, ClaimReply::Owned { .. }))
+        .count();
+    assert_eq!(owned, 1, "{:?} {:?}", claim(0), claim(4));
+    // A batch whose lengths do not add up is refused whole.
+    let mut broken = encode_batch(&[("/v1/claim", &k1)]);
+    broken.push(b'x');
+    h.send("POST", "/v1/batch", Some(API), broken)
+        .await
+        .assert_problem(400, "bad-request");
+    h.send("POST", "/v1/batch", Some(API), encode_batch(&[]))
+        .await
+        .assert_problem(400, "bad-request");
+    // The API credential guards it like every other call.
+    let r = h
+        .send("POST", "/v1/batch", None, encode_batch(&[("/v1/claim", &k1)]))
+        .await;
+    assert_eq!(r.status, 401);
+}
