@@ -68,8 +68,9 @@ demo: wasm
 	else echo "make demo: not yet"; fi
 
 # Side-by-side benchmark (scripts/bench.sh): Envoy with and without the filter,
-# the store on SQLite and PostgreSQL, the replay path, and express-idempotency as
-# the peer. Writes bench/results/ and the README's Performance section.
+# the store on SQLite (new keys with streaming and with detached forwarding) and
+# PostgreSQL, the replay path, and express-idempotency as the peer. Writes
+# bench/results/ and the README's Performance section.
 bench:
 	@scripts/setup.sh bench
 	@scripts/wasm.sh

@@ -12,7 +12,8 @@ from pathlib import Path
 NAMES = {
     "reference": "1. Envoy passthrough (baseline; mean of its runs)",
     "uncovered": "2. Envoy + filter, uncovered route",
-    "sqlite": "3. + store on SQLite, new keys",
+    "sqlite": "3. + store on SQLite, new keys, streaming forwarding",
+    "sqlite-detached": "3a. the same, detached forwarding",
     "sqlite-normal": "3b. the same, SQLite synchronous=normal",
     "postgres": "4. + store on PostgreSQL, new keys",
     "replay": "5. replay of completed keys (SQLite)",
@@ -23,13 +24,14 @@ SHORT = {
     "reference": "1 baseline",
     "uncovered": "2 uncovered",
     "sqlite": "3 SQLite",
+    "sqlite-detached": "3a SQLite detached",
     "sqlite-normal": "3b SQLite normal",
     "postgres": "4 PostgreSQL",
     "replay": "5 replay",
     "peer-base": "6a peer base",
     "peer": "6 peer",
 }
-ORDER = ["reference", "uncovered", "sqlite", "sqlite-normal", "postgres", "replay",
+ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "postgres", "replay",
          "peer-base", "peer"]
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 COUNTERS = ["owned", "replayed", "conflict", "store_error", "passed", "invalid", "missing"]
@@ -210,11 +212,12 @@ def summarize(meta, scen, extra, probes):
     if idle:
         mem["envoy_idle_without_rss_kb"] = idle.get("without")
         mem["envoy_idle_with_rss_kb"] = idle.get("with")
-    with_filter = [scen[n] for n in ("uncovered", "sqlite", "sqlite-normal", "replay", "postgres") if n in scen]
+    with_filter = [scen[n] for n in ("uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "replay", "postgres")
+                   if n in scen]
     if with_filter:
         mem["envoy_with_filter_rss_kb"] = max(s["envoy_rss_kb"] for s in with_filter)
         mem["envoy_with_filter_hwm_kb"] = max(s["envoy_hwm_kb"] for s in with_filter)
-    for n in ("sqlite", "sqlite-normal", "replay", "postgres"):
+    for n in ("sqlite", "sqlite-detached", "sqlite-normal", "replay", "postgres"):
         if n in scen:
             mem[f"store_{n}_rss_kb"] = scen[n]["store_rss_kb"]
             mem[f"store_{n}_hwm_kb"] = scen[n]["store_hwm_kb"]
@@ -292,6 +295,29 @@ def targets(summary):
     return out
 
 
+FORWARDING_MODES = (
+    "3 and 3a are the two forwarding modes side by side: the same new-key requests, each on a fresh "
+    "SQLite store and alternating with its own baseline runs. 3 forwards by streaming (the default: "
+    "through Envoy's router); 3a's policy sets `\"forwarding\": {\"mode\": \"detached\"}` (on "
+    "`/pay-detached`): the filter sends the upstream request itself as an HTTP call to the route's "
+    "cluster, takes in the whole response, completes the record, then relays it."
+)
+
+
+def forwarding_modes(summary):
+    """One sentence comparing 3a (detached) with 3 (streaming); None without both."""
+    s, d = row_of(summary, "sqlite"), row_of(summary, "sqlite-detached")
+    if not s or not d:
+        return None
+    parts = [f"req/s {d.get('rps_x', 0):.2f}× baseline vs {s.get('rps_x', 0):.2f}×",
+             f"added p50 {d.get('added_p50_ms', 0):+.2f} ms vs {s.get('added_p50_ms', 0):+.2f} ms"]
+    if "one_added_p50_ms" in d and "one_added_p50_ms" in s:
+        parts.append(f"at 1 connection {d['one_added_p50_ms']:+.2f} ms vs {s['one_added_p50_ms']:+.2f} ms")
+    if d.get("cpu_us_total") and s.get("cpu_us_total"):
+        parts.append(f"CPU per request {d['cpu_us_total']:.0f} µs vs {s['cpu_us_total']:.0f} µs")
+    return "Detached vs streaming (3a vs 3): " + "; ".join(parts) + "."
+
+
 def fmt_counters(c):
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
 
@@ -329,6 +355,10 @@ def markdown(summary):
         "are the rounds' medians (its baseline's pooled req/s is in the last column). Row 1 pools all",
         "baseline runs. Latencies in ms; \"@1\" is the one-connection run after each measurement.",
         "",
+    ]
+    if row_of(summary, "sqlite-detached"):
+        out += [FORWARDING_MODES, ""]
+    out += [
         f"| scenario | req/s | × base | p50 | × base | p99 | × base | p99.9 | × base "
         f"| added p50 | added p99 | non-2xx | p50 @1 | added p50 @1 | added p99 @1 | filter counters | its baseline req/s |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|",
@@ -341,6 +371,9 @@ def markdown(summary):
             f"| {r.get('one_p50_ms', 0):.2f} | {r.get('one_added_p50_ms', 0):+.2f} | {r.get('one_added_p99_ms', 0):+.2f} "
             f"| {fmt_counters(r['counters'])} | {r['paired_baseline_rps'] or 0:.0f} |"
         )
+    modes = forwarding_modes(summary)
+    if modes:
+        out += ["", modes]
     out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
             "|---|---|---|"]
     for t, v, ok in targets(summary):
@@ -379,6 +412,7 @@ def markdown(summary):
             f"| Envoy without the filter (largest after a baseline run) | {kb('envoy_without_filter_rss_kb')} | {kb('envoy_without_filter_hwm_kb')} |",
             f"| Envoy with the filter (largest after 2–5) | {kb('envoy_with_filter_rss_kb')} | {kb('envoy_with_filter_hwm_kb')} |",
             f"| store on SQLite (after 3) | {kb('store_sqlite_rss_kb')} | {kb('store_sqlite_hwm_kb')} |",
+            f"| store on SQLite, detached forwarding (after 3a) | {kb('store_sqlite-detached_rss_kb')} | {kb('store_sqlite-detached_hwm_kb')} |",
             f"| store on SQLite (after 5) | {kb('store_replay_rss_kb')} | {kb('store_replay_hwm_kb')} |",
             f"| store on SQLite, synchronous=normal (after 3b) | {kb('store_sqlite-normal_rss_kb')} | {kb('store_sqlite-normal_hwm_kb')} |",
             f"| store on PostgreSQL (after 4; the server's own memory not counted) | {kb('store_postgres_rss_kb')} | {kb('store_postgres_hwm_kb')} |",
@@ -461,6 +495,8 @@ def readme_section(summary):
         out.append(f"| {r['label']} | {r.get('rps_x', 0):.2f} | {r.get('p50_x', 0):.2f} | {r.get('p99_x', 0):.2f} "
                    f"| {r.get('p999_x', 0):.2f} | {r.get('added_p50_ms', 0):+.2f} ms | {r.get('one_added_p50_ms', 0):+.2f} ms "
                    f"| {r.get('cpu_x', 0):.2f} |")
+    if row_of(summary, "sqlite") and row_of(summary, "sqlite-detached"):
+        out += ["", FORWARDING_MODES + " " + forwarding_modes(summary)]
     p = summary["probes"]
     if "idemgate" in p and "peer" in p:
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler executed it "

@@ -7,6 +7,9 @@
 #                  of 2-5 (the ratios of each are to its own baseline run)
 #   2 uncovered    Envoy + filter, a route no policy covers
 #   3 sqlite       Envoy + filter + store on SQLite, a new key per request
+#                  (streaming forwarding: through Envoy's router)
+#   3a             3 with detached forwarding (/pay-detached: the filter makes
+#                  the upstream call itself), on a fresh SQLite file
 #   3b             3 with SQLite synchronous=normal (what the fsync costs)
 #   4 postgres     the same with the store on PostgreSQL
 #   5 replay       retries of completed keys (store on SQLite)
@@ -249,6 +252,14 @@ say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler)"
 probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions")
 echo "$probe"
 record "{\"probe\":\"idemgate\",\"result\":$probe}"
+stop "$store_pid"
+
+# 3a. 3 with detached forwarding: the same requests to /pay-detached, whose
+# policy has the filter send the upstream request as its own call to the
+# route's cluster and relay the response once the record is complete. On a
+# fresh file, as 3 started on one.
+start_store "sqlite://$W/store-detached.db"
+paired sqlite-detached with /pay-detached unique sd
 stop "$store_pid"
 
 # 3b. What SQLite's fsync per group commit costs: the same as 3 on a fresh file
