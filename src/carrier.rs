@@ -1,15 +1,17 @@
-//! Carries out the steps of one request's exchange: held by the request's
-//! HTTP context, or, once the client has left while the exchange must go on
-//! (detached forwarding), by the root, which hears the answers to its calls.
+//! Carries out the steps of one request's exchange. Shared between the
+//! request's HTTP context and the worker's [`Shared`] registry: the answer to
+//! any of its callouts reaches it through the registry, whichever context
+//! Envoy handed the answer to, and after the client has left a detached
+//! exchange lives on there until its last callout is answered.
 
 use std::rc::Rc;
 
-use idemgate_core::config::Config;
-use idemgate_core::exchange::{Exchange, Settlement, Step, StoreCall, UpstreamAnswer};
+use idemgate_core::exchange::{Exchange, Settlement, Step, StoreAnswer, StoreCall, UpstreamAnswer};
 use proxy_wasm::types::{Action, LogLevel};
 
+use crate::client::Owner;
 use crate::host;
-use crate::root::Shared;
+use crate::shared::Shared;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -17,24 +19,17 @@ pub enum Direction {
     Response,
 }
 
-/// Who a call in flight went to.
-#[derive(Clone, Copy)]
-enum Callee {
-    Store,
-    Upstream,
-}
-
-/// A call in flight, and the direction held until it is answered.
+/// Who a call in flight went to, and the direction held until it answers.
 #[derive(Clone, Copy)]
 struct Waiting {
-    token: u32,
-    callee: Callee,
+    upstream: bool,
     direction: Direction,
 }
 
 pub struct Carrier {
     pub exchange: Exchange,
-    config: Rc<Config>,
+    /// The request's HTTP context.
+    owner: Owner,
     shared: Rc<Shared>,
     /// A call was handed to the root's store client, which counts its
     /// settlement once the store confirms it.
@@ -47,10 +42,10 @@ pub struct Carrier {
 }
 
 impl Carrier {
-    pub fn new(exchange: Exchange, config: Rc<Config>, shared: Rc<Shared>) -> Carrier {
+    pub fn new(exchange: Exchange, owner: Owner, shared: Rc<Shared>) -> Carrier {
         Carrier {
             exchange,
-            config,
+            owner,
             shared,
             delivered: false,
             request_seen: 0,
@@ -59,7 +54,7 @@ impl Carrier {
         }
     }
 
-    /// Carries out a step inside a stream callback.
+    /// Carries out a step.
     pub fn act(&mut self, step: Step, direction: Direction) -> Action {
         match step {
             Step::Continue => Action::Continue,
@@ -75,33 +70,29 @@ impl Carrier {
                 self.act(*next, direction)
             }
             Step::Call(call) => {
-                let token = host::dispatch(self.config.store(), &call);
-                self.wait(token, Callee::Store, direction)
+                let store = self.shared.config.store();
+                let sent = self.shared.client.borrow_mut().submit(store, self.owner, call);
+                if !sent {
+                    let next = self.exchange.store_reply(None);
+                    return self.act(next, direction);
+                }
+                self.wait(false, direction)
             }
             Step::Forward(call) => {
                 let body = host::request_body(0, self.request_seen);
-                let token = host::dispatch_upstream(&call, &body);
-                self.wait(token, Callee::Upstream, direction)
+                let Some(token) = host::dispatch_upstream(&call, &body) else {
+                    let next = self.exchange.upstream_reply(UpstreamAnswer::Refused, Vec::new);
+                    return self.act(next, direction);
+                };
+                self.shared.upstream_sent(token, self.owner);
+                self.wait(true, direction)
             }
         }
     }
 
-    /// Holds the stream until the call's answer, or carries on at once with
-    /// no answer when Envoy refused to send it.
-    fn wait(&mut self, token: Option<u32>, callee: Callee, direction: Direction) -> Action {
-        if let Some(token) = token {
-            self.waiting = Some(Waiting {
-                token,
-                callee,
-                direction,
-            });
-            return Action::Pause;
-        }
-        let next = match callee {
-            Callee::Store => self.exchange.store_reply(None),
-            Callee::Upstream => self.exchange.upstream_reply(UpstreamAnswer::Refused, Vec::new),
-        };
-        self.act(next, direction)
+    fn wait(&mut self, upstream: bool, direction: Direction) -> Action {
+        self.waiting = Some(Waiting { upstream, direction });
+        Action::Pause
     }
 
     /// Hands a call to the root's store client, to be counted as the
@@ -112,31 +103,35 @@ impl Carrier {
         self.delivered = true;
     }
 
-    /// The answer to the call in flight (`on_http_call_response`).
-    pub fn answered(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let Some(waiting) = self.waiting.take_if(|w| w.token == token) else {
+    /// The store's answer to the call in flight.
+    pub fn store_answered(&mut self, answer: StoreAnswer) {
+        self.answered(false, |ex| ex.store_reply(answer));
+        if let Some((status, detail)) = self.exchange.take_store_refusal() {
+            self.shared.metrics.config_error(status, &detail);
+        }
+    }
+
+    /// The answer to the detached upstream request in flight.
+    pub fn upstream_answered(&mut self, num_headers: usize, body_size: usize) {
+        self.answered(true, |ex| {
+            let answer = match host::call_response_headers(num_headers) {
+                Some(headers) => UpstreamAnswer::Response { headers, body_size },
+                None => UpstreamAnswer::Lost,
+            };
+            ex.upstream_reply(answer, || host::call_response_body(body_size))
+        });
+    }
+
+    /// Feeds an answer to the exchange and carries out its step on this
+    /// request's stream (the answer may have reached another context).
+    fn answered(&mut self, upstream: bool, feed: impl FnOnce(&mut Exchange) -> Step) {
+        let Some(waiting) = self.waiting.take_if(|w| w.upstream == upstream) else {
             return;
         };
-        let step = match waiting.callee {
-            Callee::Store => {
-                let step = self
-                    .exchange
-                    .store_reply(host::store_answer(num_headers, body_size));
-                if let Some((status, detail)) = self.exchange.take_store_refusal() {
-                    self.shared.metrics.config_error(status, &detail);
-                }
-                step
-            }
-            Callee::Upstream => {
-                let answer = match host::call_response_headers(num_headers) {
-                    Some(headers) => UpstreamAnswer::Response { headers, body_size },
-                    None => UpstreamAnswer::Lost,
-                };
-                self.exchange
-                    .upstream_reply(answer, || host::call_response_body(body_size))
-            }
-        };
-        // Outside a stream callback: resume the stream ourselves.
+        if self.attached {
+            host::set_effective_context(self.owner);
+        }
+        let step = feed(&mut self.exchange);
         match self.act(step, waiting.direction) {
             Action::Continue if self.attached && waiting.direction == Direction::Request => {
                 host::resume_request()
@@ -146,21 +141,22 @@ impl Carrier {
         }
     }
 
-    /// The call in flight, if any.
-    pub fn pending(&self) -> Option<u32> {
-        self.waiting.map(|w| w.token)
+    pub fn pending(&self) -> bool {
+        self.waiting.is_some()
     }
 
-    /// The client has left (`on_log`). Returns the token under which the
-    /// root must hold this carrier when the exchange goes on without the
-    /// client; otherwise settles what was left open and counts the request.
-    pub fn client_left(&mut self) -> Option<u32> {
+    pub fn attached(&self) -> bool {
+        self.attached
+    }
+
+    /// The client has left (`on_log`). Returns whether the exchange goes on
+    /// without it (a detached request or its completion is in flight);
+    /// otherwise settles what was left open and counts the request.
+    pub fn client_left(&mut self) -> bool {
         self.attached = false;
-        if self.exchange.outlives_client() {
-            if let Some(token) = self.pending() {
-                self.shared.metrics.count(self.exchange.handling(), None);
-                return Some(token);
-            }
+        if self.exchange.outlives_client() && self.pending() {
+            self.shared.metrics.count(self.exchange.handling(), None);
+            return true;
         }
         // The store's answer to a call sent from here would find nobody:
         // the root sends it and counts the settlement once the store confirms.
@@ -183,10 +179,10 @@ impl Carrier {
             self.exchange.settlement()
         };
         self.shared.metrics.count(self.exchange.handling(), settlement);
-        None
+        false
     }
 
-    /// The root cannot hold this exchange: it ends as if streaming (the
+    /// Nobody can take this exchange over: it ends as if streaming (the
     /// record is marked unknown).
     pub fn give_up(&mut self) {
         if let Some(call) = self.exchange.finish() {
@@ -195,8 +191,8 @@ impl Carrier {
         self.close();
     }
 
-    /// A detached exchange the root held has no call left in flight: counts
-    /// its settlement (unless the root's store client will).
+    /// An exchange whose client has left has no callout left in flight:
+    /// counts its settlement (unless the root's store client will).
     pub fn close(&self) {
         if let (false, Some(settlement)) = (self.delivered, self.exchange.settlement()) {
             self.shared.metrics.count_settlement(settlement);

@@ -93,6 +93,14 @@ fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
         .unwrap_or_default()
 }
 
+/// Makes the request of HTTP context `id` the one later calls act on: an
+/// answer for one request may arrive in another's callback.
+pub fn set_effective_context(id: u32) {
+    if hostcalls::set_effective_context(id).is_err() {
+        log(LogLevel::Warn, "could not switch to a request's context");
+    }
+}
+
 pub fn resume_request() {
     if hostcalls::resume_http_request().is_err() {
         log(LogLevel::Warn, "could not resume the request");

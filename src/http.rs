@@ -1,10 +1,11 @@
 //! One request's HTTP context: reads what the exchange needs from Envoy and
 //! carries out the steps it returns.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use idemgate_core::claims::claim_in_metadata;
-use idemgate_core::config::{Config, Forwarding};
+use idemgate_core::config::Forwarding;
 use idemgate_core::exchange::{Exchange, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
 use idemgate_core::protocol::Attempt;
@@ -12,27 +13,30 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use crate::carrier::{Carrier, Direction};
+use crate::client::Owner;
 use crate::host;
-use crate::root::Shared;
+use crate::shared::Shared;
 
 /// The filter whose dynamic metadata holds verified JWT payloads.
 const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 
 pub struct Filter {
-    config: Option<Rc<Config>>,
-    shared: Rc<Shared>,
+    /// This HTTP context's id.
+    owner: Owner,
+    /// `None` while the filter has no valid configuration.
+    shared: Option<Rc<Shared>>,
     /// This request's claim attempt id, unique on the worker.
     attempt: Option<Attempt>,
     /// Set once a policy covers the request.
-    carrier: Option<Carrier>,
+    carrier: Option<Rc<RefCell<Carrier>>>,
     /// Response body bytes already handed to the exchange.
     response_seen: usize,
 }
 
 impl Filter {
-    pub fn new(config: Option<Rc<Config>>, shared: Rc<Shared>, attempt: Option<Attempt>) -> Filter {
+    pub fn new(owner: Owner, shared: Option<Rc<Shared>>, attempt: Option<Attempt>) -> Filter {
         Filter {
-            config,
+            owner,
             shared,
             attempt,
             carrier: None,
@@ -41,28 +45,35 @@ impl Filter {
     }
 
     /// Feeds the exchange and carries out its step.
-    fn drive(&mut self, direction: Direction, feed: impl FnOnce(&mut Exchange) -> Step) -> Action {
-        let Some(carrier) = self.carrier.as_mut() else {
+    fn drive(&mut self, direction: Direction, feed: impl FnOnce(&mut Carrier) -> Step) -> Action {
+        let Some(carrier) = &self.carrier else {
             return Action::Continue;
         };
-        let step = feed(&mut carrier.exchange);
+        let mut carrier = carrier.borrow_mut();
+        let step = feed(&mut carrier);
         carrier.act(step, direction)
+    }
+
+    /// Reads something of the exchange (`None` when the request is not covered).
+    fn exchange<T>(&self, read: impl FnOnce(&Exchange) -> T) -> Option<T> {
+        self.carrier.as_ref().map(|c| read(&c.borrow().exchange))
     }
 }
 
 impl Context for Filter {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        if let Some(carrier) = self.carrier.as_mut() {
-            carrier.answered(token, num_headers, body_size);
+        if let Some(shared) = &self.shared {
+            shared.answer(token, num_headers, body_size);
         }
     }
 }
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (Some(config), Some(attempt)) = (self.config.clone(), self.attempt.take()) else {
+        let (Some(shared), Some(attempt)) = (self.shared.clone(), self.attempt.take()) else {
             return Action::Continue;
         };
+        let config = shared.config.clone();
         // Three lookups decide whether the request is ours; only then is the
         // whole header map copied out of Envoy.
         let pseudo =
@@ -94,73 +105,70 @@ impl HttpContext for Filter {
             route_cluster.as_deref(),
             end_of_stream,
         );
-        let (exchange, step) = Exchange::begin(config.clone(), policy, head, attempt);
-        let carrier = self
-            .carrier
-            .insert(Carrier::new(exchange, config, self.shared.clone()));
-        carrier.act(step, Direction::Request)
+        let (exchange, step) = Exchange::begin(config, policy, head, attempt);
+        let carrier = Rc::new(RefCell::new(Carrier::new(exchange, self.owner, shared.clone())));
+        shared.register(self.owner, carrier.clone());
+        self.carrier = Some(carrier);
+        self.drive(Direction::Request, |_| step)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(carrier) = self.carrier.as_mut() else {
-            return Action::Continue;
-        };
-        let seen = carrier.request_seen;
-        let chunk = host::request_body(seen, body_size.saturating_sub(seen));
-        carrier.request_seen = body_size;
-        let step = carrier.exchange.request_body(&chunk, end_of_stream);
-        carrier.act(step, Direction::Request)
+        self.drive(Direction::Request, |c| {
+            let seen = c.request_seen;
+            let chunk = host::request_body(seen, body_size.saturating_sub(seen));
+            c.request_seen = body_size;
+            c.exchange.request_body(&chunk, end_of_stream)
+        })
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.drive(Direction::Request, |ex| ex.request_body(&[], true))
+        self.drive(Direction::Request, |c| c.exchange.request_body(&[], true))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(carrier) = self.carrier.as_ref() else {
+        let Some((owns, echo)) = self.exchange(|ex| (ex.owns_response(), ex.key_echo().map(str::to_string)))
+        else {
             return Action::Continue;
         };
-        let ex = &carrier.exchange;
-        let lines = if ex.owns_response() {
+        let lines = if owns {
             host::response_headers()
         } else {
             Vec::new()
         };
         host::remove_response_header(CONTROL_HEADER);
-        if let Some(key) = ex.key_echo() {
-            host::set_response_header(KEY_HEADER, key);
+        if let Some(key) = echo {
+            host::set_response_header(KEY_HEADER, &key);
         }
-        if !ex.owns_response() {
+        if !owns {
             return Action::Continue;
         }
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
         let head = headers::response_head(lines, &String::from_utf8_lossy(&details), end_of_stream);
-        self.drive(Direction::Response, |ex| ex.response_headers(head))
+        self.drive(Direction::Response, |c| c.exchange.response_headers(head))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.carrier.as_ref().is_some_and(|c| c.exchange.owns_response()) {
+        if self.exchange(Exchange::owns_response) != Some(true) {
             return Action::Continue;
         }
         let chunk = host::response_body(self.response_seen, body_size.saturating_sub(self.response_seen));
-        let action = self.drive(Direction::Response, |ex| ex.response_body(&chunk, end_of_stream));
+        let action = self.drive(Direction::Response, |c| {
+            c.exchange.response_body(&chunk, end_of_stream)
+        });
         // Once data flows on, Envoy's buffer restarts from the next chunk.
         self.response_seen = if action == Action::Continue { 0 } else { body_size };
         action
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.drive(Direction::Response, |ex| ex.response_body(&[], true))
+        self.drive(Direction::Response, |c| c.exchange.response_body(&[], true))
     }
 
     fn on_log(&mut self) {
-        let Some(mut carrier) = self.carrier.take() else {
-            return;
-        };
         // This context is deleted right after on_log; an exchange that must
-        // go on is handed to the root, which hears its call's answer.
-        if let Some(token) = carrier.client_left() {
-            self.shared.adopt(token, carrier);
+        // go on stays with the worker, which hears its callouts' answers.
+        if let (Some(shared), Some(_)) = (&self.shared, self.carrier.take()) {
+            shared.client_left(self.owner);
         }
     }
 }

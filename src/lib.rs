@@ -1,19 +1,23 @@
 //! The idemgate Envoy filter: thin proxy-wasm glue over `idemgate_core`.
 //!
-//! [`root`] parses the plugin configuration and owns the metrics and the
-//! [`outbox`], the store client for calls that outlive a request; [`http`]
-//! reads a request for its [`idemgate_core::exchange::Exchange`], whose steps
-//! [`carrier`] carries out (handed to the root when the client leaves a
-//! detached exchange);
+//! [`root`] parses the plugin configuration and sets up what the worker's
+//! requests share ([`shared`]): the [`metrics`], the group-committing store
+//! [`client`] for their claims and settlements, the [`outbox`] for calls that
+//! outlive a request, and every request's [`carrier`], which carries out the
+//! steps of its [`idemgate_core::exchange::Exchange`] (and outlives the
+//! client of a detached one). [`http`] reads a request for its exchange;
 //! [`host`] is the only module that talks to Envoy, and it handles every host
 //! error instead of unwrapping it (an unwrap here would kill the VM for every
 //! request on the worker).
 
 mod carrier;
+mod client;
 mod host;
 mod http;
+mod metrics;
 mod outbox;
 mod root;
+mod shared;
 
 proxy_wasm::main! {{
     // Also installs a panic hook that logs at Critical.

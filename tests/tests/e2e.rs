@@ -206,6 +206,47 @@ async fn fifty_simultaneous_duplicates_execute_once() {
     assert_eq!(h.upstream.executions(&k), 1);
 }
 
+/// Each worker sends the claims and completions that arrive while its
+/// store callout is in flight as one batch when it returns.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_new_keys_share_store_callouts_and_each_executes_once() {
+    let h = Harness::start().await;
+    let callouts = || async {
+        let stats = h
+            .admin_text("/stats?filter=^cluster.idempotency_store.upstream_rq_total$")
+            .await;
+        stats
+            .trim()
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no store request counter in {stats:?}"))
+    };
+    let before = callouts().await;
+    let keys: Vec<String> = (0..120).map(|i| key(&format!("batch-{i}"))).collect();
+    let mut all = Vec::new();
+    for k in &keys {
+        all.push(tokio::spawn(send(h.post("/pay", Some(k), PAYMENT))));
+    }
+    for task in all {
+        let a = task.await.unwrap();
+        assert_eq!(a.status, 201, "{a:?}");
+        assert!(a.header("idempotent-replayed").is_none());
+    }
+    for k in &keys {
+        assert_eq!(h.upstream.executions(k), 1);
+        let replay = send(h.post("/pay", Some(k), PAYMENT)).await;
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    }
+    // 120 claims and 120 completions at once, then 120 replayed claims one
+    // by one (each alone). Unbatched, that is 360 callouts.
+    let made = callouts().await - before;
+    assert!(
+        made <= 120 + 120,
+        "{made} store callouts for 360 calls: the concurrent 240 were not batched"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_key_from_another_tenant_or_on_another_route_is_another_record() {
     let h = Harness::start().await;
@@ -676,7 +717,7 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        log.contains("invalid configuration at `policies[5].ttl_seconds`"),
+        log.contains("invalid configuration at `policies[8].ttl_seconds`"),
         "{log}"
     );
 }

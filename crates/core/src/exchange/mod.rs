@@ -33,7 +33,9 @@ mod step;
 pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
 pub use head::{RequestHead, ResponseHead};
-pub use step::{decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall};
+pub use step::{
+    batch_answers, decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall,
+};
 
 enum Phase {
     /// Not ours to dedupe: everything flows untouched.
@@ -570,6 +572,7 @@ impl Exchange {
             path,
             body,
             timeout_ms: self.timeout_ms(extra_ms),
+            may_wait: extra_ms > 0,
         }
     }
 

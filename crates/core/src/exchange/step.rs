@@ -1,6 +1,6 @@
 //! What the exchange asks of the filter, and what the store answers.
 
-use crate::protocol::{decode_frame, FenceReply};
+use crate::protocol::{decode_frame, split_batch, BatchReply, FenceReply};
 use crate::Reply;
 
 /// What the filter must do next.
@@ -31,6 +31,9 @@ pub struct StoreCall {
     pub path: &'static str,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
+    /// The store may hold the call for a while (a claim with `in_flight:
+    /// wait`): it travels alone, never in a batch other calls would wait for.
+    pub may_wait: bool,
 }
 
 /// The filter's own request to the upstream: the request's headers as the
@@ -86,5 +89,28 @@ pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
             Some((*status, detail))
         }
         _ => None,
+    }
+}
+
+/// Each call's answer from the answer to a batch of `n` calls. A batch
+/// answered as a whole (no answer, an unavailable store, a refusal of the
+/// batch itself, a reply that does not match the batch) gives every call
+/// that same answer, so each fails closed, or reports the refusal, exactly
+/// as it would have alone.
+pub fn batch_answers(answer: StoreAnswer, n: usize) -> Vec<StoreAnswer> {
+    let split = |body: &[u8]| {
+        let (meta, bytes) = decode_frame::<BatchReply>(body).ok()?;
+        let parts = split_batch(meta.results.iter().map(|r| r.len), bytes).ok()?;
+        (parts.len() == n).then(|| {
+            meta.results
+                .iter()
+                .zip(parts)
+                .map(|(r, part)| Some((r.status, part.to_vec())))
+                .collect()
+        })
+    };
+    match &answer {
+        Some((200, body)) => split(body).unwrap_or_else(|| vec![None; n]),
+        _ => vec![answer; n],
     }
 }
