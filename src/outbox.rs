@@ -11,7 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{decided, Settlement, StoreAnswer, StoreCall};
+use idemgate_core::exchange::{batch_answers, decided, Settlement, StoreAnswer, StoreCall};
+use idemgate_core::protocol::{encode_batch, BATCH_PATH, MAX_BATCH};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
@@ -35,7 +36,11 @@ struct Letter {
 #[derive(Default)]
 pub struct Outbox {
     waiting: VecDeque<Letter>,
-    in_flight: HashMap<u32, Letter>,
+    /// Callouts in flight and the letters each carries, in order.
+    in_flight: HashMap<u32, Vec<Letter>>,
+    /// The store answered a batch with 404 (it predates batches): letters
+    /// travel alone from then on.
+    alone_only: bool,
     /// The root's timer period: zero (off) while there is nothing to send
     /// or to hear.
     period: Duration,
@@ -59,19 +64,39 @@ impl Outbox {
         self.set_period(SOON);
     }
 
-    /// The root's timer: sends everything waiting, then slows the timer down
-    /// for retries, or stops it when nothing is left. Returns how many calls
-    /// were given up.
+    /// The root's timer: sends everything waiting (together, as batches),
+    /// then slows the timer down for retries, or stops it when nothing is
+    /// left. Returns how many calls were given up.
     pub fn tick(&mut self, store: &StoreConfig) -> usize {
         let mut given_up = 0;
-        while let Some(letter) = self.waiting.pop_front() {
-            match host::dispatch(store, &letter.call) {
+        while !self.waiting.is_empty() {
+            let size = if self.alone_only { 1 } else { MAX_BATCH };
+            let letters: Vec<Letter> = self.waiting.drain(..self.waiting.len().min(size)).collect();
+            let token = match letters.as_slice() {
+                [one] => host::dispatch(store, &one.call),
+                _ => {
+                    let frames: Vec<(&str, &[u8])> = letters
+                        .iter()
+                        .map(|l| (l.call.path, l.call.body.as_slice()))
+                        .collect();
+                    let batch = StoreCall {
+                        path: BATCH_PATH,
+                        body: encode_batch(&frames),
+                        timeout_ms: letters.iter().map(|l| l.call.timeout_ms).max().unwrap_or(0),
+                        may_wait: false,
+                    };
+                    host::dispatch(store, &batch)
+                }
+            };
+            match token {
                 Some(token) => {
-                    self.in_flight.insert(token, letter);
+                    self.in_flight.insert(token, letters);
                 }
                 None => {
                     // Refused by Envoy (no healthy store host): try again later.
-                    given_up += usize::from(!self.retry(letter));
+                    for letter in letters {
+                        given_up += usize::from(!self.retry(letter));
+                    }
                     break;
                 }
             }
@@ -87,17 +112,32 @@ impl Outbox {
         }
     }
 
-    /// The store's answer to one of our calls. Any answer from the store
-    /// itself (done, stale, or a refusal of the frame) ends the call and is
-    /// returned with what the call settles; no answer or an unavailable store
-    /// means sending it again (`None`, unless it was the last try).
-    pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<(Settlement, StoreAnswer)> {
-        let letter = self.in_flight.remove(&token)?;
-        let settles = letter.settles;
-        if decided(&answer) || !self.retry(letter) {
-            return Some((settles, answer));
+    /// The store's answer to one of our callouts, for each letter it
+    /// carried. Any answer from the store itself (done, stale, or a refusal
+    /// of the frame) ends a letter and is returned with what it settles; no
+    /// answer or an unavailable store means sending it again (unless it was
+    /// the last try). `None` if the callout is not ours.
+    pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<Vec<(Settlement, StoreAnswer)>> {
+        let letters = self.in_flight.remove(&token)?;
+        if letters.len() > 1 && matches!(answer, Some((404, _))) {
+            self.alone_only = true;
+            self.waiting.extend(letters);
+            self.set_period(SOON);
+            return Some(Vec::new());
         }
-        None
+        let answers = if letters.len() > 1 {
+            batch_answers(answer, letters.len())
+        } else {
+            vec![answer]
+        };
+        let mut ended = Vec::new();
+        for (letter, answer) in letters.into_iter().zip(answers) {
+            let settles = letter.settles;
+            if decided(&answer) || !self.retry(letter) {
+                ended.push((settles, answer));
+            }
+        }
+        Some(ended)
     }
 
     /// Queues a letter again; `false` when it has had all its tries.

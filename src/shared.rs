@@ -140,23 +140,25 @@ impl Shared {
 
     fn outbox_answer(&self, token: u32, num_headers: usize, body_size: usize) {
         let answer = host::store_answer(num_headers, body_size);
-        let Some((settles, answer)) = self.outbox.borrow_mut().answered(token, answer) else {
+        let Some(ended) = self.outbox.borrow_mut().answered(token, answer) else {
             return;
         };
-        if settled(&answer) {
-            self.metrics.count_settlement(settles);
-            return;
+        for (settles, answer) in ended {
+            if settled(&answer) {
+                self.metrics.count_settlement(settles);
+                continue;
+            }
+            if let Some((status, detail)) = refusal(&answer) {
+                self.metrics.config_error(status, &detail);
+            }
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "the store did not confirm a record {}; its lease will settle it",
+                    settles.as_str()
+                ),
+            );
+            self.metrics.count_settlement(Settlement::Failed);
         }
-        if let Some((status, detail)) = refusal(&answer) {
-            self.metrics.config_error(status, &detail);
-        }
-        host::log(
-            LogLevel::Warn,
-            &format!(
-                "the store did not confirm a record {}; its lease will settle it",
-                settles.as_str()
-            ),
-        );
-        self.metrics.count_settlement(Settlement::Failed);
     }
 }

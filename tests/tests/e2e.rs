@@ -247,6 +247,41 @@ async fn concurrent_new_keys_share_store_callouts_and_each_executes_once() {
     );
 }
 
+/// `settle: background`: the answer does not wait for the store; the
+/// worker's store client records the outcome right after, even when the
+/// store stalls just then, and a retry replays it. (Waiting for the store,
+/// the completion would time out during the stall and the record stay in
+/// progress until its lease ran out.)
+#[tokio::test(flavor = "multi_thread")]
+async fn with_settle_background_the_outcome_is_recorded_after_the_answer() {
+    let h = Harness::start().await;
+    let k = key("background");
+    let post = |delay: &str| {
+        h.client
+            .post(h.url("/background"))
+            .header("idempotency-key", &k)
+            .header("x-test-delay-ms", delay)
+            .body(PAYMENT)
+    };
+    let first = tokio::spawn(send(post("600")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.signal_store(0, true);
+    let first = first.await.unwrap();
+    h.signal_store(0, false);
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = poll("the completion to be recorded", Duration::from_secs(5), || async {
+        let a = send(post("0")).await;
+        match (a.status, a.problem().as_deref()) {
+            (409, Some("request-in-progress")) => None,
+            _ => Some(a),
+        }
+    })
+    .await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    assert_eq!(h.upstream.executions(&k), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_key_from_another_tenant_or_on_another_route_is_another_record() {
     let h = Harness::start().await;
@@ -717,7 +752,7 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        log.contains("invalid configuration at `policies[8].ttl_seconds`"),
+        log.contains("invalid configuration at `policies[9].ttl_seconds`"),
         "{log}"
     );
 }

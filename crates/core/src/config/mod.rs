@@ -63,6 +63,7 @@ pub struct Policy {
     mode: Mode,
     in_progress_retry_after_ms: u64,
     forwarding: Forwarding,
+    settle: Settle,
 }
 
 /// Read access only: a policy is built by [`Config::parse`], validated.
@@ -125,6 +126,9 @@ impl Policy {
     }
     pub fn forwarding(&self) -> &Forwarding {
         &self.forwarding
+    }
+    pub fn settle(&self) -> Settle {
+        self.settle
     }
 }
 
@@ -269,6 +273,19 @@ pub enum Mode {
     #[default]
     Enforce,
     Observe,
+}
+
+/// When the client gets the response of a request that owned its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Settle {
+    /// Once the store has recorded the outcome: a retry after the answer
+    /// always replays it.
+    #[default]
+    BeforeResponse,
+    /// At once; the outcome is recorded right after, and a retry inside
+    /// that window sees `request-in-progress` (or waits).
+    Background,
 }
 
 /// How an owned request reaches the upstream.

@@ -102,6 +102,8 @@ struct RawPolicy {
     mode: Option<Mode>,
     #[serde(default)]
     forwarding: Option<RawForwarding>,
+    #[serde(default)]
+    settle: Option<Settle>,
 }
 
 #[derive(Deserialize)]
@@ -420,6 +422,7 @@ impl RawPolicy {
             mode: self.mode.unwrap_or_default(),
             in_progress_retry_after_ms,
             forwarding,
+            settle: self.settle.unwrap_or_default(),
         })
     }
 }

@@ -82,6 +82,7 @@ fn the_minimal_config_parses_with_the_defaults() {
         mode: Mode::Enforce,
         in_progress_retry_after_ms: 1_000,
         forwarding: Forwarding::Streaming,
+        settle: Settle::BeforeResponse,
     };
     assert_eq!(config.policies, vec![Rc::new(want)]);
 }
@@ -96,7 +97,7 @@ fn every_setting_can_be_given() {
         "ttl_seconds": 60, "lease_seconds": 5, "in_flight": "wait", "wait_max_ms": 250,
         "after_expiry": "new", "on_unknown": "release", "failure_mode": "open",
         "release_statuses": [503], "max_request_body": 10, "max_stored_body": 20,
-        "replay_headers": ["X-Request-Cost"], "mode": "observe"
+        "replay_headers": ["X-Request-Cost"], "mode": "observe", "settle": "background"
     }));
     assert_eq!(p.matcher.methods, vec!["POST", "PUT"]);
     assert_eq!(
@@ -127,6 +128,7 @@ fn every_setting_can_be_given() {
     assert_eq!((p.max_request_body, p.max_stored_body), (10, 20));
     assert_eq!(p.replay_headers, vec!["x-request-cost"]);
     assert_eq!(p.mode, Mode::Observe);
+    assert_eq!(p.settle, Settle::Background);
     assert!(!p.require_key);
 }
 
@@ -181,6 +183,7 @@ macro_rules! rejects {
     };
 }
 
+rejects!(an_unknown_settle_mode_is_rejected, {}, {"settle": "later"} => "(document)");
 rejects!(an_unknown_forwarding_mode_is_rejected, {}, {"forwarding": {"mode": "async"}} => "policies[0].forwarding.mode");
 rejects!(detached_settings_under_streaming_are_rejected, {}, {"forwarding": {"mode": "streaming", "timeout_ms": 5}} => "policies[0].forwarding.mode");
 rejects!(an_empty_detached_cluster_is_rejected, {}, {"forwarding": {"mode": "detached", "cluster": ""}} => "policies[0].forwarding.cluster");

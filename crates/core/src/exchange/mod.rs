@@ -11,7 +11,7 @@
 
 use std::rc::Rc;
 
-use crate::config::{Config, FailureMode, Forwarding, InFlight, Mode, Policy};
+use crate::config::{Config, FailureMode, Forwarding, InFlight, Mode, Policy, Settle};
 use crate::fingerprint::Fingerprinter;
 use crate::headers::{self, Control, KEY_HEADER};
 use crate::identity::client_scope;
@@ -411,12 +411,15 @@ impl Exchange {
                 step
             }
         };
+        let relay = |ex: &mut Exchange| ex.relay.take().map_or(Step::Continue, Step::Respond);
         match step {
             Step::Call(call) => {
                 self.redeliver = Some(call.clone());
                 Step::Call(call)
             }
-            _ => self.relay.take().map_or(Step::Continue, Step::Respond),
+            // settle: background
+            Step::Deliver(call, _) => Step::Deliver(call, Box::new(relay(self))),
+            _ => relay(self),
         }
     }
 
@@ -514,20 +517,28 @@ impl Exchange {
             body_stored,
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
-        self.phase = Phase::Settling {
-            settles: Settlement::Completed,
-        };
-        Step::Call(self.call(COMPLETE_PATH, encode_frame(&request, kept), 0))
+        let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);
+        self.settling(call, Settlement::Completed)
     }
 
     fn settle(&mut self, fence: u64, settles: Settlement) -> Step {
         match self.settle_call(fence, settles) {
-            Some(call) => {
-                self.phase = Phase::Settling { settles };
-                Step::Call(call)
-            }
+            Some(call) => self.settling(call, settles),
             None => Step::Continue,
         }
+    }
+
+    /// Sends the call that settles the record: the response waits for the
+    /// store's answer, or with `settle: background` goes on at once while
+    /// the worker's store client delivers the call.
+    fn settling(&mut self, call: StoreCall, settles: Settlement) -> Step {
+        if self.policy.settle() == Settle::Background {
+            self.settlement = Some(settles);
+            self.phase = Phase::Done;
+            return Step::Deliver(call, Box::new(Step::Continue));
+        }
+        self.phase = Phase::Settling { settles };
+        Step::Call(call)
     }
 
     fn settle_call(&self, fence: u64, settles: Settlement) -> Option<StoreCall> {

@@ -12,6 +12,8 @@ const CONFIG: &str = r#"{
         {"name": "open", "match": {"path": {"prefix": "/open"}}, "anonymous": true, "failure_mode": "open"},
         {"name": "small", "match": {"path": {"prefix": "/small"}}, "anonymous": true,
          "max_request_body": 4, "max_stored_body": 4, "in_flight": "wait", "wait_max_ms": 300},
+        {"name": "background", "match": {"path": {"prefix": "/background"}}, "anonymous": true,
+         "settle": "background"},
         {"name": "detached", "match": {"path": {"prefix": "/detached"}}, "anonymous": true,
          "max_stored_body": 8, "forwarding": {"mode": "detached", "max_response_body": 16}}
     ]}"#;
@@ -769,4 +771,38 @@ fn a_streaming_settlement_does_not_outlive_its_client() {
     // only when nobody can take it over.
     let mut ex = forwarded();
     assert_eq!(ex.finish().map(|c| c.path), Some(MARK_UNKNOWN_PATH));
+}
+
+#[test]
+fn a_batch_answer_is_split_per_call_or_given_whole_to_each() {
+    use crate::protocol::encode_batch_reply;
+    let reply = encode_batch_reply(&[(200, b"a".to_vec()), (409, b"b".to_vec())]);
+    assert_eq!(
+        batch_answers(Some((200, reply.clone())), 2),
+        vec![Some((200, b"a".to_vec())), Some((409, b"b".to_vec()))]
+    );
+    // A reply that does not match the batch: nothing is known of any call.
+    assert_eq!(batch_answers(Some((200, reply)), 3), vec![None, None, None]);
+    assert_eq!(batch_answers(Some((200, b"junk".to_vec())), 2), vec![None, None]);
+    // The batch answered as a whole: each call gets that answer.
+    assert_eq!(batch_answers(None, 2), vec![None, None]);
+    let refused = Some((401, b"{}".to_vec()));
+    assert_eq!(batch_answers(refused.clone(), 2), vec![refused.clone(), refused]);
+}
+
+#[test]
+fn with_settle_background_the_response_goes_on_while_the_store_client_records_it() {
+    let mut ex = owned("/background");
+    let Step::Deliver(call, next) = ex.response_headers(upstream(201, &[], true)) else {
+        panic!("expected the completion handed to the store client")
+    };
+    assert_eq!((call.path, *next), (COMPLETE_PATH, Step::Continue));
+    assert_eq!(ex.settlement(), Some(Settlement::Completed));
+    assert!(!ex.owns_response());
+    // A release goes the same way.
+    let mut ex = owned("/background");
+    let Step::Deliver(call, _) = ex.response_headers(upstream(429, &[], true)) else {
+        panic!("expected the release handed to the store client")
+    };
+    assert_eq!(call.path, RELEASE_PATH);
 }
