@@ -269,13 +269,17 @@ async fn with_settle_background_the_outcome_is_recorded_after_the_answer() {
     let first = first.await.unwrap();
     h.signal_store(0, false);
     assert_eq!(first.status, 201, "{first:?}");
-    let replay = poll("the completion to be recorded", Duration::from_secs(5), || async {
-        let a = send(post("0")).await;
-        match (a.status, a.problem().as_deref()) {
-            (409, Some("request-in-progress")) => None,
-            _ => Some(a),
-        }
-    })
+    let replay = poll(
+        "the completion to be recorded",
+        Duration::from_secs(5),
+        || async {
+            let a = send(post("0")).await;
+            match (a.status, a.problem().as_deref()) {
+                (409, Some("request-in-progress")) => None,
+                _ => Some(a),
+            }
+        },
+    )
     .await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{replay:?}");
     assert_eq!(replay.body, first.body);

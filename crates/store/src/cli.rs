@@ -71,7 +71,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct Serve {
-    /// Address to listen on. Listen only where the mesh can reach it.
+    /// Address to listen on (`host:port`, or `unix:/path` for a Unix domain
+    /// socket that an Envoy on the same host reaches through a `pipe`
+    /// address). Listen only where the mesh can reach it.
     #[arg(long, env = "IDEMGATE_LISTEN", default_value = "127.0.0.1:8787")]
     pub listen: String,
     /// Bearer credential of the /v1 API (the filter's `store.token`).
@@ -353,14 +355,23 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
         batch: s.sweep.sweep_batch.max(1),
         audit_retention_ms: s.sweep.audit_retention_secs.saturating_mul(1000),
     };
-    let listener = tokio::net::TcpListener::bind(&s.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", s.listen))?;
+    let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", s.listen);
     tracing::info!(backend = store.backend.name(), database = %crate::backend::redact_url(url), "database ready");
     let state = crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep);
-    crate::run(listener, state, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    let served = match s.listen.strip_prefix("unix:") {
+        // Envoy on the same host reaches it through a `pipe` address: no
+        // TCP stack between them.
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let listener = tokio::net::UnixListener::bind(path).map_err(cannot)?;
+            crate::run(listener, state, shutdown_signal()).await
+        }
+        None => {
+            let listener = tokio::net::TcpListener::bind(&s.listen).await.map_err(cannot)?;
+            crate::run(listener, state, shutdown_signal()).await
+        }
+    };
+    served.map_err(|e| e.to_string())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -46,7 +46,6 @@ use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
-use tokio::net::TcpListener;
 
 pub use backend::{open_backend, Backend, StoreError};
 pub use clock::Clock;
@@ -175,11 +174,15 @@ pub fn app(state: AppState) -> Router {
 
 /// Serves `state` on `listener` until `shutdown` resolves, with the sweeper
 /// running alongside; in-flight requests finish before it returns.
-pub async fn run(
-    listener: TcpListener,
+pub async fn run<L>(
+    listener: L,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = if state.settings.sweep.enabled {
         Some(tokio::spawn(sweeper::run(
@@ -191,7 +194,7 @@ pub async fn run(
         None
     };
     let addr = listener.local_addr()?;
-    tracing::info!("listening on {addr}");
+    tracing::info!("listening on {addr:?}");
     let result = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
         .await;
