@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{batch_answers, StoreAnswer, StoreCall};
-use idemgate_core::protocol::{encode_batch, BATCH_PATH, MAX_BATCH};
+use idemgate_core::exchange::{batch_answers, batches_unknown, StoreAnswer, StoreCall};
+use idemgate_core::protocol::MAX_BATCH;
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
@@ -60,20 +60,9 @@ impl StoreClient {
 
     /// Sends one call alone, or several as a batch; `false` if Envoy refused.
     fn send(&mut self, store: &StoreConfig, calls: Vec<(Owner, StoreCall)>, group: bool) -> bool {
-        let (owners, mut calls): (Vec<Owner>, Vec<StoreCall>) = calls.into_iter().unzip();
-        let (token, batch) = match calls.len() {
-            1 => (calls.first().and_then(|call| host::dispatch(store, call)), None),
-            _ => {
-                let frames: Vec<(&str, &[u8])> = calls.iter().map(|c| (c.path, c.body.as_slice())).collect();
-                let batch = StoreCall {
-                    path: BATCH_PATH,
-                    body: encode_batch(&frames),
-                    timeout_ms: calls.iter().map(|c| c.timeout_ms).max().unwrap_or(0),
-                    may_wait: false,
-                };
-                (host::dispatch(store, &batch), Some(std::mem::take(&mut calls)))
-            }
-        };
+        let (owners, calls): (Vec<Owner>, Vec<StoreCall>) = calls.into_iter().unzip();
+        let token = host::dispatch_together(store, &calls.iter().collect::<Vec<_>>());
+        let batch = (calls.len() > 1).then_some(calls);
         match token {
             Some(token) => {
                 self.flights.insert(token, Flight { owners, batch, group });
@@ -89,7 +78,7 @@ impl StoreClient {
         let flight = self.flights.remove(&token)?;
         let answer = answer();
         let answers = match flight.batch {
-            Some(calls) if matches!(answer, Some((404, _))) => {
+            Some(calls) if batches_unknown(&answer) => {
                 host::log(
                     LogLevel::Warn,
                     "the store does not know /v1/batch (an older version); sending every call alone",

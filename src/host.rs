@@ -185,6 +185,14 @@ pub fn call_response_body(size: usize) -> Bytes {
     read_buffer(BufferType::HttpCallResponseBody, 0, size)
 }
 
+/// Dispatches one call, or several as one batch.
+pub fn dispatch_together(store: &StoreConfig, calls: &[&StoreCall]) -> Option<u32> {
+    match calls {
+        [one] => dispatch(store, one),
+        _ => dispatch(store, &StoreCall::batch(calls)),
+    }
+}
+
 /// Reads the store's reply inside `on_http_call_response`. No headers means
 /// the call was reset or timed out; asking for a header then would panic.
 pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {

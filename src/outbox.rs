@@ -11,8 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{batch_answers, decided, Settlement, StoreAnswer, StoreCall};
-use idemgate_core::protocol::{encode_batch, BATCH_PATH, MAX_BATCH};
+use idemgate_core::exchange::{batch_answers, batches_unknown, decided, Settlement, StoreAnswer, StoreCall};
+use idemgate_core::protocol::MAX_BATCH;
 use proxy_wasm::types::LogLevel;
 
 use crate::host;
@@ -72,22 +72,8 @@ impl Outbox {
         while !self.waiting.is_empty() {
             let size = if self.alone_only { 1 } else { MAX_BATCH };
             let letters: Vec<Letter> = self.waiting.drain(..self.waiting.len().min(size)).collect();
-            let token = match letters.as_slice() {
-                [one] => host::dispatch(store, &one.call),
-                _ => {
-                    let frames: Vec<(&str, &[u8])> = letters
-                        .iter()
-                        .map(|l| (l.call.path, l.call.body.as_slice()))
-                        .collect();
-                    let batch = StoreCall {
-                        path: BATCH_PATH,
-                        body: encode_batch(&frames),
-                        timeout_ms: letters.iter().map(|l| l.call.timeout_ms).max().unwrap_or(0),
-                        may_wait: false,
-                    };
-                    host::dispatch(store, &batch)
-                }
-            };
+            let calls: Vec<&StoreCall> = letters.iter().map(|l| &l.call).collect();
+            let token = host::dispatch_together(store, &calls);
             match token {
                 Some(token) => {
                     self.in_flight.insert(token, letters);
@@ -119,7 +105,7 @@ impl Outbox {
     /// the last try). `None` if the callout is not ours.
     pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<Vec<(Settlement, StoreAnswer)>> {
         let letters = self.in_flight.remove(&token)?;
-        if letters.len() > 1 && matches!(answer, Some((404, _))) {
+        if letters.len() > 1 && batches_unknown(&answer) {
             self.alone_only = true;
             self.waiting.extend(letters);
             self.set_period(SOON);

@@ -372,6 +372,17 @@ impl Stack {
     /// The store's current records with this tenant and key (any replica
     /// that answers); earlier generations (released, abandoned, replaced)
     /// are history, not records.
+    /// The key's transitions (its events' names), oldest first.
+    pub async fn transitions(&self, tenant: &str, principal: &str, route: &str, key: &str) -> Vec<String> {
+        let history = self.history(tenant, principal, route, key).await;
+        let events = history.as_ref().and_then(|h| h["events"].as_array());
+        events
+            .unwrap_or_else(|| panic!("no history of {key}: {history:?}"))
+            .iter()
+            .filter_map(|e| e["transition"].as_str().map(str::to_string))
+            .collect()
+    }
+
     pub async fn records(
         &self,
         tenant: &str,

@@ -44,16 +44,6 @@ async fn retry_until_settled(req: impl Fn() -> reqwest::RequestBuilder, within: 
     .await
 }
 
-async fn transitions(stack: &Stack, route: &str, key: &str) -> Vec<String> {
-    let history = stack.history("tenant-a", "alice", route, key).await.unwrap();
-    history["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["transition"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_waiting_client_gets_the_upstreams_answer_and_the_retry_replays_it() {
     let stack = start(Database::Sqlite).await;
@@ -84,7 +74,10 @@ async fn a_waiting_client_gets_the_upstreams_answer_and_the_retry_replays_it() {
     assert_eq!((replay.status, &replay.body), (201, &first.body));
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(stack.upstream.executions(&k), 1);
-    assert_eq!(transitions(&stack, ROUTE, &k).await, ["claimed", "completed"]);
+    assert_eq!(
+        stack.transitions("tenant-a", "alice", ROUTE, &k).await,
+        ["claimed", "completed"]
+    );
 }
 
 /// The everyday retry: the client's timeout is shorter than the handler.
@@ -102,7 +95,10 @@ async fn a_client_that_gave_up_gets_its_result_on_retry() {
     assert_eq!(retried.header("idempotent-replayed"), Some("true"));
     assert_eq!(retried.json()["execution"], 1);
     assert_eq!(stack.upstream.executions(&k), 1);
-    assert_eq!(transitions(&stack, ROUTE, &k).await, ["claimed", "completed"]);
+    assert_eq!(
+        stack.transitions("tenant-a", "alice", ROUTE, &k).await,
+        ["claimed", "completed"]
+    );
     assert_eq!(stack.counter("records_completed").await, 1);
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::proxy::Proxy;
 use e2e::stack::{Database, Options, Stack};
-use e2e::{eventually, free_port, fresh_key, poll, Answer, ADMIN_TOKEN};
+use e2e::{eventually, free_port, fresh_key, poll, Answer};
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
 
@@ -45,27 +45,6 @@ async fn retry_until_executed(stack: &Stack, key: &str, within: Duration) -> Ans
         }
     })
     .await
-}
-
-/// The key's events, oldest first, as the store's admin API lists them.
-async fn transitions(stack: &Stack, key: &str) -> Vec<String> {
-    let query = serde_json::json!({"tenant": "tenant-a", "principal": "alice", "route": "payments.create", "key": key});
-    let res = stack
-        .client
-        .post(stack.store_url(0, "/admin/v1/records/lookup"))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("content-type", "application/json")
-        .body(query.to_string())
-        .send()
-        .await
-        .unwrap();
-    let history: serde_json::Value = serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
-    history["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["transition"].as_str().unwrap().to_string())
-        .collect()
 }
 
 /// Holds the store database's write lock for `held` from another connection,
@@ -136,7 +115,9 @@ async fn a_client_gone_while_its_claim_is_in_flight(database: Database) {
     assert_eq!(stack.upstream.executions(&k), 1);
     // On PostgreSQL both claims wait on the lock and either may land first;
     // if the retry's does, the abandoned one never lands at all.
-    let t = transitions(&stack, &k).await;
+    let t = stack
+        .transitions("tenant-a", "alice", "payments.create", &k)
+        .await;
     assert!(
         t == ["claimed", "abandoned", "claimed", "completed"] || t == ["claimed", "completed"],
         "{t:?}"
@@ -178,7 +159,9 @@ async fn a_store_killed_between_commit_and_reply(database: Database) {
     assert!(retried.header("idempotent-replayed").is_none());
     assert_eq!(stack.upstream.executions(&k), 1);
     assert_eq!(
-        transitions(&stack, &k).await,
+        stack
+            .transitions("tenant-a", "alice", "payments.create", &k)
+            .await,
         ["claimed", "abandoned", "claimed", "completed"]
     );
 }

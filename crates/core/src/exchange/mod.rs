@@ -34,7 +34,8 @@ pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
 pub use head::{RequestHead, ResponseHead};
 pub use step::{
-    batch_answers, decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer, UpstreamCall,
+    batch_answers, batches_unknown, decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer,
+    UpstreamCall,
 };
 
 enum Phase {

@@ -1,6 +1,6 @@
 //! What the exchange asks of the filter, and what the store answers.
 
-use crate::protocol::{decode_frame, split_batch, BatchReply, FenceReply};
+use crate::protocol::{decode_frame, encode_batch, split_batch, BatchReply, FenceReply, BATCH_PATH};
 use crate::Reply;
 
 /// What the filter must do next.
@@ -59,6 +59,25 @@ pub enum UpstreamAnswer {
         headers: Vec<(String, Vec<u8>)>,
         body_size: usize,
     },
+}
+
+impl StoreCall {
+    /// Several calls as one `/v1/batch` call, allowed as long as the
+    /// slowest of them.
+    pub fn batch(calls: &[&StoreCall]) -> StoreCall {
+        let frames: Vec<(&str, &[u8])> = calls.iter().map(|c| (c.path, c.body.as_slice())).collect();
+        StoreCall {
+            path: BATCH_PATH,
+            body: encode_batch(&frames),
+            timeout_ms: calls.iter().map(|c| c.timeout_ms).max().unwrap_or(0),
+            may_wait: false,
+        }
+    }
+}
+
+/// Whether the store answered a batch as one that predates batches.
+pub fn batches_unknown(answer: &StoreAnswer) -> bool {
+    matches!(answer, Some((404, _)))
 }
 
 /// The store's answer to a call: status and body, or no answer at all (reset,
