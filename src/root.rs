@@ -35,7 +35,8 @@ impl Context for Root {
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = host::plugin_configuration().unwrap_or_default();
-        match Config::parse(&bytes) {
+        // The VM's environment: what vm_config.environment_variables passes.
+        match Config::parse_with_env(&bytes, &|name| std::env::var(name).ok()) {
             Ok(config) => {
                 let Some(prefix) = host::random_hex() else {
                     host::log(LogLevel::Error, "no random source for claim attempt ids");

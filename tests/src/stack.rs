@@ -36,6 +36,8 @@ pub struct Options {
     pub edit: Option<Edit>,
     /// The test client's timeout per request (`None`: none).
     pub client_timeout: Option<Duration>,
+    /// Environment variables of the Envoy process.
+    pub envoy_env: Vec<(&'static str, &'static str)>,
 }
 
 impl Options {
@@ -49,6 +51,7 @@ impl Options {
             store_log: "info",
             edit: None,
             client_timeout: Some(Duration::from_secs(20)),
+            envoy_env: Vec::new(),
         }
     }
 }
@@ -240,6 +243,7 @@ impl Stack {
                 .arg(&self.config_path)
                 .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
                 .args(&self.options.envoy_args)
+                .envs(self.options.envoy_env.iter().copied())
                 .args(["--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]),
             log,
         );

@@ -561,3 +561,42 @@ async fn a_numeric_jwt_claim_is_an_identity_by_its_json_text() {
         "the store's scope is the claims' JSON text: {records:?}"
     );
 }
+
+/// The store credential can stay out of the plugin configuration, which
+/// Envoy's `/config_dump` shows to anyone with admin access: the filter reads
+/// it from the Envoy process's environment (`store.token_env`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_credential_can_come_from_envoys_environment_instead_of_its_configuration() {
+    let mut options = Options::new("envoy/e2e.yaml", Database::Sqlite, 1);
+    options.envoy_env = vec![("IDEMGATE_STORE_TOKEN", API_TOKEN)];
+    options.edit = Some(Box::new(|yaml: String| {
+        let token = format!("\"token\": \"{API_TOKEN}\"");
+        assert!(
+            yaml.contains(&token),
+            "envoy/e2e.yaml names its token differently"
+        );
+        let runtime = "runtime: envoy.wasm.runtime.v8";
+        yaml.replace(&token, "\"token_env\": \"IDEMGATE_STORE_TOKEN\"")
+            .replace(
+            runtime,
+            &format!(
+                "{runtime}\n                  environment_variables: {{host_env_keys: [IDEMGATE_STORE_TOKEN]}}"
+            ),
+        )
+    }));
+    let stack = Stack::start(options).await;
+    let k = key("env-token");
+    let first = send(stack.post("/pay", Some(&k), "{}")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = send(stack.post("/pay", Some(&k), "{}")).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let dump = stack.admin_text("/config_dump").await;
+    assert!(
+        dump.contains("IDEMGATE_STORE_TOKEN"),
+        "not the edited configuration"
+    );
+    assert!(
+        !dump.contains(API_TOKEN),
+        "the store credential shows in /config_dump"
+    );
+}

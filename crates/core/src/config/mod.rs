@@ -361,7 +361,13 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 impl Config {
     /// Parses and validates the plugin configuration.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
-        raw::parse(bytes)
+        raw::parse(bytes, &|_| None)
+    }
+
+    /// Parses and validates the plugin configuration; `env` reads the
+    /// environment of Envoy's VM (for `store.token_env`).
+    pub fn parse_with_env(bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        raw::parse(bytes, env)
     }
 
     /// The first policy whose match covers the request.

@@ -26,7 +26,13 @@ struct RawStore {
     authority: Option<String>,
     #[serde(default)]
     timeout_ms: Option<u64>,
-    token: String,
+    #[serde(default)]
+    token: Option<String>,
+    /// The name of an environment variable of the Envoy process that holds
+    /// the token (`vm_config.environment_variables.host_env_keys`), so the
+    /// credential stays out of the configuration Envoy's admin shows.
+    #[serde(default)]
+    token_env: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -172,7 +178,7 @@ impl RawForwarding {
 }
 
 impl RawStore {
-    fn validate(self) -> Result<StoreConfig, ConfigError> {
+    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<StoreConfig, ConfigError> {
         if self.cluster.is_empty() {
             return Err(err(
                 "store.cluster",
@@ -186,9 +192,27 @@ impl RawStore {
                 "must be at least 1; 0 would mean no timeout at all",
             ));
         }
-        if self.token.is_empty() || self.token.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+        let (field, token) = match (self.token, self.token_env) {
+            (Some(token), None) => ("store.token", token),
+            (None, Some(var)) => {
+                let token = env(&var).ok_or_else(|| {
+                    err(
+                        "store.token_env",
+                        format!("the environment variable `{var}` is not set in Envoy's VM; list it in vm_config.environment_variables.host_env_keys and set it for the Envoy process"),
+                    )
+                })?;
+                ("store.token_env", token)
+            }
+            _ => {
+                return Err(err(
+                    "store.token",
+                    "give the store's API credential as exactly one of `token` or `token_env`",
+                ));
+            }
+        };
+        if token.is_empty() || token.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
             return Err(err(
-                "store.token",
+                field,
                 "must be the store's API credential: non-empty visible ASCII",
             ));
         }
@@ -203,7 +227,7 @@ impl RawStore {
             authority,
             cluster: self.cluster,
             timeout_ms,
-            authorization: format!("Bearer {}", self.token),
+            authorization: format!("Bearer {token}"),
         })
     }
 }
@@ -427,15 +451,16 @@ impl RawPolicy {
     }
 }
 
-/// Parses and validates the plugin configuration.
-pub(super) fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+/// Parses and validates the plugin configuration; `env` reads Envoy's VM
+/// environment.
+pub(super) fn parse(bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
         err(
             "(document)",
             format!("{e}; the configuration must be a JSON object with `store` and `policies`"),
         )
     })?;
-    let store = raw.store.validate()?;
+    let store = raw.store.validate(env)?;
     let doc_base = raw.doc_base.unwrap_or_else(|| DEFAULT_DOC_BASE.to_string());
     if doc_base.is_empty() || doc_base.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
         return Err(err(

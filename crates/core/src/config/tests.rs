@@ -172,6 +172,31 @@ fn detached_forwarding_defaults_to_the_routes_cluster_and_half_the_lease() {
     );
 }
 
+#[test]
+fn the_store_token_may_come_from_the_environment() {
+    let doc = |store: &str| {
+        format!(
+            r#"{{"store": {store}, "policies": [{{"name": "p", "match": {{"path": {{"prefix": "/"}}}}, "anonymous": true}}]}}"#
+        )
+    };
+    let from_env = doc(r#"{"cluster": "s", "token_env": "STORE_TOKEN"}"#);
+    let env = |name: &str| (name == "STORE_TOKEN").then(|| "s3cret".to_string());
+    let config = Config::parse_with_env(from_env.as_bytes(), &env).unwrap();
+    assert_eq!(config.store().authorization(), "Bearer s3cret");
+    let unset = Config::parse(from_env.as_bytes()).unwrap_err();
+    assert_eq!(unset.field, "store.token_env");
+    assert!(unset.message.contains("STORE_TOKEN"), "{unset}");
+    let blank = Config::parse_with_env(from_env.as_bytes(), &|_| Some(" ".into())).unwrap_err();
+    assert_eq!(blank.field, "store.token_env");
+    for both_or_none in [
+        r#"{"cluster": "s", "token": "t", "token_env": "STORE_TOKEN"}"#,
+        r#"{"cluster": "s"}"#,
+    ] {
+        let e = Config::parse_with_env(doc(both_or_none).as_bytes(), &env).unwrap_err();
+        assert_eq!(e.field, "store.token", "{both_or_none}");
+    }
+}
+
 macro_rules! rejects {
     ($name:ident, $root:tt, $policy:tt => $field:expr) => {
         #[test]
