@@ -68,6 +68,7 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
     stack.wait_envoy().await;
     let mut report = audit(&stack, &traffic).await;
     report.excuse(|at| faults.left_unknown_by_contract(at));
+    report.bound_unavailable(&faults.windows);
     println!("{run}: {secs} s, {}; {}", faults.summary(), report.summary());
     for key in &report.unknown_by_contract {
         println!("{run}: left unknown by contract: {key}");
@@ -169,7 +170,8 @@ async fn soak_holds_memory_flat_with_zero_errors() {
         .collect();
     println!("soak: store cluster: {store_stats:?}");
     let elapsed = started.elapsed().as_secs_f64();
-    let report = audit(&stack, &traffic).await;
+    let mut report = audit(&stack, &traffic).await;
+    report.bound_unavailable(&[]);
     let errors = report.transport_errors
         + report
             .by_outcome

@@ -44,6 +44,19 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the process is still running (not exited, not a zombie).
+    pub fn alive(&self) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .map(|rest| !rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(false)
+    }
+
     /// Resident memory in KiB (Linux `/proc`).
     pub fn rss_kib(&self) -> Option<u64> {
         let pid = self.pid()?;

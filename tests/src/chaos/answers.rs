@@ -96,7 +96,12 @@ pub(super) fn check_answer(
             }
         }
         None if n.is_some() => Some(format!("{what}: execution {n:?} is not in the upstream's log")),
-        None if a.status >= 500 => None,
+        // Envoy's own 5xx are problem documents (the bootstrap's
+        // local_reply_config); anything else is a broken answer.
+        None if a.status >= 500 => Some(format!(
+            "{what}: a {} that is not a problem document: {text}",
+            a.status
+        )),
         None => Some(format!("{what}: {} without an execution: {text}", a.status)),
     }
 }

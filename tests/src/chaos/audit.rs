@@ -85,7 +85,34 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     // What the re-checks sent is not part of the traffic.
     traffic.sent.lock().map(|mut s| s.clear()).ok();
     no_raw_key_in_logs(stack, &traffic.tag, &mut audit);
+    no_crash(stack, &mut audit);
     audit
+}
+
+/// No process panicked or logged a critical line, and none exited on its
+/// own (the faults restart what they kill).
+fn no_crash(stack: &Stack, audit: &mut Audit) {
+    let crashes: Vec<String> = stack
+        .log_lines()
+        .into_iter()
+        .filter(|(_, line)| line.contains("panicked at") || line.contains("[critical]"))
+        .map(|(file, line)| format!("{file}: {line}"))
+        .collect();
+    for c in crashes.iter().take(5) {
+        audit.violations.push(format!("a crash in the logs: {c}"));
+    }
+    let procs = stack.envoy.iter().map(|p| ("Envoy", p)).chain(
+        stack
+            .stores
+            .iter()
+            .filter_map(|r| r.proc.as_ref())
+            .map(|p| ("a store replica", p)),
+    );
+    for (name, proc) in procs {
+        if !proc.alive() {
+            audit.violations.push(format!("{name} exited on its own"));
+        }
+    }
 }
 
 /// Every lease runs out after the run, so no record is left in progress
@@ -254,6 +281,8 @@ fn records_agree_with_executions<'a>(evidence: &Evidence<'a>, audit: &mut Audit)
 /// Every answer a client got is one the contract allows ([`check_answer`]);
 /// counts the answers by outcome.
 fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &mut Audit) {
+    // How often each execution's answer reached a client unmarked.
+    let mut fresh: BTreeMap<u64, usize> = BTreeMap::new();
     for (scope, list) in &evidence.sent {
         let stored_here: Vec<&Execution> = match (evidence.histories.get(scope), kept.stored.get(scope)) {
             (Some(_), Some(s)) => s.clone(),
@@ -275,6 +304,13 @@ fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &m
                 }
                 Ok(a) => {
                     audit.answers += 1;
+                    let unavailable = a.problem().as_deref() == Some("store-unavailable");
+                    audit.answered_at.push((s.at_ms, unavailable));
+                    if a.header("idempotent-replayed").is_none() {
+                        if let Some(n) = a.json()["execution"].as_u64() {
+                            *fresh.entry(n).or_default() += 1;
+                        }
+                    }
                     let label = match (a.problem(), a.header("idempotent-replayed")) {
                         (Some(p), _) => p,
                         (None, Some(_)) => "replayed".to_string(),
@@ -287,6 +323,13 @@ fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &m
                 }
             }
         }
+    }
+    // An execution answers one request; every other answer with it is a
+    // replay and must say so.
+    for (n, times) in fresh.iter().filter(|(_, t)| **t > 1) {
+        audit.violations.push(format!(
+            "execution {n} reached {times} clients without Idempotent-Replayed: a replay went unmarked"
+        ));
     }
 }
 

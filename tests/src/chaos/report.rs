@@ -41,7 +41,17 @@ pub struct Audit {
     /// Executions inside a generation the store ended as abandoned (the
     /// filter abandons only what it never forwarded).
     pub abandoned_executed: Vec<String>,
+    /// When each answer's request was sent, and whether it was a `503
+    /// store-unavailable`.
+    pub answered_at: Vec<(i64, bool)>,
 }
+
+/// The share of `503 store-unavailable` answers allowed outside the fault
+/// windows: a healthy store answers in time.
+pub const MAX_UNAVAILABLE_SHARE: f64 = 0.01;
+/// How long after a fault window the store may still be catching up (the
+/// filter's store timeout, a restart, a health check).
+const RECOVERY_MS: i64 = 3_000;
 
 impl Audit {
     /// Moves the burnt keys that `cause` explains (a fault after which the
@@ -60,6 +70,31 @@ impl Audit {
                 }
             }
         }
+    }
+
+    /// A healthy store answers in time: outside the fault `windows` (name,
+    /// from, to; ms since the epoch), at most [`MAX_UNAVAILABLE_SHARE`] of the
+    /// answers may be `503 store-unavailable`.
+    pub fn bound_unavailable(&mut self, windows: &[(&'static str, i64, i64)]) {
+        let outside: Vec<bool> = self
+            .answered_at
+            .iter()
+            .filter(|(at, _)| {
+                !windows
+                    .iter()
+                    .any(|(_, from, to)| *at >= from - 1_000 && *at <= to + RECOVERY_MS)
+            })
+            .map(|(_, unavailable)| *unavailable)
+            .collect();
+        let unavailable = outside.iter().filter(|u| **u).count();
+        if outside.is_empty() || unavailable as f64 <= outside.len() as f64 * MAX_UNAVAILABLE_SHARE {
+            return;
+        }
+        self.violations.push(format!(
+            "{unavailable} of {} answers outside fault windows were 503 store-unavailable (at most {:.0} % allowed)",
+            outside.len(),
+            MAX_UNAVAILABLE_SHARE * 100.0
+        ));
     }
 
     pub fn total_violations(&self) -> usize {

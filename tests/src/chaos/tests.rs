@@ -79,6 +79,7 @@ fn sent(tenant: &str, body: &str) -> Sent {
         path: "/pay",
         body: body.into(),
         knobs: vec![],
+        at_ms: 0,
         outcome: Err(String::new()),
     }
 }
@@ -393,4 +394,23 @@ fn outcome_unknown_under_on_unknown_release_is_a_violation() {
     assert_eq!(verdict(&s, &a, &[], &["A"]), None);
     s.scope.route = "payments.release";
     assert!(verdict(&s, &a, &[], &["A"]).is_some());
+}
+
+#[test]
+fn a_5xx_that_is_not_a_problem_document_is_a_violation() {
+    let plain = answer(503, &[("content-type", "text/plain")], "upstream connect error");
+    assert!(verdict(&sent("a", "A"), &plain, &[], &["A"]).is_some());
+}
+
+#[test]
+fn store_unavailable_outside_fault_windows_is_bounded() {
+    let mut audit = Audit::default();
+    // 1 of 100 answers outside the window: allowed; inside it: not counted.
+    audit.answered_at = (0..100).map(|i| (i * 10, i == 5)).collect();
+    audit.answered_at.extend((0..50).map(|i| (20_000 + i, true)));
+    audit.bound_unavailable(&[("store stall", 20_000, 21_500)]);
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    audit.answered_at.push((5_000, true));
+    audit.bound_unavailable(&[("store stall", 20_000, 21_500)]);
+    assert_eq!(audit.violations.len(), 1, "{:?}", audit.violations);
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{route_of, seed, Rng, ScopeId, RENEW_TTL_MS};
+use super::{now_ms, route_of, seed, Rng, ScopeId, RENEW_TTL_MS};
 use crate::Answer;
 
 /// One request a worker sent, and what came back.
@@ -14,6 +14,8 @@ pub struct Sent {
     pub path: &'static str,
     pub body: String,
     pub knobs: Vec<(&'static str, String)>,
+    /// When it was sent (ms since the Unix epoch).
+    pub at_ms: i64,
     /// `Err`: no HTTP answer at all (Envoy restarting, connection reset).
     pub outcome: Result<Answer, String>,
 }
@@ -60,6 +62,7 @@ impl Traffic {
         for (name, value) in knobs {
             req = req.header(*name, value);
         }
+        let at_ms = now_ms();
         let outcome = match req.send().await {
             Ok(res) => {
                 let status = res.status().as_u16();
@@ -87,6 +90,7 @@ impl Traffic {
             sent.push(Sent {
                 scope: scope.clone(),
                 path,
+                at_ms,
                 body: body.to_string(),
                 knobs: knobs.to_vec(),
                 outcome: copy,
