@@ -36,6 +36,9 @@ pub struct Options {
     pub edit: Option<Edit>,
     /// The test client's timeout per request (`None`: none).
     pub client_timeout: Option<Duration>,
+    /// Where the bootstrap's upstream (port 8080) points instead of the
+    /// in-process [`Upstream`], e.g. the demo's payments service.
+    pub upstream_port: Option<u16>,
 }
 
 impl Options {
@@ -49,6 +52,7 @@ impl Options {
             store_log: "info",
             edit: None,
             client_timeout: Some(Duration::from_secs(20)),
+            upstream_port: None,
         }
     }
 }
@@ -132,7 +136,7 @@ impl Stack {
         let ports = Ports {
             listener: free_port(),
             admin: free_port(),
-            upstream: upstream.addr.port(),
+            upstream: options.upstream_port.unwrap_or(upstream.addr.port()),
         };
         let config = bootstrap(options.bootstrap, &ports)
             .replace(STORE_ENDPOINT, &store_endpoints(stores.iter().map(|r| r.port)));
