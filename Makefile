@@ -8,7 +8,9 @@
 # test, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at any Envoy >= 1.35 to use it instead of the pinned wheel.
 
-ENVOY ?= $(or $(ENVOY_BIN),$(CURDIR)/.tools/venv/bin/envoy)
+# The virtualenv scripts/setup.sh installs Envoy and the e2e tests' SDKs into.
+VENV  := $(abspath $(or $(IDEMGATE_VENV),.tools/venv))
+ENVOY ?= $(or $(ENVOY_BIN),$(VENV)/bin/envoy)
 WASM  := target/idemgate.wasm
 E2E_ENV = IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
@@ -46,6 +48,7 @@ test: setup lint wasm
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(ENVOY) \
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md \
+	IDEMGATE_PYTHON=$(VENV)/bin/python \
 	    cargo test --workspace
 	scripts/demo-smoke.sh
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh 25

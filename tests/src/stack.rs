@@ -38,6 +38,9 @@ pub struct Options {
     pub client_timeout: Option<Duration>,
     /// Environment variables of the Envoy process.
     pub envoy_env: Vec<(&'static str, &'static str)>,
+    /// Where the bootstrap's upstream (port 8080) points instead of the
+    /// in-process [`Upstream`], e.g. the demo's payments service.
+    pub upstream_port: Option<u16>,
 }
 
 impl Options {
@@ -52,6 +55,7 @@ impl Options {
             edit: None,
             client_timeout: Some(Duration::from_secs(20)),
             envoy_env: Vec::new(),
+            upstream_port: None,
         }
     }
 }
@@ -135,7 +139,7 @@ impl Stack {
         let ports = Ports {
             listener: free_port(),
             admin: free_port(),
-            upstream: upstream.addr.port(),
+            upstream: options.upstream_port.unwrap_or(upstream.addr.port()),
         };
         let config = bootstrap(options.bootstrap, &ports)
             .replace(STORE_ENDPOINT, &store_endpoints(stores.iter().map(|r| r.port)));

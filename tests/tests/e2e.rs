@@ -745,6 +745,13 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     };
     let config =
         e2e::bootstrap("envoy/e2e.yaml", &ports).replace("\"ttl_seconds\": 1}", "\"ttl_seconds\": 0}");
+    // The policy broken above is "short-lived": the error names its index.
+    let index = config
+        .split("\"name\": \"short-lived\"")
+        .next()
+        .unwrap()
+        .matches("{\"name\": ")
+        .count();
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, config).unwrap();
     let out = std::process::Command::new(e2e::envoy_bin())
@@ -756,7 +763,9 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        log.contains("invalid configuration at `policies[9].ttl_seconds`"),
+        log.contains(&format!(
+            "invalid configuration at `policies[{index}].ttl_seconds`"
+        )),
         "{log}"
     );
 }

@@ -13,6 +13,13 @@
 //! - `x-demo-status: S`      answer with status S (e.g. 500, 429) instead of 201
 //! - `x-demo-outcome: O`     add `Idempotency-Control: O` (`no-store`, `uncertain`)
 //! - `x-demo-body-bytes: N`  pad the answer to about N bytes (at most 4 MiB)
+//!
+//! `POST /v1/payment_intents` speaks Stripe's dialect, for Stripe's SDKs: a
+//! form-encoded request (`amount`, `currency`, `metadata[...]`), a JSON answer
+//! shaped like a Stripe object (`"object": "payment_intent"`) and Stripe's
+//! error shape. Since an SDK sends form fields more easily than headers,
+//! `metadata[delay_ms]` works like `x-demo-delay-ms` there. Payment intents are
+//! counted as payments.
 
 pub mod token;
 
@@ -39,6 +46,8 @@ const NO_TENANT: &str = "-";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Payment,
+    /// A payment created through the Stripe-shaped route.
+    PaymentIntent,
     Refund,
     Order,
     Quote,
@@ -48,6 +57,7 @@ impl Kind {
     fn id_prefix(self) -> &'static str {
         match self {
             Kind::Payment => "pay",
+            Kind::PaymentIntent => "pi",
             Kind::Refund => "re",
             Kind::Order => "ord",
             Kind::Quote => "quo",
@@ -67,7 +77,7 @@ pub struct Counts {
 impl Counts {
     fn bump(&mut self, kind: Kind) {
         let n = match kind {
-            Kind::Payment => &mut self.payments,
+            Kind::Payment | Kind::PaymentIntent => &mut self.payments,
             Kind::Refund => &mut self.refunds,
             Kind::Order => &mut self.orders,
             Kind::Quote => &mut self.quotes,
@@ -80,7 +90,8 @@ impl Counts {
 struct Books {
     next_id: u64,
     executions: BTreeMap<String, Counts>,
-    /// Payment id → (tenant, the payment as answered when it was created).
+    /// Payment (and payment intent) id → (tenant, the object as answered
+    /// when it was created).
     payments: HashMap<String, (String, Value)>,
 }
 
@@ -106,12 +117,31 @@ impl Ledger {
 pub fn app(ledger: Ledger) -> Router {
     Router::new()
         .route("/v1/payments", post(|s, h, b| execute(s, Kind::Payment, h, b)))
-        .route("/v1/payments/{id}", get(show_payment))
+        .route("/v1/payments/{id}", get(|s, p, h| show(s, Kind::Payment, p, h)))
+        .route(
+            "/v1/payment_intents",
+            post(|s, h, b| execute(s, Kind::PaymentIntent, h, b)),
+        )
+        .route(
+            "/v1/payment_intents/{id}",
+            get(|s, p, h| show(s, Kind::PaymentIntent, p, h)),
+        )
         .route("/v1/refunds", post(|s, h, b| execute(s, Kind::Refund, h, b)))
         .route("/v1/orders", post(|s, h, b| execute(s, Kind::Order, h, b)))
         .route("/v1/quotes", post(|s, h, b| execute(s, Kind::Quote, h, b)))
         .route("/_demo/executions", get(executions))
         .with_state(ledger)
+}
+
+/// Serves [`app`] on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ledger: Ledger,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(ledger))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -126,8 +156,34 @@ fn tenant_of(headers: &HeaderMap) -> String {
     header(headers, "x-tenant-id").unwrap_or(NO_TENANT).to_string()
 }
 
-fn error(status: StatusCode, detail: &str) -> Response {
-    (status, Json(json!({"status": status.as_u16(), "detail": detail}))).into_response()
+fn error(kind: Kind, status: StatusCode, detail: &str) -> Response {
+    let body = if kind == Kind::PaymentIntent {
+        // Stripe's error shape, which its SDKs turn into their exceptions.
+        let kind = if status.is_server_error() {
+            "api_error"
+        } else {
+            "invalid_request_error"
+        };
+        json!({"error": {"type": kind, "message": detail}})
+    } else {
+        json!({"status": status.as_u16(), "detail": detail})
+    };
+    (status, Json(body)).into_response()
+}
+
+/// How long to work: `x-demo-delay-ms`, or a payment intent's
+/// `metadata[delay_ms]`.
+fn delay_ms(kind: Kind, headers: &HeaderMap, body: &[u8]) -> u64 {
+    let form = || {
+        form_urlencoded::parse(body)
+            .find(|(name, _)| name == "metadata[delay_ms]")
+            .map(|(_, value)| value.into_owned())
+    };
+    header(headers, "x-demo-delay-ms")
+        .map(str::to_string)
+        .or_else(|| (kind == Kind::PaymentIntent).then(form).flatten())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
@@ -141,9 +197,7 @@ async fn execute(State(ledger): State<Ledger>, kind: Kind, headers: HeaderMap, b
         format!("{}_{:04}", kind.id_prefix(), books.next_id)
     };
 
-    let delay = header(&headers, "x-demo-delay-ms")
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let delay = delay_ms(kind, &headers, &body);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
     }
@@ -174,25 +228,62 @@ fn answer(
             .ok()
             .and_then(|s| StatusCode::from_u16(s).ok())
         {
-            Some(status) => error(status, "answered as asked by x-demo-status"),
+            Some(status) => error(kind, status, "answered as asked by x-demo-status"),
             None => error(
+                kind,
                 StatusCode::BAD_REQUEST,
                 "x-demo-status must be an HTTP status such as 500",
             ),
         };
         return (response, None);
     }
-    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
-        return (
-            error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
-            None,
+    let created = match kind {
+        Kind::PaymentIntent => payment_intent(&id, body),
+        _ => created(kind, &id, body),
+    };
+    let mut created = match created {
+        Ok(created) => created,
+        Err(detail) => return (error(kind, StatusCode::BAD_REQUEST, &detail), None),
+    };
+    if let Some(size) = header(headers, "x-demo-body-bytes").and_then(|v| v.parse::<usize>().ok()) {
+        created.insert(
+            "padding".into(),
+            Value::String("x".repeat(size.min(MAX_BODY_BYTES))),
         );
+    }
+    let created = Value::Object(created);
+    if matches!(kind, Kind::Payment | Kind::PaymentIntent) {
+        ledger
+            .books()
+            .payments
+            .insert(id.clone(), (tenant.to_string(), created.clone()));
+    }
+    // Stripe answers a create with 200.
+    let status = if kind == Kind::PaymentIntent {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let mut response = (status, Json(created)).into_response();
+    if kind == Kind::Payment {
+        if let Ok(location) = HeaderValue::from_str(&format!("/v1/payments/{id}")) {
+            response.headers_mut().insert("location", location);
+        }
+    }
+    (response, Some(id))
+}
+
+/// The created object of a JSON route: its id, the fields of its kind from
+/// the request, `"status": "succeeded"`.
+fn created(kind: Kind, id: &str, body: &[u8]) -> Result<Map<String, Value>, String> {
+    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
+        return Err("the body must be a JSON object".into());
     };
     let field = |name: &str| request.get(name).cloned().unwrap_or(Value::Null);
     let mut created = Map::new();
-    created.insert("id".into(), Value::String(id.clone()));
+    created.insert("id".into(), Value::String(id.into()));
     match kind {
-        Kind::Payment | Kind::Quote => {
+        Kind::Payment | Kind::Quote | Kind::PaymentIntent => {
             created.insert("amount".into(), field("amount"));
             created.insert("currency".into(), field("currency"));
         }
@@ -205,34 +296,61 @@ fn answer(
         }
     }
     created.insert("status".into(), Value::String("succeeded".into()));
-    if let Some(size) = header(headers, "x-demo-body-bytes").and_then(|v| v.parse::<usize>().ok()) {
-        created.insert(
-            "padding".into(),
-            Value::String("x".repeat(size.min(MAX_BODY_BYTES))),
-        );
-    }
-    let created = Value::Object(created);
-    if kind == Kind::Payment {
-        ledger
-            .books()
-            .payments
-            .insert(id.clone(), (tenant.to_string(), created.clone()));
-    }
-    let mut response = (StatusCode::CREATED, Json(created)).into_response();
-    if kind == Kind::Payment {
-        if let Ok(location) = HeaderValue::from_str(&format!("/v1/payments/{id}")) {
-            response.headers_mut().insert("location", location);
-        }
-    }
-    (response, Some(id))
+    Ok(created)
 }
 
-/// A payment is visible only to the tenant that made it.
-async fn show_payment(State(ledger): State<Ledger>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+/// A payment intent from a form-encoded request, as Stripe's API answers
+/// one: `amount` (an integer in the currency's smallest unit) and
+/// `currency` are required, `metadata[name]` fields are kept, others ignored.
+fn payment_intent(id: &str, body: &[u8]) -> Result<Map<String, Value>, String> {
+    let (mut amount, mut currency, mut metadata) = (None, None, Map::new());
+    for (name, value) in form_urlencoded::parse(body) {
+        if let Some(field) = name.strip_prefix("metadata[").and_then(|n| n.strip_suffix(']')) {
+            metadata.insert(field.into(), Value::String(value.into_owned()));
+            continue;
+        }
+        match &*name {
+            "amount" => {
+                let n = value
+                    .parse::<i64>()
+                    .map_err(|_| format!("Invalid integer: {value}"))?;
+                amount = Some(n);
+            }
+            "currency" => currency = Some(value.to_ascii_lowercase()),
+            _ => {}
+        }
+    }
+    let amount = amount.ok_or("Missing required param: amount.")?;
+    let currency = currency.ok_or("Missing required param: currency.")?;
+    let mut created = Map::new();
+    created.insert("id".into(), Value::String(id.into()));
+    created.insert("object".into(), Value::String("payment_intent".into()));
+    created.insert("amount".into(), Value::from(amount));
+    created.insert("currency".into(), Value::String(currency));
+    created.insert("metadata".into(), Value::Object(metadata));
+    created.insert("status".into(), Value::String("succeeded".into()));
+    Ok(created)
+}
+
+/// A payment (or payment intent) is visible only to the tenant that made it.
+async fn show(
+    State(ledger): State<Ledger>,
+    kind: Kind,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let tenant = tenant_of(&headers);
+    let ours = id
+        .strip_prefix(kind.id_prefix())
+        .is_some_and(|rest| rest.starts_with('_'));
     match ledger.books().payments.get(&id) {
-        Some((owner, payment)) if *owner == tenant => Json(payment.clone()).into_response(),
-        _ => error(StatusCode::NOT_FOUND, "no such payment"),
+        Some((owner, payment)) if ours && *owner == tenant => Json(payment.clone()).into_response(),
+        _ if kind == Kind::PaymentIntent => error(
+            kind,
+            StatusCode::NOT_FOUND,
+            &format!("No such payment_intent: '{id}'"),
+        ),
+        _ => error(kind, StatusCode::NOT_FOUND, "no such payment"),
     }
 }
 
@@ -330,6 +448,72 @@ mod tests {
             json!({"a": {"payments": 0, "refunds": 0, "orders": 2, "quotes": 0},
                                 "b": {"payments": 0, "refunds": 0, "orders": 0, "quotes": 1}})
         );
+    }
+
+    fn form(path: &str, tenant: &str) -> axum::http::request::Builder {
+        Request::post(path)
+            .header("x-tenant-id", tenant)
+            .header("content-type", "application/x-www-form-urlencoded")
+    }
+
+    #[tokio::test]
+    async fn a_payment_intent_is_created_from_a_form_as_a_stripe_object() {
+        let ledger = Ledger::default();
+        let body = "amount=4200&currency=EUR&metadata%5Border%5D=1001&confirm=true";
+        let (status, _, json) = call(
+            &ledger,
+            form("/v1/payment_intents", "tenant-a")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            json,
+            json!({"id": "pi_0001", "object": "payment_intent", "amount": 4200, "currency": "eur",
+                   "metadata": {"order": "1001"}, "status": "succeeded"})
+        );
+        // Counted as a payment, and shown to its tenant on Stripe's path only.
+        assert_eq!(ledger.executions()["tenant-a"].payments, 1);
+        let get = |path: &str| {
+            Request::get(path)
+                .header("x-tenant-id", "tenant-a")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let (status, _, shown) = call(&ledger, get("/v1/payment_intents/pi_0001")).await;
+        assert_eq!((status, shown), (StatusCode::OK, json));
+        let (status, _, _) = call(&ledger, get("/v1/payments/pi_0001")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn a_payment_intent_without_an_amount_is_a_stripe_error() {
+        let ledger = Ledger::default();
+        let (status, _, json) = call(
+            &ledger,
+            form("/v1/payment_intents", "a")
+                .body(Body::from("currency=eur"))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["message"], "Missing required param: amount.");
+    }
+
+    #[tokio::test]
+    async fn metadata_delay_ms_slows_a_payment_intent_down() {
+        let ledger = Ledger::default();
+        let started = std::time::Instant::now();
+        let body = "amount=1&currency=eur&metadata%5Bdelay_ms%5D=300";
+        let (status, _, _) = call(
+            &ledger,
+            form("/v1/payment_intents", "a").body(Body::from(body)).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use payments::{app, Ledger, DEFAULT_LISTEN};
+use payments::{serve, Ledger, DEFAULT_LISTEN};
 
 #[derive(Parser)]
 #[command(
@@ -27,10 +27,7 @@ async fn main() -> ExitCode {
         }
     };
     println!("payments: listening on http://{}", args.listen);
-    match axum::serve(listener, app(Ledger::default()))
-        .with_graceful_shutdown(shutdown())
-        .await
-    {
+    match serve(listener, Ledger::default(), shutdown()).await {
         Ok(()) => {
             println!("payments: stopped");
             ExitCode::SUCCESS

@@ -404,9 +404,11 @@ fn a_5xx_that_is_not_a_problem_document_is_a_violation() {
 
 #[test]
 fn store_unavailable_outside_fault_windows_is_bounded() {
-    let mut audit = Audit::default();
     // 1 of 100 answers outside the window: allowed; inside it: not counted.
-    audit.answered_at = (0..100).map(|i| (i * 10, i == 5)).collect();
+    let mut audit = Audit {
+        answered_at: (0..100).map(|i| (i * 10, i == 5)).collect(),
+        ..Audit::default()
+    };
     audit.answered_at.extend((0..50).map(|i| (20_000 + i, true)));
     audit.bound_unavailable(&[("store stall", 20_000, 21_500)]);
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
