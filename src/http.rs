@@ -66,6 +66,22 @@ impl Context for Filter {
             shared.answer(token, num_headers, body_size);
         }
     }
+
+    /// A stream Envoy ends without logging it still lets go of its carrier.
+    fn on_done(&mut self) -> bool {
+        self.client_left();
+        true
+    }
+}
+
+impl Filter {
+    /// This context is deleted right after; an exchange that must go on
+    /// stays with the worker, which hears its callouts' answers.
+    fn client_left(&mut self) {
+        if let (Some(shared), Some(_)) = (&self.shared, self.carrier.take()) {
+            shared.client_left(self.owner);
+        }
+    }
 }
 
 impl HttpContext for Filter {
@@ -165,10 +181,6 @@ impl HttpContext for Filter {
     }
 
     fn on_log(&mut self) {
-        // This context is deleted right after on_log; an exchange that must
-        // go on stays with the worker, which hears its callouts' answers.
-        if let (Some(shared), Some(_)) = (&self.shared, self.carrier.take()) {
-            shared.client_left(self.owner);
-        }
+        self.client_left();
     }
 }

@@ -215,6 +215,40 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     assert_eq!(report.total_violations(), 0, "{}", report.summary());
 }
 
+/// A run against a sabotaged stack (8 s of chaos traffic while `during`
+/// runs), audited like any other; its row goes to the oracles table.
+async fn sabotaged<F, Fut>(name: &str, options: Options, during: F) -> e2e::chaos::Audit
+where
+    F: FnOnce(Arc<Stack>, Instant) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let stack = Arc::new(Stack::start(options).await);
+    let traffic = Traffic::new(stack.url(""));
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let workers = chaos_workers(&traffic, deadline);
+    during(stack.clone(), deadline).await;
+    join(workers).await;
+    let report = audit(&stack, &traffic).await;
+    println!("sabotaged ({name}): {}", report.summary());
+    report
+}
+
+fn oracle_row(name: &str, sabotage: &str, report: &e2e::chaos::Audit, caught: String, passed: bool) {
+    write(&Row {
+        run: &format!("oracle: {name} (8 s)"),
+        load: format!(
+            "8 s, {WORKERS} clients: {} requests, {} upstream executions",
+            report.requests, report.executions
+        ),
+        faults: format!("{sabotage} (sabotage)"),
+        hostile: report.hostile(),
+        fuzz_execs: "—".into(),
+        violations: format!("caught: {caught}"),
+        passed,
+        table: "oracles",
+    });
+}
+
 /// The audit must be able to fail: Envoy retrying a covered route on a reset
 /// sends a claimed request to the upstream twice behind the filter's back
 /// (the reason every bootstrap sets `num_retries: 0`), and the audit has to
@@ -231,29 +265,142 @@ async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route(
         );
         yaml.replace(safe, "retry_policy: {retry_on: reset, num_retries: 2}")
     }));
-    let stack = Stack::start(options).await;
-    let traffic = Traffic::new(stack.url(""));
-    let deadline = Instant::now() + Duration::from_secs(8);
-    let workers = chaos_workers(&traffic, deadline);
-    join(workers).await;
-    let report = audit(&stack, &traffic).await;
-    println!("sabotaged (retry_on: reset): {}", report.summary());
-    write(&Row {
-        run: "oracle: Envoy retries a covered route on reset (8 s)",
-        load: format!(
-            "8 s, {WORKERS} clients: {} requests, {} upstream executions",
-            report.requests, report.executions
-        ),
-        faults: "retry_on: reset on the covered route (sabotage)".into(),
-        hostile: report.hostile(),
-        fuzz_execs: "—".into(),
-        violations: format!("caught: {} double executions", report.double_executions.len()),
-        passed: !report.double_executions.is_empty(),
-        table: "oracles",
-    });
+    let report = sabotaged("retry_on: reset", options, |_, _| async {}).await;
+    let caught = !report.double_executions.is_empty();
+    oracle_row(
+        "Envoy retries a covered route on reset",
+        "retry_on: reset on the covered route",
+        &report,
+        format!("{} double executions", report.double_executions.len()),
+        caught,
+    );
     assert!(
-        !report.double_executions.is_empty(),
+        caught,
         "the audit missed the double executions of a retried route: {}",
+        report.summary()
+    );
+}
+
+/// Failing open while the store stalls forwards duplicates without
+/// deduplication: the audit must see them run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_reports_double_executions_when_the_filter_fails_open() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
+    options.edit = Some(Box::new(|yaml: String| {
+        let lease = "\"lease_seconds\":";
+        assert!(yaml.contains(lease), "envoy/chaos.yaml's policies changed shape");
+        yaml.replace(lease, &format!("\"failure_mode\": \"open\", {lease}"))
+    }));
+    let report = sabotaged("fail-open", options, |stack, deadline| async move {
+        while Instant::now() + Duration::from_millis(2_500) < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            stack.signal_store(0, true);
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            stack.signal_store(0, false);
+        }
+    })
+    .await;
+    let caught = !report.double_executions.is_empty();
+    oracle_row(
+        "the filter fails open while the store stalls",
+        "failure_mode: open, store stalls",
+        &report,
+        format!("{} double executions", report.double_executions.len()),
+        caught,
+    );
+    assert!(
+        caught,
+        "the audit missed the double executions of failing open: {}",
+        report.summary()
+    );
+}
+
+/// A filter after idemgate on the response path (before it in the chain)
+/// strips `Idempotent-Replayed`: replays reach clients looking like fresh
+/// executions, and the audit must notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_reports_replays_stripped_of_their_mark() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
+    options.edit = Some(Box::new(|yaml: String| {
+        let chain = "http_filters:\n          - name: idemgate";
+        assert!(
+            yaml.contains(chain),
+            "envoy/chaos.yaml's filter chain changed shape"
+        );
+        yaml.replacen(
+            chain,
+            "http_filters:
+          - name: envoy.filters.http.lua
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_response(handle)
+                    handle:headers():remove(\"idempotent-replayed\")
+                  end
+          - name: idemgate",
+            1,
+        )
+    }));
+    let report = sabotaged("Idempotent-Replayed stripped", options, |_, _| async {}).await;
+    let unmarked = report
+        .violations
+        .iter()
+        .filter(|v| v.contains("without Idempotent-Replayed"))
+        .count();
+    oracle_row(
+        "replays stripped of Idempotent-Replayed",
+        "a Lua filter removes the header from responses",
+        &report,
+        format!("{unmarked} executions answered unmarked more than once"),
+        unmarked > 0,
+    );
+    assert!(
+        unmarked > 0,
+        "the audit missed unmarked replays: {}",
+        report.summary()
+    );
+}
+
+/// A store that loses completed records lets retries run again: the audit
+/// must see the double executions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_reports_double_executions_when_the_store_loses_completions() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
+    let report = sabotaged("completions lost", options, |stack, deadline| async move {
+        let path = stack.database_url.trim_start_matches("sqlite://").to_string();
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || {
+                let db = rusqlite::Connection::open(path).unwrap();
+                db.busy_timeout(Duration::from_secs(2)).unwrap();
+                db.execute("DELETE FROM idempotency_records WHERE state = 'completed'", [])
+                    .unwrap();
+            })
+            .await
+            .unwrap();
+        }
+    })
+    .await;
+    let caught = !report.double_executions.is_empty();
+    oracle_row(
+        "the store loses completed records",
+        "completed records deleted every 300 ms",
+        &report,
+        format!(
+            "{} double executions, {} other violations",
+            report.double_executions.len(),
+            report.violations.len()
+        ),
+        caught,
+    );
+    assert!(
+        caught,
+        "the audit missed re-executions after lost completions: {}",
         report.summary()
     );
 }

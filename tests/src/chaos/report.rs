@@ -52,6 +52,10 @@ pub const MAX_UNAVAILABLE_SHARE: f64 = 0.01;
 /// How long after a fault window the store may still be catching up (the
 /// filter's store timeout, a restart, a health check).
 const RECOVERY_MS: i64 = 3_000;
+/// How long before a fault window a request may have been sent and still
+/// meet it: the filter's store timeout (1 s) plus the longest claim wait of
+/// `envoy/chaos.yaml` (2 s).
+const IN_FLIGHT_MS: i64 = 3_000;
 
 impl Audit {
     /// Moves the burnt keys that `cause` explains (a fault after which the
@@ -90,8 +94,22 @@ impl Audit {
         if outside.is_empty() || unavailable as f64 <= outside.len() as f64 * MAX_UNAVAILABLE_SHARE {
             return;
         }
+        // How far each one was from the nearest fault, to tell a slow
+        // recovery from trouble with no fault near.
+        let after: Vec<String> = self
+            .answered_at
+            .iter()
+            .filter(|(_, u)| *u)
+            .filter_map(|(at, _)| {
+                let (name, _, to) = windows
+                    .iter()
+                    .filter(|(_, from, _)| from <= at)
+                    .max_by_key(|(_, from, _)| *from)?;
+                (at - to > RECOVERY_MS).then(|| format!("{} ms after a {name}", at - to))
+            })
+            .collect();
         self.violations.push(format!(
-            "{unavailable} of {} answers outside fault windows were 503 store-unavailable (at most {:.0} % allowed)",
+            "{unavailable} of {} answers outside fault windows were 503 store-unavailable (at most {:.0} % allowed): {after:?}",
             outside.len(),
             MAX_UNAVAILABLE_SHARE * 100.0
         ));
