@@ -86,7 +86,7 @@ impl Audit {
             .filter(|(at, _)| {
                 !windows
                     .iter()
-                    .any(|(_, from, to)| *at >= from - 1_000 && *at <= to + RECOVERY_MS)
+                    .any(|(_, from, to)| *at >= from - IN_FLIGHT_MS && *at <= to + RECOVERY_MS)
             })
             .map(|(_, unavailable)| *unavailable)
             .collect();
