@@ -11,6 +11,7 @@
 // Test support: failing loudly is how a helper reports a broken run.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -219,10 +220,10 @@ async fn soak_holds_memory_flat_with_zero_errors() {
 /// runs), audited like any other; its row goes to the oracles table.
 async fn sabotaged<F, Fut>(name: &str, options: Options, during: F) -> e2e::chaos::Audit
 where
-    F: FnOnce(Arc<Stack>, Instant) -> Fut,
+    F: FnOnce(Rc<Stack>, Instant) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let stack = Arc::new(Stack::start(options).await);
+    let stack = Rc::new(Stack::start(options).await);
     let traffic = Traffic::new(stack.url(""));
     let deadline = Instant::now() + Duration::from_secs(8);
     let workers = chaos_workers(&traffic, deadline);
