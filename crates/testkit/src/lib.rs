@@ -18,8 +18,19 @@ pub use wait::{eventually, poll};
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
+    // A port is free only until someone binds it, and the kernel may offer
+    // the same one again before the process it was meant for has started:
+    // never hand out one port twice in a test process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
