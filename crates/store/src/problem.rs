@@ -32,6 +32,11 @@ impl Refusal {
     pub fn bad_request(detail: impl Into<String>) -> Refusal {
         Refusal::new(ProblemKind::BadRequest, detail)
     }
+
+    /// The problem this refusal answers with.
+    pub fn problem(&self) -> &Problem {
+        &self.0
+    }
 }
 
 impl From<StoreError> for Refusal {
