@@ -410,6 +410,7 @@ async fn the_openapi_document_describes_exactly_the_routes() {
     documented.sort();
     let mut routes: Vec<(String, String)> = idemgate_store::ROUTES
         .iter()
+        .chain(idemgate_store::console::ROUTES)
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     routes.sort();
