@@ -45,6 +45,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--admin-token-file",
         "--sweep-batch",
         "--audit-retention-secs",
+        "--no-console",
+        "--console-secure-cookies",
         "IDEMGATE_API_TOKEN",
     ] {
         assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");

@@ -49,7 +49,7 @@ impl Default for ConsoleSettings {
 /// 32 random bytes from the operating system, as 64 hex digits.
 pub fn random_token() -> Option<String> {
     let mut bytes = [0u8; 32];
-    match getrandom::getrandom(&mut bytes) {
+    match getrandom::fill(&mut bytes) {
         Ok(()) => Some(bytes.iter().map(|b| format!("{b:02x}")).collect()),
         Err(e) => {
             tracing::error!(error = %e, "console: no randomness for a token");
