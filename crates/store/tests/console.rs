@@ -343,6 +343,25 @@ async fn signing_in_takes_the_admin_credential_from_the_login_form() {
 }
 
 #[tokio::test]
+async fn a_second_login_page_keeps_the_first_ones_form_valid() {
+    let mut b = Browser::new(ConsoleSettings::default()).await;
+    let first = b.get(paths::LOGIN).await.field("login_csrf");
+    let wrong = b
+        .post(paths::LOGIN, &[("login_csrf", &first), ("token", "typo")])
+        .await;
+    assert_eq!(wrong.field("login_csrf"), first);
+    let second = b.get(paths::LOGIN).await.field("login_csrf");
+    assert_eq!(first, second, "another tab or a reload");
+    let r = b
+        .post(paths::LOGIN, &[("login_csrf", &first), ("token", ADMIN)])
+        .await;
+    assert_eq!((r.status, r.location()), (303, Some(paths::HOME)));
+    // A session's sign-in token is spent: the next sign-in draws a new one.
+    b.jar.remove("idemgate_console");
+    assert_ne!(b.get(paths::LOGIN).await.field("login_csrf"), first);
+}
+
+#[tokio::test]
 async fn every_post_needs_the_sessions_csrf_token() {
     let mut b = Browser::new(ConsoleSettings::default()).await;
     let csrf = b.sign_in().await;

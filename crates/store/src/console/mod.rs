@@ -187,9 +187,13 @@ pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response
     )
 }
 
-/// The login page, with a fresh login token in its cookie and its form.
-fn login_page(state: &AppState, status: StatusCode, message: Option<&str>) -> Response {
-    let Some(token) = random_token() else {
+/// The login page. Its form carries the browser's login token, the one in
+/// its login cookie: kept when the browser has one (two tabs, a reload, a
+/// failed attempt all stay valid), drawn afresh otherwise.
+fn login_page(state: &AppState, headers: &HeaderMap, status: StatusCode, message: Option<&str>) -> Response {
+    let kept =
+        cookie(headers, LOGIN_COOKIE).filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()));
+    let Some(token) = kept.or_else(random_token) else {
         return no_randomness();
     };
     let resp = page::page(status, "Sign in", None, &page::login(message, &token));
@@ -203,7 +207,7 @@ pub async fn login_form(State(state): State<AppState>, headers: HeaderMap) -> Re
     if state.sessions.current(&headers).is_some() {
         return redirect(paths::HOME);
     }
-    login_page(&state, StatusCode::OK, None)
+    login_page(&state, &headers, StatusCode::OK, None)
 }
 
 pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -220,6 +224,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body
         );
         return login_page(
             &state,
+            &headers,
             StatusCode::FORBIDDEN,
             Some("This sign-in did not come from this browser's login form; try again."),
         );
@@ -242,6 +247,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body
         tracing::warn!("console: a sign-in with the API credential was refused");
         login_page(
             &state,
+            &headers,
             StatusCode::FORBIDDEN,
             Some("That is the API credential; the console takes the admin credential."),
         )
@@ -249,6 +255,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body
         tracing::warn!("console: a sign-in with a wrong credential was refused");
         login_page(
             &state,
+            &headers,
             StatusCode::UNAUTHORIZED,
             Some("That is not the admin credential."),
         )
