@@ -4,7 +4,8 @@
 #
 #   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries,
 #                            Node.js with the e2e Express app's packages, the
-#                            Python SDKs the e2e tests drive (tests/sdks)
+#                            Python SDKs the e2e tests drive (tests/sdks),
+#                            Chromium and chromedriver for the console's test
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -86,7 +87,11 @@ command -v python3 >/dev/null || need_debs "python3" python3
 command -v node >/dev/null || need_debs "Node.js" nodejs
 command -v npm >/dev/null || need_debs "npm" npm
 
-# (f) wrk, for benchmarks only.
+# (f) Chromium and its WebDriver: the console's end-to-end test drives the
+# store's admin pages in headless Chromium (tests/tests/console.rs).
+need_debs "Chromium and chromedriver (the console's browser test)" chromium chromium-driver
+
+# (g) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi

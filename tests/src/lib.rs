@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+pub mod browser;
 pub mod chaos;
 pub use idemgate_testkit::pg;
 pub mod proxy;

@@ -1,5 +1,8 @@
 //! The operators' surface (`/admin/v1`, admin credential): look records up,
 //! list unknown and stuck ones, resolve, purge, run the sweeper now.
+//!
+//! The JSON handlers and the console ([`crate::console`]) make the same
+//! calls: [`find`], [`list`] and [`resolve_record`].
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -50,7 +53,14 @@ pub struct ResolveRequest {
     pub scope: Scope,
     #[serde(flatten)]
     pub resolution: Resolution,
+    /// Why: kept in the history with the `resolved` event (the console
+    /// requires one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
+
+/// The longest reason a resolution may carry.
+pub const MAX_REASON_BYTES: usize = 1024;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,11 +81,23 @@ fn bad_query(e: impl std::fmt::Display) -> Refusal {
     Refusal::bad_request(format!("bad query: {e}"))
 }
 
-pub async fn lookup(State(state): State<AppState>, body: Body) -> Result<Json<KeyHistory>, Refusal> {
-    let q: LookupQuery = json_body(&state, body).await?;
-    if q.tenant.is_empty() || q.key.is_empty() {
+/// Every generation and event of a tenant's key (narrowed by the lookup's
+/// other components), at most `l` generations.
+pub async fn find(state: &AppState, lookup: &Lookup, l: Option<u32>) -> Result<KeyHistory, Refusal> {
+    if lookup.tenant.is_empty() || lookup.key.is_empty() {
         return Err(Refusal::bad_request("tenant and key are required"));
     }
+    Ok(state.store.backend.lookup(lookup, limit(l)).await?)
+}
+
+/// Unknown or stuck records, oldest first, at most `l`.
+pub async fn list(state: &AppState, which: Listing, l: Option<u32>) -> Result<Vec<RecordInfo>, Refusal> {
+    let now = state.store.clock.now();
+    Ok(state.store.backend.list(which, now, limit(l)).await?)
+}
+
+pub async fn lookup(State(state): State<AppState>, body: Body) -> Result<Json<KeyHistory>, Refusal> {
+    let q: LookupQuery = json_body(&state, body).await?;
     let lookup = Lookup {
         tenant: q.tenant,
         key: q.key,
@@ -83,12 +105,11 @@ pub async fn lookup(State(state): State<AppState>, body: Body) -> Result<Json<Ke
         principal: q.principal,
         namespace: q.namespace,
     };
-    Ok(Json(state.store.backend.lookup(&lookup, limit(q.limit)).await?))
+    Ok(Json(find(&state, &lookup, q.limit).await?))
 }
 
 async fn listing(state: AppState, which: Listing, l: Option<u32>) -> Result<Json<Vec<RecordInfo>>, Refusal> {
-    let now = state.store.clock.now();
-    Ok(Json(state.store.backend.list(which, now, limit(l)).await?))
+    Ok(Json(list(&state, which, l).await?))
 }
 
 type ListQueryResult = Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>;
@@ -115,29 +136,82 @@ async fn json_body<T: serde::de::DeserializeOwned>(state: &AppState, body: Body)
     serde_json::from_slice(&bytes).map_err(|e| Refusal::bad_request(format!("invalid JSON: {e}")))
 }
 
-pub async fn resolve(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
-    let req: ResolveRequest = json_body(&state, body).await?;
-    if let Resolution::Complete { status, headers, .. } = &req.resolution {
+/// A record's scope from its parts as an operator types them (`namespace`
+/// `u` for client keys, `s` for server keys).
+pub fn scope_of(
+    tenant: &str,
+    principal: &str,
+    route: &str,
+    namespace: &str,
+    key: &str,
+) -> Result<Scope, String> {
+    let ns = match namespace {
+        "u" => Namespace::Client,
+        "s" => Namespace::Server,
+        _ => return Err("the namespace must be u or s".into()),
+    };
+    let key = idemgate_core::key::Key::try_from(key.to_string()).map_err(|e| format!("key: {e}"))?;
+    Scope::new(tenant, principal, route, ns, key).map_err(|e| format!("scope: {e}"))
+}
+
+/// A response header written `NAME:VALUE` (the CLI's `--header`, a line of
+/// the console's headers field): the name lowercased, both trimmed.
+pub fn parse_header(line: &str) -> Result<(String, String), String> {
+    line.split_once(':')
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .ok_or_else(|| format!("header {line:?}: write NAME: VALUE"))
+}
+
+/// A reason fit to be kept: at most [`MAX_REASON_BYTES`], no control
+/// characters but line breaks and tabs; `None` when blank.
+pub fn validate_reason(reason: Option<&str>) -> Result<Option<&str>, String> {
+    let Some(reason) = reason.map(str::trim).filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(format!("the reason is longer than {MAX_REASON_BYTES} bytes"));
+    }
+    if reason
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    {
+        return Err("the reason contains a control character".into());
+    }
+    Ok(Some(reason))
+}
+
+/// Resolves an open record as an operator decided, `reason` kept in its
+/// history; 404 when there is no in-progress or unknown record.
+pub async fn resolve_record(
+    state: &AppState,
+    scope: &Scope,
+    how: &Resolution,
+    reason: Option<&str>,
+) -> Result<(), Refusal> {
+    if let Resolution::Complete { status, headers, .. } = how {
         validate_response(*status, headers).map_err(Refusal::bad_request)?;
     }
+    let reason = validate_reason(reason).map_err(Refusal::bad_request)?;
     let now = state.store.clock.now();
-    if !state
-        .store
-        .backend
-        .resolve(&req.scope, &req.resolution, now)
-        .await?
-    {
+    if !state.store.backend.resolve(scope, how, reason, now).await? {
         return Err(Refusal::new(
             ProblemKind::NotFound,
             "no in-progress or unknown record with this scope",
         ));
     }
-    let action = match req.resolution {
+    let action = match how {
         Resolution::Complete { .. } => "complete",
         Resolution::Release => "release",
     };
-    tracing::info!(record = %req.scope.log_id(), action, "resolved by an operator");
+    // Never the reason: it is the operator's free text.
+    tracing::info!(record = %scope.log_id(), action, "resolved by an operator");
     state.store.notify_changed();
+    Ok(())
+}
+
+pub async fn resolve(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
+    let req: ResolveRequest = json_body(&state, body).await?;
+    resolve_record(&state, &req.scope, &req.resolution, req.reason.as_deref()).await?;
     Ok(Json(Changed { changed: true }))
 }
 

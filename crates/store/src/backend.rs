@@ -132,6 +132,10 @@ pub struct EventInfo {
     pub detail: Option<String>,
     /// Since the generation was claimed.
     pub duration_ms: i64,
+    /// Why an operator made this transition (a resolution's reason); kept in
+    /// the history only, never written to the log.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl EventInfo {
@@ -285,8 +289,9 @@ pub trait Backend: Send + Sync {
     /// Every generation and event of records with this tenant and key.
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory>;
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;
-    /// `false` when there is no open record with this scope.
-    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool>;
+    /// `false` when there is no open record with this scope. `reason`, the
+    /// operator's why, is kept in the `resolved` event.
+    async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool>;
     /// Ends the current generation whatever its state (it moves to the
     /// history as `purged`, so the key is free); `false` when there was none.
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool>;

@@ -4,8 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use idemgate_core::key::Key;
-use idemgate_core::scope::{Namespace, Scope};
+use idemgate_core::scope::Scope;
 
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
 use crate::clock::Clock;
@@ -112,6 +111,13 @@ pub struct Serve {
     /// Do not run the sweeper in this process (e.g. all but one replica).
     #[arg(long, env = "IDEMGATE_NO_SWEEPER")]
     pub no_sweeper: bool,
+    /// Do not serve the operators' console (/admin/console).
+    #[arg(long, env = "IDEMGATE_NO_CONSOLE")]
+    pub no_console: bool,
+    /// Mark the console's cookies Secure: set it when browsers reach the
+    /// store over TLS (a terminating proxy or ingress in front of it).
+    #[arg(long, env = "IDEMGATE_CONSOLE_SECURE_COOKIES")]
+    pub console_secure_cookies: bool,
 }
 
 #[derive(Debug, Args)]
@@ -187,17 +193,21 @@ pub struct Resolve {
     /// Release the record instead, so the key can be claimed again.
     #[arg(long)]
     pub release: bool,
+    /// Why (what the downstream lookup showed): kept in the record's history
+    /// with the `resolved` event.
+    #[arg(long)]
+    pub reason: Option<String>,
 }
 
 impl ScopeArgs {
     pub fn scope(&self) -> Result<Scope, String> {
-        let ns = match self.namespace.as_str() {
-            "u" => Namespace::Client,
-            "s" => Namespace::Server,
-            _ => return Err("--namespace must be u or s".into()),
-        };
-        let key = Key::try_from(self.key.clone()).map_err(|e| format!("--key: {e}"))?;
-        Scope::new(&self.tenant, &self.principal, &self.route, ns, key).map_err(|e| format!("scope: {e:?}"))
+        crate::admin::scope_of(
+            &self.tenant,
+            &self.principal,
+            &self.route,
+            &self.namespace,
+            &self.key,
+        )
     }
 }
 
@@ -286,11 +296,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                     let headers = r
                         .headers
                         .iter()
-                        .map(|h| {
-                            h.split_once(':')
-                                .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-                                .ok_or_else(|| format!("--header {h:?}: write NAME:VALUE"))
-                        })
+                        .map(|h| crate::admin::parse_header(h).map_err(|e| format!("--{e}")))
                         .collect::<Result<Vec<_>, _>>()?;
                     crate::api::validate_response(status, &headers)?;
                     Resolution::Complete {
@@ -301,9 +307,11 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                 }
                 _ => Resolution::Release,
             };
+            let reason =
+                crate::admin::validate_reason(r.reason.as_deref()).map_err(|e| format!("--reason: {e}"))?;
             let changed = store
                 .backend
-                .resolve(&scope, &how, now)
+                .resolve(&scope, &how, reason, now)
                 .await
                 .map_err(|e| e.to_string())?;
             if !changed {
@@ -357,7 +365,12 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
     };
     let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", s.listen);
     tracing::info!(backend = store.backend.name(), database = %crate::backend::redact_url(url), "database ready");
-    let state = crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep);
+    let console = crate::console::ConsoleSettings {
+        enabled: !s.no_console,
+        secure_cookies: s.console_secure_cookies,
+    };
+    let state =
+        crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep).with_console(console);
     let served = match s.listen.strip_prefix("unix:") {
         // Envoy on the same host reaches it through a `pipe` address: no
         // TCP stack between them.

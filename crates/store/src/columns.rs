@@ -65,6 +65,7 @@ pub const EVENT_COLUMN_NAMES: &[&str] = &[
     "actor",
     "detail",
     "duration_ms",
+    "reason",
 ];
 
 /// [`RECORD_COLUMNS`] joined for a statement, each column written as `each`
@@ -261,6 +262,7 @@ impl EventInfo {
             actor: row.text("actor")?,
             detail: row.optional_text("detail")?,
             duration_ms: row.int("duration_ms")?,
+            reason: row.optional_text("reason")?,
         })
     }
 }

@@ -20,7 +20,7 @@
 macro_rules! event_columns {
     () => {
         "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
-         fingerprint, status, actor, detail, duration_ms"
+         fingerprint, status, actor, detail, duration_ms, reason"
     };
 }
 
@@ -32,6 +32,7 @@ pub mod cli;
 pub mod clock;
 pub mod columns;
 pub mod conditions;
+pub mod console;
 pub mod metrics;
 pub mod openapi;
 pub mod postgres;
@@ -51,14 +52,17 @@ pub use backend::{open_backend, Backend, StoreError};
 pub use clock::Clock;
 pub use service::Store;
 
-/// Everything a request handler needs: the store and the service's settings.
+/// Everything a request handler needs: the store, the service's settings
+/// and the console's sessions.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
     pub settings: Arc<Settings>,
+    pub sessions: Arc<console::Sessions>,
 }
 
 /// How the HTTP surface is configured.
+#[derive(Clone)]
 pub struct Settings {
     pub api_token: auth::Credential,
     pub admin_token: auth::Credential,
@@ -67,6 +71,7 @@ pub struct Settings {
     /// Largest request body accepted on any endpoint.
     pub max_body_bytes: usize,
     pub sweep: sweeper::SweepSettings,
+    pub console: console::ConsoleSettings,
 }
 
 impl AppState {
@@ -97,8 +102,18 @@ impl AppState {
                 doc_base,
                 max_body_bytes,
                 sweep,
+                console: console::ConsoleSettings::default(),
             }),
+            sessions: Arc::default(),
         }
+    }
+
+    /// The same state with the console configured as `console` says.
+    pub fn with_console(mut self, console: console::ConsoleSettings) -> AppState {
+        let mut settings = (*self.settings).clone();
+        settings.console = console;
+        self.settings = Arc::new(settings);
+        self
     }
 }
 
@@ -106,8 +121,9 @@ impl AppState {
 /// filter accepts plus a metadata line.
 pub const DEFAULT_MAX_BODY_BYTES: usize = idemgate_core::limits::MAX_FRAME;
 
-/// Every route the service answers, as (method, path). The router and the
-/// OpenAPI document are both checked against this list in tests.
+/// Every API route the service answers, as (method, path). The router and
+/// the OpenAPI document are both checked against this list and
+/// [`console::ROUTES`] in tests.
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -161,6 +177,7 @@ pub fn app(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .merge(v1)
         .merge(admin)
+        .merge(console::router(&state))
         .fallback(api::not_found)
         .layer(axum::middleware::map_response_with_state(
             state.clone(),

@@ -6,6 +6,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::admin;
+use crate::console::paths as console;
 use idemgate_core::protocol::{
     ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
@@ -72,6 +73,110 @@ fn admin_post(summary: &str, schema: Value, ok: &str) -> Value {
         "requestBody": { "required": true, "content": { "application/json": { "schema": schema } } },
         "responses": merge(json!({ "200": { "description": ok } }), problems(&["400", "401", "403", "404", "413", "503"])),
     }})
+}
+
+/// A console page: HTML for a browser, not an API; `session`: it needs the
+/// console's session.
+fn console_page(method: &str, summary: &str, form: Option<&[&str]>, session: bool) -> Value {
+    let mut op = json!({
+        "summary": summary,
+        "tags": ["console"],
+        "responses": {
+            "200": { "description": "An HTML page", "content": { "text/html": {} } },
+            "303": { "description": "To the login page without a live session; after a sign-in or sign-out, to the next page" },
+        },
+    });
+    if let Some(fields) = form {
+        let props: serde_json::Map<String, Value> = fields
+            .iter()
+            .map(|f| ((*f).to_string(), json!({ "type": "string" })))
+            .collect();
+        op["requestBody"] = json!({ "required": true, "content": { "application/x-www-form-urlencoded": {
+            "schema": { "type": "object", "properties": props } } } });
+    }
+    if session {
+        op["security"] = json!([{ "console": [] }]);
+    }
+    json!({ method: op })
+}
+
+fn console_paths(paths: &mut serde_json::Map<String, Value>) {
+    let mut add = |path: &str, op: Value| {
+        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
+        if let (Some(e), Value::Object(op)) = (entry.as_object_mut(), op) {
+            e.extend(op);
+        }
+    };
+    let scope: &[&str] = &["csrf", "tenant", "principal", "route", "namespace", "key"];
+    add(
+        console::HOME,
+        console_page("get", "Console: the key search form", None, true),
+    );
+    add(
+        console::LOGIN,
+        console_page(
+            "get",
+            "Console: the login form; sets the login form's cookie",
+            None,
+            false,
+        ),
+    );
+    add(
+        console::LOGIN,
+        console_page(
+            "post",
+            "Console: sign in with the admin credential; sets the session cookie (HttpOnly, SameSite=Strict)",
+            Some(&["login_csrf", "token"]),
+            false,
+        ),
+    );
+    add(
+        console::LOGOUT,
+        console_page("post", "Console: end the session", Some(&["csrf"]), true),
+    );
+    add(
+        console::UNKNOWN,
+        console_page(
+            "get",
+            "Console: records whose outcome is unknown, with their age",
+            None,
+            true,
+        ),
+    );
+    add(
+        console::STUCK,
+        console_page(
+            "get",
+            "Console: records in progress for longer than older_than_s",
+            None,
+            true,
+        ),
+    );
+    add(
+        console::HISTORY,
+        console_page(
+            "post",
+            "Console: every generation and event of a tenant's key; the key travels in the form, never in the URL",
+            Some(scope),
+            true,
+        ),
+    );
+    let mut resolve: Vec<&str> = scope.to_vec();
+    resolve.extend(["action", "status", "headers", "body", "reason"]);
+    add(
+        console::RESOLVE,
+        console_page(
+            "post",
+            "Console: complete an open record with a response, or release it, with a required reason",
+            Some(&resolve),
+            true,
+        ),
+    );
+    add(
+        console::CSS,
+        json!({ "get": { "summary": "Console: its stylesheet", "tags": ["console"],
+            "responses": { "200": { "description": "CSS", "content": { "text/css": {} } } } } }),
+    );
 }
 
 pub fn document() -> Value {
@@ -173,6 +278,7 @@ pub fn document() -> Value {
             json!({ "type": "object", "required": ["scope", "action"], "properties": {
                 "scope": { "$ref": "#/components/schemas/Scope" },
                 "action": { "enum": ["complete", "release"] },
+                "reason": { "type": "string", "maxLength": admin::MAX_REASON_BYTES, "description": "Why; kept with the resolved event in the history" },
                 "status": { "type": "integer" },
                 "headers": { "type": "array", "items": { "type": "array", "items": { "type": "string" }, "minItems": 2, "maxItems": 2 } },
                 "body": { "type": "string" } } }),
@@ -188,6 +294,7 @@ pub fn document() -> Value {
         json!({ "post": { "summary": "Run the sweeper now (expire leases, archive, purge)", "security": [{ "admin": [] }],
             "responses": merge(json!({ "200": { "description": "Rows changed", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SweepReport" } } } } }), problems(&["401", "403", "503"])) } }),
     );
+    console_paths(&mut paths);
     json!({
         "openapi": "3.1.0",
         "info": { "title": "idemgate store", "version": env!("CARGO_PKG_VERSION"),
@@ -196,7 +303,9 @@ pub fn document() -> Value {
         "components": {
             "securitySchemes": {
                 "api": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_API_TOKEN" },
-                "admin": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_ADMIN_TOKEN" }
+                "admin": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_ADMIN_TOKEN" },
+                "console": { "type": "apiKey", "in": "cookie", "name": crate::console::session::SESSION_COOKIE,
+                    "description": "The console's session, bought with IDEMGATE_ADMIN_TOKEN at its login form; every POST form also carries the session's CSRF token (field csrf)" }
             },
             "schemas": {
                 "Scope": { "type": "object", "required": ["version", "tenant", "principal", "route", "namespace", "key"], "properties": {

@@ -38,6 +38,11 @@ impl Refusal {
         let reply = self.0.render(doc_base);
         (reply.status, reply.body)
     }
+
+    /// The problem this refusal answers with.
+    pub fn problem(&self) -> &Problem {
+        &self.0
+    }
 }
 
 impl From<StoreError> for Refusal {

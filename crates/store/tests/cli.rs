@@ -45,6 +45,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--admin-token-file",
         "--sweep-batch",
         "--audit-retention-secs",
+        "--no-console",
+        "--console-secure-cookies",
         "IDEMGATE_API_TOKEN",
     ] {
         assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");
@@ -100,6 +102,8 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
         "content-type: text/plain",
         "--body",
         "fixed by hand",
+        "--reason",
+        "the ledger shows charge ch_1",
     ]);
     let (ok, _, err) = cli(&db, &args);
     assert!(ok, "{err}");
@@ -110,6 +114,7 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert_eq!(history["records"][0]["body_len"], 13);
     assert_eq!(history["events"][1]["transition"], "resolved");
     assert_eq!(history["events"][1]["actor"], "operator");
+    assert_eq!(history["events"][1]["reason"], "the ledger shows charge ch_1");
     let (ok, _, err) = cli(&db, &args);
     assert!(!ok && err.contains("no in-progress or unknown record"), "{err}");
     let (ok, out, _) = cli(&db, &["sweep"]);

@@ -410,6 +410,7 @@ async fn the_openapi_document_describes_exactly_the_routes() {
     documented.sort();
     let mut routes: Vec<(String, String)> = idemgate_store::ROUTES
         .iter()
+        .chain(idemgate_store::console::ROUTES)
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     routes.sort();
@@ -442,7 +443,16 @@ async fn operators_resolve_and_purge_over_http() {
         )
         .await;
     assert_eq!(stuck.json().as_array().unwrap().len(), 1);
-    let body = serde_json::json!({ "scope": scope, "action": "complete", "status": 200, "headers": [["content-type", "text/plain"]], "body": "fixed" });
+    let long = serde_json::json!({ "scope": scope, "action": "release", "reason": "x".repeat(1025) });
+    h.send(
+        "POST",
+        "/admin/v1/resolve",
+        Some(ADMIN),
+        serde_json::to_vec(&long).unwrap(),
+    )
+    .await
+    .assert_problem(400, "bad-request");
+    let body = serde_json::json!({ "scope": scope, "action": "complete", "status": 200, "headers": [["content-type", "text/plain"]], "body": "fixed", "reason": "the ledger shows it" });
     let r = h
         .send(
             "POST",
@@ -461,6 +471,13 @@ async fn operators_resolve_and_purge_over_http() {
         )
         .await;
     assert_eq!(decode_frame::<ClaimReply>(&replay.body).unwrap().1, b"fixed");
+    let lookup = br#"{"tenant": "acme", "key": "op1"}"#.to_vec();
+    let history = h
+        .send("POST", "/admin/v1/records/lookup", Some(ADMIN), lookup)
+        .await
+        .json();
+    assert_eq!(history["events"][1]["transition"], "resolved");
+    assert_eq!(history["events"][1]["reason"], "the ledger shows it");
     let again = h
         .send(
             "POST",

@@ -314,7 +314,7 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
     );
     assert!(!cx
         .backend()
-        .resolve(&s2, &Resolution::Release, cx.now())
+        .resolve(&s2, &Resolution::Release, None, cx.now())
         .await
         .unwrap());
 }
@@ -554,7 +554,8 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         headers: vec![("content-type".into(), "text/plain".into())],
         body: "by hand".into(),
     };
-    assert!(cx.backend().resolve(&stuck, &how, cx.now()).await.unwrap());
+    let why = Some("the ledger shows the charge");
+    assert!(cx.backend().resolve(&stuck, &how, why, cx.now()).await.unwrap());
     // The operator's answer wins over the old owner's late completion.
     assert_eq!(
         cx.store
@@ -567,7 +568,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     assert_eq!(out.body, b"by hand");
     assert!(
         !cx.backend()
-            .resolve(&stuck, &Resolution::Release, cx.now())
+            .resolve(&stuck, &Resolution::Release, None, cx.now())
             .await
             .unwrap(),
         "completed records are not open"
@@ -578,10 +579,41 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     cx.store.mark_unknown(&fence(&unknown, f)).await.unwrap();
     assert!(cx
         .backend()
-        .resolve(&unknown, &Resolution::Release, cx.now())
+        .resolve(
+            &unknown,
+            &Resolution::Release,
+            Some("never reached the bank"),
+            cx.now()
+        )
         .await
         .unwrap());
     cx.owned(&claim(&unknown, Some(1))).await;
+    // Each reason is kept with its `resolved` event, in the history.
+    let reasons = |h: KeyHistory| -> Vec<(String, Option<String>)> {
+        h.events
+            .into_iter()
+            .filter(|e| e.transition == "resolved")
+            .map(|e| (e.detail.unwrap_or_default(), e.reason))
+            .collect()
+    };
+    let lookup = |s: &Scope| Lookup {
+        tenant: s.tenant().into(),
+        key: s.key().as_str().into(),
+        ..Lookup::default()
+    };
+    let history = cx.backend().lookup(&lookup(&stuck), 10).await.unwrap();
+    assert_eq!(
+        reasons(history),
+        [(
+            "complete".to_string(),
+            Some("the ledger shows the charge".to_string())
+        )]
+    );
+    let history = cx.backend().lookup(&lookup(&unknown), 10).await.unwrap();
+    assert_eq!(
+        reasons(history),
+        [("release".to_string(), Some("never reached the bank".to_string()))]
+    );
 
     assert!(cx.backend().purge(&stuck, cx.now()).await.unwrap());
     assert!(!cx.backend().purge(&stuck, cx.now()).await.unwrap());

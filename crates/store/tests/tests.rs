@@ -3,6 +3,7 @@
 
 mod cli;
 mod concurrency;
+mod console;
 mod crash;
 mod http;
 mod stories;

@@ -113,6 +113,7 @@ impl Postgres {
                     actor: actor::FILTER.into(),
                     detail: None,
                     duration_ms: 0,
+                    reason: None,
                 }
                 .log();
                 return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));

@@ -24,11 +24,22 @@ pub(super) async fn execute(
 
 /// A transition of the current record, written in `tx` and returned for the log.
 pub(super) async fn event(tx: &Tx<'_>, key: &KeyColumns<'_>, by: By<'_>, now: i64) -> Result<Vec<EventInfo>> {
+    noted_event(tx, key, by, None, now).await
+}
+
+/// [`event`] with an operator's reason, kept in the event row.
+pub(super) async fn noted_event(
+    tx: &Tx<'_>,
+    key: &KeyColumns<'_>,
+    by: By<'_>,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<Vec<EventInfo>> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_events (",
         event_columns!(),
         ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $7, $8, attempt, fence, \
-         fingerprint, response_status, $9, $10, $7 - created_at FROM idempotency_records WHERE ",
+         fingerprint, response_status, $9, $10, $7 - created_at, $11 FROM idempotency_records WHERE ",
         key_where!(),
         " RETURNING ",
         event_columns!()
@@ -37,7 +48,7 @@ pub(super) async fn event(tx: &Tx<'_>, key: &KeyColumns<'_>, by: By<'_>, now: i6
     let name = transition.as_str();
     let stmt = tx.prepare_cached(SQL).await.map_err(unavailable)?;
     let rows = tx
-        .query(&stmt, &key.bind(&[&now, &name, &actor, &detail]))
+        .query(&stmt, &key.bind(&[&now, &name, &actor, &detail, &reason]))
         .await
         .map_err(unavailable)?;
     rows.iter().map(EventInfo::read).collect()
@@ -57,7 +68,18 @@ pub(super) async fn end_generation(
     by: By<'_>,
     now: i64,
 ) -> Result<Vec<EventInfo>> {
-    let events = event(tx, key, by, now).await?;
+    end_noted_generation(tx, key, last, (by, None), now).await
+}
+
+/// [`end_generation`] with an operator's reason in its event.
+pub(super) async fn end_noted_generation(
+    tx: &Tx<'_>,
+    key: &KeyColumns<'_>,
+    last: State,
+    (by, reason): (By<'_>, Option<&str>),
+    now: i64,
+) -> Result<Vec<EventInfo>> {
+    let events = noted_event(tx, key, by, reason, now).await?;
     to_history(tx, key, record::ended_as(last, by.0), now).await?;
     execute(
         tx,

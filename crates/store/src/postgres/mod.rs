@@ -49,6 +49,7 @@ use rows::{Param, INFO_COLUMNS};
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("migrations/0001_records.sql")),
     (2, include_str!("migrations/0002_generations.sql")),
+    (3, include_str!("migrations/0003_event_reasons.sql")),
 ];
 
 /// Pending replay counts, one row per record. The fence and state guard keep
@@ -291,8 +292,8 @@ impl Backend for Postgres {
         }
     }
 
-    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
-        self.resolve_record(scope, how, now).await
+    async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
+        self.resolve_record(scope, how, reason, now).await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {

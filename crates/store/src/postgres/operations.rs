@@ -7,7 +7,7 @@ use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, Fence
 use idemgate_core::record::{self, State, Transition};
 use idemgate_core::scope::Scope;
 
-use super::generation::{end_generation, event, execute, set_unknown};
+use super::generation::{end_generation, end_noted_generation, event, execute, noted_event, set_unknown};
 use super::rows::Bind;
 use super::{log_all, Postgres};
 use crate::backend::{actor, EventInfo, Resolution, Result};
@@ -26,7 +26,7 @@ static COMPLETE: LazyLock<String> = LazyLock::new(|| {
            RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, \
            fingerprint, response_status, created_at) \
          INSERT INTO idempotency_events ({events}) SELECT scope_version, tenant, principal, route, namespace, idem_key, \
-           generation, $12, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $12 - created_at \
+           generation, $12, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $12 - created_at, NULL \
            FROM done RETURNING {events}",
         expiry = conditions::completion_expiry("$12"),
         key = key_where!(),
@@ -129,8 +129,14 @@ impl Postgres {
         .await
     }
 
-    pub(super) async fn resolve_record(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
-        let how = how.clone();
+    pub(super) async fn resolve_record(
+        &self,
+        scope: &Scope,
+        how: &Resolution,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool> {
+        let (how, reason) = (how.clone(), reason.map(str::to_string));
         self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
                 let Some(loaded) = locked else {
@@ -142,7 +148,8 @@ impl Postgres {
                 match how {
                     Resolution::Release => {
                         let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
-                        Ok((true, end_generation(tx, key, loaded.view.state, by, now).await?))
+                        let noted = (by, reason.as_deref());
+                        Ok((true, end_noted_generation(tx, key, loaded.view.state, noted, now).await?))
                     }
                     Resolution::Complete { status, headers, body } => {
                         // A new fence: the old owner's late completion must not
@@ -159,7 +166,7 @@ impl Postgres {
                         let expires_at = record::completion_expiry(now, loaded.ttl_ms);
                         execute(tx, sql, key, &[&status, &headers, &body, &now, &expires_at]).await?;
                         let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
-                        Ok((true, event(tx, key, by, now).await?))
+                        Ok((true, noted_event(tx, key, by, reason.as_deref(), now).await?))
                     }
                 }
             })

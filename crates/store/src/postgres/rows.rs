@@ -115,7 +115,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
         "WITH f AS (SELECT nextval('idempotency_fence_seq') AS fence), ins AS ( \
            INSERT INTO idempotency_records ({columns}) SELECT {values} FROM f ON CONFLICT DO NOTHING RETURNING fence), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT $1, $2, $3, $4, $5, $6, fence, $11, 'claimed', $12, fence, $7, NULL, 'filter', NULL, 0 FROM ins) \
+           SELECT $1, $2, $3, $4, $5, $6, fence, $11, 'claimed', $12, fence, $7, NULL, 'filter', NULL, 0, NULL FROM ins) \
          SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, \
            NULL::bigint AS ttl_ms, NULL::integer AS response_status, NULL::text AS response_headers, \
            NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \

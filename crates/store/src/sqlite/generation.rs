@@ -29,11 +29,23 @@ pub(super) fn event(
     now: i64,
     journal: &mut Journal,
 ) -> Result<()> {
+    noted_event(conn, key, by, None, now, journal)
+}
+
+/// [`event`] with an operator's reason, kept in the event row.
+pub(super) fn noted_event(
+    conn: &Connection,
+    key: &KeyColumns<'_>,
+    by: By<'_>,
+    reason: Option<&str>,
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_events (",
         event_columns!(),
         ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?7, ?8, attempt, fence, \
-         fingerprint, response_status, ?9, ?10, ?7 - created_at FROM idempotency_records WHERE ",
+         fingerprint, response_status, ?9, ?10, ?7 - created_at, ?11 FROM idempotency_records WHERE ",
         key_where!(),
         " RETURNING ",
         event_columns!()
@@ -43,7 +55,7 @@ pub(super) fn event(
     journal.extend(query_events(
         conn,
         SQL,
-        &key.bind(&[&now, &name, &actor, &detail]),
+        &key.bind(&[&now, &name, &actor, &detail, &reason]),
     )?);
     Ok(())
 }
@@ -67,7 +79,19 @@ pub(super) fn end_generation(
     now: i64,
     journal: &mut Journal,
 ) -> Result<()> {
-    event(conn, key, by, now, journal)?;
+    end_noted_generation(conn, key, last, (by, None), now, journal)
+}
+
+/// [`end_generation`] with an operator's reason in its event.
+pub(super) fn end_noted_generation(
+    conn: &Connection,
+    key: &KeyColumns<'_>,
+    last: State,
+    (by, reason): (By<'_>, Option<&str>),
+    now: i64,
+    journal: &mut Journal,
+) -> Result<()> {
+    noted_event(conn, key, by, reason, now, journal)?;
     to_history(conn, key, record::ended_as(last, by.0), now)?;
     execute(
         conn,

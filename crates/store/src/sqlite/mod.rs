@@ -50,6 +50,7 @@ use rows::{query_events, query_infos, INFO_COLUMNS};
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_records.sql")),
     (2, include_str!("migrations/0002_generations.sql")),
+    (3, include_str!("migrations/0003_event_reasons.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.
@@ -244,10 +245,12 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn resolve(&self, scope: &Scope, how: &Resolution, now: i64) -> Result<bool> {
-        let (scope, how) = (scope.clone(), how.clone());
-        self.write_logged(move |conn, journal| operations::resolve(conn, journal, &scope, how, now))
-            .await
+    async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
+        let (scope, how, reason) = (scope.clone(), how.clone(), reason.map(str::to_string));
+        self.write_logged(move |conn, journal| {
+            operations::resolve(conn, journal, &scope, (how, reason.as_deref()), now)
+        })
+        .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {

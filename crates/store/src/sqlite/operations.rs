@@ -6,7 +6,10 @@ use idemgate_core::record::{self, State, Transition};
 use idemgate_core::scope::Scope;
 use rusqlite::Connection;
 
-use super::generation::{end_generation, event, execute, fenced, next_fence, set_unknown, Journal};
+use super::generation::{
+    end_generation, end_noted_generation, event, execute, fenced, next_fence, noted_event, set_unknown,
+    Journal,
+};
 use super::rows::load;
 use crate::backend::{actor, Resolution, Result};
 use crate::columns::{encode_headers, i64_from, KeyColumns};
@@ -114,7 +117,7 @@ pub(super) fn resolve(
     conn: &Connection,
     journal: &mut Journal,
     scope: &Scope,
-    how: Resolution,
+    (how, reason): (Resolution, Option<&str>),
     now: i64,
 ) -> Result<bool> {
     let key = KeyColumns::of(scope);
@@ -127,7 +130,7 @@ pub(super) fn resolve(
     match how {
         Resolution::Release => {
             let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
-            end_generation(conn, &key, loaded.view.state, by, now, journal)?;
+            end_noted_generation(conn, &key, loaded.view.state, (by, reason), now, journal)?;
         }
         Resolution::Complete {
             status,
@@ -154,7 +157,7 @@ pub(super) fn resolve(
             ];
             execute(conn, sql, &key, &params)?;
             let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
-            event(conn, &key, by, now, journal)?;
+            noted_event(conn, &key, by, reason, now, journal)?;
         }
     }
     Ok(true)

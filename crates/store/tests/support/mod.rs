@@ -137,12 +137,17 @@ pub struct StoreProcess {
 
 impl StoreProcess {
     pub async fn start(database_url: &str) -> StoreProcess {
+        StoreProcess::start_logging(database_url, "warn").await
+    }
+
+    /// Started with `RUST_LOG=rust_log`; [`StoreProcess::log`] reads what it wrote.
+    pub async fn start_logging(database_url: &str, rust_log: &str) -> StoreProcess {
         let port = free_port();
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
         let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
         let proc = Proc::spawn(
             "store",
-            &mut idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, "warn"),
+            &mut idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, rust_log),
             log,
         );
         let p = StoreProcess {
@@ -161,6 +166,11 @@ impl StoreProcess {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        self.proc.log()
     }
 
     pub fn kill9(&mut self) {

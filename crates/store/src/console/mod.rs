@@ -1,0 +1,441 @@
+//! The reconciliation console: server-rendered pages on the admin surface
+//! (`/admin/console`) for the operator's side of `outcome-unknown`: look a
+//! key up, list unknown and stuck records with their age, read a record's
+//! generations and events, and resolve it (complete it with the response
+//! that really happened, or release it) with a reason kept in the history.
+//!
+//! It makes the admin API's own calls ([`admin::find`], [`admin::list`],
+//! [`admin::resolve_record`]): no rule is written twice. It takes the same
+//! admin credential, once, at its login form ([`session`]); every POST form
+//! carries the session's CSRF token. Keys travel only in form bodies (a
+//! record is opened by a POST carrying its scope), never in a URL, and
+//! nothing here logs a key, a form or a reason.
+
+pub mod page;
+pub mod session;
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::admin;
+use crate::api::read_body;
+use crate::backend::{Listing, Lookup, Resolution};
+use crate::problem::Refusal;
+use crate::AppState;
+use session::{cookie, random_token, same_token, set_cookie, Current, LOGIN_COOKIE, SESSION_COOKIE};
+
+pub use session::{ConsoleSettings, Sessions};
+
+/// Where the console lives; its cookies are scoped to this path.
+pub const BASE: &str = "/admin/console";
+
+/// The console's pages.
+pub mod paths {
+    pub const HOME: &str = "/admin/console";
+    pub const LOGIN: &str = "/admin/console/login";
+    pub const LOGOUT: &str = "/admin/console/logout";
+    pub const UNKNOWN: &str = "/admin/console/unknown";
+    pub const STUCK: &str = "/admin/console/stuck";
+    /// POST: a tenant and key (and optionally the rest of a scope).
+    pub const HISTORY: &str = "/admin/console/history";
+    pub const RESOLVE: &str = "/admin/console/resolve";
+    pub const CSS: &str = "/admin/console/console.css";
+}
+
+/// Every console route, as (method, path).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", paths::HOME),
+    ("get", paths::LOGIN),
+    ("post", paths::LOGIN),
+    ("post", paths::LOGOUT),
+    ("get", paths::UNKNOWN),
+    ("get", paths::STUCK),
+    ("post", paths::HISTORY),
+    ("post", paths::RESOLVE),
+    ("get", paths::CSS),
+];
+
+/// The console's routes (none when it is disabled).
+pub fn router(state: &AppState) -> Router<AppState> {
+    if !state.settings.console.enabled {
+        return Router::new();
+    }
+    Router::new()
+        .route(paths::HOME, get(home))
+        .route(paths::LOGIN, get(login_form).post(login))
+        .route(paths::LOGOUT, post(logout))
+        .route(paths::UNKNOWN, get(unknown))
+        .route(paths::STUCK, get(stuck))
+        .route(paths::HISTORY, post(history))
+        .route(paths::RESOLVE, post(resolve))
+        .route(paths::CSS, get(css))
+}
+
+fn redirect(to: &'static str) -> Response {
+    let mut resp = (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response();
+    page::secure_headers(&mut resp);
+    resp
+}
+
+fn with_cookie(mut resp: Response, cookie: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
+        resp.headers_mut().append(header::SET_COOKIE, v);
+    }
+    resp
+}
+
+fn status_of(r: &Refusal) -> StatusCode {
+    StatusCode::from_u16(r.problem().kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn refused(r: &Refusal, csrf: Option<&str>) -> Response {
+    let p = r.problem();
+    page::page(
+        status_of(r),
+        p.kind.title(),
+        csrf,
+        &page::notice("error", &p.detail),
+    )
+}
+
+fn no_randomness() -> Response {
+    page::page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Unavailable",
+        None,
+        &page::notice("error", "The store could not draw a random token; try again."),
+    )
+}
+
+/// An `application/x-www-form-urlencoded` body, field by field.
+struct Form(Vec<(String, String)>);
+
+impl Form {
+    async fn read(state: &AppState, body: Body) -> Result<Form, Refusal> {
+        let bytes = read_body(state, body).await?;
+        serde_urlencoded::from_bytes(&bytes)
+            .map(Form)
+            .map_err(|_| Refusal::bad_request("the form could not be read"))
+    }
+
+    /// The field's value, trimmed; empty when absent.
+    fn get(&self, name: &str) -> &str {
+        self.raw(name).trim()
+    }
+
+    /// The field's value as sent, line breaks as `\n`.
+    fn text(&self, name: &str) -> String {
+        self.raw(name).replace("\r\n", "\n")
+    }
+
+    fn raw(&self, name: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("")
+    }
+
+    fn optional(&self, name: &str) -> Option<String> {
+        Some(self.get(name)).filter(|v| !v.is_empty()).map(str::to_string)
+    }
+}
+
+/// The session and its form, if the request has a live session and the form
+/// carries that session's CSRF token; otherwise the answer to give.
+async fn checked(state: &AppState, headers: &HeaderMap, body: Body) -> Result<(Current, Form), Response> {
+    let Some(session) = state.sessions.current(headers) else {
+        return Err(redirect(paths::LOGIN));
+    };
+    let form = Form::read(state, body)
+        .await
+        .map_err(|r| refused(&r, Some(&session.csrf)))?;
+    if !same_token(form.get("csrf"), &session.csrf) {
+        tracing::warn!("console: a form without this session's CSRF token was refused");
+        return Err(page::page(
+            StatusCode::FORBIDDEN,
+            "Form refused",
+            Some(&session.csrf),
+            &page::notice(
+                "error",
+                "This form did not come from this console session (or the session changed). Open the page again and resubmit.",
+            ),
+        ));
+    }
+    Ok((session, form))
+}
+
+pub async fn css() -> Response {
+    let mut resp = ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], page::CSS).into_response();
+    page::secure_headers(&mut resp);
+    resp
+}
+
+pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(s) = state.sessions.current(&headers) else {
+        return redirect(paths::LOGIN);
+    };
+    page::page(
+        StatusCode::OK,
+        "Look a key up",
+        Some(&s.csrf),
+        &page::search(&s.csrf, None),
+    )
+}
+
+/// The login page. Its form carries the browser's login token, the one in
+/// its login cookie: kept when the browser has one (two tabs, a reload, a
+/// failed attempt all stay valid), drawn afresh otherwise.
+fn login_page(state: &AppState, headers: &HeaderMap, status: StatusCode, message: Option<&str>) -> Response {
+    let kept =
+        cookie(headers, LOGIN_COOKIE).filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()));
+    let Some(token) = kept.or_else(random_token) else {
+        return no_randomness();
+    };
+    let resp = page::page(status, "Sign in", None, &page::login(message, &token));
+    with_cookie(
+        resp,
+        &set_cookie(LOGIN_COOKIE, Some(&token), state.settings.console.secure_cookies),
+    )
+}
+
+pub async fn login_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if state.sessions.current(&headers).is_some() {
+        return redirect(paths::HOME);
+    }
+    login_page(&state, &headers, StatusCode::OK, None)
+}
+
+pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let form = match Form::read(&state, body).await {
+        Ok(f) => f,
+        Err(r) => return refused(&r, None),
+    };
+    let expected = cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
+    if !same_token(form.get("login_csrf"), &expected) {
+        tracing::warn!(
+            cookie = !expected.is_empty(),
+            field = !form.get("login_csrf").is_empty(),
+            "console: a sign-in that did not come from the login form was refused"
+        );
+        return login_page(
+            &state,
+            &headers,
+            StatusCode::FORBIDDEN,
+            Some("This sign-in did not come from this browser's login form; try again."),
+        );
+    }
+    // Tokens are compared as given: no trimming of a secret.
+    let token = form.raw("token").as_bytes();
+    let settings = &state.settings;
+    if settings.admin_token.matches(token) {
+        let Some((session, _)) = state.sessions.open() else {
+            return no_randomness();
+        };
+        tracing::info!("console: an operator signed in");
+        let secure = settings.console.secure_cookies;
+        let resp = with_cookie(
+            redirect(paths::HOME),
+            &set_cookie(SESSION_COOKIE, Some(&session), secure),
+        );
+        with_cookie(resp, &set_cookie(LOGIN_COOKIE, None, secure))
+    } else if settings.api_token.matches(token) {
+        tracing::warn!("console: a sign-in with the API credential was refused");
+        login_page(
+            &state,
+            &headers,
+            StatusCode::FORBIDDEN,
+            Some("That is the API credential; the console takes the admin credential."),
+        )
+    } else {
+        tracing::warn!("console: a sign-in with a wrong credential was refused");
+        login_page(
+            &state,
+            &headers,
+            StatusCode::UNAUTHORIZED,
+            Some("That is not the admin credential."),
+        )
+    }
+}
+
+pub async fn logout(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(resp) = checked(&state, &headers, body).await {
+        return resp;
+    }
+    state.sessions.close(&headers);
+    let secure = state.settings.console.secure_cookies;
+    with_cookie(redirect(paths::LOGIN), &set_cookie(SESSION_COOKIE, None, secure))
+}
+
+const LIST_LIMIT: u32 = 200;
+
+pub async fn unknown(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(s) = state.sessions.current(&headers) else {
+        return redirect(paths::LOGIN);
+    };
+    match admin::list(&state, Listing::Unknown, Some(LIST_LIMIT)).await {
+        Ok(records) => {
+            let now = state.store.clock.now();
+            let body = format!(
+                "<p class=\"hint\">Clients retrying these keys get <code>409 outcome-unknown</code> until each is resolved. Oldest first.</p>{}",
+                page::listing(&records, now, &s.csrf, false, LIST_LIMIT)
+            );
+            page::page(StatusCode::OK, "Unknown outcomes", Some(&s.csrf), &body)
+        }
+        Err(r) => refused(&r, Some(&s.csrf)),
+    }
+}
+
+pub async fn stuck(State(state): State<AppState>, headers: HeaderMap, RawQuery(query): RawQuery) -> Response {
+    let Some(s) = state.sessions.current(&headers) else {
+        return redirect(paths::LOGIN);
+    };
+    let older_than_s = query
+        .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(&q).ok())
+        .and_then(|q| q.into_iter().find(|(n, _)| n == "older_than_s"))
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .unwrap_or(admin::DEFAULT_STUCK_AFTER_MS / 1000);
+    let which = Listing::Stuck {
+        older_than_ms: older_than_s.saturating_mul(1000),
+    };
+    match admin::list(&state, which, Some(LIST_LIMIT)).await {
+        Ok(records) => {
+            let now = state.store.clock.now();
+            let body = format!(
+                "{}{}",
+                page::stuck_filter(older_than_s),
+                page::listing(&records, now, &s.csrf, true, LIST_LIMIT)
+            );
+            page::page(StatusCode::OK, "Stuck in progress", Some(&s.csrf), &body)
+        }
+        Err(r) => refused(&r, Some(&s.csrf)),
+    }
+}
+
+/// The lookup a form asks for: tenant and key, and any other part of the
+/// scope it names.
+fn lookup_of(form: &Form) -> Lookup {
+    Lookup {
+        tenant: form.get("tenant").to_string(),
+        key: form.get("key").to_string(),
+        route: form.optional("route"),
+        principal: form.optional("principal"),
+        namespace: match form.get("namespace") {
+            "u" => Some(idemgate_core::scope::Namespace::Client),
+            "s" => Some(idemgate_core::scope::Namespace::Server),
+            _ => None,
+        },
+    }
+}
+
+/// A history page of `lookup`, `banner` above it.
+async fn history_page(
+    state: &AppState,
+    s: &Current,
+    lookup: &Lookup,
+    banner: (StatusCode, String),
+) -> Response {
+    match admin::find(state, lookup, None).await {
+        Ok(h) => page::page(
+            banner.0,
+            "Key history",
+            Some(&s.csrf),
+            &page::history(&h, &s.csrf, Some(banner.1)),
+        ),
+        Err(r) if lookup.tenant.is_empty() || lookup.key.is_empty() => page::page(
+            status_of(&r),
+            "Look a key up",
+            Some(&s.csrf),
+            &page::search(&s.csrf, Some(&r.problem().detail)),
+        ),
+        Err(r) => refused(&r, Some(&s.csrf)),
+    }
+}
+
+pub async fn history(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (s, form) = match checked(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    history_page(&state, &s, &lookup_of(&form), (StatusCode::OK, String::new())).await
+}
+
+/// What the resolve form asks for, or why it cannot be done.
+fn resolution_of(form: &Form) -> Result<(Resolution, String), String> {
+    let reason = form.text("reason");
+    if admin::validate_reason(Some(&reason))?.is_none() {
+        return Err("Say why: a reason is required, and it is kept in the record's history.".into());
+    }
+    let how = match form.get("action") {
+        "release" => Resolution::Release,
+        "complete" => {
+            let status = form
+                .get("status")
+                .parse::<u16>()
+                .map_err(|_| "The status must be a number between 100 and 599.".to_string())?;
+            let headers = form
+                .text("headers")
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(admin::parse_header)
+                .collect::<Result<Vec<_>, _>>()?;
+            Resolution::Complete {
+                status,
+                headers,
+                body: form.text("body"),
+            }
+        }
+        _ => return Err("Choose to store a response or to release the key.".into()),
+    };
+    Ok((how, reason))
+}
+
+pub async fn resolve(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (s, form) = match checked(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let scope = match admin::scope_of(
+        form.get("tenant"),
+        form.get("principal"),
+        form.get("route"),
+        form.get("namespace"),
+        form.get("key"),
+    ) {
+        Ok(scope) => scope,
+        Err(e) => return refused(&Refusal::bad_request(e), Some(&s.csrf)),
+    };
+    let lookup = Lookup {
+        tenant: scope.tenant().to_string(),
+        key: scope.key().as_str().to_string(),
+        route: Some(scope.route().to_string()),
+        principal: Some(scope.principal().to_string()),
+        namespace: Some(scope.namespace()),
+    };
+    let (how, reason) = match resolution_of(&form) {
+        Ok(v) => v,
+        Err(e) => {
+            let banner = (StatusCode::BAD_REQUEST, page::notice("error", &e));
+            return history_page(&state, &s, &lookup, banner).await;
+        }
+    };
+    let banner = match admin::resolve_record(&state, &scope, &how, Some(&reason)).await {
+        Ok(()) => {
+            let done = match &how {
+                Resolution::Complete { status, .. } => format!(
+                    "Resolved: the record is completed with status {status}. Retries with this key now replay this response."
+                ),
+                Resolution::Release => {
+                    "Resolved: the key is released. The next retry with this key executes the request.".into()
+                }
+            };
+            (StatusCode::OK, page::notice("ok", &done))
+        }
+        Err(r) => (status_of(&r), page::notice("error", &r.problem().detail)),
+    };
+    history_page(&state, &s, &lookup, banner).await
+}
