@@ -5,7 +5,8 @@
 //! bank confirms with a reason, and the client's retry through Envoy replays
 //! that response. The history keeps the reason; no URL the browser was on
 //! and no log line of Envoy or the store holds the key. The screenshots are
-//! the ones docs/operations.md shows.
+//! the ones docs/operations.md shows (`IDEMGATE_SCREENSHOTS=docs` writes them
+//! there).
 
 // Test support: failing loudly is how a test reports.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
@@ -162,10 +163,15 @@ async fn an_operator_reconciles_an_unknown_payment_in_the_console() {
         assert!(!line.contains(REASON), "a reason in {file}: {line}");
     }
 
-    // What docs/operations.md shows.
+    // What docs/operations.md shows: written under target/ (a run must not
+    // change the tree it reports on); `IDEMGATE_SCREENSHOTS=docs` refreshes
+    // the committed ones.
+    let dir = repo_root()
+        .join(std::env::var("IDEMGATE_SCREENSHOTS").unwrap_or_else(|_| "target/screenshots".into()));
+    std::fs::create_dir_all(&dir).unwrap();
     for (name, png) in [("console.png", &filled), ("console-resolved.png", &done)] {
         assert!(png.starts_with(b"\x89PNG"), "{name} is no PNG");
-        std::fs::write(repo_root().join("docs").join(name), png).unwrap();
+        std::fs::write(dir.join(name), png).unwrap();
     }
     eprintln!(
         "console reconciliation through Envoy and Chromium: {:.1} s",
