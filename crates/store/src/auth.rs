@@ -12,10 +12,11 @@ use subtle::ConstantTimeEq;
 use crate::problem::Refusal;
 use crate::AppState;
 
-/// A credential kept only as its SHA-256, so comparing takes the same time
-/// whatever the length or content of what the client sent.
+/// A credential kept only as SHA-256 digests, so comparing takes the same
+/// time whatever the length or content of what the client sent. It holds a
+/// second accepted token while one is being rotated.
 #[derive(Clone)]
-pub struct Credential([u8; 32]);
+pub struct Credential(Vec<[u8; 32]>);
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -25,12 +26,24 @@ impl std::fmt::Debug for Credential {
 
 impl Credential {
     pub fn new(token: &str) -> Credential {
-        Credential(Sha256::digest(token.as_bytes()).into())
+        Credential(vec![Sha256::digest(token.as_bytes()).into()])
     }
 
+    /// Also accepts `token` (the next one, during a rotation).
+    pub fn and(mut self, token: &str) -> Credential {
+        self.0.push(Sha256::digest(token.as_bytes()).into());
+        self
+    }
+
+    /// Compares with every accepted token, always all of them.
     pub fn matches(&self, presented: &[u8]) -> bool {
         let digest: [u8; 32] = Sha256::digest(presented).into();
-        bool::from(self.0.ct_eq(&digest))
+        self.0
+            .iter()
+            .fold(subtle::Choice::from(0), |any, accepted| {
+                any | accepted.ct_eq(&digest)
+            })
+            .into()
     }
 }
 

@@ -86,6 +86,19 @@ pub struct Serve {
     /// File holding the API credential (trailing newline ignored).
     #[arg(long, env = "IDEMGATE_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
+    /// A second accepted API credential, while filters move to it: start
+    /// every replica with the old one and this, roll the filters to this
+    /// one, then make it the only one.
+    #[arg(
+        long,
+        env = "IDEMGATE_API_TOKEN_NEXT",
+        hide_env_values = true,
+        conflicts_with = "api_token_next_file"
+    )]
+    pub api_token_next: Option<String>,
+    /// File holding the second accepted API credential.
+    #[arg(long, env = "IDEMGATE_API_TOKEN_NEXT_FILE")]
+    pub api_token_next_file: Option<PathBuf>,
     /// Bearer credential of the /admin/v1 endpoints; must differ from the API one.
     #[arg(
         long,
@@ -357,6 +370,17 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
     if api == admin {
         return Err("the API and admin tokens must differ".into());
     }
+    let next = match (&s.api_token_next, &s.api_token_next_file) {
+        (None, None) => None,
+        _ => Some(read_token(
+            &s.api_token_next,
+            &s.api_token_next_file,
+            "api token next",
+        )?),
+    };
+    if next.as_ref() == Some(&admin) {
+        return Err("the next API token must differ from the admin token".into());
+    }
     let sweep = SweepSettings {
         enabled: !s.no_sweeper,
         interval: Duration::from_millis(s.sweep_interval_ms.max(10)),
@@ -369,8 +393,11 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
         enabled: !s.no_console,
         secure_cookies: s.console_secure_cookies,
     };
-    let state =
+    let mut state =
         crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep).with_console(console);
+    if let Some(next) = &next {
+        state = state.with_next_api_token(next);
+    }
     let served = match s.listen.strip_prefix("unix:") {
         // Envoy on the same host reaches it through a `pipe` address: no
         // TCP stack between them.

@@ -108,6 +108,15 @@ impl AppState {
         }
     }
 
+    /// The same state, also accepting `token` on the API: the next
+    /// credential while the filters move to it (a rotation without outage).
+    pub fn with_next_api_token(mut self, token: &str) -> AppState {
+        let mut settings = (*self.settings).clone();
+        settings.api_token = settings.api_token.and(token);
+        self.settings = Arc::new(settings);
+        self
+    }
+
     /// The same state with the console configured as `console` says.
     pub fn with_console(mut self, console: console::ConsoleSettings) -> AppState {
         let mut settings = (*self.settings).clone();

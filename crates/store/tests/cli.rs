@@ -41,6 +41,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--listen",
         "--api-token",
         "--api-token-file",
+        "--api-token-next",
+        "--api-token-next-file",
         "--admin-token",
         "--admin-token-file",
         "--sweep-batch",

@@ -111,6 +111,36 @@ async fn the_api_needs_its_own_bearer_credential() {
     assert_eq!(r.status, 200);
 }
 
+/// A rotation without outage: while filters move from the old API token to
+/// the next one, the store accepts both (and still neither the admin one
+/// nor anything else).
+#[tokio::test]
+async fn during_a_rotation_the_api_accepts_the_old_and_the_next_token() {
+    let mut h = harness().await;
+    h.state = h.state.clone().with_next_api_token("next-api-token");
+    for (i, token) in [API, "next-api-token"].into_iter().enumerate() {
+        let body = frame(&claim_json("acme", &format!("rot{i}")), b"");
+        let r = h.send("POST", "/v1/claim", Some(token), body).await;
+        assert_eq!(r.status, 200, "{token}");
+    }
+    let body = frame(&claim_json("acme", "rot-x"), b"");
+    h.send("POST", "/v1/claim", Some("next-api-tokeN"), body.clone())
+        .await
+        .assert_problem(401, "unauthorized");
+    h.send("POST", "/v1/claim", Some(ADMIN), body)
+        .await
+        .assert_problem(403, "forbidden");
+    // The admin surface does not take the next API token either.
+    h.send(
+        "POST",
+        "/admin/v1/records/lookup",
+        Some("next-api-token"),
+        br#"{"tenant": "acme", "key": "rot0"}"#.to_vec(),
+    )
+    .await
+    .assert_problem(403, "forbidden");
+}
+
 #[tokio::test]
 async fn admin_endpoints_need_the_admin_credential() {
     let h = harness().await;
