@@ -75,6 +75,11 @@ pub struct Serve {
     /// address). Listen only where the mesh can reach it.
     #[arg(long, env = "IDEMGATE_LISTEN", default_value = "127.0.0.1:8787")]
     pub listen: String,
+    /// Serve the admin surface (/admin/v1, the console) on this address
+    /// instead, and only the API on `--listen`: operators' network path
+    /// apart from the mesh's.
+    #[arg(long, env = "IDEMGATE_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
     /// Bearer credential of the /v1 API (the filter's `store.token`).
     #[arg(
         long,
@@ -398,17 +403,25 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
     if let Some(next) = &next {
         state = state.with_next_api_token(next);
     }
+    let admin = match &s.admin_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let served = match s.listen.strip_prefix("unix:") {
         // Envoy on the same host reaches it through a `pipe` address: no
         // TCP stack between them.
         Some(path) => {
             let _ = std::fs::remove_file(path);
             let listener = tokio::net::UnixListener::bind(path).map_err(cannot)?;
-            crate::run(listener, state, shutdown_signal()).await
+            crate::run_split(listener, admin, state, shutdown_signal()).await
         }
         None => {
             let listener = tokio::net::TcpListener::bind(&s.listen).await.map_err(cannot)?;
-            crate::run(listener, state, shutdown_signal()).await
+            crate::run_split(listener, admin, state, shutdown_signal()).await
         }
     };
     served.map_err(|e| e.to_string())

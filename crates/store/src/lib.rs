@@ -47,6 +47,7 @@ use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
+use tokio::net::TcpListener;
 
 pub use backend::{open_backend, Backend, StoreError};
 pub use clock::Clock;
@@ -154,6 +155,23 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 /// The whole HTTP surface.
 pub fn app(state: AppState) -> Router {
+    surface(state, Surface::All)
+}
+
+/// Which part of the HTTP surface a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// Everything on one address.
+    All,
+    /// What the filters and the monitoring need: `/v1`, health, metrics,
+    /// the OpenAPI document.
+    Api,
+    /// What operators need: `/admin/v1`, the console, health.
+    Admin,
+}
+
+/// The routes of one [`Surface`].
+pub fn surface(state: AppState, surface: Surface) -> Router {
     use idemgate_core::protocol::{
         ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
     };
@@ -179,14 +197,19 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             auth::require_admin,
         ));
-    Router::new()
+    let mut routes = Router::new()
         .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/metrics", get(metrics::serve))
-        .route("/openapi.json", get(openapi::serve))
-        .merge(v1)
-        .merge(admin)
-        .merge(console::router(&state))
+        .route("/readyz", get(api::readyz));
+    if surface != Surface::Admin {
+        routes = routes
+            .route("/metrics", get(metrics::serve))
+            .route("/openapi.json", get(openapi::serve))
+            .merge(v1);
+    }
+    if surface != Surface::Api {
+        routes = routes.merge(admin).merge(console::router(&state));
+    }
+    routes
         .fallback(api::not_found)
         .layer(axum::middleware::map_response_with_state(
             state.clone(),
@@ -209,6 +232,21 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
+    run_split(listener, None, state, shutdown).await
+}
+
+/// [`run`], with the admin surface (`/admin/v1`, the console) on a listener
+/// of its own when `admin` is given, and only the API on `listener`.
+pub async fn run_split<L>(
+    listener: L,
+    admin: Option<TcpListener>,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = if state.settings.sweep.enabled {
         Some(tokio::spawn(sweeper::run(
@@ -220,10 +258,28 @@ where
         None
     };
     let addr = listener.local_addr()?;
+    let (stop_admin, admin_stopped) = tokio::sync::watch::channel(false);
+    let (main, admin_server) = match admin {
+        None => (Surface::All, None),
+        Some(admin) => {
+            tracing::info!("admin surface listening on {:?}", admin.local_addr()?);
+            let mut stopped = admin_stopped;
+            let server = axum::serve(admin, surface(state.clone(), Surface::Admin)).with_graceful_shutdown(
+                async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                },
+            );
+            (Surface::Api, Some(tokio::spawn(async move { server.await })))
+        }
+    };
     tracing::info!("listening on {addr:?}");
-    let result = axum::serve(listener, app(state))
+    let result = axum::serve(listener, surface(state, main))
         .with_graceful_shutdown(shutdown)
         .await;
+    let _ = stop_admin.send(true);
+    if let Some(server) = admin_server {
+        let _ = server.await;
+    }
     let _ = stop_tx.send(true);
     if let Some(handle) = sweeper {
         let _ = handle.await;

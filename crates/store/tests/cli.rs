@@ -39,6 +39,7 @@ fn help_documents_every_subcommand_and_flag() {
     assert!(ok);
     for flag in [
         "--listen",
+        "--admin-listen",
         "--api-token",
         "--api-token-file",
         "--api-token-next",

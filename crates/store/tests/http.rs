@@ -567,6 +567,67 @@ async fn run_serves_on_a_listener_until_shutdown() {
         .unwrap();
 }
 
+/// With `--admin-listen`, operators' surface is on its own address and the
+/// mesh-facing one serves only the API.
+#[tokio::test]
+async fn the_admin_surface_can_listen_on_its_own_address() {
+    let h = harness().await;
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (api_addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(idemgate_store::run_split(
+        api,
+        Some(admin),
+        h.state.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let c = client();
+    let lookup = br#"{"tenant": "acme", "key": "k1"}"#.to_vec();
+    let claim = frame(&claim_json("acme", "split"), b"");
+    let at = |addr: std::net::SocketAddr, path: &str| format!("http://{addr}{path}");
+    let r = request(&c, "POST", &at(api_addr, "/v1/claim"), Some(API), claim.clone()).await;
+    assert_eq!(r.status, 200);
+    let r = request(
+        &c,
+        "POST",
+        &at(api_addr, "/admin/v1/records/lookup"),
+        Some(ADMIN),
+        lookup.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 404, "the admin surface is not on the API's address");
+    let r = request(&c, "GET", &at(api_addr, "/admin/console"), None, vec![]).await;
+    assert_eq!(r.status, 404);
+    let r = request(
+        &c,
+        "POST",
+        &at(admin_addr, "/admin/v1/records/lookup"),
+        Some(ADMIN),
+        lookup,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = request(&c, "POST", &at(admin_addr, "/v1/claim"), Some(API), claim).await;
+    assert_eq!(r.status, 404, "the API is not on the admin address");
+    for addr in [api_addr, admin_addr] {
+        assert_eq!(
+            request(&c, "GET", &at(addr, "/readyz"), None, vec![])
+                .await
+                .status,
+            200
+        );
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_batch_decides_each_call_on_its_own() {
     use idemgate_core::protocol::{encode_batch, split_batch, BatchReply};
