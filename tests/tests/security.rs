@@ -252,14 +252,52 @@ async fn identity_headers_and_forged_tokens_cannot_choose_a_tenant() {
         base64url(br#"{"alg":"none","typ":"JWT"}"#),
         base64url(claims)
     );
+    // Signed with the demo key but wrong in a claim, or signed with another
+    // key under the demo key's id.
+    let demo = payments::token::demo_key().unwrap();
+    let claims = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut claims = serde_json::json!({
+            "iss": payments::token::ISSUER, "aud": payments::token::AUDIENCE,
+            "sub": "bob", "tenant": "tenant-b", "iat": 1_700_000_000u64, "exp": 4_102_444_800u64,
+        });
+        edit(&mut claims);
+        claims
+    };
+    let signed = |edit: &dyn Fn(&mut serde_json::Value)| payments::token::sign(&demo, &claims(edit));
+    let expired = signed(&|c| c["exp"] = 1_700_000_100u64.into());
+    let no_expiry = signed(&|c| drop(c.as_object_mut().map(|o| o.remove("exp"))));
+    let wrong_issuer = signed(&|c| c["iss"] = "https://evil.invalid".into());
+    let wrong_audience = signed(&|c| c["aud"] = "another-api".into());
+    let impostor_key = p256::ecdsa::SigningKey::from_bytes(&[7u8; 32].into()).unwrap();
+    let same_kid_other_key = payments::token::sign(&impostor_key, &claims(&|_| {}));
     for (name, bearer) in [
         ("no token", None),
         ("tampered token", Some(tampered.as_str())),
         ("alg none", Some(unsigned.as_str())),
+        ("expired token", Some(expired.as_str())),
+        ("token without an expiry", Some(no_expiry.as_str())),
+        ("wrong issuer", Some(wrong_issuer.as_str())),
+        ("wrong audience", Some(wrong_audience.as_str())),
+        (
+            "another key under the demo key's id",
+            Some(same_kid_other_key.as_str()),
+        ),
     ] {
+        // jwt_authn answers 401, or 403 for a token it verified but whose
+        // audience this route does not accept.
         let a = send(post(bearer, &key("forged")).header("x-tenant-id", "tenant-b")).await;
-        c.check(a.status == 401, format!("{name}: {} {:?}", a.status, a.body));
+        c.check(
+            a.status == 401 || (a.status == 403 && name == "wrong audience"),
+            format!("{name}: {} {:?}", a.status, a.body),
+        );
     }
+    // A valid token without the tenant claim names nobody: no identity, no execution.
+    let no_tenant = signed(&|c| drop(c.as_object_mut().map(|o| o.remove("tenant"))));
+    let a = send(post(Some(&no_tenant), &key("no-tenant")).header("x-tenant-id", "tenant-b")).await;
+    c.check(
+        a.status == 400 && a.problem().as_deref() == Some("identity-missing"),
+        format!("a token without a tenant: {} {:?}", a.status, a.body),
+    );
     c.check(
         s.upstream.total() == before,
         "a request without a valid token reached the upstream",
@@ -267,7 +305,7 @@ async fn identity_headers_and_forged_tokens_cannot_choose_a_tenant() {
     c.finish(
         "security: identity headers and tokens",
         "envoy/demo.yaml (jwt_authn)".into(),
-        "forged x-tenant-id/x-user-id, no token, tampered and unsigned tokens".into(),
+        "forged x-tenant-id/x-user-id, no token, tampered, unsigned, expired, expiry-less, wrong-issuer, wrong-audience and impostor-key tokens, a token without a tenant".into(),
     );
 }
 

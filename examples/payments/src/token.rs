@@ -33,7 +33,6 @@ pub fn mint(key: &SigningKey, tenant: &str, sub: &str, issued_at: u64, expires_a
 
 /// [`mint`] with claims of any JSON type (numeric tenants exist).
 pub fn mint_claims(key: &SigningKey, tenant: Value, sub: Value, issued_at: u64, expires_at: u64) -> String {
-    let header = json!({"alg": "ES256", "typ": "JWT", "kid": KEY_ID});
     let claims = json!({
         "iss": ISSUER,
         "aud": AUDIENCE,
@@ -42,6 +41,12 @@ pub fn mint_claims(key: &SigningKey, tenant: Value, sub: Value, issued_at: u64, 
         "iat": issued_at,
         "exp": expires_at,
     });
+    sign(key, &claims)
+}
+
+/// A compact JWS (ES256, the demo's key id) of any claims.
+pub fn sign(key: &SigningKey, claims: &Value) -> String {
+    let header = json!({"alg": "ES256", "typ": "JWT", "kid": KEY_ID});
     let signing_input = format!(
         "{}.{}",
         b64(header.to_string().as_bytes()),
