@@ -7,6 +7,7 @@ with the bench's fingerprint, stored status, headers and body), each with its
 
     bench/fill.py sqlite FILE N
     bench/fill.py postgres PSQL_CONNINFO N      (psql must be on PATH)
+    bench/fill.py arm sqlite|postgres FILE|CONNINFO SECONDS
 
 Prints one JSON line: {"records", "due_archive", "due_purge", "seconds", ...}.
 
@@ -20,9 +21,12 @@ archived metadata is kept 30 days): in a store in its steady state of N records,
 about N/31 expire and N/31 pass the audit retention each day. So every 31st
 record expired a day ago and waits to be archived (`due_archive`), and every
 31st is archived metadata past the retention, waiting to be purged with its
-events (`due_purge`); the rest expire 4 to 24 hours from now. The scenario runs
-new keys and replays with the sweeper off, then lets a sweeper catch up under
-load.
+events (`due_purge`); the rest expire 4 to 24 hours from now. Until `arm`, the
+times the sweeper looks at (`expires_at` of the first kind, `archived_at` of the
+second and its events' `at`) are parked in 2100, so nothing is due: the
+scenario runs new keys and replays with the sweeper off, then `arm` makes that
+work due SECONDS from now, once the store with its sweeper is up and the load
+is running, so all of it is done under load.
 
 Secondary indexes are dropped before the load and built again after it (from
 their own definitions), the way bulk loads are done; SQLite loads without a
@@ -36,6 +40,7 @@ import sys
 import time
 
 DAY = 86_400_000
+PARKED = 4_102_444_800_000  # 2100-01-01: not due before `arm`
 TTL = DAY
 RETENTION = 30 * DAY
 FINGERPRINT = "58e4b21791cd5e778298ea3781819d359f7aa50730bf24d48a0300e6c34d681f"
@@ -73,8 +78,8 @@ def records(n, now):
         else:
             created = now - RETENTION - 2 * DAY + int(frac * DAY)
         completed = created + 15
-        expires = completed + TTL
-        archived = expires + 1000 if kind == "purge" else None
+        expires = PARKED if kind == "archive" else completed + TTL
+        archived = PARKED if kind == "purge" else None
         yield kind, (
             "v1", "bench", "bench", "bench.create", "u",
             "%08x-0000-4000-8000-%012x" % (i * step, i),
@@ -89,8 +94,9 @@ def events_sql():
     for transition, actor, at, status, which in EVENTS:
         out.append(
             f"INSERT INTO idempotency_events ({EVENT_COLUMNS}) SELECT scope_version, tenant, principal, route, "
-            f"namespace, idem_key, generation, {at}, '{transition}', attempt, fence, fingerprint, {status}, "
-            f"'{actor}', NULL, {at} - created_at FROM idempotency_records WHERE {which}"
+            f"namespace, idem_key, generation, CASE WHEN archived_at IS NULL THEN {at} ELSE {PARKED} END, "
+            f"'{transition}', attempt, fence, fingerprint, {status}, '{actor}', NULL, "
+            f"CASE WHEN archived_at IS NULL THEN {at} - created_at ELSE {DAY} END FROM idempotency_records WHERE {which}"
         )
     return out
 
@@ -169,7 +175,34 @@ def fill_postgres(conninfo, n, now):
     return counts, {"bytes": int(size[0]), "events_bytes": int(size[1])}
 
 
+def arm_sql(due):
+    """Makes the parked work due at `due` (ms): expiries, and archived records
+    (with their events) past the audit retention."""
+    return [f"UPDATE idempotency_records SET expires_at = {due} WHERE archived_at IS NULL AND expires_at = {PARKED}",
+            f"UPDATE idempotency_records SET archived_at = {due - RETENTION} WHERE archived_at = {PARKED}",
+            f"UPDATE idempotency_events SET at = {due - RETENTION} WHERE at = {PARKED}"]
+
+
+def arm(kind, where, seconds):
+    t0 = time.monotonic()
+    due = int(time.time() * 1000) + int(seconds * 1000)
+    if kind == "sqlite":
+        db = sqlite3.connect(where, isolation_level=None, timeout=30)
+        db.execute("BEGIN IMMEDIATE")
+        for sql in arm_sql(due):
+            db.execute(sql)
+        db.execute("COMMIT")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.close()
+    else:
+        psql(where, "BEGIN; " + "; ".join(arm_sql(due)) + "; COMMIT")
+    print(json.dumps({"due_at_ms": due, "arm_seconds": round(time.monotonic() - t0, 1)}))
+
+
 def main():
+    if sys.argv[1] == "arm":
+        arm(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        return
     kind, where, n = sys.argv[1], sys.argv[2], int(float(sys.argv[3]))
     now = int(time.time() * 1000)
     t0 = time.monotonic()

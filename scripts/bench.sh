@@ -214,6 +214,18 @@ measured_stats() {
         2>/dev/null | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json || echo "{}"
 }
 
+# One line from measured_stats' before/after: the callout cluster's requests and
+# connections per covered request.
+CALLOUTS_SUMMARY='
+import json, sys
+m = json.load(sys.stdin)
+d = {k: v - m["before"].get(k, 0) for k, v in m["after"].items()}
+rq = sum(v for k, v in d.items() if k.endswith("upstream_rq_total"))
+cx = sum(v for k, v in d.items() if k.endswith("upstream_cx_total"))
+covered = sum(v for k, v in d.items() if ".idemgate.requests." in k)
+per = f" ({rq / covered:.3f} and {cx / covered:.4f} per covered request; {covered} covered)" if covered else ""
+print(f"callouts: {rq} requests, {cx} connections{per}")'
+
 TICK=$(getconf CLK_TCK)
 cpu_ms() { # pid -> user+system CPU time so far, ms
     awk -v t="$TICK" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$1/stat" 2>/dev/null || echo 0
@@ -264,7 +276,7 @@ scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memo
     echo "$result"
     echo "$one"
     echo "CPU ms: $cpu"
-    echo "counters: $measured"
+    [[ -n $stat_admin ]] && echo "$measured" | python3 -c "$CALLOUTS_SUMMARY"
     read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
     read -r s_rss s_hwm < <(mem "${store_pid:-0}")
     record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after,\"measured\":$measured}"
@@ -394,28 +406,36 @@ sweep_rows() { # -> "archived purged events_purged" so far, from the store's met
         /^idemgate_store_sweeper_rows_total\{action="events_purged"\}/ {e = $2}
         END {print a + 0, p + 0, e + 0}'
 }
-sweep_under_load() { # name db count url due_archive due_purge
-    local before=() after=() p s0 s1 t0 t1 a=0 pu=0 e=0 a0 p0 done=false result cpu
-    say "$1: a sweeper archives $5 and purges $6 records while new keys arrive ($CONC connections, at most ${SWEEP_MAX}s)"
+sweep_under_load() { # name db count url where due_archive due_purge
+    local before=() after=() p s0 s1 t1 a=0 pu=0 e=0 a0 p0 done=false result cpu armed due wait_ms in
+    say "$1: a sweeper archives $6 and purges $7 records while new keys arrive ($CONC connections, at most ${SWEEP_MAX}s)"
+    # The parked work becomes due $in s from now: time to arm it (about 25 µs
+    # a row, with room to spare) and start the store; the load starts 1 s
+    # before it is due and stops when the sweeper is done.
+    in=$((5 + ($6 + 4 * $7) * 6 / 100000))
+    armed=$(python3 bench/fill.py arm "$2" "$5" "$in")
+    echo "armed: $armed"
+    due=$(python3 -c "import json; print(json.loads('$armed')['due_at_ms'])")
     start_store "$4"
     read -r a0 p0 _ < <(sweep_rows)
+    wait_ms=$((due - 1000 - $(date +%s%3N)))
+    ((wait_ms <= 0)) || sleep "$((wait_ms / 1000)).$(printf %03d $((wait_ms % 1000)))"
     cpu_pids="envoy=${pid_of[with]} upstream=$up_pid store=$store_pid"
     stat_admin=${admin[with]} stat_cluster=idempotency_store
     s0=$(measured_stats)
     for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    t0=$(date +%s%N)
     wrk -t"$THREADS" -c"$CONC" -d"${SWEEP_MAX}s" -s bench/lua/post.lua "http://127.0.0.1:${port[with]}/pay" \
         -- random "sw-$2-$3" >"$W/sweep-wrk.out" &
     local wrk_pid=$!
     while kill -0 "$wrk_pid" 2>/dev/null; do
         read -r a pu e < <(sweep_rows)
-        if ((a >= $5 && pu >= $6)); then
+        if ((a >= $6 && pu >= $7)); then
             done=true
             break
         fi
-        sleep 0.5
+        sleep 0.25
     done
-    t1=$(date +%s%N)
+    t1=$(date +%s%3N)
     kill -INT "$wrk_pid" 2>/dev/null || true
     wait "$wrk_pid" 2>/dev/null || true
     for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
@@ -424,8 +444,8 @@ sweep_under_load() { # name db count url due_archive due_purge
     result=$(tail -1 "$W/sweep-wrk.out")
     [[ $result == "{"* ]] || result=null
     echo "$result"
-    echo "swept: archived $a, purged $pu, events purged $e in $(((t1 - t0) / 1000000)) ms (before the load: $a0 archived, $p0 purged); done: $done"
-    record "{\"sweep\":{\"name\":\"$1\",\"db\":\"$2\",\"records\":$3,\"due_archive\":$5,\"due_purge\":$6,\"archived\":$a,\"purged\":$pu,\"events_purged\":$e,\"archived_before_load\":$a0,\"purged_before_load\":$p0,\"ms\":$(((t1 - t0) / 1000000)),\"done\":$done,\"timeout_ms\":$STORE_TIMEOUT_MS,\"wrk\":$result,\"cpu_ms\":$cpu,\"measured\":{\"before\":$s0,\"after\":$s1}}}"
+    echo "swept: archived $a, purged $pu, events purged $e, done $((t1 - due)) ms after it was due (before the load: $a0 archived, $p0 purged); done: $done"
+    record "{\"sweep\":{\"name\":\"$1\",\"db\":\"$2\",\"records\":$3,\"due_archive\":$6,\"due_purge\":$7,\"archived\":$a,\"purged\":$pu,\"events_purged\":$e,\"archived_before_load\":$a0,\"purged_before_load\":$p0,\"ms\":$((t1 - due)),\"done\":$done,\"timeout_ms\":$STORE_TIMEOUT_MS,\"armed\":$armed,\"wrk\":$result,\"cpu_ms\":$cpu,\"measured\":{\"before\":$s0,\"after\":$s1}}}"
     stop "$store_pid"
     store_pid=
 }
@@ -472,7 +492,7 @@ scale_point() { # db(sqlite|postgres) count
     stop "$store_pid"
     store_pid=
     if ((count > 0)); then
-        sweep_under_load "$name/sweep" "$db" "$count" "$url" \
+        sweep_under_load "$name/sweep" "$db" "$count" "$url" "$where" \
             "$(python3 -c "import json; print(json.loads('$fill')['due_archive'])")" \
             "$(python3 -c "import json; print(json.loads('$fill')['due_purge'])")"
     fi

@@ -109,7 +109,11 @@ impl Request {
             return false;
         }
         self.left -= 1;
-        let headers = vec![(":method", "GET"), (":path", s.path.as_str()), (":authority", s.authority.as_str())];
+        let headers = vec![
+            (":method", "GET"),
+            (":path", s.path.as_str()),
+            (":authority", s.authority.as_str()),
+        ];
         let timeout = Duration::from_millis(s.timeout_ms.max(1));
         match self.dispatch_http_call(&s.cluster, headers, None, vec![], timeout) {
             Ok(_) => {
@@ -160,7 +164,10 @@ mod tests {
     #[test]
     fn configuration() {
         let s = Settings::parse(br#"{"calls": 2}"#).unwrap_or_else(|e| unreachable!("{e}"));
-        assert_eq!((s.calls, s.cluster.as_str(), s.path.as_str()), (2, "callout_sink", "/"));
+        assert_eq!(
+            (s.calls, s.cluster.as_str(), s.path.as_str()),
+            (2, "callout_sink", "/")
+        );
         assert_eq!(Settings::parse(b" ").map(|s| s.calls), Ok(0));
         assert!(Settings::parse(br#"{"calls": 1, "clusetr": "x"}"#).is_err());
     }
