@@ -44,12 +44,14 @@
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js and the peer's npm packages here) and says what it installs.
 #
-# Duration with the defaults, on 2 cores: about 80 minutes. Scenarios 1c-6 take
-# about 12; 7 about 70 (16 paired measurements of about a minute each; filling
-# 10^7 records takes about 12 minutes on SQLite and 14 on PostgreSQL, each
-# sweep under load up to a few minutes). It needs about 15 GB of free disk at
-# 10^7 records (SQLite and PostgreSQL one after the other); with less, the
-# sizes that do not fit are skipped. BENCH_SCALE="1e5 1e6" takes about 30.
+# Duration with the defaults, on 2 cores: about 70 minutes (longer when the
+# machine is busy). Scenarios 1-6 take about 11; 7 about 60: 16 paired
+# measurements of a minute each, filling the stores (10^7 records: about 5
+# minutes on SQLite, 8 on PostgreSQL) and the sweeps (10^7 records: about 3
+# minutes on SQLite; on PostgreSQL the sweeper does about 600 records a second,
+# so it stops at BENCH_SWEEP_MAX_SECONDS). 10^7 records take about 12 GB of
+# disk on SQLite and 15 GB on PostgreSQL, one after the other; a size the free
+# disk cannot hold is skipped. BENCH_SCALE="1e5 1e6" takes about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -399,6 +401,7 @@ store_pid=
 # every 31st to purge) while new keys arrive at $CONC connections; the load
 # stops when the sweeper is done (at most $SWEEP_MAX s).
 declare -A est_bpr=([sqlite]=1300 [postgres]=1600) # bytes per record, until measured
+declare -A arm_us=([sqlite]=120 [postgres]=120)     # µs to arm a row of the sweep's work, until measured
 sweep_rows() { # -> "archived purged events_purged" so far, from the store's metrics
     curl -fsS "http://127.0.0.1:$STORE_PORT/metrics" 2>/dev/null | awk '
         /^idemgate_store_sweeper_rows_total\{action="archived"\}/ {a = $2}
@@ -409,13 +412,16 @@ sweep_rows() { # -> "archived purged events_purged" so far, from the store's met
 sweep_under_load() { # name db count url where due_archive due_purge
     local before=() after=() p s0 s1 t1 a=0 pu=0 e=0 a0 p0 done=false result cpu armed due wait_ms in
     say "$1: a sweeper archives $6 and purges $7 records while new keys arrive ($CONC connections, at most ${SWEEP_MAX}s)"
-    # The parked work becomes due $in s from now: time to arm it (about 25 µs
-    # a row, with room to spare) and start the store; the load starts 1 s
-    # before it is due and stops when the sweeper is done.
-    in=$((5 + ($6 + 4 * $7) * 6 / 100000))
+    # The parked work (the records to archive, those to purge and their three
+    # events each) becomes due $in s from now: time to arm it (twice as long
+    # as the last arm took a row, 120 µs before any) and start the store. The
+    # load starts 1 s before it is due and stops when the sweeper is done.
+    local rows=$(($6 + 4 * $7))
+    in=$((5 + rows * arm_us[$2] / 1000000))
     armed=$(python3 bench/fill.py arm "$2" "$5" "$in")
-    echo "armed: $armed"
+    echo "armed: $armed (due in $in s)"
     due=$(python3 -c "import json; print(json.loads('$armed')['due_at_ms'])")
+    arm_us[$2]=$(python3 -c "import json; print(max(20, int(json.loads('$armed')['arm_seconds'] * 2e6 / $rows)))")
     start_store "$4"
     read -r a0 p0 _ < <(sweep_rows)
     wait_ms=$((due - 1000 - $(date +%s%3N)))
