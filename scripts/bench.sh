@@ -211,9 +211,11 @@ measured_stats() {
         echo "{}"
         return
     fi
-    curl -fsS -G "http://127.0.0.1:$stat_admin/stats" \
-        --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests\..*)\$" \
-        2>/dev/null | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json || echo "{}"
+    {
+        curl -fsS -G "http://127.0.0.1:$stat_admin/stats" \
+            --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests\..*)\$" \
+            2>/dev/null || true
+    } | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json
 }
 
 # One line from measured_stats' before/after: the callout cluster's requests and
@@ -221,7 +223,7 @@ measured_stats() {
 CALLOUTS_SUMMARY='
 import json, sys
 m = json.load(sys.stdin)
-d = {k: v - m["before"].get(k, 0) for k, v in m["after"].items()}
+d = {k: v - m.get("before", {}).get(k, 0) for k, v in m.get("after", {}).items()}
 rq = sum(v for k, v in d.items() if k.endswith("upstream_rq_total"))
 cx = sum(v for k, v in d.items() if k.endswith("upstream_cx_total"))
 covered = sum(v for k, v in d.items() if ".idemgate.requests." in k)
@@ -278,7 +280,7 @@ scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memo
     echo "$result"
     echo "$one"
     echo "CPU ms: $cpu"
-    [[ -n $stat_admin ]] && echo "$measured" | python3 -c "$CALLOUTS_SUMMARY"
+    [[ -z $stat_admin ]] || echo "$measured" | python3 -c "$CALLOUTS_SUMMARY" || true
     read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
     read -r s_rss s_hwm < <(mem "${store_pid:-0}")
     record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after,\"measured\":$measured}"
