@@ -672,7 +672,7 @@ def scale_section(summary):
                    f"disk, {k['free_bytes'] / 2**30:.0f} GiB free | | | | | | | | | | | | | |")
     sweeps = [p for p in sc["points"] if p.get("sweep")]
     if sweeps:
-        out += ["", f"### The sweeper catching up on a day's worth of expiries, under load", "",
+        out += ["", "### The sweeper catching up on a day's worth of expiries, under load", "",
                 "At the defaults (records live a day, archived metadata is kept 30 days) a store in its steady",
                 "state of N records sees about N/31 expire and N/31 pass the audit retention each day: the fill",
                 "left every 31st record expired (to archive: body dropped, an `archived` event) and every 31st",
