@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the raw lines of one `make bench` run into bench/results/latest.json,
-latest.md and latest.svg, and rewrites the README's "## Performance" section
-(and nothing else in the README) to match.
+latest.md, latest.svg and latest-scale.svg, and rewrites the README's
+"## Performance" section (and nothing else in the README) to match.
 
     bench/report.py RAW.jsonl OUT_DIR README.md
 """
@@ -34,6 +34,13 @@ SHORT = {
 ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "postgres", "replay",
          "peer-base", "peer"]
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
+# Raw lines that come once per scale point, kept as lists.
+LISTED = ("scale_fill", "sweep", "scale_skip")
+STORE_RQ = "cluster.idempotency_store.upstream_rq_total"
+STORE_CX = "cluster.idempotency_store.upstream_cx_total"
+SINK_RQ = "cluster.callout_sink.upstream_rq_total"
+SINK_CX = "cluster.callout_sink.upstream_cx_total"
+HANDLED = "wasmcustom.idemgate.requests."
 COUNTERS = ["owned", "replayed", "conflict", "store_error", "passed", "invalid", "missing"]
 
 
@@ -51,6 +58,9 @@ def load(path):
             probes[d["probe"]] = d["result"]
         elif "envoy_idle" in d:
             extra.setdefault("envoy_idle", {}).update(d["envoy_idle"])
+        elif any(k in d for k in LISTED):
+            for k, v in d.items():
+                extra.setdefault(k, []).append(v)
         else:
             extra.update(d)
     scen = merge_rounds(scen)
@@ -108,10 +118,38 @@ def merge_rounds(scen):
                 merged[k] = max(r.get(k, 0) for r in runs)
         if "stats_before" in runs[0]:
             merged["stats_before"] = runs[0]["stats_before"]
+        deltas = [measured_delta(r) for r in runs]
+        merged["measured_delta"] = {k: sum(d.get(k, 0) for d in deltas) for d in deltas for k in d}
         for name in [n for n in scen if n.partition("#")[0] == base]:
             del scen[name]
         scen[base] = merged
     return scen
+
+
+def measured_delta(s):
+    """Envoy's counters over the measured run: {name: after - before}."""
+    if "measured_delta" in s:
+        return s["measured_delta"]
+    m = s.get("measured") or {}
+    before, after = m.get("before") or {}, m.get("after") or {}
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
+def callouts(s):
+    """Store (or sink) requests and connections per covered request over the
+    measured run; covered = requests the filter handled (its requests.*
+    counters), or wrk's requests for the callout microbenchmark."""
+    d = measured_delta(s)
+    if SINK_RQ in d or SINK_CX in d:
+        n = s["wrk"]["requests"]
+        rq, cx = d.get(SINK_RQ, 0), d.get(SINK_CX, 0)
+    else:
+        n = sum(v for k, v in d.items() if k.startswith(HANDLED))
+        rq, cx = d.get(STORE_RQ, 0), d.get(STORE_CX, 0)
+    if not n:
+        return {}
+    return {"covered": n, "calls": rq, "connections": cx, "calls_per_request": rq / n,
+            "connections_per_request": cx / n}
 
 
 def paired_ratio(x, b, w, field, diff=False):
@@ -135,73 +173,85 @@ def counters(s):
     return out
 
 
+def build_row(name, label, scen, refs):
+    """One scenario's row: its numbers, and its ratios to its own baseline
+    (the paired runs when it has them, else `refs`: the pooled baseline and
+    the peer's, at 32 connections and at 1)."""
+    base, base1, peer_base, peer_base1 = refs
+    w = scen[name]["wrk"]
+    paired = scen.get(f"baseline@{name}")
+    if paired:
+        base_of = paired["wrk"]
+    else:
+        base_of = base
+    own = peer_base if name in ("peer", "peer-base") else base_of
+    ref = base_of
+    row = {
+        "scenario": name,
+        "label": label,
+        "rps": w["rps"],
+        "p50_ms": w["p50_us"] / 1000,
+        "p99_ms": w["p99_us"] / 1000,
+        "p999_ms": w["p999_us"] / 1000,
+        "non_2xx": w["err_status"],
+        "socket_errors": w["err_connect"] + w["err_read"] + w["err_write"] + w["err_timeout"],
+        "requests": w["requests"],
+        "counters": counters(scen[name]),
+    }
+    cpu = scen[name].get("cpu_ms")
+    if cpu and w["requests"]:
+        row["cpu_us_per_request"] = {k: v * 1000 / w["requests"] for k, v in cpu.items()}
+        row["cpu_us_total"] = sum(row["cpu_us_per_request"].values())
+    if ref:
+        row["rps_x"] = w["rps"] / ref["rps"]
+        row["p50_x"] = w["p50_us"] / ref["p50_us"]
+        row["p99_x"] = w["p99_us"] / ref["p99_us"]
+        row["p999_x"] = w["p999_us"] / ref["p999_us"]
+    if paired:
+        for key, field in (("rps_x", "rps"), ("p50_x", "p50_us"), ("p99_x", "p99_us"), ("p999_x", "p999_us")):
+            v = paired_ratio(scen[name], paired, "wrk", field)
+            if v is not None:
+                row[key] = v
+    if own:
+        row["added_p50_ms"] = (w["p50_us"] - own["p50_us"]) / 1000
+        row["added_p99_ms"] = (w["p99_us"] - own["p99_us"]) / 1000
+        row["rps_own_x"] = w["rps"] / own["rps"]
+    if paired:
+        for key, field in (("added_p50_ms", "p50_us"), ("added_p99_ms", "p99_us")):
+            v = paired_ratio(scen[name], paired, "wrk", field, diff=True)
+            if v is not None:
+                row[key] = v / 1000
+    row["paired_baseline_rps"] = paired["wrk"]["rps"] if paired else None
+    one = scen[name].get("wrk1")
+    own1 = peer_base1 if name in ("peer", "peer-base") else (paired.get("wrk1") if paired else base1)
+    if one:
+        row["one_p50_ms"] = one["p50_us"] / 1000
+        row["one_p99_ms"] = one["p99_us"] / 1000
+        if own1:
+            row["one_added_p50_ms"] = (one["p50_us"] - own1["p50_us"]) / 1000
+            row["one_added_p99_ms"] = (one["p99_us"] - own1["p99_us"]) / 1000
+        if paired:
+            for key, field in (("one_added_p50_ms", "p50_us"), ("one_added_p99_ms", "p99_us")):
+                v = paired_ratio(scen[name], paired, "wrk1", field, diff=True)
+                if v is not None:
+                    row[key] = v / 1000
+    row.update(callouts(scen[name]))
+    return row
+
+
 def summarize(meta, scen, extra, probes):
     rows = []
     base = scen.get("reference", {}).get("wrk")
     peer_base = scen.get("peer-base", {}).get("wrk")
     base1 = scen.get("reference", {}).get("wrk1")
     peer_base1 = scen.get("peer-base", {}).get("wrk1")
+    refs = (base, base1, peer_base, peer_base1)
     for name in ORDER:
-        if name not in scen:
-            continue
-        w = scen[name]["wrk"]
-        paired = scen.get(f"baseline@{name}")
-        if paired:
-            base_of = paired["wrk"]
-        else:
-            base_of = base
-        own = peer_base if name in ("peer", "peer-base") else base_of
-        ref = base_of
-        row = {
-            "scenario": name,
-            "label": NAMES[name],
-            "rps": w["rps"],
-            "p50_ms": w["p50_us"] / 1000,
-            "p99_ms": w["p99_us"] / 1000,
-            "p999_ms": w["p999_us"] / 1000,
-            "non_2xx": w["err_status"],
-            "socket_errors": w["err_connect"] + w["err_read"] + w["err_write"] + w["err_timeout"],
-            "requests": w["requests"],
-            "counters": counters(scen[name]),
-        }
-        cpu = scen[name].get("cpu_ms")
-        if cpu and w["requests"]:
-            row["cpu_us_per_request"] = {k: v * 1000 / w["requests"] for k, v in cpu.items()}
-            row["cpu_us_total"] = sum(row["cpu_us_per_request"].values())
-        if ref:
-            row["rps_x"] = w["rps"] / ref["rps"]
-            row["p50_x"] = w["p50_us"] / ref["p50_us"]
-            row["p99_x"] = w["p99_us"] / ref["p99_us"]
-            row["p999_x"] = w["p999_us"] / ref["p999_us"]
-        if paired:
-            for key, field in (("rps_x", "rps"), ("p50_x", "p50_us"), ("p99_x", "p99_us"), ("p999_x", "p999_us")):
-                v = paired_ratio(scen[name], paired, "wrk", field)
-                if v is not None:
-                    row[key] = v
-        if own:
-            row["added_p50_ms"] = (w["p50_us"] - own["p50_us"]) / 1000
-            row["added_p99_ms"] = (w["p99_us"] - own["p99_us"]) / 1000
-            row["rps_own_x"] = w["rps"] / own["rps"]
-        if paired:
-            for key, field in (("added_p50_ms", "p50_us"), ("added_p99_ms", "p99_us")):
-                v = paired_ratio(scen[name], paired, "wrk", field, diff=True)
-                if v is not None:
-                    row[key] = v / 1000
-        row["paired_baseline_rps"] = paired["wrk"]["rps"] if paired else None
-        one = scen[name].get("wrk1")
-        own1 = peer_base1 if name in ("peer", "peer-base") else (paired.get("wrk1") if paired else base1)
-        if one:
-            row["one_p50_ms"] = one["p50_us"] / 1000
-            row["one_p99_ms"] = one["p99_us"] / 1000
-            if own1:
-                row["one_added_p50_ms"] = (one["p50_us"] - own1["p50_us"]) / 1000
-                row["one_added_p99_ms"] = (one["p99_us"] - own1["p99_us"]) / 1000
-            if paired:
-                for key, field in (("one_added_p50_ms", "p50_us"), ("one_added_p99_ms", "p99_us")):
-                    v = paired_ratio(scen[name], paired, "wrk1", field, diff=True)
-                    if v is not None:
-                        row[key] = v / 1000
-        rows.append(row)
+        if name in scen:
+            rows.append(build_row(name, NAMES[name], scen, refs))
+    callout = [build_row(f"callout-{n}", f"{n} callout{'s' if n != 1 else ''} per request", scen, refs)
+               for n in range(3) if f"callout-{n}" in scen]
+    scale = scale_rows(scen, extra, refs)
 
     mem = {}
     without = [v for n, v in scen.items() if n.startswith("baseline")]
@@ -243,10 +293,80 @@ def summarize(meta, scen, extra, probes):
             "bytes_per_record": r["used_memory_delta"] / r["records"],
         }
     ref_cpu = next((r.get("cpu_us_total") for r in rows if r["scenario"] == "reference"), None)
-    for r in rows:
+    for r in rows + callout + [p[k] for p in scale["points"] for k in ("new", "replay") if p.get(k)]:
         if ref_cpu and r.get("cpu_us_total"):
             r["cpu_x"] = r["cpu_us_total"] / ref_cpu
-    return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes}
+    return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes,
+            "callout": {"rows": callout, **per_callout(callout)}, "scale": scale}
+
+
+def per_callout(rows):
+    """Envoy's CPU per callout: the difference between 1 or 2 callouts per
+    request and none, per callout."""
+    envoy = {int(r["scenario"].split("-")[1]): r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
+    out = {}
+    if envoy.get(0) is not None:
+        for n in (1, 2):
+            if envoy.get(n) is not None:
+                out[f"envoy_us_per_callout_{n}"] = (envoy[n] - envoy[0]) / n
+    return out
+
+
+def scale_rows(scen, extra, refs):
+    """The scale scenario: per database and record count, the fill, new keys,
+    replays and the sweep. Against the same database's empty store: req/s as
+    the ratio of each one's ratio to its own paired baseline (machine noise
+    cancels), p99 and CPU per request as plain ratios."""
+    points = {}
+    for f in extra.get("scale_fill", []):
+        points[(f["db"], f["fill"]["records"])] = {"db": f["db"], "records": f["fill"]["records"], "fill": f["fill"]}
+    for name in scen:
+        parts = name.split("/")
+        if len(parts) == 4 and parts[0] == "scale":
+            _, db, n, kind = parts
+            p = points.setdefault((db, int(n)), {"db": db, "records": int(n)})
+            p[kind] = build_row(name, f"{db}, {int(n):,} records, {kind}", scen, refs)
+    for w in extra.get("sweep", []):
+        p = points.setdefault((w["db"], w["records"]), {"db": w["db"], "records": w["records"]})
+        p["sweep"] = sweep_summary(w)
+    for p in points.values():
+        f = p.get("fill") or {}
+        if f.get("records"):
+            p["bytes_per_record"] = f["bytes"] / f["records"]
+            if "events_bytes" in f:
+                p["bytes_per_record_records_table"] = f["bytes"] / f["records"]
+                p["bytes_per_record"] = (f["bytes"] + f["events_bytes"]) / f["records"]
+        empty = points.get((p["db"], 0))
+        for kind in ("new", "replay"):
+            r, e = p.get(kind), (empty or {}).get(kind)
+            if r and e:
+                if r.get("rps_x") and e.get("rps_x"):
+                    r["rps_vs_empty"] = r["rps_x"] / e["rps_x"]
+                if e.get("p99_ms"):  # tails are too noisy to divide by another run's
+                    r["p99_vs_empty"] = r["p99_ms"] / e["p99_ms"]
+                if r.get("cpu_us_total") and e.get("cpu_us_total"):
+                    r["cpu_vs_empty"] = r["cpu_us_total"] / e["cpu_us_total"]
+    order = sorted(points.values(), key=lambda p: (p["db"] != "sqlite", p["records"]))
+    return {"points": order, "skipped": extra.get("scale_skip", [])}
+
+
+def sweep_summary(w):
+    wrk = w.get("wrk") or {}
+    out = {k: w[k] for k in ("due_archive", "due_purge", "archived", "purged", "events_purged", "archived_before_load",
+                             "purged_before_load", "done", "timeout_ms") if k in w}
+    out["seconds"] = w["ms"] / 1000
+    if wrk:
+        out.update({"rps": wrk["rps"], "p50_ms": wrk["p50_us"] / 1000, "p99_ms": wrk["p99_us"] / 1000,
+                    "p999_ms": wrk["p999_us"] / 1000, "max_ms": wrk["max_us"] / 1000, "non_2xx": wrk["err_status"],
+                    "socket_errors": wrk["err_connect"] + wrk["err_read"] + wrk["err_write"] + wrk["err_timeout"],
+                    "requests": wrk["requests"]})
+        if w["ms"]:
+            out["rows_per_second"] = (w.get("archived", 0) + w.get("purged", 0)) / (w["ms"] / 1000)
+    if w.get("cpu_ms") and wrk.get("requests"):
+        out["cpu_us_per_request"] = {k: v * 1000 / wrk["requests"] for k, v in w["cpu_ms"].items()}
+    c = callouts({"measured": w.get("measured"), "wrk": wrk})
+    out.update(c)
+    return out
 
 
 def row_of(summary, name):
@@ -281,6 +401,30 @@ def targets(summary):
                 f"{r3['one_added_p50_ms']:+.2f} ms vs {peer['one_added_p50_ms']:+.2f} ms",
                 r3["one_added_p50_ms"] < peer["one_added_p50_ms"],
             ))
+    if r3 and "calls_per_request" in r3:
+        out.append((f"store callouts per new key ≤ 0.5 at {summary['meta'].get('concurrency')} connections (SQLite, 3)",
+                    f"{r3['calls_per_request']:.2f}", r3["calls_per_request"] <= 0.5))
+    for db in ("sqlite", "postgres"):
+        points = [p for p in summary["scale"]["points"] if p["db"] == db and p["records"]]
+        if not points:
+            continue
+        top = points[-1]
+        at = records_label(top["records"])
+        for kind, what in (("new", "new-key"), ("replay", "replay")):
+            r = top.get(kind) or {}
+            if "rps_vs_empty" in r:
+                out.append((f"{db}: {what} claim throughput ≥ 0.8× the empty store's at 10^7 (largest measured: {at})",
+                            f"{r['rps_vs_empty']:.2f}× (p99 {fmt_per(r.get('p99_vs_empty'))}×)",
+                            r["rps_vs_empty"] >= 0.8))
+        if db == "sqlite" and top.get("bytes_per_record"):
+            out.append((f"SQLite: ≤ 400 bytes per record (file after a checkpoint / records, at {at})",
+                        f"{top['bytes_per_record']:.0f}", top["bytes_per_record"] <= 400))
+        w = top.get("sweep")
+        if w and "p999_ms" in w:
+            out.append((f"{db}: p99.9 while the sweeper archives and purges a day's worth of expiries ≤ the store "
+                        f"timeout ({w.get('timeout_ms')} ms), at {at}",
+                        f"{w['p999_ms']:.1f} ms{'' if w.get('done') else ' (sweep not done)'}",
+                        w["p999_ms"] <= w.get("timeout_ms", 0) and bool(w.get("done"))))
     probes = summary["probes"]
     if "idemgate" in probes:
         e = probes["idemgate"]["executions"]
@@ -327,7 +471,7 @@ def conditions(meta):
         f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
         f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
         f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('seconds')} s measured per scenario "
-        f"(for 1–5 in {meta.get('rounds', 1)} alternating rounds, each after a {meta.get('warmup')} s warm-up), "
+        f"(for 1c–5 and 7 in {meta.get('rounds', 1)} alternating rounds, each after a {meta.get('warmup')} s warm-up), "
         f"then {meta.get('latency_seconds')} s at one connection (`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
@@ -374,6 +518,8 @@ def markdown(summary):
     modes = forwarding_modes(summary)
     if modes:
         out += ["", modes]
+    out += store_calls_section(summary)
+    out += callout_section(summary)
     out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
             "|---|---|---|"]
     for t, v, ok in targets(summary):
@@ -430,7 +576,130 @@ def markdown(summary):
             "(status, replayed headers, body); the peer stores the request (with all its headers) and the",
             "response as one JSON string.", "",
             "![chart](latest.svg)", ""]
+    out += scale_section(summary)
     return "\n".join(out)
+
+
+def fmt_per(v, digits=2):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def store_calls_section(summary):
+    """Envoy's counters of the store's cluster per covered request, every scenario with the filter."""
+    rows = [r for r in summary["rows"] if r["scenario"] not in ("reference", "peer", "peer-base")]
+    for p in summary["scale"]["points"]:
+        rows += [p[k] for k in ("new", "replay") if p.get(k)]
+        if p.get("sweep"):
+            rows.append({"label": f"{p['db']}, {p['records']:,} records, sweeping", **p["sweep"]})
+    if not any("covered" in r for r in rows):
+        return []
+    out = ["", "## Store callouts per covered request", "",
+           "Envoy's counters of the store's cluster (`cluster.idempotency_store.upstream_rq_total` and",
+           "`upstream_cx_total`) over each measured run, divided by the requests the filter handled in it",
+           "(the sum of its `idemgate.requests.*` counters). A new key takes two store calls (claim, then",
+           "completion) and a replay one; the filter group-commits them per Envoy worker (one callout in",
+           "flight per worker, the calls arriving meanwhile sent together as one `POST /v1/batch`), so",
+           "fewer callouts than calls is the batching at work. Connections per request near 0 means the",
+           "callouts reuse kept-alive connections.", "",
+           "| scenario | covered requests | store callouts | per request | store connections | per request |",
+           "|---|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if "covered" in r:
+            out.append(f"| {r['label']} | {r['covered']} | {r['calls']} | {r['calls_per_request']:.3f} "
+                       f"| {r['connections']} | {r['connections_per_request']:.4f} |")
+        else:
+            out.append(f"| {r['label']} | 0 | – | – | – | – |")
+    return out
+
+
+def callout_section(summary):
+    c = summary.get("callout") or {}
+    rows = c.get("rows") or []
+    if not rows:
+        return []
+    out = ["", "## The callout microbenchmark: Envoy's CPU per callout", "",
+           "A filter that does nothing but make N sequential `dispatch_http_call`s per request (a `GET` to",
+           "a trivial Node server, `bench/callout`) and then lets the request through to the same upstream.",
+           "N = 0, 1, 2 run on three listeners of one Envoy (`--concurrency 2`), in alternating rounds. The",
+           "Envoy CPU of 1 and 2 callouts minus that of none is what a callout costs Envoy, the filter's",
+           "own work aside.", "",
+           "| callouts per request | req/s | p50 | p99 | Envoy CPU µs/request | sink CPU µs/request "
+           "| callouts per request (counted) | connections per request |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        cpu = r.get("cpu_us_per_request", {})
+        out.append(f"| {r['label']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+                   f"| {cpu.get('envoy', 0):.0f} | {cpu.get('sink', 0):.0f} "
+                   f"| {fmt_per(r.get('calls_per_request'), 3)} | {fmt_per(r.get('connections_per_request'), 4)} |")
+    parts = [f"{c[f'envoy_us_per_callout_{n}']:.0f} µs (from {n} callout{'s' if n > 1 else ''})"
+             for n in (1, 2) if f"envoy_us_per_callout_{n}" in c]
+    if parts:
+        out += ["", "Envoy CPU per callout: " + ", ".join(parts) + "."]
+    return out
+
+
+def scale_section(summary):
+    sc = summary["scale"]
+    if not sc["points"] and not sc["skipped"]:
+        return []
+    meta = summary["meta"]
+    out = ["", "## Scale: the store pre-filled", "",
+           "For SQLite, then PostgreSQL, the store empty and then pre-filled (`bench/fill.py`, straight into",
+           "the tables) with completed records as the store writes them for these requests, each with its",
+           "two events; keys are UUID-shaped and spread over the key space, and so are the new keys and",
+           "the replayed ones sent here. New keys and replays (of 1000 keys completed just before) run with",
+           "the sweeper off, each alternating with its own baseline runs. \"× empty\": for req/s the ratio of",
+           "each one's ratio to its baseline to the empty store's (so machine noise cancels); for p99 and CPU",
+           "per request (all processes) the plain ratio. Bytes per record: the SQLite file after a checkpoint, or PostgreSQL's",
+           "`pg_total_relation_size` of the records and events tables, over the records.", "",
+           "| database | records | fill s | bytes/record | new keys req/s | × base | × empty | p99 ms | × empty "
+           "| CPU × empty | replays req/s | × base | × empty | p99 ms | × empty | CPU × empty |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+
+    def cells(r):
+        if not r:
+            return "| – | – | – | – | – | – "
+        return (f"| {r['rps']:.0f} | {r.get('rps_x', 0):.2f} | {fmt_per(r.get('rps_vs_empty'))} | {r['p99_ms']:.2f} "
+                f"| {fmt_per(r.get('p99_vs_empty'))} | {fmt_per(r.get('cpu_vs_empty'))} ")
+
+    for p in sc["points"]:
+        f = p.get("fill") or {}
+        bpr = f"{p['bytes_per_record']:.0f}" if p.get("bytes_per_record") else "–"
+        out.append(f"| {p['db']} | {p['records']:,} | {f.get('seconds', 0):.0f} | {bpr} "
+                   + cells(p.get("new")) + cells(p.get("replay")) + "|")
+    for k in sc["skipped"]:
+        out.append(f"| {k['db']} | {k['records']:,} | skipped: needs about {k['need_bytes'] / 2**30:.0f} GiB of "
+                   f"disk, {k['free_bytes'] / 2**30:.0f} GiB free | | | | | | | | | | | | | |")
+    sweeps = [p for p in sc["points"] if p.get("sweep")]
+    if sweeps:
+        out += ["", "### The sweeper catching up on a day's worth of expiries, under load", "",
+                "At the defaults (records live a day, archived metadata is kept 30 days) a store in its steady",
+                "state of N records sees about N/31 expire and N/31 pass the audit retention each day: the fill",
+                "left every 31st record expired (to archive: body dropped, an `archived` event) and every 31st",
+                "archived past the retention (to purge, with its events), parked until the store is up again",
+                "with its sweeper (default interval and batch). New keys arrive at "
+                f"{meta.get('concurrency')} connections from 1 s before",
+                "that work is due until the sweeper has done it; \"seconds\" is from due to done. The bound on",
+                f"p99.9: the filter's store timeout ({meta.get('store_timeout_ms')} ms), past which a request fails.", "",
+                "| database | records | archived | purged | events purged | seconds | rows/s | req/s | p50 ms | p99 ms "
+                "| p99.9 ms | max ms | non-2xx | p99.9 ≤ timeout |",
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+        for p in sweeps:
+            w = p["sweep"]
+            ok = w.get("p999_ms", 1e9) <= w.get("timeout_ms", 0)
+            done = "" if w.get("done") else " (not done)"
+            out.append(f"| {p['db']} | {p['records']:,} | {w.get('archived', 0)} of {w.get('due_archive', 0)} "
+                       f"| {w.get('purged', 0)} of {w.get('due_purge', 0)} | {w.get('events_purged', 0)} "
+                       f"| {w['seconds']:.1f}{done} | {w.get('rows_per_second', 0):.0f} | {w.get('rps', 0):.0f} "
+                       f"| {w.get('p50_ms', 0):.2f} | {w.get('p99_ms', 0):.2f} | {w.get('p999_ms', 0):.2f} "
+                       f"| {w.get('max_ms', 0):.2f} | {w.get('non_2xx', 0)} | {'yes' if ok else '**no**'} |")
+        before = [p for p in sweeps if p["sweep"].get("archived_before_load") or p["sweep"].get("purged_before_load")]
+        if before:
+            out += ["", "Swept before the load began (the sweeper starts with the store): " + "; ".join(
+                f"{p['db']} {p['records']:,}: {p['sweep']['archived_before_load']} archived, "
+                f"{p['sweep']['purged_before_load']} purged" for p in before) + "."]
+    out += ["", "![throughput against record count](latest-scale.svg)", ""]
+    return out
 
 
 def svg(summary):
@@ -515,6 +784,34 @@ def readme_section(summary):
             facts.append(f"{pr[k]['bytes_per_record']:.0f} bytes per record on {label}")
     if facts:
         out += ["", "; ".join(facts) + "."]
+    calls = []
+    r3 = row_of(summary, "sqlite")
+    if r3 and "calls_per_request" in r3:
+        calls.append(f"a new key took {r3['calls_per_request']:.2f} store callouts at {meta.get('concurrency')} "
+                     f"connections (two store calls each, group-committed per Envoy worker)")
+    c = summary.get("callout") or {}
+    if "envoy_us_per_callout_2" in c:
+        calls.append(f"one callout costs Envoy about {c['envoy_us_per_callout_2']:.0f} µs of CPU (measured with a "
+                     f"filter making 0, 1 and 2 callouts per request)")
+    if calls:
+        out += ["", "Store callouts: " + "; ".join(calls) + "."]
+    scale = []
+    for db, label in (("sqlite", "SQLite"), ("postgres", "PostgreSQL")):
+        pts = [p for p in summary["scale"]["points"] if p["db"] == db and p["records"] and p.get("new")]
+        if pts:
+            top = pts[-1]
+            bits = [f"new keys {top['new'].get('rps_vs_empty', 0):.2f}×"]
+            if top.get("replay"):
+                bits.append(f"replays {top['replay'].get('rps_vs_empty', 0):.2f}×")
+            if top.get("bytes_per_record"):
+                bits.append(f"{top['bytes_per_record']:.0f} bytes per record")
+            w = top.get("sweep")
+            if w and "p999_ms" in w:
+                bits.append(f"p99.9 {w['p999_ms']:.0f} ms while the sweeper caught up on a day's expiries")
+            scale.append(f"{label} at {records_label(top['records'])} records: " + ", ".join(bits))
+    if scale:
+        out += ["", "Against the empty store's throughput: " + "; ".join(scale) + " (chart: "
+                "[bench/results/latest-scale.svg](bench/results/latest-scale.svg))."]
     out += ["", "Conditions: " + conditions(meta) + " Absolute numbers, CPU per process, memory, targets and",
             "the chart: [bench/results/latest.md](bench/results/latest.md); where the time goes and what to",
             "change: [bench/results/profile.md](bench/results/profile.md).", ""]
@@ -532,6 +829,72 @@ def update_readme(path, section):
     Path(path).write_text(text[: start + 1] + section + text[end:])
 
 
+def records_label(n):
+    """10^k for a power of ten, else n with thousands separators."""
+    k = len(str(n)) - 1
+    return f"10^{k}" if n == 10**k and k > 1 else f"{n:,}"
+
+
+def scale_svg(summary):
+    """Claim throughput against record count: req/s as a share of the empty
+    store's (ratios to paired baselines), one line per database and path."""
+    points = summary["scale"]["points"]
+    counts = sorted({p["records"] for p in points})
+    series = []
+    for db, dbl, color in (("sqlite", "SQLite", "#31a354"), ("postgres", "PostgreSQL", "#3182bd")):
+        for kind, kl, dash in (("new", "new keys", ""), ("replay", "replays", "6,4")):
+            pts = [(p["records"], p[kind]) for p in points if p["db"] == db and p.get(kind)]
+            if pts:
+                series.append((f"{dbl}, {kl}", color, dash,
+                               [(n, r.get("rps_vs_empty", 1.0 if n == 0 else None), r["rps"]) for n, r in pts]))
+    W, H, left, top, right, bottom = 760, 380, 70, 50, 200, 60
+    pw, ph = W - left - right, H - top - bottom
+    values = [v for *_, pts in series for _, v, _ in pts if v is not None]
+    vmax = max(values + [1.2])
+    parts = [f'<text x="10" y="24" font-size="14" font-weight="bold">Claim throughput against records in the '
+             f'store, × the empty store\'s (labels: req/s)</text>']
+    x = {n: left + (i + 0.5) * pw / max(len(counts), 1) for i, n in enumerate(counts)}
+    y = lambda v: top + ph - v / vmax * ph  # noqa: E731
+    for t in [0.2 * i for i in range(int(vmax / 0.2) + 1)]:
+        parts.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{left + pw}" y2="{y(t):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(t) + 4:.1f}" font-size="11" text-anchor="end">{t:.1f}×</text>')
+    parts.append(f'<line x1="{left}" y1="{y(0.8):.1f}" x2="{left + pw}" y2="{y(0.8):.1f}" stroke="#d95f0e" '
+                 f'stroke-dasharray="3,3"/><text x="{left + pw + 4}" y="{y(0.8) + 4:.1f}" font-size="11" '
+                 f'fill="#d95f0e">target 0.8×</text>')
+    for n in counts:
+        label = records_label(n)
+        if n == 0:
+            label = "empty"
+        elif label.startswith("10^"):
+            label = "10" + label[3:].translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+        parts.append(f'<text x="{x[n]:.1f}" y="{top + ph + 18}" font-size="12" text-anchor="middle">{label}</text>')
+    parts.append(f'<text x="{left + pw / 2:.1f}" y="{top + ph + 40}" font-size="12" text-anchor="middle">'
+                 f'records in the store</text>')
+    for i, (name, color, dash, pts) in enumerate(series):
+        xy = [(x[n], y(v), rps) for n, v, rps in pts if v is not None]
+        if len(xy) > 1:
+            d = " ".join(f"{a:.1f},{b:.1f}" for a, b, _ in xy)
+            parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2" '
+                         f'stroke-dasharray="{dash}"/>')
+        for j, (a, b, rps) in enumerate(xy):
+            parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>')
+            if j == 0 and pts[0][0] == 0:  # the empty store: every line starts at 1.0, labels stacked
+                parts.append(f'<text x="{a - 8:.1f}" y="{b + (i - 1.5) * 12 + 4:.1f}" font-size="10" '
+                             f'text-anchor="end" fill="{color}">{rps:.0f}</text>')
+            else:
+                parts.append(f'<text x="{a + 5:.1f}" y="{b - 5 + (10 if dash else 0):.1f}" font-size="10" '
+                             f'fill="{color}">{rps:.0f}</text>')
+        ly = top + 10 + i * 20
+        parts.append(f'<line x1="{left + pw + 10}" y1="{ly}" x2="{left + pw + 40}" y2="{ly}" stroke="{color}" '
+                     f'stroke-width="2" stroke-dasharray="{dash}"/><text x="{left + pw + 46}" y="{ly + 4}" '
+                     f'font-size="11">{name}</text>')
+    meta = summary["meta"]
+    parts.append(f'<text x="10" y="{H - 8}" font-size="10" fill="#555">make bench, {meta.get("date", "")}: '
+                 f'{meta.get("cores")} cores, wrk -c{meta.get("concurrency")}, ratios to paired baselines, loopback</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">'
+            f'<rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
+
+
 def main():
     raw, out_dir, readme = sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None
     summary = summarize(*load(raw))
@@ -540,6 +903,8 @@ def main():
     md = markdown(summary)
     (out_dir / "latest.md").write_text(md)
     (out_dir / "latest.svg").write_text(svg(summary))
+    if summary["scale"]["points"]:
+        (out_dir / "latest-scale.svg").write_text(scale_svg(summary))
     if readme:
         update_readme(readme, readme_section(summary))
     print(md)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # `make bench`: every scenario side by side, in one run, on loopback, at one
 # fixed concurrency, then bench/report.py turns the numbers into
-# bench/results/latest.{md,svg,json} and the README's Performance section.
+# bench/results/latest.{md,svg,json} (and latest-scale.svg) and the README's
+# Performance section.
 #
 #   1 baseline     Envoy without the filter -> upstream, run just before each
-#                  of 2-5 (the ratios of each are to its own baseline run)
+#                  of 2-5 and 7 (the ratios of each are to its own baseline run)
+#   1c callout     the callout microbenchmark: a trivial filter (bench/callout)
+#                  making 0, 1 or 2 sequential callouts per request to a trivial
+#                  server, in alternating rounds: Envoy's CPU per callout
 #   2 uncovered    Envoy + filter, a route no policy covers
 #   3 sqlite       Envoy + filter + store on SQLite, a new key per request
 #                  (streaming forwarding: through Envoy's router)
@@ -13,20 +17,41 @@
 #   3b             3 with SQLite synchronous=normal (what the fsync costs)
 #   4 postgres     the same with the store on PostgreSQL
 #   5 replay       retries of completed keys (store on SQLite)
+#   7 scale        for SQLite, then PostgreSQL: the store empty and pre-filled
+#                  with each of $BENCH_SCALE records (bench/fill.py, straight
+#                  into the tables), then new keys and replays again (random,
+#                  UUID-shaped keys, the sweeper off), then a sweeper catching up
+#                  on a day's worth of expiries (archive and purge) under load
 #   6 peer         the same handler behind express-idempotency + Redis, new keys
 #                  (its own baseline, "peer-base", is the handler without it)
 #   + the duplicate-execution probe: 50 identical requests at once, one key,
 #     a 200 ms handler, for the peer and for idemgate.
+# Every Envoy scenario also reads Envoy's counters of the store's cluster
+# (upstream_rq_total, upstream_cx_total) and of the filter's requests around
+# its measured run: store callouts and connections per covered request.
 #
 # Knobs (environment): BENCH_SECONDS (15) per measurement (split over
-# BENCH_ROUNDS (3) alternating rounds for 2-5), BENCH_WARMUP (2) per run,
+# BENCH_ROUNDS (3) alternating rounds for 1c-5 and 7), BENCH_WARMUP (2) per run,
 # BENCH_CONCURRENCY (32 connections), BENCH_THREADS (1 wrk thread),
+# BENCH_SCALE ("1e5 1e6 1e7": record counts of 7, each also with the empty
+# store; "" skips 7; a size the free disk cannot hold is skipped and reported),
+# BENCH_SWEEP_MAX_SECONDS (600: the longest a sweep under load may take),
 # ENVOY_BIN, IDEMGATE_STORE_BIN (target/release/idempotency-store),
-# IDEMGATE_WASM (target/idemgate.wasm), BENCH_OUT (bench/results), BENCH_README
+# IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_CALLOUT_WASM
+# (target/callout.wasm), BENCH_OUT (bench/results), BENCH_README
 # (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (6,
 # the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir.
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js and the peer's npm packages here) and says what it installs.
+#
+# Duration with the defaults, on 2 cores: about 70 minutes (longer when the
+# machine is busy). Scenarios 1-6 take about 11; 7 about 60: 16 paired
+# measurements of a minute each, filling the stores (10^7 records: about 5
+# minutes on SQLite, 8 on PostgreSQL) and the sweeps (10^7 records: about 3
+# minutes on SQLite; on PostgreSQL the sweeper does about 600 records a second,
+# so it stops at BENCH_SWEEP_MAX_SECONDS). 10^7 records take about 12 GB of
+# disk on SQLite and 15 GB on PostgreSQL, one after the other; a size the free
+# disk cannot hold is skipped. BENCH_SCALE="1e5 1e6" takes about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,6 +65,12 @@ THREADS=${BENCH_THREADS:-1}
 ENVOY=${ENVOY_BIN:-$ROOT/.tools/venv/bin/envoy}
 STORE_BIN=${IDEMGATE_STORE_BIN:-$ROOT/target/release/idempotency-store}
 WASM=${IDEMGATE_WASM:-$ROOT/target/idemgate.wasm}
+CALLOUT_WASM=${IDEMGATE_CALLOUT_WASM:-$ROOT/target/callout.wasm}
+SCALE=${BENCH_SCALE-1e5 1e6 1e7}
+SWEEP_MAX=${BENCH_SWEEP_MAX_SECONDS:-600}
+# The filter's store timeout in the bench's configuration: the bound on the
+# sweep's p99.9.
+STORE_TIMEOUT_MS=$(sed -n 's/.*"timeout_ms": *\([0-9]*\).*/\1/p' bench/envoy.yaml | head -1)
 OUT=${BENCH_OUT:-$ROOT/bench/results}
 PG_BIN=${PG_BIN:-$(dirname "$(compgen -G '/usr/lib/postgresql/*/bin/initdb' | sort -V | tail -1)")}
 API_TOKEN=bench-api-token
@@ -72,7 +103,7 @@ if [[ ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
     echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
-for f in "$STORE_BIN" "$WASM"; do
+for f in "$STORE_BIN" "$WASM" "$CALLOUT_WASM"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
 done
 
@@ -166,50 +197,97 @@ filter_stats() { # -> "name value" lines of the filter's counters
     curl -fsS "http://127.0.0.1:${admin[with]}/stats?filter=idemgate" 2>/dev/null |
         sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
 }
-stats_json() { # -> {"name": value, ...}
-    filter_stats | awk 'BEGIN {printf "{"} {printf "%s\"%s\":%s", (NR > 1 ? "," : ""), $1, $2} END {printf "}"}'
+to_json() { # "name value" lines -> {"name": value, ...}
+    awk 'BEGIN {printf "{"} {printf "%s\"%s\":%s", (NR > 1 ? "," : ""), $1, $2} END {printf "}"}'
 }
+stats_json() { # -> {"name": value, ...}
+    filter_stats | to_json
+}
+# Around each measured run: the counters of the callout cluster $stat_cluster
+# (requests and connections Envoy made to it) and of the filter's requests,
+# from the Envoy whose admin port is $stat_admin ({} when unset).
+measured_stats() {
+    if [[ -z ${stat_admin:-} ]]; then
+        echo "{}"
+        return
+    fi
+    {
+        curl -fsS -G "http://127.0.0.1:$stat_admin/stats" \
+            --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests\..*)\$" \
+            2>/dev/null || true
+    } | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json
+}
+
+# One line from measured_stats' before/after: the callout cluster's requests and
+# connections per covered request.
+CALLOUTS_SUMMARY='
+import json, sys
+m = json.load(sys.stdin)
+d = {k: v - m.get("before", {}).get(k, 0) for k, v in m.get("after", {}).items()}
+rq = sum(v for k, v in d.items() if k.endswith("upstream_rq_total"))
+cx = sum(v for k, v in d.items() if k.endswith("upstream_cx_total"))
+covered = sum(v for k, v in d.items() if ".idemgate.requests." in k)
+per = f" ({rq / covered:.3f} and {cx / covered:.4f} per covered request; {covered} covered)" if covered else ""
+print(f"callouts: {rq} requests, {cx} connections{per}")'
 
 TICK=$(getconf CLK_TCK)
 cpu_ms() { # pid -> user+system CPU time so far, ms
     awk -v t="$TICK" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
-# wrk: warm-up (unmeasured), the measurement at $CONC connections, then
-# $LAT_SECS at one connection (latency without queueing). Prints three JSON
-# lines: the measurement, the CPU time each process in $cpu_pids (name=pid)
-# spent during it, and the one-connection run.
-load() { # url mode prefix [pool]
-    local before=() after=() p i cpu=
-    wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
-    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3" "${4:-1000}" | tail -1
-    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
-    i=0
+cpu_json() { # "before" and "after" arrays of cpu_ms over $cpu_pids -> {"name": ms, ...}
+    local p i=0 cpu=
     for p in $cpu_pids; do
         cpu+="${cpu:+,}\"${p%%=*}\":$((after[i] - before[i]))"
         i=$((i + 1))
     done
     echo "{$cpu}"
-    wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
 }
-scenario() { # name envoy(with|without) path mode prefix [pool]  (memory and filter counters)
-    local name=$1 envoy=$2 before after result one cpu url="http://127.0.0.1:${port[$2]}$3"
+# wrk: warm-up (unmeasured), the measurement at $CONC connections, then
+# $LAT_SECS at one connection (latency without queueing). Prints four JSON
+# lines: the measurement, the CPU time each process in $cpu_pids (name=pid)
+# spent during it, the one-connection run, and Envoy's counters just before
+# and after the measurement (measured_stats).
+load() { # url mode prefix [pool]
+    local before=() after=() p s0 s1
+    wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
+    s0=$(measured_stats)
+    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
+    wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3" "${4:-1000}" | tail -1
+    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
+    s1=$(measured_stats)
+    cpu_json
+    wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
+    echo "{\"before\":$s0,\"after\":$s1}"
+}
+scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memory and filter counters)
+    local name=$1 envoy=$2 before after result one cpu measured url="http://127.0.0.1:${port[$2]}$3"
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
     cpu_pids="envoy=${pid_of[$envoy]} upstream=$up_pid"
-    [[ $envoy == with && -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid"
-    { read -r result; read -r cpu; read -r one; } < <(load "$url" "$4" "$5" "${6:-}")
+    stat_admin= stat_cluster=
+    case $envoy in
+    with)
+        [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid"
+        stat_admin=${admin[with]} stat_cluster=idempotency_store
+        ;;
+    callout-*)
+        cpu_pids+=" sink=$sink_pid"
+        stat_admin=${admin[$envoy]} stat_cluster=callout_sink
+        ;;
+    esac
+    { read -r result; read -r cpu; read -r one; read -r measured; } < <(load "$url" "$4" "$5" "${6:-}")
     after=$(stats_json)
     echo "$result"
     echo "$one"
     echo "CPU ms: $cpu"
+    [[ -z $stat_admin ]] || echo "$measured" | python3 -c "$CALLOUTS_SUMMARY" || true
     read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
     read -r s_rss s_hwm < <(mem "${store_pid:-0}")
-    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after}"
+    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after,\"measured\":$measured}"
 }
 
 say "machine: $(nproc) cores; Envoy $("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); node $(node --version); $(redis-server --version | cut -d' ' -f1-3); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
-record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\"}}"
+record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\",\"store_timeout_ms\":$STORE_TIMEOUT_MS,\"scale\":\"$SCALE\"}}"
 
 # The upstream of every Envoy scenario: the Express handler, alone.
 start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
@@ -227,12 +305,43 @@ paired() { # name envoy path mode prefix [pool]
     LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
     for ((r = 1; r <= ROUNDS; r++)); do
         prefix=$5-$r
-        [[ $4 == pool ]] && prefix=$5 # the replay keys stay the completed ones
+        [[ $4 == pool || $4 == spool ]] && prefix=$5 # the replay keys stay the completed ones
         scenario "baseline@$1#$r" without /pay unique "b-$1-$r"
         scenario "$1#$r" "$2" "$3" "$4" "$prefix" "${6:-}"
     done
     SECS=$secs LAT_SECS=$lat
 }
+
+# 1c. The callout microbenchmark: a third Envoy whose listeners run the trivial
+# filter of bench/callout with 0, 1 and 2 sequential callouts per request to a
+# trivial server (bench/callout/sink.js), then forward to the same upstream.
+# The three alternate in $ROUNDS rounds; Envoy's CPU per request differs by
+# the callouts alone (the report divides the difference by their number).
+SINK_PORT=$(free_port)
+admin[callout]=$(free_port)
+start sink env SINK_PORT="$SINK_PORT" node bench/callout/sink.js
+sink_pid=$last_pid
+wait_http "http://127.0.0.1:$SINK_PORT/" "the callout sink"
+sed -e "s|@ADMIN_PORT@|${admin[callout]}|; s|@UPSTREAM_PORT@|$UP_PORT|; s|@SINK_PORT@|$SINK_PORT|; s|@WASM@|$CALLOUT_WASM|" \
+    bench/callout/envoy.yaml >"$W/envoy-callout.yaml"
+for n in 0 1 2; do
+    port[callout-$n]=$(free_port)
+    admin[callout-$n]=${admin[callout]}
+    sed -i "s|@PORT_$n@|${port[callout-$n]}|" "$W/envoy-callout.yaml"
+done
+start envoy-callout "$ENVOY" -c "$W/envoy-callout.yaml" --concurrency 2 --disable-hot-restart -l warn
+for n in 0 1 2; do pid_of[callout-$n]=$last_pid; done
+wait_http "http://127.0.0.1:${admin[callout]}/ready" "Envoy (callout microbenchmark)"
+sleep 1
+secs=$SECS lat=$LAT_SECS
+SECS=$(((secs + ROUNDS - 1) / ROUNDS)) LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
+for ((r = 1; r <= ROUNDS; r++)); do
+    for n in 0 1 2; do scenario "callout-$n#$r" "callout-$n" /pay unique "c$n-$r"; done
+done
+SECS=$secs LAT_SECS=$lat
+stop "${pid_of[callout-0]}"
+stop "$sink_pid"
+
 start_store "sqlite://$W/store.db"
 start_envoy without
 start_envoy with
@@ -283,9 +392,131 @@ pgsize=$("$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -At -F' '
 record "{\"postgres_size\":{\"records\":${pgsize%% *},\"bytes\":${pgsize##* }}}"
 echo "PostgreSQL: records and bytes: $pgsize"
 stop "$store_pid"
+store_pid=
+
+# 7. Scale: for SQLite, then PostgreSQL (a database of its own in the same
+# cluster), the store empty and then pre-filled with each of $SCALE records
+# (bench/fill.py), then new keys and replays again, with the sweeper off: both
+# with UUID-shaped keys spread over the key space as clients' are (post.lua
+# modes random and spool). Then, on the filled store, a sweeper catches up on a
+# day's worth of expiries (what fill.py left due: every 31st record to archive,
+# every 31st to purge) while new keys arrive at $CONC connections; the load
+# stops when the sweeper is done (at most $SWEEP_MAX s).
+declare -A est_bpr=([sqlite]=1300 [postgres]=1600) # bytes per record, until measured
+declare -A arm_us=([sqlite]=120 [postgres]=120)     # µs to arm a row of the sweep's work, until measured
+sweep_rows() { # -> "archived purged events_purged" so far, from the store's metrics
+    curl -fsS "http://127.0.0.1:$STORE_PORT/metrics" 2>/dev/null | awk '
+        /^idemgate_store_sweeper_rows_total\{action="archived"\}/ {a = $2}
+        /^idemgate_store_sweeper_rows_total\{action="purged"\}/ {p = $2}
+        /^idemgate_store_sweeper_rows_total\{action="events_purged"\}/ {e = $2}
+        END {print a + 0, p + 0, e + 0}'
+}
+sweep_under_load() { # name db count url where due_archive due_purge
+    local before=() after=() p s0 s1 t1 a=0 pu=0 e=0 a0 p0 done=false result cpu armed due wait_ms in
+    say "$1: a sweeper archives $6 and purges $7 records while new keys arrive ($CONC connections, at most ${SWEEP_MAX}s)"
+    # The parked work (the records to archive, those to purge and their three
+    # events each) becomes due $in s from now: time to arm it (twice as long
+    # as the last arm took a row, 120 µs before any) and start the store. The
+    # load starts 1 s before it is due and stops when the sweeper is done.
+    local rows=$(($6 + 4 * $7))
+    in=$((5 + rows * arm_us[$2] / 1000000))
+    armed=$(python3 bench/fill.py arm "$2" "$5" "$in")
+    echo "armed: $armed (due in $in s)"
+    due=$(python3 -c "import json; print(json.loads('$armed')['due_at_ms'])")
+    arm_us[$2]=$(python3 -c "import json; print(max(20, int(json.loads('$armed')['arm_seconds'] * 2e6 / $rows)))")
+    start_store "$4"
+    read -r a0 p0 _ < <(sweep_rows)
+    wait_ms=$((due - 1000 - $(date +%s%3N)))
+    ((wait_ms <= 0)) || sleep "$((wait_ms / 1000)).$(printf %03d $((wait_ms % 1000)))"
+    cpu_pids="envoy=${pid_of[with]} upstream=$up_pid store=$store_pid"
+    stat_admin=${admin[with]} stat_cluster=idempotency_store
+    s0=$(measured_stats)
+    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
+    wrk -t"$THREADS" -c"$CONC" -d"${SWEEP_MAX}s" -s bench/lua/post.lua "http://127.0.0.1:${port[with]}/pay" \
+        -- random "sw-$2-$3" >"$W/sweep-wrk.out" &
+    local wrk_pid=$!
+    while kill -0 "$wrk_pid" 2>/dev/null; do
+        read -r a pu e < <(sweep_rows)
+        if ((a >= $6 && pu >= $7)); then
+            done=true
+            break
+        fi
+        sleep 0.25
+    done
+    t1=$(date +%s%3N)
+    kill -INT "$wrk_pid" 2>/dev/null || true
+    wait "$wrk_pid" 2>/dev/null || true
+    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
+    s1=$(measured_stats)
+    cpu=$(cpu_json)
+    result=$(tail -1 "$W/sweep-wrk.out")
+    [[ $result == "{"* ]] || result=null
+    echo "$result"
+    echo "swept: archived $a, purged $pu, events purged $e, done $((t1 - due)) ms after it was due (before the load: $a0 archived, $p0 purged); done: $done"
+    record "{\"sweep\":{\"name\":\"$1\",\"db\":\"$2\",\"records\":$3,\"due_archive\":$6,\"due_purge\":$7,\"archived\":$a,\"purged\":$pu,\"events_purged\":$e,\"archived_before_load\":$a0,\"purged_before_load\":$p0,\"ms\":$((t1 - due)),\"done\":$done,\"timeout_ms\":$STORE_TIMEOUT_MS,\"armed\":$armed,\"wrk\":$result,\"cpu_ms\":$cpu,\"measured\":{\"before\":$s0,\"after\":$s1}}}"
+    stop "$store_pid"
+    store_pid=
+}
+pg_scale() { # SQL... against the cluster's maintenance database
+    local sql
+    for sql in "$@"; do
+        "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -v ON_ERROR_STOP=1 -c "$sql" >/dev/null
+    done
+}
+scale_fits() { # db count: whether the free disk can hold it (else says so and records the skip)
+    local need free
+    ((${2} > 0)) || return 0
+    need=$(($2 * est_bpr[$1] + 2 * 1024 * 1024 * 1024))
+    free=$(df --output=avail -B1 "$W" | tail -1)
+    ((need <= free)) && return 0
+    say "scale/$1/$2: skipped: needs about $((need >> 30)) GiB of disk, $((free >> 30)) GiB free"
+    record "{\"scale_skip\":{\"db\":\"$1\",\"records\":$2,\"need_bytes\":$need,\"free_bytes\":$free}}"
+    return 1
+}
+scale_point() { # db(sqlite|postgres) count
+    local db=$1 count=$2 name="scale/$1/$2" url where fill
+    if [[ $db == sqlite ]]; then
+        rm -f "$W"/scale.db*
+        url=sqlite://$W/scale.db where=$W/scale.db
+    else
+        pg_scale "DROP DATABASE IF EXISTS scale" "CREATE DATABASE scale"
+        url=postgres://idem@127.0.0.1:$PG_PORT/scale where="host=127.0.0.1 port=$PG_PORT user=idem dbname=scale"
+    fi
+    "$STORE_BIN" --database-url "$url" migrate >"$W/migrate.log" 2>&1
+    if ((count > 0)); then
+        say "$name: filling $count records straight into the tables"
+        fill=$(python3 bench/fill.py "$db" "$where" "$count")
+        echo "$fill"
+        est_bpr[$db]=$(python3 -c "import json; f = json.loads('$fill'); print(int((f['bytes'] + f.get('events_bytes', 0)) / f['records'] * 1.1) + 1)")
+    else
+        fill='{"records":0,"due_archive":0,"due_purge":0,"seconds":0}'
+    fi
+    record "{\"scale_fill\":{\"db\":\"$db\",\"fill\":$fill}}"
+    start_store "$url" --no-sweeper
+    say "$name: completing 1000 keys for the replays"
+    wrk -t1 -c"$CONC" -d2s -s bench/lua/post.lua "http://127.0.0.1:${port[with]}/pay" -- spool "rp-$db-$count" 1000 >/dev/null
+    paired "$name/new" with /pay random "n-$db-$count"
+    paired "$name/replay" with /pay spool "rp-$db-$count" 1000
+    stop "$store_pid"
+    store_pid=
+    if ((count > 0)); then
+        sweep_under_load "$name/sweep" "$db" "$count" "$url" "$where" \
+            "$(python3 -c "import json; print(json.loads('$fill')['due_archive'])")" \
+            "$(python3 -c "import json; print(json.loads('$fill')['due_purge'])")"
+    fi
+    if [[ $db == sqlite ]]; then rm -f "$W"/scale.db*; else pg_scale "DROP DATABASE scale"; fi
+}
+if [[ -n ${SCALE// /} ]]; then
+    for db in sqlite postgres; do
+        for n in 0 $SCALE; do
+            n=$(python3 -c "print(int(float('$n')))")
+            scale_fits "$db" "$n" || break
+            scale_point "$db" "$n"
+        done
+    done
+fi
 stop "${pid_of[with]}"
 stop "${pid_of[without]}"
-store_pid=
 
 # 6. The peer: the same handler behind express-idempotency + Redis, called directly.
 say "peer: express-idempotency $(node -p 'require("./bench/peer/node_modules/express-idempotency/package.json").version') with express-idempotency-redis-adapter $(node -p 'require("./bench/peer/node_modules/express-idempotency-redis-adapter/package.json").version')"
@@ -299,7 +530,8 @@ peer_scenario() { # name port pid
     local result one cpu
     say "$1: direct to Node on :$2 (unique keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     cpu_pids="node=$3 redis=$redis_pid"
-    { read -r result; read -r cpu; read -r one; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
+    stat_admin=
+    { read -r result; read -r cpu; read -r one; read -r _; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
     echo "$result"
     echo "$one"
     echo "CPU ms: $cpu"

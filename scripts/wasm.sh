@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the filter for wasm32-wasip1 (release), copies it to target/idemgate.wasm
 # and prints that path.  `scripts/wasm.sh clippy` lints the filter and the core
-# for wasm32-wasip1 instead.
+# for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
+# microbenchmark's filter (bench/callout, for `make bench`) the same way, in its
+# own target dir, to target/callout.wasm.
 #
 # With rustup's wasm32-wasip1 target installed this is a plain cargo build.
 # Without it, Debian's rustc-web builds std for wasm from rust-web-src
@@ -36,12 +38,18 @@ build)
     cp "$target_dir/$TARGET/wasm/idemgate_filter.wasm" "$OUT"
     echo "$OUT"
     ;;
+callout)
+    "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
+        -p idemgate-bench-callout --target-dir "$target_dir/bench-callout"
+    cp "$target_dir/bench-callout/$TARGET/wasm/idemgate_bench_callout.wasm" target/callout.wasm
+    echo target/callout.wasm
+    ;;
 clippy)
     "$cargo" clippy "${build_std[@]}" --target "$TARGET" \
         -p idemgate-filter -p idemgate-core --target-dir "$target_dir" -- -D warnings
     ;;
 *)
-    echo "usage: scripts/wasm.sh [build|clippy]" >&2
+    echo "usage: scripts/wasm.sh [build|callout|clippy]" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,11 @@
 --   MODE unique  a new key on every request: PREFIX-<thread>-<n>
 --   MODE pool    keys PREFIX-<n mod POOL>: after one pass, every request is a
 --                retry of a completed key (the replay path)
+--   MODE random  a new key on every request, UUID-shaped and led by 12 random
+--                hex digits, so keys land all over the store's indexes (as
+--                clients' UUIDs do): RRRRRRRR-RRRR-4RRR-aRRR-<PREFIX>-<thread>-<n>
+--   MODE spool   like pool, but keys spread over the key space as random ones
+--                are: HHHHHHHH-<PREFIX>-<n mod POOL>
 --   MODE none    no Idempotency-Key header
 -- done() prints one JSON line with throughput, latency percentiles (µs) and errors.
 
@@ -21,6 +26,11 @@ function init(args)
     mode = args[1] or "unique"
     prefix = args[2] or "k"
     pool = tonumber(args[3] or "1000")
+    -- Every wrk run has its own prefix; the seed only spreads the keys (the
+    -- counter keeps them unique).
+    local seed = os.time()
+    for i = 1, #prefix do seed = (seed * 31 + prefix:byte(i)) % 2147483647 end
+    math.randomseed(seed + id)
     body = '{"amount":1000,"currency":"EUR","note":"bench"}'
     base = {
         ["content-type"] = "application/json",
@@ -35,6 +45,12 @@ function request()
         base["idempotency-key"] = prefix .. "-" .. id .. "-" .. counter
     elseif mode == "pool" then
         base["idempotency-key"] = prefix .. "-" .. (counter % pool)
+    elseif mode == "random" then
+        base["idempotency-key"] = string.format("%04x%04x-%04x-4%03x-a%03x-", math.random(0, 65535),
+            math.random(0, 65535), math.random(0, 65535), math.random(0, 4095), math.random(0, 4095)) .. prefix .. "-" .. id .. "-" .. counter
+    elseif mode == "spool" then
+        local n = counter % pool
+        base["idempotency-key"] = string.format("%08x-", (n * 2654435761) % 4294967296) .. prefix .. "-" .. n
     end
     return wrk.format("POST", nil, base, body)
 end
