@@ -163,7 +163,7 @@ async fn serve(backend: Arc<dyn Backend>) -> Result<Post, String> {
         .await
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(idemgate_store::run(listener, state, std::future::pending()));
+    tokio::spawn(idemgate_store::run(listener, None, state, std::future::pending()));
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     Ok(Arc::new(move |path: &'static str, body: Vec<u8>| {
         let client = client.clone();

@@ -417,11 +417,11 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
         Some(path) => {
             let _ = std::fs::remove_file(path);
             let listener = tokio::net::UnixListener::bind(path).map_err(cannot)?;
-            crate::run_split(listener, admin, state, shutdown_signal()).await
+            crate::run(listener, admin, state, shutdown_signal()).await
         }
         None => {
             let listener = tokio::net::TcpListener::bind(&s.listen).await.map_err(cannot)?;
-            crate::run_split(listener, admin, state, shutdown_signal()).await
+            crate::run(listener, admin, state, shutdown_signal()).await
         }
     };
     served.map_err(|e| e.to_string())

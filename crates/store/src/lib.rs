@@ -222,22 +222,10 @@ pub fn surface(state: AppState, surface: Surface) -> Router {
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, with the sweeper
-/// running alongside; in-flight requests finish before it returns.
+/// running alongside; in-flight requests finish before it returns. With
+/// `admin`, the admin surface (`/admin/v1`, the console) is served there
+/// and only the API on `listener`.
 pub async fn run<L>(
-    listener: L,
-    state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
-    run_split(listener, None, state, shutdown).await
-}
-
-/// [`run`], with the admin surface (`/admin/v1`, the console) on a listener
-/// of its own when `admin` is given, and only the API on `listener`.
-pub async fn run_split<L>(
     listener: L,
     admin: Option<TcpListener>,
     state: AppState,

@@ -548,23 +548,44 @@ async fn operators_resolve_and_purge_over_http() {
     assert!(sweep.json()["archived"].is_number());
 }
 
-#[tokio::test]
-async fn run_serves_on_a_listener_until_shutdown() {
-    let h = harness().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// Serves the harness's state on `api` (and `admin`) until the returned
+/// sender is used; the handle ends when the server has shut down.
+fn serve(
+    h: &Harness,
+    api: tokio::net::TcpListener,
+    admin: Option<tokio::net::TcpListener>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(idemgate_store::run(listener, h.state.clone(), async move {
+    let server = tokio::spawn(idemgate_store::run(api, admin, h.state.clone(), async move {
         let _ = stopped.await;
     }));
-    let r = request(&client(), "GET", &format!("http://{addr}/readyz"), None, vec![]).await;
-    assert_eq!(r.status, 200);
+    (stop, server)
+}
+
+async fn shut_down(
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     stop.send(()).unwrap();
     tokio::time::timeout(std::time::Duration::from_secs(10), server)
         .await
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn run_serves_on_a_listener_until_shutdown() {
+    let h = harness().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, server) = serve(&h, listener, None);
+    let r = request(&client(), "GET", &format!("http://{addr}/readyz"), None, vec![]).await;
+    assert_eq!(r.status, 200);
+    shut_down(stop, server).await;
 }
 
 /// With `--admin-listen`, operators' surface is on its own address and the
@@ -575,15 +596,7 @@ async fn the_admin_surface_can_listen_on_its_own_address() {
     let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (api_addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(idemgate_store::run_split(
-        api,
-        Some(admin),
-        h.state.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, server) = serve(&h, api, Some(admin));
     let c = client();
     let lookup = br#"{"tenant": "acme", "key": "k1"}"#.to_vec();
     let claim = frame(&claim_json("acme", "split"), b"");
@@ -620,12 +633,7 @@ async fn the_admin_surface_can_listen_on_its_own_address() {
             200
         );
     }
-    stop.send(()).unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), server)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    shut_down(stop, server).await;
 }
 
 #[tokio::test]
