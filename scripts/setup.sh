@@ -5,7 +5,8 @@
 #   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries,
 #                            Node.js with the e2e Express app's packages, the
 #                            Python SDKs the e2e tests drive (tests/sdks),
-#                            Chromium and chromedriver for the console's test
+#                            Chromium and chromedriver for the console's test,
+#                            docker-registry, skopeo and jq for the OCI image test
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -91,7 +92,14 @@ command -v npm >/dev/null || need_debs "npm" npm
 # store's admin pages in headless Chromium (tests/tests/console.rs).
 need_debs "Chromium and chromedriver (the console's browser test)" chromium chromium-driver
 
-# (g) wrk, for benchmarks only.
+# (g) A registry and an OCI client: the release test pushes the module's OCI
+# image to a docker-registry on loopback and pulls it back (scripts/oci-roundtrip.sh);
+# jq and PyYAML for the OCI layout and the Istio payload checks.
+need_debs "docker-registry and skopeo (the OCI image round trip)" docker-registry skopeo
+command -v jq >/dev/null || need_debs "jq" jq
+python3 -c 'import yaml' 2>/dev/null || need_debs "PyYAML" python3-yaml
+
+# (h) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi
