@@ -47,6 +47,7 @@ test: setup lint wasm
 	    $(ENVOY) --mode validate --log-level warn -c $$f || exit 1; \
 	done
 	python3 scripts/validate-istio-payloads.py $(ENVOY)
+	scripts/validate-manifests.sh
 	scripts/oci-roundtrip.sh $(WASM)
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
