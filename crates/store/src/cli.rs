@@ -28,6 +28,12 @@ pub struct Cli {
     )]
     pub database_url: String,
 
+    /// File holding the database URL (trailing newline ignored), used instead
+    /// of --database-url: a PostgreSQL password then lives in a mounted file
+    /// (e.g. a Kubernetes Secret), not in the environment or the command line.
+    #[arg(long, global = true, env = "IDEMGATE_DATABASE_URL_FILE")]
+    pub database_url_file: Option<PathBuf>,
+
     /// SQLite durability: `full` fsyncs every (group) commit; `normal` may lose
     /// the last commits on power loss (WAL mode keeps the file consistent).
     #[arg(
@@ -262,7 +268,11 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
         pg_pool_size: Some(cli.pg_pool_size),
     };
-    let backend = open_backend(&cli.database_url, &opts)
+    let database_url = match &cli.database_url_file {
+        Some(path) => read_token(&None, &Some(path.clone()), "database url")?,
+        None => cli.database_url.clone(),
+    };
+    let backend = open_backend(&database_url, &opts)
         .await
         .map_err(|e| e.to_string())?;
     backend.migrate().await.map_err(|e| e.to_string())?;
@@ -270,10 +280,10 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
     let now = store.clock.now();
     match cli.command {
         Command::Migrate => {
-            tracing::info!(database = %crate::backend::redact_url(&cli.database_url), "migrations applied");
+            tracing::info!(database = %crate::backend::redact_url(&database_url), "migrations applied");
             Ok(())
         }
-        Command::Serve(s) => serve(store, s, &cli.database_url).await,
+        Command::Serve(s) => serve(store, s, &database_url).await,
         Command::Inspect(i) => {
             let listing = if i.unknown {
                 store.backend.list(Listing::Unknown, now, i.limit).await

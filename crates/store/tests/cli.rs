@@ -32,6 +32,8 @@ fn help_documents_every_subcommand_and_flag() {
         "purge",
         "sweep",
         "--database-url",
+        "--database-url-file",
+        "IDEMGATE_DATABASE_URL_FILE",
     ] {
         assert!(out.contains(word), "{word} missing from --help:\n{out}");
     }
@@ -135,4 +137,32 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert!(history["records"][0]["ended_at"].is_i64());
     let (ok, _, err) = cli("mysql://nope", &["migrate"]);
     assert!(!ok && err.contains("sqlite://"), "{err}");
+}
+
+#[test]
+fn the_database_url_can_come_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("from-file.db");
+    let url_file = dir.path().join("database-url");
+    std::fs::write(&url_file, format!("sqlite://{}\n", db.display())).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .arg("migrate")
+        .env("IDEMGATE_DATABASE_URL_FILE", &url_file)
+        .env("RUST_LOG", "warn")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(db.exists(), "the URL in the file was not used");
+    assert!(
+        !dir.path().join("idempotency.db").exists(),
+        "the default URL was used instead of the file's"
+    );
+    let missing = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args(["migrate", "--database-url-file"])
+        .arg(dir.path().join("absent"))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("database url file"));
 }

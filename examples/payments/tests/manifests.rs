@@ -170,3 +170,42 @@ fn the_demo_filter_and_store_share_one_token_and_compose_runs_the_same_policies(
         "examples/compose/envoy.yaml drifted from envoy/demo.yaml"
     );
 }
+
+#[test]
+fn the_istio_delivery_runs_after_authorization_on_a_known_istio_and_strips_identity_headers() {
+    let docs = documents();
+    let find = |file: &str, kind: &str| {
+        docs.iter()
+            .find(|(f, d)| f == file && get(d, "kind").and_then(Value::as_str) == Some(kind))
+            .map(|(_, d)| d.clone())
+            .unwrap_or_else(|| panic!("{file}: no {kind}"))
+    };
+    let plugin = find("examples/istio/wasmplugin.yaml", "WasmPlugin");
+    let spec = get(&plugin, "spec").unwrap();
+    assert_eq!(
+        get(spec, "phase").and_then(Value::as_str),
+        Some("STATS"),
+        "the WasmPlugin must run after Istio's authorization (phase STATS)"
+    );
+    let filter = find("examples/istio/envoyfilter.yaml", "EnvoyFilter");
+    let patches = get(get(&filter, "spec").unwrap(), "configPatches")
+        .and_then(Value::as_sequence)
+        .unwrap();
+    for patch in patches {
+        let version = get(patch, "match")
+            .and_then(|m| get(m, "proxy"))
+            .and_then(|p| get(p, "proxyVersion"))
+            .and_then(Value::as_str);
+        assert!(
+            version.is_some(),
+            "every EnvoyFilter patch needs a proxyVersion guard: {patch:?}"
+        );
+    }
+    let text = serde_yaml::to_string(&filter).unwrap();
+    for header in ["x-tenant-id", "x-user-id"] {
+        assert!(
+            text.contains(&format!("remove: {header}")),
+            "the EnvoyFilter must strip client-sent {header}"
+        );
+    }
+}
