@@ -20,8 +20,8 @@ use hyper_util::rt::TokioExecutor;
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::key::Key;
 use idemgate_core::protocol::{
-    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest,
-    CLAIM_PATH, COMPLETE_PATH,
+    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, ClaimRequest,
+    CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
 };
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
@@ -227,7 +227,12 @@ async fn http(post: Post, args: &Args) -> Result<Report, String> {
 fn batch_replies(body: &[u8]) -> Result<Vec<(u16, Vec<u8>)>, String> {
     let (meta, bytes) = decode_frame::<BatchReply>(body).map_err(|e| e.to_string())?;
     let parts = split_batch(meta.results.iter().map(|r| r.len), bytes).map_err(|e| e.to_string())?;
-    Ok(meta.results.iter().zip(parts).map(|(r, b)| (r.status, b.to_vec())).collect())
+    Ok(meta
+        .results
+        .iter()
+        .zip(parts)
+        .map(|(r, b)| (r.status, b.to_vec()))
+        .collect())
 }
 
 /// N new keys per iteration: their claims in one `/v1/batch`, then their
@@ -240,7 +245,10 @@ async fn http_batch(post: Post, args: &Args) -> Result<Report, String> {
             let scopes = (0..n as u64)
                 .map(|j| scope("batch", w, i * n as u64 + j))
                 .collect::<Result<Vec<_>, _>>()?;
-            let frames: Vec<Vec<u8>> = scopes.iter().map(|s| encode_frame(&request(s.clone()), b"")).collect();
+            let frames: Vec<Vec<u8>> = scopes
+                .iter()
+                .map(|s| encode_frame(&request(s.clone()), b""))
+                .collect();
             let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (CLAIM_PATH, f.as_slice())).collect();
             let replies = batch_replies(&post("/v1/batch", encode_batch(&calls)).await?)?;
             let mut frames = Vec::with_capacity(n);
@@ -351,7 +359,10 @@ async fn http_replay(post: Post, keys: Arc<Vec<Scope>>, args: &Args) -> Result<R
 async fn main() -> Result<(), String> {
     let args = Args::parse();
     if args.batch > idemgate_core::protocol::MAX_BATCH {
-        return Err(format!("--batch is at most {}", idemgate_core::protocol::MAX_BATCH));
+        return Err(format!(
+            "--batch is at most {}",
+            idemgate_core::protocol::MAX_BATCH
+        ));
     }
     let url = args.database_url.clone().unwrap_or_else(|| {
         let dir = std::env::temp_dir().join(format!("idemgate-bench-{}", std::process::id()));

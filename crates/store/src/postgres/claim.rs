@@ -10,16 +10,16 @@ use tokio_postgres::NoTls;
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
-use super::rows::{Bind, Param, CLAIM, REPLACE_GENERATION};
+use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
 use super::{log_all, Postgres};
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
-use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
+use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
 /// How often a claim that keeps losing races looks again before giving up.
 const MAX_ATTEMPTS: usize = 20;
 
-/// A claim's own parameters, `$7..$12`, in the order [`CLAIM`] and
-/// [`REPLACE_GENERATION`] take them.
+/// A claim's own parameters, in the order [`CLAIM`] (after the key and the
+/// scope's columns) and [`REPLACE_GENERATION`] (after the key) take them.
 struct Claimed<'r> {
     fingerprint: Option<String>,
     lease_until: i64,
@@ -30,16 +30,16 @@ struct Claimed<'r> {
 }
 
 impl<'r> Claimed<'r> {
-    /// `key`'s parameters, the claim's, then `extra`.
-    fn bind<'p>(&'p self, key: &'p KeyColumns<'_>, extra: &[Param<'p>]) -> Vec<Param<'p>> {
-        let mut params = key.bind(&[
+    /// The claim's parameters, then `extra`.
+    fn params<'p>(&'p self, extra: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut params: Vec<Param<'p>> = vec![
             &self.fingerprint,
             &self.lease_until,
             &self.ttl_ms,
             &self.release,
             &self.now,
             &self.attempt,
-        ]);
+        ];
         params.extend_from_slice(extra);
         params
     }
@@ -63,7 +63,8 @@ impl Postgres {
         now: i64,
         deadline: Option<Instant>,
     ) -> Result<ClaimOutcome> {
-        let key = KeyColumns::of(&req.scope);
+        let key = ScopeDigest::of(&req.scope);
+        let columns = KeyColumns::of(&req.scope);
         let claimed = Claimed::of(req, now);
         let mut client = self.connections.client().await?;
         let claim_stmt = client.prepare_cached(&CLAIM).await.map_err(unavailable)?;
@@ -73,7 +74,7 @@ impl Postgres {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(StoreError::Late);
             }
-            let params = claimed.bind(&key, &[]);
+            let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
             let query = client.query(&claim_stmt, &params);
             let rows = match deadline {
                 None => query.await,
@@ -122,7 +123,7 @@ impl Postgres {
                 ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
                 ClaimDecision::Replay { status, completed_at } => {
                     // Served from the committed row this statement returned.
-                    self.count_replay(key.owned(), loaded.view.fence);
+                    self.count_replay(key, loaded.view.fence);
                     let body = row.optional_bytes("response_body")?.unwrap_or_default();
                     return Ok(ClaimOutcome::replay(status, loaded.headers, completed_at, body));
                 }
@@ -154,7 +155,7 @@ impl Postgres {
         now: i64,
         deadline: Option<Instant>,
     ) -> Result<Option<ClaimOutcome>> {
-        let key = KeyColumns::of(&req.scope);
+        let key = ScopeDigest::of(&req.scope);
         let tx = client.transaction().await.map_err(unavailable)?;
         let Some((loaded, body)) = lock(&tx, &key).await? else {
             return Ok(None);
@@ -164,7 +165,7 @@ impl Postgres {
         let outcome = match record::decide_claim(Some(view), req, now) {
             ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
             ClaimDecision::Replay { status, completed_at } => {
-                self.count_replay(key.owned(), view.fence);
+                self.count_replay(key, view.fence);
                 ClaimOutcome::replay(status, loaded.headers.clone(), completed_at, body)
             }
             ClaimDecision::Claim => {
@@ -180,7 +181,8 @@ impl Postgres {
                     .await
                     .map_err(unavailable)?;
                 let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
-                let params = claimed.bind(&key, &[&old_fence, &old_state]);
+                let mut params: Vec<Param<'_>> = vec![&key];
+                params.extend(claimed.params(&[&old_fence, &old_state]));
                 let row = tx.query_one(&stmt, &params).await.map_err(unavailable)?;
                 let fence = row.unsigned("fence")?;
                 events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);
