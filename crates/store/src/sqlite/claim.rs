@@ -4,7 +4,7 @@
 //! writer without a trip back to the async runtime in between.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
@@ -73,15 +73,32 @@ enum Seen {
     Changes,
 }
 
+/// How long replay counts gather before they are applied. Their commit needs
+/// no fsync, so without a pause the writer would commit a handful of counts
+/// at a time, as fast as it can, and take a core from the readers serving
+/// the replays.
+const REPLAY_FLUSH_DELAY: Duration = Duration::from_millis(25);
+
 /// Counts a replay served from a reader. The first replay since the last
-/// flush queues one job that applies every pending count with the writer's
-/// next batch; nobody waits for it, and it needs no fsync of its own.
+/// flush queues, a moment later, one job that applies every pending count
+/// with the writer's next batch; nobody waits for it, and it needs no fsync
+/// of its own.
 fn count_replay(engine: &Engine, replays: &Arc<ReplayTally>, key: ScopeDigest, fence: u64) {
-    if replays.add(key, fence) {
-        let tally = Arc::clone(replays);
+    if !replays.add(key, fence) {
+        return;
+    }
+    let (engine, tally) = (engine.clone(), Arc::clone(replays));
+    let flush = move || {
         engine.write_detached("replay counts", Durability::Relaxed, move |w| {
             apply_replays(w, &tally)
-        });
+        })
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(async move {
+            tokio::time::sleep(REPLAY_FLUSH_DELAY).await;
+            flush();
+        })),
+        Err(_) => flush(),
     }
 }
 
