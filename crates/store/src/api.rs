@@ -230,9 +230,11 @@ pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response
     }
     let results: Vec<(u16, Vec<u8>)> = results
         .into_iter()
-        .map(|r| match r.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()).into())) {
-            Ok((status, frame)) => (status.as_u16(), frame),
-            Err(refusal) => refusal.render(&state.settings.doc_base),
+        .map(|r| {
+            match r.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()).into())) {
+                Ok((status, frame)) => (status.as_u16(), frame),
+                Err(refusal) => refusal.render(&state.settings.doc_base),
+            }
         })
         .collect();
     Ok(([(CONTENT_TYPE, FRAME_CONTENT_TYPE)], encode_batch_reply(&results)).into_response())

@@ -182,6 +182,7 @@ pub async fn run<L>(
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
+    for<'a> auth::Connection: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = if state.settings.sweep.enabled {
@@ -195,7 +196,10 @@ where
     };
     let addr = listener.local_addr()?;
     tracing::info!("listening on {addr:?}");
-    let result = axum::serve(listener, app(state))
+    // Each connection carries what it has shown (`auth::Connection`), so
+    // its credential is hashed once, not on every request.
+    let service = app(state).into_make_service_with_connect_info::<auth::Connection>();
+    let result = axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await;
     let _ = stop_tx.send(true);

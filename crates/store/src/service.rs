@@ -151,7 +151,9 @@ impl Store {
     /// Metrics and wake-ups for a call the backend answered.
     fn observe(&self, kind: Kind, answer: &Result<Answer>, started: Instant) {
         match (kind, answer) {
-            (Kind::Claim, Ok(Answer::Claim(outcome))) => self.metrics.observe_claim(outcome, started.elapsed()),
+            (Kind::Claim, Ok(Answer::Claim(outcome))) => {
+                self.metrics.observe_claim(outcome, started.elapsed())
+            }
             (Kind::Claim, Err(StoreError::Late)) => {
                 self.metrics.late_claims.inc();
             }
