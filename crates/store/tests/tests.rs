@@ -5,5 +5,6 @@ mod cli;
 mod concurrency;
 mod crash;
 mod http;
+mod migration;
 mod stories;
 mod support;
