@@ -6,7 +6,7 @@ use std::time::Instant;
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
-use tokio_postgres::NoTls;
+use tokio_postgres::{NoTls, Row, Statement};
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
@@ -14,6 +14,15 @@ use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
 use super::{log_all, Postgres};
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
+
+/// What a claim's [`CLAIM`] row says.
+enum Read {
+    Decided(ClaimOutcome),
+    /// No row: a concurrent insert not visible yet. Look again.
+    Again,
+    /// An existing record the claim changes, under its lock.
+    Changes,
+}
 
 /// How often a claim that keeps losing races looks again before giving up.
 const MAX_ATTEMPTS: usize = 20;
@@ -95,39 +104,11 @@ impl Postgres {
                 },
             }
             .map_err(unavailable)?;
-            let Some(row) = rows.first() else {
+            match self.read_claim_row(req, &claimed, &key, rows.first(), now)? {
+                Read::Decided(outcome) => return Ok(outcome),
                 // Lost a race with a concurrent insert we cannot see yet: look again.
-                continue;
-            };
-            if row.flag("inserted")? {
-                let fence = row.unsigned("fence")?;
-                EventInfo {
-                    log_id: req.scope.log_id(),
-                    scope: req.scope.clone(),
-                    generation: fence,
-                    at: now,
-                    transition: Transition::Claimed.as_str().into(),
-                    attempt: claimed.attempt.map(String::from),
-                    fence,
-                    fingerprint: claimed.fingerprint,
-                    status: None,
-                    actor: actor::FILTER.into(),
-                    detail: None,
-                    duration_ms: 0,
-                }
-                .log();
-                return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
-            }
-            let loaded = LoadedRecord::read(row)?;
-            match record::decide_claim(Some(&loaded.view), req, now) {
-                ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
-                ClaimDecision::Replay { status, completed_at } => {
-                    // Served from the committed row this statement returned.
-                    self.count_replay(key, loaded.view.fence);
-                    let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                    return Ok(ClaimOutcome::replay(status, loaded.headers, completed_at, body));
-                }
-                ClaimDecision::Claim | ClaimDecision::BecomeUnknown => {
+                Read::Again => continue,
+                Read::Changes => {
                     if let Some(out) = self
                         .change_claimed(&mut client, req, &claimed, now, deadline)
                         .await?
@@ -141,6 +122,81 @@ impl Postgres {
         Err(StoreError::Unavailable(
             "claim kept racing with concurrent changes".into(),
         ))
+    }
+
+    /// What the row [`CLAIM`] returned (if any) means for the claim.
+    fn read_claim_row(
+        &self,
+        req: &ClaimRequest,
+        claimed: &Claimed<'_>,
+        key: &ScopeDigest,
+        row: Option<&Row>,
+        now: i64,
+    ) -> Result<Read> {
+        let Some(row) = row else {
+            return Ok(Read::Again);
+        };
+        if row.flag("inserted")? {
+            let fence = row.unsigned("fence")?;
+            EventInfo {
+                log_id: req.scope.log_id(),
+                scope: req.scope.clone(),
+                generation: fence,
+                at: now,
+                transition: Transition::Claimed.as_str().into(),
+                attempt: claimed.attempt.map(String::from),
+                fence,
+                fingerprint: claimed.fingerprint.clone(),
+                status: None,
+                actor: actor::FILTER.into(),
+                detail: None,
+                duration_ms: 0,
+            }
+            .log();
+            return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
+        }
+        let loaded = LoadedRecord::read(row)?;
+        Ok(match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Read::Decided(ClaimOutcome::answer(reply)),
+            ClaimDecision::Replay { status, completed_at } => {
+                // Served from the committed row this statement returned.
+                self.count_replay(*key, loaded.view.fence);
+                let body = row.optional_bytes("response_body")?.unwrap_or_default();
+                Read::Decided(ClaimOutcome::replay(status, loaded.headers, completed_at, body))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Read::Changes,
+        })
+    }
+
+    /// A batch's claim, sent on the batch's connection together with the
+    /// other calls' statements: decided by its first [`CLAIM`] alone when
+    /// that is enough (a new key, an answer, a replay), else `None` and it
+    /// goes the whole way of [`Postgres::claim_record`] afterwards. A claim
+    /// past its caller's deadline is not sent.
+    pub(super) async fn claim_pipelined(
+        &self,
+        client: &Client,
+        stmt: &Statement,
+        req: &ClaimRequest,
+        now: i64,
+        deadline: Option<Instant>,
+    ) -> Option<Result<ClaimOutcome>> {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(Err(StoreError::Late));
+        }
+        let key = ScopeDigest::of(&req.scope);
+        let columns = KeyColumns::of(&req.scope);
+        let claimed = Claimed::of(req, now);
+        let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
+        let rows = match client.query(stmt, &params).await {
+            Ok(rows) => rows,
+            Err(e) => return Some(Err(unavailable(e))),
+        };
+        match self.read_claim_row(req, &claimed, &key, rows.first(), now) {
+            Ok(Read::Decided(outcome)) => Some(Ok(outcome)),
+            Ok(Read::Again | Read::Changes) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// A claim that must change an existing record (a new generation, or a

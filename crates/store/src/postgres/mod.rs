@@ -21,8 +21,8 @@ use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, Fen
 use idemgate_core::scope::Scope;
 
 use crate::backend::{
-    Backend, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution, Result,
-    SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
+    Result, SweepPolicy, SweepReport,
 };
 use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
@@ -36,6 +36,7 @@ macro_rules! key_where {
     };
 }
 
+mod batch;
 mod claim;
 mod generation;
 mod operations;
@@ -238,6 +239,10 @@ impl Backend for Postgres {
 
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
         self.abandon_record(req, now).await
+    }
+
+    async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        self.decide_batch(calls, now).await
     }
 
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {

@@ -6,9 +6,10 @@ use std::sync::LazyLock;
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::record::{self, State, Transition};
 use idemgate_core::scope::Scope;
+use tokio_postgres::Statement;
 
 use super::generation::{end_generation, event, execute, set_unknown};
-use super::pool::unavailable;
+use super::pool::{unavailable, Client};
 use super::rows::{bind_with_columns, Bind};
 use super::{log_all, Postgres};
 use crate::backend::{actor, EventInfo, Resolution, Result};
@@ -26,7 +27,7 @@ use crate::conditions;
 /// progress, so it turns unknown when its lease runs out and is never run
 /// again; under `on_unknown: release` it would free the key for a second
 /// execution, so that completion waits for the flush like every other write.
-static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     conditions::expand(&format!(
         "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $3, \
            response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, expires_at = {expiry}, \
@@ -56,13 +57,28 @@ impl Postgres {
         body: &[u8],
         now: i64,
     ) -> Result<FenceReply> {
+        let client = self.connections.client().await?;
+        let stmt = client.prepare_cached(&COMPLETE).await.map_err(unavailable)?;
+        self.complete_on(&client, &stmt, req, body, now).await
+    }
+
+    /// [`COMPLETE`] on `client` (prepared there as `stmt`): one statement, so
+    /// a batch sends it together with the other calls' statements.
+    pub(super) async fn complete_on(
+        &self,
+        client: &Client,
+        stmt: &Statement,
+        req: &CompleteRequest,
+        body: &[u8],
+        now: i64,
+    ) -> Result<FenceReply> {
         let key = ScopeDigest::of(&req.scope);
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
         let headers = encode_headers(&req.headers);
         let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
         let params = key.bind(&[&fence, &status, &headers, &body, &req.body_stored, &now]);
-        let rows = self.connections.query(&COMPLETE, &params).await?;
+        let rows = client.query(stmt, &params).await.map_err(unavailable)?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
         log_all(&events);
         Ok(if events.is_empty() {
