@@ -175,13 +175,14 @@ enum Slot {
     Pending(engine::Pending<Logged>),
 }
 
-/// The writer job that carries out `call` (any call but a claim, which
-/// [`claim::write_job`] turns into one).
+/// What a writer job does for one call.
+type Work = Box<dyn FnOnce(&Writer<'_>, &mut Journal) -> Result<Answer> + Send>;
+
+/// The writer job that carries out `call` (a claim that no reader looked at
+/// goes to [`claim::write_job`] as if its record were absent: its insert
+/// finds out).
 fn write_job(call: Call, now: i64) -> (engine::Job, engine::Pending<Logged>) {
-    let (durability, work): (
-        Durability,
-        Box<dyn FnOnce(&Writer<'_>, &mut Journal) -> Result<Answer> + Send>,
-    ) = match call {
+    let (durability, work): (Durability, Work) = match call {
         Call::Claim { req, deadline } => return claim::write_job(req, deadline, now, true),
         Call::Complete { req, body } => (
             // Durable after all when the record's policy frees the key on
