@@ -1,6 +1,7 @@
 //! Throughput and latency of claim+complete, then of replays (a claim of a
 //! completed key), through the HTTP API and straight against the backend,
-//! side by side in one run (ratios, not absolute numbers, are what to compare
+//! and of claims+completes sent N at a time as `/v1/batch`, side by side in
+//! one run (ratios, not absolute numbers, are what to compare
 //! across machines).
 //!
 //! `cargo run --release -p idemgate-store-load -- [--database-url URL] [--concurrency N] [--seconds S]`
@@ -18,7 +19,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::key::Key;
-use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest};
+use idemgate_core::protocol::{
+    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, ClaimRequest,
+    CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
+};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
 use idemgate_store::sweeper::SweepSettings;
@@ -39,6 +43,10 @@ struct Args {
     /// SQLite synchronous=NORMAL instead of FULL.
     #[arg(long)]
     sqlite_normal: bool,
+    /// Calls per `/v1/batch` in the batch measurement (N claims in one
+    /// request, then their N completes in another); 0 skips it.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
 }
 
 fn request(scope: Scope) -> ClaimRequest {
@@ -95,6 +103,15 @@ where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), String>> + Send,
 {
+    measure_n(concurrency, seconds, 1, op).await
+}
+
+/// Like [`measure`] for an operation that carries `per_op` claims+completes.
+async fn measure_n<F, Fut>(concurrency: usize, seconds: u64, per_op: usize, op: F) -> Result<Report, String>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
     let op = Arc::new(op);
     let start = Instant::now();
     let deadline = start + Duration::from_secs(seconds);
@@ -118,7 +135,7 @@ where
         latencies.extend(t.await.map_err(|e| e.to_string())??);
     }
     Ok(Report {
-        ops: latencies.len(),
+        ops: latencies.len() * per_op,
         elapsed: start.elapsed(),
         latencies,
     })
@@ -206,6 +223,60 @@ async fn http(post: Post, args: &Args) -> Result<Report, String> {
     .await
 }
 
+/// The replies of a `/v1/batch` answer, each with its status.
+fn batch_replies(body: &[u8]) -> Result<Vec<(u16, Vec<u8>)>, String> {
+    let (meta, bytes) = decode_frame::<BatchReply>(body).map_err(|e| e.to_string())?;
+    let parts = split_batch(meta.results.iter().map(|r| r.len), bytes).map_err(|e| e.to_string())?;
+    Ok(meta
+        .results
+        .iter()
+        .zip(parts)
+        .map(|(r, b)| (r.status, b.to_vec()))
+        .collect())
+}
+
+/// N new keys per iteration: their claims in one `/v1/batch`, then their
+/// completes in another (what a busy filter worker sends).
+async fn http_batch(post: Post, args: &Args) -> Result<Report, String> {
+    let n = args.batch;
+    measure_n(args.concurrency, args.seconds, n, move |w, i| {
+        let post = post.clone();
+        async move {
+            let scopes = (0..n as u64)
+                .map(|j| scope("batch", w, i * n as u64 + j))
+                .collect::<Result<Vec<_>, _>>()?;
+            let frames: Vec<Vec<u8>> = scopes
+                .iter()
+                .map(|s| encode_frame(&request(s.clone()), b""))
+                .collect();
+            let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (CLAIM_PATH, f.as_slice())).collect();
+            let replies = batch_replies(&post("/v1/batch", encode_batch(&calls)).await?)?;
+            let mut frames = Vec::with_capacity(n);
+            for (s, (status, frame)) in scopes.into_iter().zip(replies) {
+                let (reply, _) = decode_frame::<ClaimReply>(&frame).map_err(|e| format!("{status}: {e}"))?;
+                let ClaimReply::Owned { fence } = reply else {
+                    return Err(format!("unexpected {reply:?}"));
+                };
+                let c = CompleteRequest {
+                    scope: s,
+                    fence,
+                    status: 201,
+                    headers: vec![],
+                    body_stored: true,
+                };
+                frames.push(encode_frame(&c, b"{\"ok\":true}"));
+            }
+            let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (COMPLETE_PATH, f.as_slice())).collect();
+            let replies = batch_replies(&post("/v1/batch", encode_batch(&calls)).await?)?;
+            match replies.iter().find(|(status, _)| *status != 200) {
+                Some((status, body)) => Err(format!("complete: {status} {}", String::from_utf8_lossy(body))),
+                None => Ok(()),
+            }
+        }
+    })
+    .await
+}
+
 /// Claims `s` straight on the backend and completes it with a small JSON body.
 async fn claim_and_complete(
     backend: &Arc<dyn Backend>,
@@ -287,6 +358,12 @@ async fn http_replay(post: Post, keys: Arc<Vec<Scope>>, args: &Args) -> Result<R
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
+    if args.batch > idemgate_core::protocol::MAX_BATCH {
+        return Err(format!(
+            "--batch is at most {}",
+            idemgate_core::protocol::MAX_BATCH
+        ));
+    }
     let url = args.database_url.clone().unwrap_or_else(|| {
         let dir = std::env::temp_dir().join(format!("idemgate-bench-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
@@ -318,6 +395,11 @@ async fn main() -> Result<(), String> {
         "http / raw throughput: {:.2}",
         (h.ops as f64 / h.elapsed.as_secs_f64()) / (r.ops as f64 / r.elapsed.as_secs_f64()).max(1e-9)
     );
+    if args.batch > 0 {
+        http_batch(post.clone(), &args)
+            .await?
+            .print(&format!("http x{}", args.batch));
+    }
     // Retries of completed keys: one claim each, answered with the stored response.
     let keys = Arc::new(completed_keys(&backend, &args).await?);
     raw_replay(backend, keys.clone(), &args)

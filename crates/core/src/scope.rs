@@ -144,27 +144,25 @@ impl Scope {
     /// Unambiguous encoding of the whole tuple: for each component in order,
     /// its length as a big-endian `u32`, then its bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let parts = [
+        encode_parts(self.parts())
+    }
+
+    /// SHA-256 of [`Scope::encode`].
+    pub fn digest(&self) -> [u8; 32] {
+        digest_parts(self.parts())
+    }
+
+    /// The six components in encoding order: version, tenant, principal,
+    /// route, namespace, key.
+    pub fn parts(&self) -> [&str; 6] {
+        [
             self.version.as_str(),
             self.tenant.as_str(),
             self.principal.as_str(),
             self.route.as_str(),
             self.namespace.as_str(),
             self.key.as_str(),
-        ];
-        let mut out = Vec::with_capacity(parts.iter().map(|p| 4 + p.len()).sum());
-        for part in parts {
-            // Every component is at most 255 bytes, so the length always fits.
-            let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(part.as_bytes());
-        }
-        out
-    }
-
-    /// SHA-256 of [`Scope::encode`].
-    pub fn digest(&self) -> [u8; 32] {
-        Sha256::digest(self.encode()).into()
+        ]
     }
 
     /// A short hash that identifies the record in logs without the raw key:
@@ -174,6 +172,25 @@ impl Scope {
         id.truncate(12);
         id
     }
+}
+
+/// [`Scope::encode`] of the six components as stored (see [`Scope::parts`]),
+/// without validating them: a store computes the digest of rows it wrote
+/// earlier with this.
+pub fn encode_parts(parts: [&str; 6]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| 4 + p.len()).sum());
+    for part in parts {
+        // Every component is at most 255 bytes, so the length always fits.
+        let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(part.as_bytes());
+    }
+    out
+}
+
+/// [`Scope::digest`] of the six components as stored.
+pub fn digest_parts(parts: [&str; 6]) -> [u8; 32] {
+    Sha256::digest(encode_parts(parts)).into()
 }
 
 impl TryFrom<RawScope> for Scope {

@@ -18,7 +18,7 @@ use idemgate_core::protocol::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::backend::limits;
+use crate::backend::{limits, Answer, Call, Result as StoreResult, StoreError};
 use crate::problem::Refusal;
 use crate::AppState;
 
@@ -99,15 +99,27 @@ fn fence_reply(reply: FenceReply) -> Answered {
     (status, encode_frame(&reply, &[]))
 }
 
-/// Decides one call of the filter's API, sent alone or in a batch.
-async fn call(state: &AppState, path: &str, bytes: Bytes) -> Result<Answered, Refusal> {
-    match path {
+/// A call of the filter's API, decoded and validated: everything before the
+/// store decides it. The record's log id is computed only when debug logs
+/// are on.
+struct Parsed {
+    call: Call,
+    path: &'static str,
+    record: Option<String>,
+}
+
+/// Decodes and validates one call of the filter's API, sent alone or in a
+/// batch.
+fn parse(path: &str, bytes: Bytes) -> Result<Parsed, Refusal> {
+    let log_id = |scope: &idemgate_core::scope::Scope| {
+        tracing::enabled!(tracing::Level::DEBUG).then(|| scope.log_id())
+    };
+    let (call, path, record) = match path {
         CLAIM_PATH => {
             let req = bare_frame::<ClaimRequest>(&bytes)?;
             validate_claim(&req).map_err(Refusal::bad_request)?;
-            let outcome = state.store.claim(&req).await?;
-            tracing::debug!(record = %req.scope.log_id(), reply = ?outcome.reply, "claim");
-            Ok((StatusCode::OK, encode_frame(&outcome.reply, &outcome.body)))
+            let record = log_id(&req.scope);
+            (Call::Claim { req, deadline: None }, CLAIM_PATH, record)
         }
         COMPLETE_PATH => {
             let (req, rest) = decode::<CompleteRequest>(&bytes)?;
@@ -117,44 +129,68 @@ async fn call(state: &AppState, path: &str, bytes: Bytes) -> Result<Answered, Re
                     "body_stored is false but the frame carries bytes",
                 ));
             }
-            let reply = state.store.complete(&req, &rest).await?;
-            tracing::debug!(record = %req.scope.log_id(), ?reply, "complete");
-            Ok(fence_reply(reply))
+            let record = log_id(&req.scope);
+            (Call::Complete { req, body: rest }, COMPLETE_PATH, record)
         }
-        RELEASE_PATH | MARK_UNKNOWN_PATH => {
+        RELEASE_PATH => {
             let req = bare_frame::<FenceRequest>(&bytes)?;
-            let mark_unknown = path == MARK_UNKNOWN_PATH;
-            let reply = if mark_unknown {
-                state.store.mark_unknown(&req).await?
-            } else {
-                state.store.release(&req).await?
-            };
-            tracing::debug!(record = %req.scope.log_id(), ?reply, mark_unknown, "fence call");
-            Ok(fence_reply(reply))
+            let record = log_id(&req.scope);
+            (Call::Release(req), RELEASE_PATH, record)
+        }
+        MARK_UNKNOWN_PATH => {
+            let req = bare_frame::<FenceRequest>(&bytes)?;
+            let record = log_id(&req.scope);
+            (Call::MarkUnknown(req), MARK_UNKNOWN_PATH, record)
         }
         ABANDON_PATH => {
             let req = bare_frame::<AbandonRequest>(&bytes)?;
-            let reply = state.store.abandon(&req).await?;
-            tracing::debug!(record = %req.scope.log_id(), ?reply, "abandon");
+            let record = log_id(&req.scope);
+            (Call::Abandon(req), ABANDON_PATH, record)
+        }
+        _ => {
+            return Err(Refusal::new(
+                ProblemKind::NotFound,
+                format!("{path} is not a call of /v1"),
+            ))
+        }
+    };
+    Ok(Parsed { call, path, record })
+}
+
+/// The answer to a call, as its status and frame.
+fn answered(path: &str, record: Option<&str>, answer: StoreResult<Answer>) -> Result<Answered, Refusal> {
+    let record = record.unwrap_or("-");
+    match answer? {
+        Answer::Claim(outcome) => {
+            tracing::debug!(record, reply = ?outcome.reply, "claim");
+            Ok((StatusCode::OK, encode_frame(&outcome.reply, &outcome.body)))
+        }
+        Answer::Fence(reply) => {
+            tracing::debug!(record, ?reply, path, "fence call");
             Ok(fence_reply(reply))
         }
-        _ => Err(Refusal::new(
-            ProblemKind::NotFound,
-            format!("{path} is not a call of /v1"),
-        )),
     }
 }
 
 /// One call sent alone: `POST` to its path.
 pub async fn single(State(state): State<AppState>, uri: Uri, body: Body) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
-    let (status, frame) = call(&state, uri.path(), bytes).await?;
+    let parsed = parse(uri.path(), bytes)?;
+    let answer = state
+        .store
+        .decide(vec![parsed.call])
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(StoreError::Unavailable("the call went unanswered".into())));
+    let (status, frame) = answered(parsed.path, parsed.record.as_deref(), answer)?;
     Ok((status, [(CONTENT_TYPE, FRAME_CONTENT_TYPE)], frame).into_response())
 }
 
-/// Several calls in one request (`/v1/batch`), decided concurrently, each on
-/// its own: a refused or failed call answers with its own problem, as it
-/// would alone. On SQLite the writer commits them together.
+/// Several calls in one request (`/v1/batch`), each decided on its own: a
+/// refused or failed call answers with its own problem, as it would alone,
+/// and never fails or undoes another. The store decides the valid ones
+/// together (on SQLite: looked at on one reader, written in one
+/// transaction).
 pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
     let (meta, rest) = decode::<Batch>(&bytes)?;
@@ -165,17 +201,40 @@ pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response
     }
     let frames = split_batch(meta.calls.iter().map(|c| c.len), &rest)
         .map_err(|e| Refusal::bad_request(e.to_string()))?;
-    let calls = meta
+    let parsed: Vec<Result<Parsed, Refusal>> = meta
         .calls
         .iter()
         .zip(frames)
-        .map(|(c, frame)| call(&state, &c.path, rest.slice_ref(frame)));
-    let results: Vec<(u16, Vec<u8>)> = futures_util::future::join_all(calls)
-        .await
+        .map(|(c, frame)| parse(&c.path, rest.slice_ref(frame)))
+        .collect();
+    let mut labels = Vec::with_capacity(parsed.len());
+    let mut calls = Vec::with_capacity(parsed.len());
+    let mut results: Vec<Option<Result<Answered, Refusal>>> = Vec::with_capacity(parsed.len());
+    for p in parsed {
+        match p {
+            Ok(Parsed { call, path, record }) => {
+                labels.push((results.len(), path, record));
+                calls.push(call);
+                results.push(None);
+            }
+            Err(refusal) => results.push(Some(Err(refusal))),
+        }
+    }
+    let answers = if calls.is_empty() {
+        Vec::new()
+    } else {
+        state.store.decide(calls).await
+    };
+    for ((i, path, record), answer) in labels.into_iter().zip(answers) {
+        results[i] = Some(answered(path, record.as_deref(), answer));
+    }
+    let results: Vec<(u16, Vec<u8>)> = results
         .into_iter()
-        .map(|answered| match answered {
-            Ok((status, frame)) => (status.as_u16(), frame),
-            Err(refusal) => refusal.render(&state.settings.doc_base),
+        .map(|r| {
+            match r.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()).into())) {
+                Ok((status, frame)) => (status.as_u16(), frame),
+                Err(refusal) => refusal.render(&state.settings.doc_base),
+            }
         })
         .collect();
     Ok(([(CONTENT_TYPE, FRAME_CONTENT_TYPE)], encode_batch_reply(&results)).into_response())

@@ -11,7 +11,7 @@ use idemgate_core::protocol::{
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum StoreError {
     /// The database could not be reached or refused the operation.
     Unavailable(String),
@@ -74,6 +74,32 @@ impl ClaimOutcome {
             became_unknown: false,
         }
     }
+}
+
+/// One call of the filter's API, validated, as a backend decides it.
+#[derive(Debug, Clone)]
+pub enum Call {
+    /// `deadline`: the caller stops waiting then (see [`Backend::claim`]).
+    Claim {
+        req: ClaimRequest,
+        deadline: Option<std::time::Instant>,
+    },
+    /// `body` is stored only when `req.body_stored`.
+    Complete {
+        req: CompleteRequest,
+        body: bytes::Bytes,
+    },
+    Release(FenceRequest),
+    MarkUnknown(FenceRequest),
+    Abandon(AbandonRequest),
+}
+
+/// A call's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Claim(ClaimOutcome),
+    /// Complete, release, mark-unknown and abandon.
+    Fence(FenceReply),
 }
 
 /// Everything stored about a record except its body, for operators.
@@ -286,6 +312,23 @@ pub trait Backend: Send + Sync {
     /// (`record::may_abandon`); if there is none yet, remembers the attempt so
     /// the sweeper releases a claim of it that lands later.
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply>;
+    /// Decides several calls at once, each on its own: the answer of one
+    /// never depends on whether another failed, and one call's failure never
+    /// undoes another's changes. A backend may carry them out together (one
+    /// SQLite transaction, one PostgreSQL connection); by default they run
+    /// concurrently, each as if it came alone.
+    async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        let each = calls.into_iter().map(|call| async move {
+            match call {
+                Call::Claim { req, deadline } => self.claim(&req, now, deadline).await.map(Answer::Claim),
+                Call::Complete { req, body } => self.complete(&req, &body, now).await.map(Answer::Fence),
+                Call::Release(req) => self.release(&req, now).await.map(Answer::Fence),
+                Call::MarkUnknown(req) => self.mark_unknown(&req, now).await.map(Answer::Fence),
+                Call::Abandon(req) => self.abandon(&req, now).await.map(Answer::Fence),
+            }
+        });
+        futures_util::future::join_all(each).await
+    }
     /// Every generation and event of records with this tenant and key.
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory>;
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;

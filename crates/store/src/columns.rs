@@ -13,11 +13,11 @@ use idemgate_core::scope::{Namespace, Scope};
 
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
 
-/// The primary key columns, in [`KeyColumns`] order.
+/// The scope columns, in [`KeyColumns`] order.
 pub const KEY_COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key";
 
-/// Every column of a current record, in table order. The history table has
-/// the same ones followed by `ended_at`.
+/// Every column of a current record except its key (`scope_digest`), in
+/// table order. The history table has the same ones followed by `ended_at`.
 pub const RECORD_COLUMNS: [&str; 23] = [
     "scope_version",
     "tenant",
@@ -78,28 +78,36 @@ pub fn record_list(each: impl Fn(&str) -> Option<String>) -> String {
         .join(", ")
 }
 
-/// A record's primary key: the six columns of its scope, in table order.
+/// A current record's primary key (`scope_digest`): the SHA-256 of its
+/// scope ([`Scope::digest`]). 32 bytes compare faster and index smaller than
+/// the six scope columns, whose first five are the same for every key of a
+/// tenant's route; the columns are still stored, for operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopeDigest(pub [u8; 32]);
+
+impl ScopeDigest {
+    pub fn of(s: &Scope) -> ScopeDigest {
+        ScopeDigest(s.digest())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<ScopeDigest> {
+        <[u8; 32]>::try_from(bytes)
+            .map(ScopeDigest)
+            .map_err(|_| StoreError::Corrupt(format!("scope_digest of {} bytes", bytes.len())))
+    }
+}
+
+/// The six columns of a record's scope, in table order ([`Scope::parts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyColumns<'a>(pub [&'a str; 6]);
 
 impl<'a> KeyColumns<'a> {
     pub fn of(s: &'a Scope) -> KeyColumns<'a> {
-        KeyColumns([
-            s.version(),
-            s.tenant(),
-            s.principal(),
-            s.route(),
-            s.namespace().as_str(),
-            s.key().as_str(),
-        ])
-    }
-
-    pub fn borrowed(cols: &'a [String; 6]) -> KeyColumns<'a> {
-        KeyColumns(cols.each_ref().map(String::as_str))
-    }
-
-    pub fn owned(&self) -> [String; 6] {
-        self.0.map(String::from)
+        KeyColumns(s.parts())
     }
 }
 
@@ -136,16 +144,12 @@ pub trait ColumnReader {
         .map_err(|e| StoreError::Corrupt(format!("scope: {e:?}")))
     }
 
-    /// The key columns as they are stored, for statements that pick rows.
-    fn key_columns(&self) -> Result<[String; 6]> {
-        Ok([
-            self.text("scope_version")?,
-            self.text("tenant")?,
-            self.text("principal")?,
-            self.text("route")?,
-            self.text("namespace")?,
-            self.text("idem_key")?,
-        ])
+    /// The record's primary key, for statements that pick rows.
+    fn scope_digest(&self) -> Result<ScopeDigest> {
+        match self.optional_bytes("scope_digest")? {
+            Some(bytes) => ScopeDigest::from_bytes(&bytes),
+            None => Err(StoreError::Corrupt("scope_digest is NULL".into())),
+        }
     }
 
     fn status(&self, name: &str) -> Result<Option<u16>> {
@@ -164,6 +168,8 @@ pub struct LoadedRecord {
     pub archived: bool,
     /// The claim attempt that opened the generation.
     pub attempt: Option<String>,
+    /// The claim's `on_unknown` was `release`: an unknown outcome frees the key.
+    pub release_on_unknown: bool,
 }
 
 impl LoadedRecord {
@@ -187,7 +193,7 @@ impl LoadedRecord {
 
     /// Reads `state`, `fingerprint`, `fence`, `lease_until`, `ttl_ms`,
     /// `response_status`, `response_headers`, `body_stored`, `completed_at`,
-    /// `expires_at`, `archived` (a flag) and `attempt`.
+    /// `expires_at`, `archived` (a flag), `attempt` and `release_on_unknown`.
     pub fn read(row: &impl ColumnReader) -> Result<LoadedRecord> {
         let state = row.text("state")?;
         Ok(LoadedRecord {
@@ -205,6 +211,7 @@ impl LoadedRecord {
             headers: decode_headers(row.optional_text("response_headers")?.as_deref())?,
             archived: row.flag("archived")?,
             attempt: row.optional_text("attempt")?,
+            release_on_unknown: row.flag("release_on_unknown")?,
         })
     }
 }

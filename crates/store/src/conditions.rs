@@ -35,14 +35,20 @@ const fn position(s: State) -> usize {
     }
 }
 
-/// `state IN (...)` for the states `accepted` admits, in [`STATES`] order.
+/// `state = '...'` or `state IN (...)` for the states `accepted` admits, in
+/// [`STATES`] order. One state is written with `=`: that is the form a
+/// partial index on that state (`WHERE state = 'in_progress'`) is matched
+/// against, and SQLite does not match `IN` with a single value to it.
 fn states_where(accepted: impl Fn(State) -> bool) -> String {
     let states: Vec<String> = STATES
         .into_iter()
         .filter(|s| accepted(*s))
         .map(|s| format!("'{}'", s.as_str()))
         .collect();
-    format!("state IN ({})", states.join(", "))
+    match states.as_slice() {
+        [one] => format!("state = {one}"),
+        many => format!("state IN ({})", many.join(", ")),
+    }
 }
 
 /// The state and archive half of [`record::may_fence`] (the fence half is the
@@ -104,9 +110,9 @@ mod tests {
             "state IN ('in_progress', 'unknown') AND archived_at IS NULL"
         );
         assert_eq!(*ABANDONABLE, *FENCEABLE);
-        assert_eq!(*REPLAYABLE, "state IN ('completed')");
-        assert_eq!(*LEASED, "state IN ('in_progress')");
-        assert_eq!(*UNKNOWN, "state IN ('unknown')");
+        assert_eq!(*REPLAYABLE, "state = 'completed'");
+        assert_eq!(*LEASED, "state = 'in_progress'");
+        assert_eq!(*UNKNOWN, "state = 'unknown'");
     }
 
     #[test]

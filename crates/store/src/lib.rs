@@ -234,6 +234,7 @@ pub async fn run<L>(
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
+    for<'a> auth::Connection: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = if state.settings.sweep.enabled {
@@ -252,16 +253,19 @@ where
         Some(admin) => {
             tracing::info!("admin surface listening on {:?}", admin.local_addr()?);
             let mut stopped = admin_stopped;
-            let server = axum::serve(admin, surface(state.clone(), Surface::Admin)).with_graceful_shutdown(
-                async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                },
-            );
+            let service = surface(state.clone(), Surface::Admin)
+                .into_make_service_with_connect_info::<auth::Connection>();
+            let server = axum::serve(admin, service).with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            });
             (Surface::Api, Some(tokio::spawn(async move { server.await })))
         }
     };
     tracing::info!("listening on {addr:?}");
-    let result = axum::serve(listener, surface(state, main))
+    // Each connection carries what it has shown (`auth::Connection`), so
+    // its credential is hashed once, not on every request.
+    let service = surface(state, main).into_make_service_with_connect_info::<auth::Connection>();
+    let result = axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await;
     let _ = stop_admin.send(true);

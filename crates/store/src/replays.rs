@@ -18,10 +18,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// A record's primary key columns (`Scope` order) and the fence of the
-/// completed record that was replayed. The fence keeps a late increment from
-/// landing on a newer record under the same key.
-pub(crate) type ReplayKey = ([String; 6], u64);
+use crate::columns::ScopeDigest;
+
+/// A record's primary key and the fence of the completed record that was
+/// replayed. The fence keeps a late increment from landing on a newer record
+/// under the same key.
+pub(crate) type ReplayKey = (ScopeDigest, u64);
 
 #[derive(Default)]
 pub(crate) struct ReplayTally {
@@ -38,7 +40,7 @@ struct Pending {
 impl ReplayTally {
     /// Counts one replay. True when the caller must schedule a flush: while
     /// one is pending, further replays only add to its batch.
-    pub(crate) fn add(&self, key: [String; 6], fence: u64) -> bool {
+    pub(crate) fn add(&self, key: ScopeDigest, fence: u64) -> bool {
         let mut p = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         *p.counts.entry((key, fence)).or_insert(0) += 1;
         !std::mem::replace(&mut p.scheduled, true)
@@ -57,8 +59,8 @@ impl ReplayTally {
 mod tests {
     use super::*;
 
-    fn key(k: &str) -> [String; 6] {
-        ["1", "t", "p", "r", "u", k].map(String::from)
+    fn key(k: &str) -> ScopeDigest {
+        ScopeDigest(idemgate_core::scope::digest_parts(["v1", "t", "p", "r", "u", k]))
     }
 
     #[test]

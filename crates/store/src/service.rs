@@ -9,7 +9,7 @@ use idemgate_core::protocol::{
 };
 use tokio::sync::Notify;
 
-use crate::backend::{limits, Backend, ClaimOutcome, Result};
+use crate::backend::{limits, Answer, Backend, Call, ClaimOutcome, Result, StoreError};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 
@@ -36,13 +36,60 @@ impl Store {
         }
     }
 
+    /// Decides the calls of one request (one call, or a `/v1/batch`), each on
+    /// its own. A claim that may wait for another request (`wait_ms > 0`)
+    /// runs its own waiting loop ([`Store::claim`]); the others are handed to
+    /// the backend together, which carries them out in one go where it can.
+    pub async fn decide(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
+        let started = Instant::now();
+        let mut answers: Vec<Option<Result<Answer>>> = (0..calls.len()).map(|_| None).collect();
+        let mut waiting = Vec::new();
+        let mut together = Vec::with_capacity(calls.len());
+        for (i, call) in calls.into_iter().enumerate() {
+            match call {
+                Call::Claim { req, .. } if req.wait_ms > 0 => waiting.push((i, req)),
+                Call::Claim { req, .. } => {
+                    let deadline = caller_deadline(&req, started);
+                    together.push((i, Call::Claim { req, deadline }));
+                }
+                other => together.push((i, other)),
+            }
+        }
+        let kinds: Vec<(usize, Kind)> = together.iter().map(|(i, c)| (*i, Kind::of(c))).collect();
+        let calls: Vec<Call> = together.into_iter().map(|(_, c)| c).collect();
+        let backend = async {
+            if calls.is_empty() {
+                Vec::new()
+            } else {
+                self.backend.decide(calls, self.clock.now()).await
+            }
+        };
+        let waits = futures_util::future::join_all(
+            waiting
+                .iter()
+                .map(|(_, req)| async move { self.claim(req).await.map(Answer::Claim) }),
+        );
+        let (decided, waited) = tokio::join!(backend, waits);
+        for ((i, kind), answer) in kinds.into_iter().zip(decided) {
+            self.observe(kind, &answer, started);
+            answers[i] = Some(answer);
+        }
+        for ((i, _), answer) in waiting.into_iter().zip(waited) {
+            answers[i] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()))))
+            .collect()
+    }
+
     /// Claims, and if the record is in progress and the caller asked to wait,
     /// waits (bounded by `wait_ms`) for it to finish, then decides again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome> {
         let started = Instant::now();
         // The caller's deadline, from when its claim reached us (a little
         // after it was sent, so the filter abandons what slips through).
-        let caller_deadline = (req.deadline_ms > 0).then(|| started + Duration::from_millis(req.deadline_ms));
+        let caller_deadline = caller_deadline(req, started);
         let deadline = started + Duration::from_millis(req.wait_ms.min(limits::MAX_WAIT_MS));
         let outcome = loop {
             // Register for the wake-up before looking, so a completion that
@@ -51,7 +98,7 @@ impl Store {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let outcome = match self.backend.claim(req, self.clock.now(), caller_deadline).await {
-                Err(e @ crate::backend::StoreError::Late) => {
+                Err(e @ StoreError::Late) => {
                     self.metrics.late_claims.inc();
                     return Err(e);
                 }
@@ -73,33 +120,27 @@ impl Store {
     }
 
     pub async fn complete(&self, req: &CompleteRequest, body: &[u8]) -> Result<FenceReply> {
-        let reply = self.backend.complete(req, body, self.clock.now()).await?;
-        self.finished(reply);
-        Ok(reply)
+        let reply = self.backend.complete(req, body, self.clock.now()).await;
+        self.observe_fence(Kind::Complete, &reply);
+        reply
     }
 
     pub async fn release(&self, req: &FenceRequest) -> Result<FenceReply> {
-        let reply = self.backend.release(req, self.clock.now()).await?;
-        self.finished(reply);
-        Ok(reply)
+        let reply = self.backend.release(req, self.clock.now()).await;
+        self.observe_fence(Kind::Release, &reply);
+        reply
     }
 
     pub async fn abandon(&self, req: &AbandonRequest) -> Result<FenceReply> {
-        let reply = self.backend.abandon(req, self.clock.now()).await?;
-        if reply == FenceReply::Done {
-            self.metrics.abandoned_claims.inc();
-            self.changed.notify_waiters();
-        }
-        Ok(reply)
+        let reply = self.backend.abandon(req, self.clock.now()).await;
+        self.observe_fence(Kind::Abandon, &reply);
+        reply
     }
 
     pub async fn mark_unknown(&self, req: &FenceRequest) -> Result<FenceReply> {
-        let reply = self.backend.mark_unknown(req, self.clock.now()).await?;
-        if reply == FenceReply::Done {
-            self.metrics.unknown_records.inc();
-        }
-        self.finished(reply);
-        Ok(reply)
+        let reply = self.backend.mark_unknown(req, self.clock.now()).await;
+        self.observe_fence(Kind::MarkUnknown, &reply);
+        reply
     }
 
     /// Wakes waiting claims after an admin resolution.
@@ -107,11 +148,69 @@ impl Store {
         self.changed.notify_waiters();
     }
 
-    fn finished(&self, reply: FenceReply) {
-        if reply == FenceReply::Done {
+    /// Metrics and wake-ups for a call the backend answered.
+    fn observe(&self, kind: Kind, answer: &Result<Answer>, started: Instant) {
+        match (kind, answer) {
+            (Kind::Claim, Ok(Answer::Claim(outcome))) => {
+                self.metrics.observe_claim(outcome, started.elapsed())
+            }
+            (Kind::Claim, Err(StoreError::Late)) => {
+                self.metrics.late_claims.inc();
+            }
+            (_, Ok(Answer::Fence(reply))) => self.observe_fence(kind, &Ok(*reply)),
+            _ => {}
+        }
+    }
+
+    fn observe_fence(&self, kind: Kind, reply: &Result<FenceReply>) {
+        let Ok(reply) = reply else { return };
+        let done = *reply == FenceReply::Done;
+        match kind {
+            Kind::Abandon => {
+                if done {
+                    self.metrics.abandoned_claims.inc();
+                    self.changed.notify_waiters();
+                }
+                return;
+            }
+            Kind::MarkUnknown if done => {
+                self.metrics.unknown_records.inc();
+            }
+            _ => {}
+        }
+        if done {
             self.changed.notify_waiters();
         } else {
             self.metrics.stale_fences.inc();
+        }
+    }
+}
+
+/// When the caller of a claim stops waiting, counted from when its claim
+/// reached us (a little after it was sent, so the filter abandons what
+/// slips through).
+fn caller_deadline(req: &ClaimRequest, started: Instant) -> Option<Instant> {
+    (req.deadline_ms > 0).then(|| started + Duration::from_millis(req.deadline_ms))
+}
+
+/// Which call an answer belongs to, for its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Claim,
+    Complete,
+    Release,
+    MarkUnknown,
+    Abandon,
+}
+
+impl Kind {
+    fn of(call: &Call) -> Kind {
+        match call {
+            Call::Claim { .. } => Kind::Claim,
+            Call::Complete { .. } => Kind::Complete,
+            Call::Release(_) => Kind::Release,
+            Call::MarkUnknown(_) => Kind::MarkUnknown,
+            Call::Abandon(_) => Kind::Abandon,
         }
     }
 }

@@ -114,10 +114,26 @@ async fn concurrent_sqlite_claims_share_commits() {
             })
         })
         .collect();
+    let mut fences = std::collections::BTreeSet::new();
     for t in tasks {
-        assert!(matches!(t.await.unwrap(), ClaimReply::Owned { .. }));
+        match t.await.unwrap() {
+            ClaimReply::Owned { fence } => assert!(fences.insert(fence), "fence {fence} handed out twice"),
+            other => panic!("{other:?}"),
+        }
     }
-    let commits = sqlite.commits() - before;
+    // Fences are taken per batch (the counter is read and written once per
+    // commit); every claim still gets its own, and the next batch goes on
+    // from the last.
+    let next = sqlite
+        .claim(&claim(&scope("k-group-next"), Some(1)), 0, None)
+        .await
+        .unwrap()
+        .reply;
+    assert!(
+        matches!(next, ClaimReply::Owned { fence } if fence > *fences.last().unwrap()),
+        "{next:?}"
+    );
+    let commits = sqlite.commits() - before - 1;
     assert!(
         commits < CLAIMS as u64 / 2,
         "{CLAIMS} claims took {commits} commits: no group commit"

@@ -577,6 +577,58 @@ async fn shut_down(
         .unwrap();
 }
 
+/// The credential is hashed once per connection, and still checked on
+/// every request: a request on the same connection with another value (a
+/// proxy may share one connection among clients) is judged on its own.
+#[tokio::test]
+async fn every_request_on_a_kept_alive_connection_is_checked() {
+    use hyper_util::rt::TokioIo;
+    let h = harness().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(idemgate_store::run(
+        listener,
+        None,
+        h.state.clone(),
+        std::future::pending(),
+    ));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut send = async |path: &str, token: Option<&str>, body: Vec<u8>| {
+        let mut req = hyper::Request::post(path).header("host", addr.to_string());
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        sender.ready().await.unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await.unwrap();
+        status
+    };
+    let claim = |key: &str| frame(&claim_json("acme", key), b"");
+    assert_eq!(send("/v1/claim", Some(API), claim("c1")).await, 200);
+    assert_eq!(send("/v1/claim", Some("wrong"), claim("c2")).await, 401);
+    assert_eq!(send("/v1/claim", Some(ADMIN), claim("c3")).await, 403);
+    assert_eq!(send("/v1/claim", None, claim("c4")).await, 401);
+    assert_eq!(
+        send(idemgate_store::admin::LOOKUP_PATH, Some(API), b"{}".to_vec()).await,
+        403
+    );
+    assert_eq!(send("/v1/claim", Some(API), claim("c5")).await, 200);
+    let lookup = serde_json::to_vec(&serde_json::json!({"tenant": "acme", "key": "c3"})).unwrap();
+    assert_eq!(
+        send(idemgate_store::admin::LOOKUP_PATH, Some(ADMIN), lookup).await,
+        200
+    );
+    assert_eq!(send("/v1/claim", Some(ADMIN), claim("c6")).await, 403);
+}
+
 #[tokio::test]
 async fn run_serves_on_a_listener_until_shutdown() {
     let h = harness().await;

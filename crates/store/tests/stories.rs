@@ -858,6 +858,74 @@ async fn the_rules_stated_in_sql_hold(b: Arc<dyn Backend>) {
     assert!(matches!(cx.reply(&landed).await, ClaimReply::Replay { .. }));
 }
 
+/// The calls of a batch are decided together (one SQLite transaction, one
+/// pipelined PostgreSQL connection) and each on its own: the same key twice
+/// has one owner, a claim past its caller's deadline is refused without
+/// touching its neighbours, and every other call is carried out.
+async fn a_batch_decides_each_call_on_its_own(b: Arc<dyn Backend>) {
+    use idemgate_store::backend::{Answer, Call};
+    let cx = Ctx::new(b);
+    let done = scope("k-batch-done");
+    let f_done = cx.owned(&claim(&done, Some(1))).await;
+    let gone = scope("k-batch-release");
+    let f_gone = cx.owned(&claim(&gone, Some(1))).await;
+    let new = scope("k-batch-new");
+    let late = scope("k-batch-late");
+    let body = |b: &'static [u8]| bytes::Bytes::from_static(b);
+    let calls = vec![
+        Call::Claim {
+            req: claim(&new, Some(1)),
+            deadline: None,
+        },
+        Call::Complete {
+            req: complete(&done, f_done, 201),
+            body: body(b"ok"),
+        },
+        Call::Claim {
+            req: claim(&new, Some(1)),
+            deadline: None,
+        },
+        Call::Claim {
+            req: claim(&late, Some(1)),
+            deadline: Some(std::time::Instant::now()),
+        },
+        Call::Release(fence(&gone, f_gone)),
+        Call::Complete {
+            req: complete(&done, f_done + 1_000, 500),
+            body: body(b"stale"),
+        },
+    ];
+    let answers = cx.backend().decide(calls, cx.now()).await;
+    let claimed = |i: usize| match &answers[i] {
+        Ok(Answer::Claim(out)) => out.reply.clone(),
+        other => panic!("call {i}: {other:?}"),
+    };
+    let owners = [claimed(0), claimed(2)]
+        .iter()
+        .filter(|r| matches!(r, ClaimReply::Owned { .. }))
+        .count();
+    assert_eq!(owners, 1, "{answers:?}");
+    assert!(
+        matches!(answers[1], Ok(Answer::Fence(FenceReply::Done))),
+        "{answers:?}"
+    );
+    assert!(matches!(answers[3], Err(StoreError::Late)), "{answers:?}");
+    assert!(
+        matches!(answers[4], Ok(Answer::Fence(FenceReply::Done))),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[5], Ok(Answer::Fence(FenceReply::Stale))),
+        "{answers:?}"
+    );
+    // What the batch did is there; the late claim left nothing behind.
+    let replay = cx.store.claim(&claim(&done, Some(1))).await.unwrap();
+    assert!(matches!(replay.reply, ClaimReply::Replay { status: 201, .. }));
+    assert_eq!(replay.body, b"ok");
+    cx.owned(&claim(&gone, Some(1))).await;
+    cx.owned(&claim(&late, Some(1))).await;
+}
+
 /// One test per story and backend, so a failing story hides none of the
 /// others: `stories::sqlite::NAME` and `stories::postgres::NAME`. The
 /// PostgreSQL ones share a throwaway cluster, each in a fresh database.
@@ -908,4 +976,5 @@ stories!(
     a_new_generation_keeps_the_old_one_and_its_events,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
+    a_batch_decides_each_call_on_its_own,
 );

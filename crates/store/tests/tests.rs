@@ -6,5 +6,6 @@ mod concurrency;
 mod console;
 mod crash;
 mod http;
+mod migration;
 mod stories;
 mod support;

@@ -13,6 +13,8 @@ pub struct PgCluster {
     pub port: u16,
     as_root: bool,
     next_db: AtomicU32,
+    /// The server options it was started with, for a restart.
+    opts: String,
 }
 
 fn find_bin() -> PathBuf {
@@ -55,6 +57,12 @@ fn is_root() -> bool {
 
 impl PgCluster {
     pub fn start() -> PgCluster {
+        PgCluster::start_with(&[])
+    }
+
+    /// A cluster with these server settings (`name`, `value`) on top of the
+    /// test defaults.
+    pub fn start_with(settings: &[(&str, &str)]) -> PgCluster {
         let bin = find_bin();
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
@@ -69,12 +77,20 @@ impl PgCluster {
         }
         let data = dir.path().join("data");
         let port = crate::free_port();
+        let mut opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+            dir.path().display()
+        );
+        for (name, value) in settings {
+            opts.push_str(&format!(" -c {name}={value}"));
+        }
         let c = PgCluster {
             dir,
             bin,
             port,
             as_root,
             next_db: AtomicU32::new(0),
+            opts,
         };
         let out = c.run(
             "initdb",
@@ -85,14 +101,16 @@ impl PgCluster {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
-            c.dir.path().display()
-        );
-        let log = c.dir.path().join("log");
+        c.start_server();
+        c
+    }
+
+    fn start_server(&self) {
+        let data = self.dir.path().join("data");
+        let log = self.dir.path().join("log");
         // pg_ctl's children inherit its stdout, so capturing it would wait for
         // the server to exit: discard it and read the server log on failure.
-        if !c.run_detached(
+        if !self.run_detached(
             "pg_ctl",
             &[
                 "-D",
@@ -100,7 +118,7 @@ impl PgCluster {
                 "-l",
                 path(&log),
                 "-o",
-                &opts,
+                &self.opts,
                 "-w",
                 "-t",
                 "60",
@@ -110,7 +128,38 @@ impl PgCluster {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
             panic!("pg_ctl start failed:\n{log}");
         }
-        c
+    }
+
+    /// Kills every server process at once (SIGKILL: what shared memory held,
+    /// such as WAL not yet written out, is gone), then starts the server
+    /// again on the same data, which recovers from the WAL on disk.
+    pub fn crash_and_restart(&self) {
+        let pidfile = self.dir.path().join("data").join("postmaster.pid");
+        let postmaster: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap();
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        // A backend may have exited since it was listed: `kill` then fails
+        // for it alone, and what matters is checked below.
+        let _ = Command::new("kill")
+            .arg("-9")
+            .args(&pids)
+            .stderr(Stdio::null())
+            .status();
+        let gone = |pid: &String| !Path::new(&format!("/proc/{pid}")).exists();
+        for _ in 0..500 {
+            if pids.iter().all(gone) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(pids.iter().all(gone), "the server's processes outlived kill -9");
+        self.start_server();
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {
@@ -164,6 +213,27 @@ impl PgCluster {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         self.url(&name)
     }
+}
+
+/// The processes whose parent is `parent` (Linux `/proc`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`: the command may hold spaces and
+            // parentheses, so the fields are counted after the last ')'.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
 
 fn path(p: &Path) -> &str {

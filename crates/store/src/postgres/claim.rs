@@ -6,20 +6,29 @@ use std::time::Instant;
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
-use tokio_postgres::NoTls;
+use tokio_postgres::{NoTls, Row, Statement};
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
-use super::rows::{Bind, Param, CLAIM, REPLACE_GENERATION};
+use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
 use super::{log_all, Postgres};
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
-use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
+use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
+
+/// What a claim's [`CLAIM`] row says.
+enum Read {
+    Decided(ClaimOutcome),
+    /// No row: a concurrent insert not visible yet. Look again.
+    Again,
+    /// An existing record the claim changes, under its lock.
+    Changes,
+}
 
 /// How often a claim that keeps losing races looks again before giving up.
 const MAX_ATTEMPTS: usize = 20;
 
-/// A claim's own parameters, `$7..$12`, in the order [`CLAIM`] and
-/// [`REPLACE_GENERATION`] take them.
+/// A claim's own parameters, in the order [`CLAIM`] (after the key and the
+/// scope's columns) and [`REPLACE_GENERATION`] (after the key) take them.
 struct Claimed<'r> {
     fingerprint: Option<String>,
     lease_until: i64,
@@ -30,16 +39,16 @@ struct Claimed<'r> {
 }
 
 impl<'r> Claimed<'r> {
-    /// `key`'s parameters, the claim's, then `extra`.
-    fn bind<'p>(&'p self, key: &'p KeyColumns<'_>, extra: &[Param<'p>]) -> Vec<Param<'p>> {
-        let mut params = key.bind(&[
+    /// The claim's parameters, then `extra`.
+    fn params<'p>(&'p self, extra: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut params: Vec<Param<'p>> = vec![
             &self.fingerprint,
             &self.lease_until,
             &self.ttl_ms,
             &self.release,
             &self.now,
             &self.attempt,
-        ]);
+        ];
         params.extend_from_slice(extra);
         params
     }
@@ -63,7 +72,8 @@ impl Postgres {
         now: i64,
         deadline: Option<Instant>,
     ) -> Result<ClaimOutcome> {
-        let key = KeyColumns::of(&req.scope);
+        let key = ScopeDigest::of(&req.scope);
+        let columns = KeyColumns::of(&req.scope);
         let claimed = Claimed::of(req, now);
         let mut client = self.connections.client().await?;
         let claim_stmt = client.prepare_cached(&CLAIM).await.map_err(unavailable)?;
@@ -73,7 +83,7 @@ impl Postgres {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(StoreError::Late);
             }
-            let params = claimed.bind(&key, &[]);
+            let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
             let query = client.query(&claim_stmt, &params);
             let rows = match deadline {
                 None => query.await,
@@ -94,40 +104,11 @@ impl Postgres {
                 },
             }
             .map_err(unavailable)?;
-            let Some(row) = rows.first() else {
+            match self.read_claim_row(req, &claimed, &key, rows.first(), now)? {
+                Read::Decided(outcome) => return Ok(outcome),
                 // Lost a race with a concurrent insert we cannot see yet: look again.
-                continue;
-            };
-            if row.flag("inserted")? {
-                let fence = row.unsigned("fence")?;
-                EventInfo {
-                    log_id: req.scope.log_id(),
-                    scope: req.scope.clone(),
-                    generation: fence,
-                    at: now,
-                    transition: Transition::Claimed.as_str().into(),
-                    attempt: claimed.attempt.map(String::from),
-                    fence,
-                    fingerprint: claimed.fingerprint,
-                    status: None,
-                    actor: actor::FILTER.into(),
-                    detail: None,
-                    duration_ms: 0,
-                    reason: None,
-                }
-                .log();
-                return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
-            }
-            let loaded = LoadedRecord::read(row)?;
-            match record::decide_claim(Some(&loaded.view), req, now) {
-                ClaimDecision::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
-                ClaimDecision::Replay { status, completed_at } => {
-                    // Served from the committed row this statement returned.
-                    self.count_replay(key.owned(), loaded.view.fence);
-                    let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                    return Ok(ClaimOutcome::replay(status, loaded.headers, completed_at, body));
-                }
-                ClaimDecision::Claim | ClaimDecision::BecomeUnknown => {
+                Read::Again => continue,
+                Read::Changes => {
                     if let Some(out) = self
                         .change_claimed(&mut client, req, &claimed, now, deadline)
                         .await?
@@ -143,6 +124,82 @@ impl Postgres {
         ))
     }
 
+    /// What the row [`CLAIM`] returned (if any) means for the claim.
+    fn read_claim_row(
+        &self,
+        req: &ClaimRequest,
+        claimed: &Claimed<'_>,
+        key: &ScopeDigest,
+        row: Option<&Row>,
+        now: i64,
+    ) -> Result<Read> {
+        let Some(row) = row else {
+            return Ok(Read::Again);
+        };
+        if row.flag("inserted")? {
+            let fence = row.unsigned("fence")?;
+            EventInfo {
+                log_id: req.scope.log_id(),
+                scope: req.scope.clone(),
+                generation: fence,
+                at: now,
+                transition: Transition::Claimed.as_str().into(),
+                attempt: claimed.attempt.map(String::from),
+                fence,
+                fingerprint: claimed.fingerprint.clone(),
+                status: None,
+                actor: actor::FILTER.into(),
+                detail: None,
+                duration_ms: 0,
+                reason: None,
+            }
+            .log();
+            return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
+        }
+        let loaded = LoadedRecord::read(row)?;
+        Ok(match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Read::Decided(ClaimOutcome::answer(reply)),
+            ClaimDecision::Replay { status, completed_at } => {
+                // Served from the committed row this statement returned.
+                self.count_replay(*key, loaded.view.fence);
+                let body = row.optional_bytes("response_body")?.unwrap_or_default();
+                Read::Decided(ClaimOutcome::replay(status, loaded.headers, completed_at, body))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Read::Changes,
+        })
+    }
+
+    /// A batch's claim, sent on the batch's connection together with the
+    /// other calls' statements: decided by its first [`CLAIM`] alone when
+    /// that is enough (a new key, an answer, a replay), else `None` and it
+    /// goes the whole way of [`Postgres::claim_record`] afterwards. A claim
+    /// past its caller's deadline is not sent.
+    pub(super) async fn claim_pipelined(
+        &self,
+        client: &Client,
+        stmt: &Statement,
+        req: &ClaimRequest,
+        now: i64,
+        deadline: Option<Instant>,
+    ) -> Option<Result<ClaimOutcome>> {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(Err(StoreError::Late));
+        }
+        let key = ScopeDigest::of(&req.scope);
+        let columns = KeyColumns::of(&req.scope);
+        let claimed = Claimed::of(req, now);
+        let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
+        let rows = match client.query(stmt, &params).await {
+            Ok(rows) => rows,
+            Err(e) => return Some(Err(unavailable(e))),
+        };
+        match self.read_claim_row(req, &claimed, &key, rows.first(), now) {
+            Ok(Read::Decided(outcome)) => Some(Ok(outcome)),
+            Ok(Read::Again | Read::Changes) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// A claim that must change an existing record (a new generation, or a
     /// lease that ran out turning unknown), decided again under the record's
     /// lock so that nothing that happened since (a completion, another
@@ -155,7 +212,7 @@ impl Postgres {
         now: i64,
         deadline: Option<Instant>,
     ) -> Result<Option<ClaimOutcome>> {
-        let key = KeyColumns::of(&req.scope);
+        let key = ScopeDigest::of(&req.scope);
         let tx = client.transaction().await.map_err(unavailable)?;
         let Some((loaded, body)) = lock(&tx, &key).await? else {
             return Ok(None);
@@ -165,7 +222,7 @@ impl Postgres {
         let outcome = match record::decide_claim(Some(view), req, now) {
             ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
             ClaimDecision::Replay { status, completed_at } => {
-                self.count_replay(key.owned(), view.fence);
+                self.count_replay(key, view.fence);
                 ClaimOutcome::replay(status, loaded.headers.clone(), completed_at, body)
             }
             ClaimDecision::Claim => {
@@ -181,7 +238,8 @@ impl Postgres {
                     .await
                     .map_err(unavailable)?;
                 let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
-                let params = claimed.bind(&key, &[&old_fence, &old_state]);
+                let mut params: Vec<Param<'_>> = vec![&key];
+                params.extend(claimed.params(&[&old_fence, &old_state]));
                 let row = tx.query_one(&stmt, &params).await.map_err(unavailable)?;
                 let fence = row.unsigned("fence")?;
                 events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);

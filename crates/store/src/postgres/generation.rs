@@ -1,36 +1,33 @@
 //! The steps every operation is made of, inside a transaction: lock the
 //! record, record a transition, end a generation, turn one unknown.
+//! Statements address the current record by its key, `$1`; their own
+//! parameters start at `$2`.
 
 use idemgate_core::record::{self, State, Transition};
 
 use super::pool::{unavailable, Tx};
 use super::rows::{Bind, Param, TO_HISTORY};
 use crate::backend::{EventInfo, Result};
-use crate::columns::{i64_from, KeyColumns, LoadedRecord};
+use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 
 /// A transition, who caused it, and an optional detail.
 pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
 
-/// Runs a statement about the record of `key`, its own parameters from `$7`.
-pub(super) async fn execute(
-    tx: &Tx<'_>,
-    sql: &str,
-    key: &KeyColumns<'_>,
-    extra: &[Param<'_>],
-) -> Result<u64> {
+/// Runs a statement about the record of `key`, its own parameters from `$2`.
+pub(super) async fn execute(tx: &Tx<'_>, sql: &str, key: &ScopeDigest, extra: &[Param<'_>]) -> Result<u64> {
     let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
     tx.execute(&stmt, &key.bind(extra)).await.map_err(unavailable)
 }
 
 /// A transition of the current record, written in `tx` and returned for the log.
-pub(super) async fn event(tx: &Tx<'_>, key: &KeyColumns<'_>, by: By<'_>, now: i64) -> Result<Vec<EventInfo>> {
+pub(super) async fn event(tx: &Tx<'_>, key: &ScopeDigest, by: By<'_>, now: i64) -> Result<Vec<EventInfo>> {
     noted_event(tx, key, by, None, now).await
 }
 
 /// [`event`] with an operator's reason, kept in the event row.
 pub(super) async fn noted_event(
     tx: &Tx<'_>,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     by: By<'_>,
     reason: Option<&str>,
     now: i64,
@@ -38,8 +35,8 @@ pub(super) async fn noted_event(
     const SQL: &str = concat!(
         "INSERT INTO idempotency_events (",
         event_columns!(),
-        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $7, $8, attempt, fence, \
-         fingerprint, response_status, $9, $10, $7 - created_at, $11 FROM idempotency_records WHERE ",
+        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $2, $3, attempt, fence, \
+         fingerprint, response_status, $4, $5, $2 - created_at, $6 FROM idempotency_records WHERE ",
         key_where!(),
         " RETURNING ",
         event_columns!()
@@ -55,7 +52,7 @@ pub(super) async fn noted_event(
 }
 
 /// Moves the current generation to the history as `ended`.
-pub(super) async fn to_history(tx: &Tx<'_>, key: &KeyColumns<'_>, ended: &str, now: i64) -> Result<()> {
+pub(super) async fn to_history(tx: &Tx<'_>, key: &ScopeDigest, ended: &str, now: i64) -> Result<()> {
     execute(tx, &TO_HISTORY, key, &[&ended, &now]).await.map(drop)
 }
 
@@ -63,7 +60,7 @@ pub(super) async fn to_history(tx: &Tx<'_>, key: &KeyColumns<'_>, ended: &str, n
 /// history, and the key is free.
 pub(super) async fn end_generation(
     tx: &Tx<'_>,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     last: State,
     by: By<'_>,
     now: i64,
@@ -74,7 +71,7 @@ pub(super) async fn end_generation(
 /// [`end_generation`] with an operator's reason in its event.
 pub(super) async fn end_noted_generation(
     tx: &Tx<'_>,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     last: State,
     (by, reason): (By<'_>, Option<&str>),
     now: i64,
@@ -92,10 +89,11 @@ pub(super) async fn end_noted_generation(
 }
 
 /// The current record, locked for the rest of `tx`, and its stored body.
-pub(super) async fn lock(tx: &Tx<'_>, key: &KeyColumns<'_>) -> Result<Option<(LoadedRecord, Vec<u8>)>> {
+pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(LoadedRecord, Vec<u8>)>> {
     const SQL: &str = concat!(
         "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_body, \
-         body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt FROM idempotency_records WHERE ",
+         body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, release_on_unknown \
+         FROM idempotency_records WHERE ",
         key_where!(),
         " FOR UPDATE"
     );
@@ -112,14 +110,14 @@ pub(super) async fn lock(tx: &Tx<'_>, key: &KeyColumns<'_>) -> Result<Option<(Lo
 /// ([`record::unknown_expiry`]), guarded by the fence and state it was read with.
 pub(super) async fn set_unknown(
     tx: &Tx<'_>,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     read_with: (u64, State),
     expires_at: i64,
 ) -> Result<()> {
     let sql = concat!(
-        "UPDATE idempotency_records SET state = 'unknown', expires_at = $8 WHERE ",
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = $3 WHERE ",
         key_where!(),
-        " AND fence = $7 AND state = $9"
+        " AND fence = $2 AND state = $4"
     );
     let (fence, state) = (i64_from(read_with.0), read_with.1.as_str());
     execute(tx, sql, key, &[&fence, &expires_at, &state])

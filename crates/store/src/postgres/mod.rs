@@ -21,20 +21,22 @@ use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, Fen
 use idemgate_core::scope::Scope;
 
 use crate::backend::{
-    Backend, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution, Result,
-    SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
+    Result, SweepPolicy, SweepReport,
 };
-use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord};
+use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
 use crate::replays::ReplayTally;
 
-/// The six key parameters, `$1`..`$6`; a statement's own start at `$7`.
+/// A statement about the current record: `$1` is its key (the scope
+/// digest); the statement's own parameters start at `$2`.
 macro_rules! key_where {
     () => {
-        "scope_version = $1 AND tenant = $2 AND principal = $3 AND route = $4 AND namespace = $5 AND idem_key = $6"
+        "scope_digest = $1"
     };
 }
 
+mod batch;
 mod claim;
 mod generation;
 mod operations;
@@ -50,6 +52,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("migrations/0001_records.sql")),
     (2, include_str!("migrations/0002_generations.sql")),
     (3, include_str!("migrations/0003_event_reasons.sql")),
+    (4, include_str!("migrations/0004_scope_digest.sql")),
 ];
 
 /// Pending replay counts, one row per record. The fence and state guard keep
@@ -57,11 +60,8 @@ const MIGRATIONS: &[(i32, &str)] = &[
 static REPLAYS: LazyLock<String> = LazyLock::new(|| {
     expand(
         "UPDATE idempotency_records r SET replay_count = r.replay_count + v.n \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[]) \
-           AS v(scope_version, tenant, principal, route, namespace, idem_key, fence, n) \
-         WHERE r.scope_version = v.scope_version AND r.tenant = v.tenant AND r.principal = v.principal \
-           AND r.route = v.route AND r.namespace = v.namespace AND r.idem_key = v.idem_key AND r.fence = v.fence \
-           AND r.{replayable}",
+         FROM unnest($1::bytea[], $2::bigint[], $3::bigint[]) AS v(scope_digest, fence, n) \
+         WHERE r.scope_digest = v.scope_digest AND r.fence = v.fence AND r.{replayable}",
     )
 });
 
@@ -108,18 +108,15 @@ impl ReplayCounts {
         }
         // Sorted, so replicas flushing at once take row locks in the same order.
         batch.sort_unstable();
-        let mut cols: [Vec<&str>; 6] = Default::default();
+        let mut keys: Vec<&[u8]> = Vec::with_capacity(batch.len());
         let (mut fences, mut counts) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
         for ((key, fence), n) in &batch {
-            for (col, v) in cols.iter_mut().zip(key) {
-                col.push(v.as_str());
-            }
+            keys.push(key.as_bytes());
             fences.push(i64_from(*fence));
             counts.push(i64_from(*n));
         }
-        let [c0, c1, c2, c3, c4, c5] = &cols;
         self.connections
-            .query(&REPLAYS, &[c0, c1, c2, c3, c4, c5, &fences, &counts])
+            .query(&REPLAYS, &[&keys, &fences, &counts])
             .await
             .map(drop)
     }
@@ -147,7 +144,7 @@ impl Postgres {
 
     /// Counts a replay; the first one since the last flush spawns the task
     /// that applies every pending count. Nobody waits for it.
-    fn count_replay(&self, key: [String; 6], fence: u64) {
+    fn count_replay(&self, key: ScopeDigest, fence: u64) {
         if self.replays.tally.add(key, fence) {
             let replays = Arc::clone(&self.replays);
             tokio::spawn(async move {
@@ -163,9 +160,9 @@ impl Postgres {
     async fn in_tx<T: Send>(
         &self,
         scope: &Scope,
-        work: impl for<'t> FnOnce(&'t Tx<'t>, &'t KeyColumns<'t>, Option<LoadedRecord>) -> TxWork<'t, T> + Send,
+        work: impl for<'t> FnOnce(&'t Tx<'t>, &'t ScopeDigest, Option<LoadedRecord>) -> TxWork<'t, T> + Send,
     ) -> Result<T> {
-        let key = KeyColumns::of(scope);
+        let key = ScopeDigest::of(scope);
         let mut client = self.connections.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
@@ -243,6 +240,10 @@ impl Backend for Postgres {
 
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
         self.abandon_record(req, now).await
+    }
+
+    async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        self.decide_batch(calls, now).await
     }
 
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {

@@ -6,29 +6,40 @@ use std::sync::LazyLock;
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::record::{self, State, Transition};
 use idemgate_core::scope::Scope;
+use tokio_postgres::Statement;
 
 use super::generation::{end_generation, end_noted_generation, event, execute, noted_event, set_unknown};
-use super::rows::Bind;
+use super::pool::{unavailable, Client};
+use super::rows::{bind_with_columns, Bind};
 use super::{log_all, Postgres};
 use crate::backend::{actor, EventInfo, Resolution, Result};
-use crate::columns::{encode_headers, i64_from, KeyColumns, LoadedRecord};
+use crate::columns::{encode_headers, i64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
 
-/// Completes the record of `$1..$6` if `$7` is its fence and it is open
+/// Completes the record of `$1` if `$2` is its fence and it is open
 /// (`{fenceable}`: [`record::may_fence`]), and records the event; no row
-/// back means stale. `$8` status, `$9` headers, `$10` body, `$11` whether it
-/// is stored, `$12` now.
-static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+/// back means stale. `$3` status, `$4` headers, `$5` body, `$6` whether it
+/// is stored, `$7` now.
+///
+/// The statement's own transaction commits with `synchronous_commit = off`
+/// (no wait for the WAL flush) unless the claim's policy releases unknown
+/// outcomes: losing a completion in a database crash leaves the record in
+/// progress, so it turns unknown when its lease runs out and is never run
+/// again; under `on_unknown: release` it would free the key for a second
+/// execution, so that completion waits for the flush like every other write.
+pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     conditions::expand(&format!(
-        "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $8, \
-           response_headers = $9, response_body = $10, body_stored = $11, completed_at = $12, expires_at = {expiry}, \
-           lease_until = $12 WHERE {key} AND fence = $7 AND {{fenceable}} \
+        "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $3, \
+           response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, expires_at = {expiry}, \
+           lease_until = $7 WHERE {key} AND fence = $2 AND {{fenceable}} \
            RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, \
-           fingerprint, response_status, created_at) \
+           fingerprint, response_status, created_at, \
+           set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
+             AS commit_mode) \
          INSERT INTO idempotency_events ({events}) SELECT scope_version, tenant, principal, route, namespace, idem_key, \
-           generation, $12, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $12 - created_at, NULL \
-           FROM done RETURNING {events}",
-        expiry = conditions::completion_expiry("$12"),
+           generation, $7, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $7 - created_at, NULL \
+           FROM done WHERE commit_mode IS NOT NULL RETURNING {events}",
+        expiry = conditions::completion_expiry("$7"),
         key = key_where!(),
         events = crate::columns::EVENT_COLUMNS,
     ))
@@ -46,13 +57,28 @@ impl Postgres {
         body: &[u8],
         now: i64,
     ) -> Result<FenceReply> {
-        let key = KeyColumns::of(&req.scope);
+        let client = self.connections.client().await?;
+        let stmt = client.prepare_cached(&COMPLETE).await.map_err(unavailable)?;
+        self.complete_on(&client, &stmt, req, body, now).await
+    }
+
+    /// [`COMPLETE`] on `client` (prepared there as `stmt`): one statement, so
+    /// a batch sends it together with the other calls' statements.
+    pub(super) async fn complete_on(
+        &self,
+        client: &Client,
+        stmt: &Statement,
+        req: &CompleteRequest,
+        body: &[u8],
+        now: i64,
+    ) -> Result<FenceReply> {
+        let key = ScopeDigest::of(&req.scope);
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
         let headers = encode_headers(&req.headers);
         let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
         let params = key.bind(&[&fence, &status, &headers, &body, &req.body_stored, &now]);
-        let rows = self.connections.query(&COMPLETE, &params).await?;
+        let rows = client.query(stmt, &params).await.map_err(unavailable)?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
         log_all(&events);
         Ok(if events.is_empty() {
@@ -101,6 +127,7 @@ impl Postgres {
 
     pub(super) async fn abandon_record(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
         let attempt = req.attempt.clone();
+        let scope = req.scope.clone();
         self.in_tx(&req.scope, move |tx, key, locked| {
             Box::pin(async move {
                 let attempt = attempt.as_str();
@@ -116,11 +143,14 @@ impl Postgres {
                     None => {
                         // The claim may still be on its way: the sweeper
                         // releases it if it lands under this attempt.
-                        let sql =
-                            "INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, \
-                                   namespace, idem_key, attempt, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                                   ON CONFLICT DO NOTHING";
-                        execute(tx, sql, key, &[&attempt, &now]).await?;
+                        let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, \
+                                   principal, route, namespace, idem_key, attempt, at) \
+                                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING";
+                        let columns = KeyColumns::of(&scope);
+                        let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+                        tx.execute(&stmt, &bind_with_columns(key, &columns, &[&attempt, &now]))
+                            .await
+                            .map_err(unavailable)?;
                         Ok((FenceReply::Done, Vec::new()))
                     }
                 }
@@ -156,8 +186,8 @@ impl Postgres {
                         // overwrite what the operator decided.
                         let sql = concat!(
                             "UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), \
-                             response_status = $7, response_headers = $8, response_body = $9, body_stored = true, \
-                             completed_at = $10, expires_at = $11, lease_until = $10 WHERE ",
+                             response_status = $2, response_headers = $3, response_body = $4, body_stored = true, \
+                             completed_at = $5, expires_at = $6, lease_until = $5 WHERE ",
                             key_where!()
                         );
                         let status = i32::from(status);

@@ -3,27 +3,59 @@
 
 use std::sync::LazyLock;
 
-use tokio_postgres::types::{FromSql, ToSql};
+use bytes::BytesMut;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::backend::{Result, StoreError};
-use crate::columns::{record_list, ColumnReader, KeyColumns, KEY_COLUMNS, RECORD_COLUMNS};
+use crate::columns::{record_list, ColumnReader, KeyColumns, ScopeDigest, RECORD_COLUMNS};
 
 /// A statement parameter.
 pub(super) type Param<'p> = &'p (dyn ToSql + Sync);
 
+/// A record's key is a `bytea`.
+impl ToSql for ScopeDigest {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        self.as_bytes().to_sql(ty, out)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <&[u8] as ToSql>::accepts(ty)
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
 pub(super) trait Bind {
-    /// The six key parameters, `$1..$6`, followed by `extra`.
+    /// The key parameter, `$1`, followed by `extra`.
     fn bind<'p>(&'p self, extra: &[Param<'p>]) -> Vec<Param<'p>>;
 }
 
-impl Bind for KeyColumns<'_> {
+impl Bind for ScopeDigest {
     fn bind<'p>(&'p self, extra: &[Param<'p>]) -> Vec<Param<'p>> {
-        let mut v: Vec<Param<'p>> = Vec::with_capacity(6 + extra.len());
-        v.extend(self.0.iter().map(|c| c as Param<'p>));
+        let mut v: Vec<Param<'p>> = Vec::with_capacity(1 + extra.len());
+        v.push(self);
         v.extend_from_slice(extra);
         v
     }
+}
+
+/// The key, `$1`, then the scope's six columns, `$2..$7`, then `extra`: for
+/// statements that create a row.
+pub(super) fn bind_with_columns<'p>(
+    key: &'p ScopeDigest,
+    columns: &'p KeyColumns<'_>,
+    extra: &[Param<'p>],
+) -> Vec<Param<'p>> {
+    let mut v: Vec<Param<'p>> = Vec::with_capacity(7 + extra.len());
+    v.push(key);
+    v.extend(columns.0.iter().map(|c| c as Param<'p>));
+    v.extend_from_slice(extra);
+    v
 }
 
 fn get<'r, T: FromSql<'r>>(row: &'r Row, name: &str) -> Result<T> {
@@ -64,35 +96,37 @@ pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
     record_list(|c| (c == "response_body").then(|| "octet_length(response_body) AS body_len".to_string()))
 });
 
-/// Moves the current generation of `$1..$6` to the history: `$7` how it
-/// ended, `$8` now. The body is not kept.
+/// Moves the current generation of `$1` to the history: `$2` how it
+/// ended, `$3` now. The body is not kept.
 pub(super) static TO_HISTORY: LazyLock<String> = LazyLock::new(|| {
     let kept = record_list(|c| match c {
-        "state" => Some("$7".into()),
+        "state" => Some("$2".into()),
         "response_body" => Some("NULL".into()),
         _ => None,
     });
     format!(
-        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, $8 FROM idempotency_records WHERE {}",
+        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, $3 FROM idempotency_records WHERE {}",
         record_list(|_| None),
         key_where!()
     )
 });
 
-/// The value every column of a fresh generation gets: `$7` fingerprint,
-/// `$8` lease_until, `$9` ttl_ms, `$10` release_on_unknown, `$11` now, `$12`
-/// attempt, and `fence` for both the fence and the generation.
-fn fresh_value(column: &str, fence: &str) -> Option<String> {
-    Some(
-        match column {
+/// The value every column of a fresh generation gets: the claim's
+/// parameters from `$first` on (fingerprint, lease_until, ttl_ms,
+/// release_on_unknown, now, attempt: see `Claimed`), and `fence` for both
+/// the fence and the generation.
+fn fresh_value(column: &str, fence: &str, first: usize) -> Option<String> {
+    let param = |i: usize| format!("${}", first + i);
+    Some(match column {
+        "fingerprint" => param(0),
+        "fence" | "generation" => fence.to_string(),
+        "lease_until" => param(1),
+        "ttl_ms" => param(2),
+        "release_on_unknown" => param(3),
+        "created_at" => param(4),
+        "attempt" => param(5),
+        fixed => match fixed {
             "state" => "'in_progress'",
-            "fingerprint" => "$7",
-            "fence" | "generation" => fence,
-            "lease_until" => "$8",
-            "ttl_ms" => "$9",
-            "release_on_unknown" => "$10",
-            "created_at" => "$11",
-            "attempt" => "$12",
             "body_stored" => "false",
             "replay_count" => "0",
             "response_status" | "response_headers" | "response_body" | "completed_at" | "expires_at"
@@ -100,30 +134,32 @@ fn fresh_value(column: &str, fence: &str) -> Option<String> {
             _ => return None,
         }
         .to_string(),
-    )
+    })
 }
 
 /// Insert if absent; otherwise the existing row. One statement, one round
 /// trip; the row returned reads as [`crate::columns::LoadedRecord`] plus
-/// `inserted` and the body (only when a replay could serve it).
+/// `inserted` and the body (only when a replay could serve it). `$1` the
+/// key, `$2..$7` the scope's columns, `$8..$13` the claim.
 pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     let values = record_list(|c| match RECORD_COLUMNS[..6].iter().position(|k| *k == c) {
-        Some(i) => Some(format!("${}", i + 1)),
-        None => fresh_value(c, "f.fence"),
+        Some(i) => Some(format!("${}", i + 2)),
+        None => fresh_value(c, "f.fence", 8),
     });
     crate::conditions::expand(&format!(
         "WITH f AS (SELECT nextval('idempotency_fence_seq') AS fence), ins AS ( \
-           INSERT INTO idempotency_records ({columns}) SELECT {values} FROM f ON CONFLICT DO NOTHING RETURNING fence), \
+           INSERT INTO idempotency_records (scope_digest, {columns}) SELECT $1, {values} FROM f \
+           ON CONFLICT DO NOTHING RETURNING fence), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT $1, $2, $3, $4, $5, $6, fence, $11, 'claimed', $12, fence, $7, NULL, 'filter', NULL, 0, NULL FROM ins) \
+           SELECT $2, $3, $4, $5, $6, $7, fence, $12, 'claimed', $13, fence, $8, NULL, 'filter', NULL, 0, NULL FROM ins) \
          SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, \
            NULL::bigint AS ttl_ms, NULL::integer AS response_status, NULL::text AS response_headers, \
            NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \
-           false AS archived, NULL::text AS attempt FROM ins \
+           false AS archived, NULL::text AS attempt, false AS release_on_unknown FROM ins \
          UNION ALL \
          SELECT false, fence, state, fingerprint, lease_until, ttl_ms, response_status, response_headers, \
            CASE WHEN {{replayable}} AND body_stored THEN response_body END, body_stored, completed_at, expires_at, \
-           archived_at IS NOT NULL, attempt \
+           archived_at IS NOT NULL, attempt, release_on_unknown \
          FROM idempotency_records WHERE {key} AND NOT EXISTS (SELECT 1 FROM ins)",
         columns = record_list(|_| None),
         events = crate::columns::EVENT_COLUMNS,
@@ -131,9 +167,9 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     ))
 });
 
-/// A new generation in place of the locked record of `$1..$6` (already
-/// moved to the history), guarded by the fence `$13` and state `$14` it was
-/// read with; returns the new fence.
+/// A new generation in place of the locked record of `$1` (already moved to
+/// the history), guarded by the fence `$8` and state `$9` it was read with;
+/// `$2..$7` the claim. Returns the new fence.
 pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
     let set = RECORD_COLUMNS
         .iter()
@@ -143,12 +179,12 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
             } else {
                 "nextval('idempotency_fence_seq')"
             };
-            fresh_value(c, fence).map(|v| format!("{c} = {v}"))
+            fresh_value(c, fence, 2).map(|v| format!("{c} = {v}"))
         })
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "UPDATE idempotency_records SET {set} WHERE {} AND fence = $13 AND state = $14 RETURNING fence",
+        "UPDATE idempotency_records SET {set} WHERE {} AND fence = $8 AND state = $9 RETURNING fence",
         key_where!()
     )
 });
@@ -157,7 +193,7 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
 /// `$2` the batch), locked; rows another replica holds are skipped.
 pub(super) fn pick(condition: &str) -> String {
     crate::conditions::expand(&format!(
-        "SELECT {KEY_COLUMNS}, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY {KEY_COLUMNS} \
+        "SELECT scope_digest, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY scope_digest \
          LIMIT $2 FOR UPDATE SKIP LOCKED"
     ))
 }

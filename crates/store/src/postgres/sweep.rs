@@ -12,7 +12,7 @@ use super::pool::unavailable;
 use super::rows::{pick, Param};
 use super::{log_all, Postgres};
 use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader, KeyColumns};
+use crate::columns::{i64_from, ColumnReader, ScopeDigest};
 
 static RELEASED_ON_EXPIRY: LazyLock<String> =
     LazyLock::new(|| pick("{leased} AND lease_until <= $1 AND release_on_unknown"));
@@ -21,25 +21,19 @@ static UNKNOWN_ON_EXPIRY: LazyLock<String> =
 /// Claims that landed under an attempt their filter had abandoned.
 static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
     pick(
-        "{abandonable} AND EXISTS (SELECT 1 FROM idempotency_abandoned a WHERE (a.scope_version, a.tenant, \
-         a.principal, a.route, a.namespace, a.idem_key, a.attempt) = (idempotency_records.scope_version, \
-         idempotency_records.tenant, idempotency_records.principal, idempotency_records.route, \
-         idempotency_records.namespace, idempotency_records.idem_key, idempotency_records.attempt) \
+        "{abandonable} AND EXISTS (SELECT 1 FROM idempotency_abandoned a \
+         WHERE a.scope_digest = idempotency_records.scope_digest AND a.attempt = idempotency_records.attempt \
          AND a.at <= $1)",
     )
 });
 static EXPIRED: LazyLock<String> = LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1"));
-static PURGE_ARCHIVED: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "DELETE FROM idempotency_records WHERE ({keys}) IN (SELECT {keys} FROM idempotency_records \
-         WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY {keys} LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        keys = crate::columns::KEY_COLUMNS
-    )
-});
+const PURGE_ARCHIVED: &str = "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest \
+     FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY scope_digest LIMIT $2 \
+     FOR UPDATE SKIP LOCKED)";
 
 /// A picked row: its key, and the fence and ttl it was locked with.
 struct Picked {
-    key: [String; 6],
+    key: ScopeDigest,
     fence: u64,
     ttl_ms: u64,
 }
@@ -48,7 +42,7 @@ fn picked(rows: Vec<Row>) -> Result<Vec<Picked>> {
     rows.iter()
         .map(|row| {
             Ok(Picked {
-                key: row.key_columns()?,
+                key: row.scope_digest()?,
                 fence: row.unsigned("fence")?,
                 ttl_ms: row.unsigned("ttl_ms")?,
             })
@@ -75,13 +69,13 @@ impl Postgres {
         };
         // Leases that ran out: released or turned unknown, as the claim's policy said.
         for row in select(&RELEASED_ON_EXPIRY).await? {
-            let key = KeyColumns::borrowed(&row.key);
+            let key = row.key;
             let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
             events.extend(end_generation(&tx, &key, State::InProgress, by, now).await?);
             report.released += 1;
         }
         for row in select(&UNKNOWN_ON_EXPIRY).await? {
-            let key = KeyColumns::borrowed(&row.key);
+            let key = row.key;
             let expires_at = record::unknown_expiry(now, row.ttl_ms);
             set_unknown(&tx, &key, (row.fence, State::InProgress), expires_at).await?;
             let by = (Transition::LeaseExpired, actor::SWEEPER, Some("unknown"));
@@ -90,7 +84,7 @@ impl Postgres {
         }
         // Claims that landed after their filter had abandoned them.
         for row in select(&LANDED_ABANDONED).await? {
-            let key = KeyColumns::borrowed(&row.key);
+            let key = row.key;
             let Some((loaded, _)) = lock(&tx, &key).await? else {
                 continue;
             };
@@ -104,9 +98,9 @@ impl Postgres {
             .map_err(unavailable)?;
         // Expired records: body dropped, metadata kept.
         for row in select(&EXPIRED).await? {
-            let key = KeyColumns::borrowed(&row.key);
+            let key = row.key;
             let sql = concat!(
-                "UPDATE idempotency_records SET archived_at = $7, response_body = NULL WHERE ",
+                "UPDATE idempotency_records SET archived_at = $2, response_body = NULL WHERE ",
                 key_where!()
             );
             execute(&tx, sql, &key, &[&now]).await?;
@@ -120,7 +114,7 @@ impl Postgres {
             let (tx, params) = (&tx, &params);
             async move { tx.execute(sql, params).await.map_err(unavailable) }
         };
-        report.purged = delete(PURGE_ARCHIVED.as_str()).await?
+        report.purged = delete(PURGE_ARCHIVED).await?
             + delete(
                 "DELETE FROM idempotency_history WHERE ctid IN (SELECT ctid FROM idempotency_history \
                  WHERE ended_at <= $1 LIMIT $2)",

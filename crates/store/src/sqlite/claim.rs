@@ -1,87 +1,131 @@
 //! A claim: decided on a reader when it only answers or replays, carried out
-//! on the writer when it changes something.
+//! on the writer when it changes something. The reader queues that write
+//! itself ([`probe`]), so the claim goes from the reader straight to the
+//! writer without a trip back to the async runtime in between.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
 use rusqlite::Connection;
 
-use super::generation::{event, insert_generation, next_fence, set_unknown, to_history, Journal};
+use super::engine::{Durability, Engine, Job, Pending, Writer};
+use super::generation::{apply_replays, event, insert_generation, set_unknown, to_history, Journal};
 use super::rows::load_with;
-use super::Sqlite;
-use crate::backend::{actor, ClaimOutcome, Result, StoreError};
-use crate::columns::KeyColumns;
+use super::Logged;
+use crate::backend::{actor, Answer, ClaimOutcome, Result, StoreError};
+use crate::columns::ScopeDigest;
+use crate::replays::ReplayTally;
 
 /// What a reader's look at a claim's record found.
-enum Probe {
-    /// An answer that changes nothing.
-    Answer(ClaimReply),
-    /// A replay of the completed record with this fence.
-    Replay(ClaimOutcome, u64),
-    /// No record: the writer inserts one unless another claim got there first.
-    Absent,
-    /// A record the writer must change (take over, turn unknown): it loads
-    /// and decides again, since the record may have changed since.
-    Write,
+pub(super) enum Probed {
+    /// Answered or replayed from the last committed state; nothing to write.
+    Decided(ClaimOutcome),
+    /// Queued to the writer (by the caller, with the batch's other writes).
+    Write(Job, Pending<Logged>),
 }
 
-impl Sqlite {
-    pub(super) async fn claim_record(
-        &self,
-        req: &ClaimRequest,
-        now: i64,
-        deadline: Option<Instant>,
-    ) -> Result<ClaimOutcome> {
-        // Answers and replays change nothing the caller waits for: they are
-        // decided on a reader, in parallel, from the last committed state.
-        // One copy of the request, shared by the reader's and the writer's job.
-        let req = Arc::new(req.clone());
-        let shared = Arc::clone(&req);
-        let probe = self
-            .engine
-            .read(move |conn| {
-                let probe = &*shared;
-                load_with(conn, &KeyColumns::of(&probe.scope), |loaded, body| {
-                    let Some(loaded) = loaded else {
-                        return Ok(Probe::Absent);
-                    };
-                    Ok(match record::decide_claim(Some(&loaded.view), probe, now) {
-                        ClaimDecision::Answer(reply) => Probe::Answer(reply),
-                        ClaimDecision::Replay { status, completed_at } => {
-                            let outcome = ClaimOutcome::replay(status, loaded.headers, completed_at, body()?);
-                            Probe::Replay(outcome, loaded.view.fence)
-                        }
-                        ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Probe::Write,
-                    })
-                })
-            })
-            .await?;
-        let absent = match probe {
-            Probe::Answer(reply) => return Ok(ClaimOutcome::answer(reply)),
-            Probe::Replay(outcome, fence) => {
-                self.count_replay(KeyColumns::of(&req.scope).owned(), fence);
-                return Ok(outcome);
-            }
-            Probe::Absent => true,
-            Probe::Write => false,
+/// Looks at the claim's record on a reader connection. Answers and replays
+/// change nothing the caller waits for: they are decided here, in parallel,
+/// from the last committed state. A claim that must write becomes a writer
+/// job: a new key inserts (unless another claim got there first), an existing
+/// record is loaded and decided again on the writer, since it may have
+/// changed since.
+pub(super) fn probe(
+    conn: &Connection,
+    engine: &Engine,
+    replays: &Arc<ReplayTally>,
+    req: ClaimRequest,
+    deadline: Option<Instant>,
+    now: i64,
+) -> Result<Probed> {
+    let key = ScopeDigest::of(&req.scope);
+    let seen = load_with(conn, &key, |loaded, body| {
+        let Some(loaded) = loaded else {
+            return Ok(Seen::Absent);
         };
-        self.write_logged(move |conn, journal| {
-            // Nobody waits for this claim any more: committing it would only
-            // leave a record that its filter is abandoning.
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(StoreError::Late);
+        Ok(match record::decide_claim(Some(&loaded.view), &req, now) {
+            ClaimDecision::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
+            ClaimDecision::Replay { status, completed_at } => {
+                let outcome = ClaimOutcome::replay(status, loaded.headers, completed_at, body()?);
+                count_replay(engine, replays, key, loaded.view.fence);
+                Seen::Decided(outcome)
             }
-            if absent {
-                if let Some(fence) = claim_absent(conn, &req, now, journal)? {
-                    return Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }));
-                }
-            }
-            claim_on_writer(conn, &req, now, journal)
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Seen::Changes,
         })
-        .await
+    })?;
+    let absent = match seen {
+        Seen::Decided(outcome) => return Ok(Probed::Decided(outcome)),
+        Seen::Absent => true,
+        Seen::Changes => false,
+    };
+    let (job, pending) = write_job(req, deadline, now, absent);
+    Ok(Probed::Write(job, pending))
+}
+
+/// What the reader saw.
+enum Seen {
+    Decided(ClaimOutcome),
+    /// No record: the writer inserts one unless another claim got there first.
+    Absent,
+    /// A record the claim changes (takes over, turns unknown).
+    Changes,
+}
+
+/// How long replay counts gather before they are applied. Their commit needs
+/// no fsync, so without a pause the writer would commit a handful of counts
+/// at a time, as fast as it can, and take a core from the readers serving
+/// the replays.
+const REPLAY_FLUSH_DELAY: Duration = Duration::from_millis(25);
+
+/// Counts a replay served from a reader. The first replay since the last
+/// flush queues, a moment later, one job that applies every pending count
+/// with the writer's next batch; nobody waits for it, and it needs no fsync
+/// of its own.
+fn count_replay(engine: &Engine, replays: &Arc<ReplayTally>, key: ScopeDigest, fence: u64) {
+    if !replays.add(key, fence) {
+        return;
     }
+    let (engine, tally) = (engine.clone(), Arc::clone(replays));
+    let flush = move || {
+        engine.write_detached("replay counts", Durability::Relaxed, move |w| {
+            apply_replays(w, &tally)
+        })
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(async move {
+            tokio::time::sleep(REPLAY_FLUSH_DELAY).await;
+            flush();
+        })),
+        Err(_) => flush(),
+    }
+}
+
+/// The writer job of a claim; `absent` when a reader saw no record.
+pub(super) fn write_job(
+    req: ClaimRequest,
+    deadline: Option<Instant>,
+    now: i64,
+    absent: bool,
+) -> (Job, Pending<Logged>) {
+    Engine::job(Durability::Durable, move |w| {
+        // Nobody waits for this claim any more: committing it would only
+        // leave a record that its filter is abandoning.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(StoreError::Late);
+        }
+        let mut journal = Journal::new();
+        let key = ScopeDigest::of(&req.scope);
+        if absent {
+            if let Some(fence) = claim_absent(w, &req, &key, now, &mut journal)? {
+                let answer = Answer::Claim(ClaimOutcome::answer(ClaimReply::Owned { fence }));
+                return Ok((answer, journal));
+            }
+        }
+        let outcome = claim_on_writer(w, &req, &key, now, &mut journal)?;
+        Ok((Answer::Claim(outcome), journal))
+    })
 }
 
 /// A new key's claim, on the writer, when a reader saw no record: one insert
@@ -90,35 +134,29 @@ impl Sqlite {
 /// the claim through [`claim_on_writer`]; the fence it took then goes unused,
 /// which is harmless: fences only need to grow.
 fn claim_absent(
-    conn: &Connection,
+    w: &Writer<'_>,
     req: &ClaimRequest,
+    key: &ScopeDigest,
     now: i64,
     journal: &mut Journal,
 ) -> Result<Option<u64>> {
-    let key = KeyColumns::of(&req.scope);
-    let fence = next_fence(conn)?;
-    if !insert_generation(conn, req, &key, fence, now, false)? {
+    let fence = w.next_fence()?;
+    if !insert_generation(w, req, key, fence, now, false)? {
         return Ok(None);
     }
-    event(
-        conn,
-        &key,
-        (Transition::Claimed, actor::FILTER, None),
-        now,
-        journal,
-    )?;
+    event(w, key, (Transition::Claimed, actor::FILTER, None), now, journal)?;
     Ok(Some(fence))
 }
 
 /// Read, decide with the shared rules, write: only ever called on the writer.
 fn claim_on_writer(
-    conn: &Connection,
+    w: &Writer<'_>,
     req: &ClaimRequest,
+    key: &ScopeDigest,
     now: i64,
     journal: &mut Journal,
 ) -> Result<ClaimOutcome> {
-    let key = KeyColumns::of(&req.scope);
-    let (loaded, decision, body) = load_with(conn, &key, |loaded, body| {
+    let (loaded, decision, body) = load_with(w, key, |loaded, body| {
         let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
         let body = match decision {
             ClaimDecision::Replay { .. } => body()?,
@@ -133,14 +171,14 @@ fn claim_on_writer(
             let transition = match &loaded {
                 Some(old) => {
                     let ended = record::ended_as(old.view.state, Transition::Reclaimed);
-                    to_history(conn, &key, ended, now)?;
+                    to_history(w, key, ended, now)?;
                     Transition::Reclaimed
                 }
                 None => Transition::Claimed,
             };
-            let fence = next_fence(conn)?;
-            insert_generation(conn, req, &key, fence, now, true)?;
-            event(conn, &key, (transition, actor::FILTER, None), now, journal)?;
+            let fence = w.next_fence()?;
+            insert_generation(w, req, key, fence, now, true)?;
+            event(w, key, (transition, actor::FILTER, None), now, journal)?;
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
         ClaimDecision::Replay { status, completed_at } => {
@@ -148,15 +186,15 @@ fn claim_on_writer(
                 "UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE ",
                 key_where!()
             );
-            super::generation::execute(conn, sql, &key, &[])?;
+            super::generation::execute(w, sql, key, &[])?;
             let headers = loaded.and_then(|l| l.headers);
             Ok(ClaimOutcome::replay(status, headers, completed_at, body))
         }
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
-            set_unknown(conn, &key, record::unknown_expiry(now, ttl_ms))?;
+            set_unknown(w, key, record::unknown_expiry(now, ttl_ms))?;
             let by = (Transition::LeaseExpired, actor::FILTER, Some("unknown"));
-            event(conn, &key, by, now, journal)?;
+            event(w, key, by, now, journal)?;
             Ok(ClaimOutcome {
                 reply: ClaimReply::Unknown,
                 body: Vec::new(),

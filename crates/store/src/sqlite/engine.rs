@@ -1,38 +1,202 @@
 //! The connections: one writer thread with group commit, and readers.
 //!
-//! The writer takes the first job from its channel, drains whatever else is
-//! already queued, runs the whole batch in one transaction (each job inside
-//! its own savepoint, so one failing job does not undo the others), commits
+//! The writer takes the first group of jobs from its channel, drains whatever
+//! else is already queued, runs the whole batch in one transaction, commits
 //! once, and only then answers every caller: 200 concurrent claims cost one
-//! fsync, not 200. Because this thread is the only writer, "read the record,
-//! decide, write" needs no locking of its own. Nothing here knows what the
-//! jobs do.
+//! fsync, not 200. Each job of a batch with several runs inside its own
+//! savepoint, so one failing job does not undo the others; a batch of one job
+//! needs none (if it fails, the transaction is rolled back instead). A group
+//! (the calls of one `/v1/batch`) is never split across transactions.
+//! Because this thread is the only writer, "read the record, decide, write"
+//! needs no locking of its own.
+//!
+//! Durability is decided per batch, before it begins (SQLite refuses to
+//! change `synchronous` inside a transaction): a job is queued as durable
+//! (the default) or relaxed (a completion, replay counts). With the store's
+//! default `synchronous=FULL`, a batch that holds any durable job commits at
+//! FULL (the WAL is fsynced before anyone is answered); a batch of relaxed
+//! jobs only commits at NORMAL (no fsync; on power loss it may be lost, a
+//! killed process loses nothing). A relaxed job that finds it must be durable
+//! after all says so ([`Writer::require_durable`]); its batch is then
+//! followed by a small durable commit before anyone is answered, and since an
+//! fsync of the WAL covers every frame before it, that makes the whole batch
+//! durable.
+//!
+//! Fences are allocated per batch ([`Fences`]): the counter row is read once
+//! and written once, whatever the number of claims. That row is the only
+//! part of the schema this module knows; nothing here knows what jobs do.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
+use rusqlite::functions::FunctionFlags;
 use rusqlite::Connection;
 
 use crate::backend::{Result, StoreError};
+use crate::columns::u64_from;
 
 const READERS: usize = 4;
 const MAX_BATCH: usize = 256;
 
 /// Hands a job's result to its caller once the batch's commit is known.
 type Deliver = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
-/// Runs on the writer; says whether its savepoint is kept, and how to deliver.
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Deliver) + Send>;
+/// Runs on the writer; says whether its changes are kept, and how to deliver.
+type Run = Box<dyn FnOnce(&Writer<'_>) -> (bool, Deliver) + Send>;
+
+/// How a job's commit must reach the disk before its caller is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Fsynced (at the store's `synchronous=FULL`).
+    Durable,
+    /// May be lost on power loss or an operating system crash, until a later
+    /// durable commit; never torn, and never lost when only the process dies.
+    Relaxed,
+}
+
+/// One piece of work for the writer.
+pub(super) struct Job {
+    run: Run,
+    durability: Durability,
+}
+
+/// Where a job's result arrives once its batch has committed.
+pub(super) struct Pending<R>(tokio::sync::oneshot::Receiver<Result<R>>);
+
+impl<R> Pending<R> {
+    pub(super) async fn wait(self) -> Result<R> {
+        self.0
+            .await
+            .map_err(|_| StoreError::Unavailable("the sqlite writer dropped the job".into()))?
+    }
+}
+
+/// What a job sees on the writer: the connection (it derefs to it), the
+/// batch's fences, and a way to ask for a durable commit.
+pub(super) struct Writer<'c> {
+    conn: &'c Connection,
+    fences: &'c Fences,
+    /// Set by the running job when it needs its commit durable.
+    durable: &'c Cell<bool>,
+}
+
+impl std::ops::Deref for Writer<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Writer<'_> {
+    /// The next fencing token: unique and larger than every one before it.
+    pub(super) fn next_fence(&self) -> Result<u64> {
+        self.fences.next(self.conn)
+    }
+
+    /// This job was queued as relaxed, but its changes must be durable
+    /// before its caller hears of them.
+    pub(super) fn require_durable(&self) {
+        self.durable.set(true);
+    }
+}
+
+/// The fencing tokens a batch hands out. The counter row is read when the
+/// first claim of the batch needs a token, and the last token handed out is
+/// written back once, after the jobs: a token taken by a job that was rolled
+/// back is skipped, which is harmless (tokens only need to grow). The writer
+/// holds the database's write lock for the whole batch, so another process
+/// (the command line) reads the counter only after this batch's commit.
+#[derive(Default)]
+pub(super) struct Fences {
+    /// The last token handed out in this batch, once one has been.
+    last: Cell<Option<u64>>,
+}
+
+impl Fences {
+    fn next(&self, conn: &Connection) -> Result<u64> {
+        let last = match self.last.get() {
+            Some(last) => last,
+            None => {
+                let stored: i64 = conn
+                    .prepare_cached("SELECT value FROM idempotency_fence WHERE id = 1")
+                    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+                    .map_err(unavailable)?;
+                u64_from(stored, "fence")?
+            }
+        };
+        let next = last
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Corrupt("the fence counter is exhausted".into()))?;
+        self.last.set(Some(next));
+        Ok(next)
+    }
+
+    /// Writes the last token handed out, if any, before the batch commits.
+    fn store(&self, conn: &Connection) -> rusqlite::Result<()> {
+        let Some(last) = self.last.get() else {
+            return Ok(());
+        };
+        conn.prepare_cached("UPDATE idempotency_fence SET value = ?1 WHERE id = 1")?
+            .execute([crate::columns::i64_from(last)])
+            .map(drop)
+    }
+}
+
+/// A durable commit that makes every commit before it durable too: it
+/// writes one page, so the WAL is fsynced, and an fsync of the WAL covers
+/// every frame written before.
+fn durable_commit(conn: &Connection) -> rusqlite::Result<()> {
+    control(conn, "BEGIN IMMEDIATE")?;
+    let touched = conn
+        .prepare_cached("UPDATE idempotency_fence SET value = value WHERE id = 1")
+        .and_then(|mut stmt| stmt.execute([]));
+    match touched.and_then(|_| control(conn, "COMMIT")) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = control(conn, "ROLLBACK");
+            Err(e)
+        }
+    }
+}
 
 pub(crate) fn unavailable(e: rusqlite::Error) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-pub(super) struct Engine {
-    writer: Mutex<mpsc::Sender<Job>>,
-    readers: Arc<Vec<Mutex<Connection>>>,
+struct Shared {
+    writer: mpsc::Sender<Vec<Job>>,
+    readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
-    /// Transactions committed by the writer (each one fsync with FULL).
-    commits: Arc<AtomicU64>,
+    /// Transactions committed by the writer.
+    commits: AtomicU64,
+    /// Of those, the ones that were fsynced (with `synchronous=FULL`).
+    durable_commits: AtomicU64,
+}
+
+/// The writer's queue and the readers; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Engine {
+    shared: Arc<Shared>,
+}
+
+/// `idemgate_scope_digest(version, tenant, principal, route, namespace,
+/// key)`: a current record's key ([`idemgate_core::scope::digest_parts`]),
+/// for migrations that key existing rows.
+fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
+    conn.create_scalar_function(
+        "idemgate_scope_digest",
+        6,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let part = |i: usize| {
+                ctx.get_raw(i)
+                    .as_str()
+                    .map_err(|e| rusqlite::Error::UserFunctionError(e.into()))
+            };
+            let parts = [part(0)?, part(1)?, part(2)?, part(3)?, part(4)?, part(5)?];
+            Ok(idemgate_core::scope::digest_parts(parts).to_vec())
+        },
+    )
 }
 
 fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
@@ -47,6 +211,7 @@ fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
         "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON;"
     ))
     .map_err(unavailable)?;
+    register_functions(&conn).map_err(unavailable)?;
     Ok(conn)
 }
 
@@ -56,43 +221,71 @@ impl Engine {
         let readers = (0..READERS)
             .map(|_| open_connection(path, synchronous_full).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        let commits = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&commits);
+        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        let shared = Arc::new(Shared {
+            writer: tx,
+            readers,
+            next_reader: AtomicUsize::new(0),
+            commits: AtomicU64::new(0),
+            durable_commits: AtomicU64::new(0),
+        });
+        let counters = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer_loop(writer, rx, &counter))
+            .spawn(move || writer_loop(writer, rx, synchronous_full, &counters))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
-        Ok(Engine {
-            writer: Mutex::new(tx),
-            readers: Arc::new(readers),
-            next_reader: AtomicUsize::new(0),
-            commits,
-        })
+        Ok(Engine { shared })
     }
 
-    pub(super) fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+    /// Transactions committed by the writer, and how many of them durably.
+    pub(super) fn commits(&self) -> (u64, u64) {
+        (
+            self.shared.commits.load(Ordering::Relaxed),
+            self.shared.durable_commits.load(Ordering::Relaxed),
+        )
     }
 
-    /// Runs `f` on the writer thread inside the next group commit; its
-    /// result once that commit is durable.
-    pub(super) async fn write<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
-    ) -> Result<R> {
+    /// A writer job running `f`, and where its result arrives once the
+    /// batch that carried it has committed (as durably as `durability` says).
+    pub(super) fn job<R: Send + 'static>(
+        durability: Durability,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
+    ) -> (Job, Pending<R>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let out = f(conn);
+        let run: Run = Box::new(move |w| {
+            let out = f(w);
             let ok = out.is_ok();
             let deliver: Deliver = Box::new(move |commit| {
                 let _ = tx.send(commit.map_err(StoreError::Unavailable).and(out));
             });
             (ok, deliver)
         });
-        self.enqueue(job)?;
-        rx.await
-            .map_err(|_| StoreError::Unavailable("the sqlite writer dropped the job".into()))?
+        (Job { run, durability }, Pending(rx))
+    }
+
+    /// Queues `jobs` to run in one transaction. Callable from any thread: a
+    /// reader queues the writes it found necessary without a trip back to
+    /// the async runtime.
+    pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.shared
+            .writer
+            .send(jobs)
+            .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))
+    }
+
+    /// Runs `f` on the writer thread inside the next group commit; its
+    /// result once that commit is as durable as `durability` says.
+    pub(super) async fn write<R: Send + 'static>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (job, pending) = Engine::job(durability, f);
+        self.submit(vec![job])?;
+        pending.wait().await
     }
 
     /// Queues `f` with the writer's next batch without waiting for it; a
@@ -100,10 +293,11 @@ impl Engine {
     pub(super) fn write_detached(
         &self,
         what: &'static str,
-        f: impl FnOnce(&Connection) -> Result<()> + Send + 'static,
+        durability: Durability,
+        f: impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static,
     ) {
-        let job: Job = Box::new(move |conn| {
-            let applied = f(conn);
+        let run: Run = Box::new(move |w| {
+            let applied = f(w);
             if let Err(e) = &applied {
                 tracing::warn!("sqlite: {what} lost: {e}");
             }
@@ -114,19 +308,9 @@ impl Engine {
             });
             (applied.is_ok(), deliver)
         });
-        if let Err(e) = self.enqueue(job) {
+        if let Err(e) = self.submit(vec![Job { run, durability }]) {
             tracing::warn!("sqlite: {what} not applied: {e}");
         }
-    }
-
-    fn enqueue(&self, job: Job) -> Result<()> {
-        let sender = self
-            .writer
-            .lock()
-            .map_err(|_| StoreError::Unavailable("writer lock poisoned".into()))?;
-        sender
-            .send(job)
-            .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))
     }
 
     /// Runs `f` on one of the reader connections, off the async runtime.
@@ -134,11 +318,11 @@ impl Engine {
         &self,
         f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
     ) -> Result<R> {
-        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
-        let readers = Arc::clone(&self.readers);
+        let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
+            let i = shared.next_reader.fetch_add(1, Ordering::Relaxed) % shared.readers.len();
             // A std Mutex: the guard lives only inside this blocking closure.
-            let conn = readers[i]
+            let conn = shared.readers[i]
                 .lock()
                 .map_err(|_| StoreError::Unavailable("reader lock poisoned".into()))?;
             f(&conn)
@@ -149,48 +333,119 @@ impl Engine {
 }
 
 /// Runs one cached transaction-control statement. These run several times
-/// per job, so they are parsed once per connection, not on every use.
+/// per batch, so they are parsed once per connection, not on every use.
 fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, commits: &AtomicU64) {
+/// Sets `synchronous` for the next transaction, if it is not already so.
+fn set_synchronous(conn: &Connection, full: bool, current: &mut bool) -> rusqlite::Result<()> {
+    if *current != full {
+        control(
+            conn,
+            if full {
+                "PRAGMA synchronous=FULL"
+            } else {
+                "PRAGMA synchronous=NORMAL"
+            },
+        )?;
+        *current = full;
+    }
+    Ok(())
+}
+
+/// Runs `job` inside the open transaction; `savepoint` keeps a failure from
+/// undoing the batch's other jobs. Whether its changes were kept, whether it
+/// needs a durable commit, and its delivery.
+fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> (bool, bool, Deliver) {
+    let durable = Cell::new(job.durability == Durability::Durable);
+    if savepoint {
+        if let Err(e) = control(conn, "SAVEPOINT job") {
+            tracing::error!("sqlite: savepoint: {e}");
+            let deliver: Deliver = Box::new(move |_| drop(job));
+            return (false, false, deliver);
+        }
+    }
+    let w = Writer {
+        conn,
+        fences,
+        durable: &durable,
+    };
+    let (ok, deliver) = (job.run)(&w);
+    if savepoint {
+        let end = if ok {
+            control(conn, "RELEASE job")
+        } else {
+            control(conn, "ROLLBACK TO job").and_then(|()| control(conn, "RELEASE job"))
+        };
+        if let Err(e) = end {
+            tracing::error!("sqlite: savepoint: {e}");
+        }
+    }
+    (ok, ok && durable.get(), deliver)
+}
+
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full: bool, shared: &Shared) {
+    let mut full_now = synchronous_full;
     while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
+        let mut batch = first;
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(group) => batch.extend(group),
                 Err(_) => break,
             }
+        }
+        // Decided before BEGIN: SQLite does not change it inside a transaction.
+        let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
+        if let Err(e) = set_synchronous(&conn, full, &mut full_now) {
+            tracing::error!("sqlite: cannot set synchronous: {e}");
+            continue;
         }
         if let Err(e) = control(&conn, "BEGIN IMMEDIATE") {
             // Dropping the jobs drops their reply channels: callers see an error.
             tracing::error!("sqlite: cannot begin a transaction: {e}");
             continue;
         }
+        let fences = Fences::default();
+        let lone = batch.len() == 1;
         let mut delivers = Vec::with_capacity(batch.len());
+        let (mut kept, mut need_durable) = (0usize, false);
         for job in batch {
-            if let Err(e) = control(&conn, "SAVEPOINT job") {
-                tracing::error!("sqlite: savepoint: {e}");
-                continue;
-            }
-            let (ok, deliver) = job(&conn);
-            let end = if ok {
-                control(&conn, "RELEASE job")
-            } else {
-                control(&conn, "ROLLBACK TO job").and_then(|()| control(&conn, "RELEASE job"))
-            };
-            if let Err(e) = end {
-                tracing::error!("sqlite: savepoint: {e}");
-            }
+            let (ok, durable, deliver) = run_job(&conn, &fences, job, !lone);
+            kept += usize::from(ok);
+            need_durable |= durable;
             delivers.push(deliver);
         }
-        let commit = control(&conn, "COMMIT").map_err(|e| e.to_string());
-        if commit.is_err() {
-            let _ = control(&conn, "ROLLBACK");
+        let commit = if kept == 0 {
+            // Nothing to keep (a lone job failed): its writes are undone.
+            control(&conn, "ROLLBACK").map_err(|e| e.to_string())
         } else {
-            commits.fetch_add(1, Ordering::Relaxed);
-        }
+            let end = fences.store(&conn).and_then(|()| control(&conn, "COMMIT"));
+            match end {
+                Ok(()) => {
+                    shared.commits.fetch_add(1, Ordering::Relaxed);
+                    if full {
+                        shared.durable_commits.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    } else if synchronous_full && need_durable {
+                        // A relaxed batch with a job that must be durable.
+                        let synced = set_synchronous(&conn, true, &mut full_now)
+                            .and_then(|()| durable_commit(&conn))
+                            .map_err(|e| format!("the commit could not be made durable: {e}"));
+                        if synced.is_ok() {
+                            shared.durable_commits.fetch_add(1, Ordering::Relaxed);
+                        }
+                        synced
+                    } else {
+                        Ok(())
+                    }
+                }
+                Err(e) => {
+                    let _ = control(&conn, "ROLLBACK");
+                    Err(e.to_string())
+                }
+            }
+        };
         for deliver in delivers {
             deliver(commit.clone());
         }

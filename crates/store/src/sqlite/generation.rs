@@ -1,5 +1,7 @@
 //! The steps every operation is made of, on the writer: record a
-//! transition, start a generation, end one, turn one unknown, take a fence.
+//! transition, start a generation, end one, turn one unknown. Statements
+//! address the current record by its key, `?1`; their own parameters start
+//! at `?2`.
 
 use std::sync::LazyLock;
 
@@ -11,7 +13,7 @@ use rusqlite::Connection;
 use super::engine::unavailable;
 use super::rows::{load, query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
 use crate::backend::{EventInfo, Result};
-use crate::columns::{i64_from, u64_from, KeyColumns, LoadedRecord};
+use crate::columns::{i64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
 use crate::replays::ReplayTally;
 
@@ -24,7 +26,7 @@ pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
 /// Records a transition of the current record of `key` (which must exist).
 pub(super) fn event(
     conn: &Connection,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     by: By<'_>,
     now: i64,
     journal: &mut Journal,
@@ -35,7 +37,7 @@ pub(super) fn event(
 /// [`event`] with an operator's reason, kept in the event row.
 pub(super) fn noted_event(
     conn: &Connection,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     by: By<'_>,
     reason: Option<&str>,
     now: i64,
@@ -44,8 +46,8 @@ pub(super) fn noted_event(
     const SQL: &str = concat!(
         "INSERT INTO idempotency_events (",
         event_columns!(),
-        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?7, ?8, attempt, fence, \
-         fingerprint, response_status, ?9, ?10, ?7 - created_at, ?11 FROM idempotency_records WHERE ",
+        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?2, ?3, attempt, fence, \
+         fingerprint, response_status, ?4, ?5, ?2 - created_at, ?6 FROM idempotency_records WHERE ",
         key_where!(),
         " RETURNING ",
         event_columns!()
@@ -61,7 +63,7 @@ pub(super) fn noted_event(
 }
 
 /// Moves the current generation of `key` to the history as `ended`.
-pub(super) fn to_history(conn: &Connection, key: &KeyColumns<'_>, ended: &str, now: i64) -> Result<()> {
+pub(super) fn to_history(conn: &Connection, key: &ScopeDigest, ended: &str, now: i64) -> Result<()> {
     conn.prepare_cached(&TO_HISTORY)
         .map_err(unavailable)?
         .execute(key.bind(&[&ended, &now]).as_slice())
@@ -73,7 +75,7 @@ pub(super) fn to_history(conn: &Connection, key: &KeyColumns<'_>, ended: &str, n
 /// to the history, and the key is free.
 pub(super) fn end_generation(
     conn: &Connection,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     last: State,
     by: By<'_>,
     now: i64,
@@ -85,7 +87,7 @@ pub(super) fn end_generation(
 /// [`end_generation`] with an operator's reason in its event.
 pub(super) fn end_noted_generation(
     conn: &Connection,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     last: State,
     (by, reason): (By<'_>, Option<&str>),
     now: i64,
@@ -101,11 +103,11 @@ pub(super) fn end_noted_generation(
     )
 }
 
-/// Runs a statement about the record of `key`, its own parameters from `?7`.
+/// Runs a statement about the record of `key`, its own parameters from `?2`.
 pub(super) fn execute(
     conn: &Connection,
     sql: &str,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     extra: &[&dyn rusqlite::ToSql],
 ) -> Result<()> {
     conn.prepare_cached(sql)
@@ -121,7 +123,7 @@ pub(super) fn execute(
 pub(super) fn insert_generation(
     conn: &Connection,
     req: &ClaimRequest,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     fence: u64,
     now: i64,
     replace: bool,
@@ -131,29 +133,39 @@ pub(super) fn insert_generation(
     } else {
         &INSERT_GENERATION
     };
+    let columns = KeyColumns::of(&req.scope);
+    let fingerprint = req.fingerprint.map(|f| f.to_hex());
+    let (fence, lease_until, ttl_ms) = (
+        i64_from(fence),
+        record::lease_until(now, req.lease_ms),
+        i64_from(req.ttl_ms),
+    );
+    let release = req.on_unknown == OnUnknown::Release;
+    let attempt = req.attempt.as_ref().map(|a| a.as_str());
+    let mut params: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(14);
+    params.push(key);
+    params.extend(columns.0.iter().map(|c| c as &dyn rusqlite::ToSql));
+    params.extend_from_slice(&[
+        &fingerprint,
+        &fence,
+        &lease_until,
+        &ttl_ms,
+        &release,
+        &now,
+        &attempt,
+    ]);
     let n = conn
         .prepare_cached(sql)
         .map_err(unavailable)?
-        .execute(
-            key.bind(&[
-                &req.fingerprint.map(|f| f.to_hex()),
-                &i64_from(fence),
-                &record::lease_until(now, req.lease_ms),
-                &i64_from(req.ttl_ms),
-                &(req.on_unknown == OnUnknown::Release),
-                &now,
-                &req.attempt.as_ref().map(|a| a.as_str()),
-            ])
-            .as_slice(),
-        )
+        .execute(params.as_slice())
         .map_err(unavailable)?;
     Ok(n > 0)
 }
 
 /// Turns the record unknown until `expires_at` ([`record::unknown_expiry`]).
-pub(super) fn set_unknown(conn: &Connection, key: &KeyColumns<'_>, expires_at: i64) -> Result<()> {
+pub(super) fn set_unknown(conn: &Connection, key: &ScopeDigest, expires_at: i64) -> Result<()> {
     let sql = concat!(
-        "UPDATE idempotency_records SET state = 'unknown', expires_at = ?7 WHERE ",
+        "UPDATE idempotency_records SET state = 'unknown', expires_at = ?2 WHERE ",
         key_where!()
     );
     execute(conn, sql, key, &[&expires_at])
@@ -161,17 +173,8 @@ pub(super) fn set_unknown(conn: &Connection, key: &KeyColumns<'_>, expires_at: i
 
 /// The record, if the caller holds its current fence and it is still open:
 /// `record::may_fence`, checked on the writer.
-pub(super) fn fenced(conn: &Connection, key: &KeyColumns<'_>, fence: u64) -> Result<Option<LoadedRecord>> {
+pub(super) fn fenced(conn: &Connection, key: &ScopeDigest, fence: u64) -> Result<Option<LoadedRecord>> {
     Ok(load(conn, key)?.filter(|l| l.may_fence(fence)))
-}
-
-pub(super) fn next_fence(conn: &Connection) -> Result<u64> {
-    let v: i64 = conn
-        .prepare_cached("UPDATE idempotency_fence SET value = value + 1 WHERE id = 1 RETURNING value")
-        .map_err(unavailable)?
-        .query_row([], |r| r.get(0))
-        .map_err(unavailable)?;
-    u64_from(v, "fence")
 }
 
 /// Adds the pending replay counts; only ever called on the writer. The fence
@@ -183,19 +186,15 @@ pub(super) fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()
     }
     static SQL: LazyLock<String> = LazyLock::new(|| {
         conditions::expand(concat!(
-            "UPDATE idempotency_records SET replay_count = replay_count + ?8 WHERE ",
+            "UPDATE idempotency_records SET replay_count = replay_count + ?3 WHERE ",
             key_where!(),
-            " AND fence = ?7 AND {replayable}"
+            " AND fence = ?2 AND {replayable}"
         ))
     });
     let mut stmt = conn.prepare_cached(&SQL).map_err(unavailable)?;
     for ((key, fence), n) in batch {
-        stmt.execute(
-            KeyColumns::borrowed(&key)
-                .bind(&[&i64_from(fence), &i64_from(n)])
-                .as_slice(),
-        )
-        .map_err(unavailable)?;
+        stmt.execute(key.bind(&[&i64_from(fence), &i64_from(n)]).as_slice())
+            .map_err(unavailable)?;
     }
     Ok(())
 }

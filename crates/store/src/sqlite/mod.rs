@@ -1,16 +1,25 @@
-//! SQLite, the embedded default: WAL, durable commits (`synchronous=FULL`)
+//! SQLite, the embedded default: WAL, durable claims (`synchronous=FULL`)
 //! with group commit, one writer, readers in parallel.
 //!
 //! Every write runs on one dedicated thread ([`engine`]), batched into one
 //! transaction per group commit. Because that thread is the only writer,
-//! "read the record, decide, write" needs no locking of its own, and the
-//! fencing counter row is simply incremented in the same transaction.
+//! "read the record, decide, write" needs no locking of its own, and fencing
+//! tokens are handed out per batch from one counter row.
 //!
-//! Claims that only need to answer (mismatch, in progress, unknown, expired)
-//! or replay a completed record are decided on a reader connection first and
-//! never queue behind writes ([`claim`]). A replay's `replay_count` increment
-//! goes to the writer afterwards without being awaited (see
-//! [`crate::replays`]).
+//! A claim is looked at on a reader connection first ([`claim`]). Claims that
+//! only need to answer (mismatch, in progress, unknown, expired) or replay a
+//! completed record are decided there, in parallel, and never queue behind
+//! writes; a replay's `replay_count` increment goes to the writer afterwards
+//! without being awaited (see [`crate::replays`]). A claim that must write
+//! is queued to the writer by the reader itself, so a new key costs one trip
+//! off the async runtime, not two. The calls of one `/v1/batch` are looked
+//! at together on one reader and written in one transaction.
+//!
+//! Completions commit without an fsync of their own (`synchronous=NORMAL`
+//! for a batch that holds nothing else) unless the record's policy releases
+//! unknown outcomes: losing one on power loss leaves the record in progress,
+//! so it turns unknown when its lease runs out and is never executed again
+//! (docs/contract.md §5).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
@@ -21,17 +30,18 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Backend, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution, Result,
-    SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
+    Result, StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
 use crate::replays::ReplayTally;
 
-/// The six key parameters, `?1`..`?6`; a statement's own start at `?7`.
+/// A statement about the current record: `?1` is its key (the scope
+/// digest); the statement's own parameters start at `?2`.
 macro_rules! key_where {
     () => {
-        "scope_version = ?1 AND tenant = ?2 AND principal = ?3 AND route = ?4 AND namespace = ?5 AND idem_key = ?6"
+        "scope_digest = ?1"
     };
 }
 
@@ -42,7 +52,7 @@ mod operations;
 mod rows;
 mod sweep;
 
-use engine::{unavailable, Engine};
+use engine::{unavailable, Durability, Engine, Writer};
 use generation::{apply_replays, Journal};
 use rows::{query_events, query_infos, INFO_COLUMNS};
 
@@ -51,6 +61,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_records.sql")),
     (2, include_str!("migrations/0002_generations.sql")),
     (3, include_str!("migrations/0003_event_reasons.sql")),
+    (4, include_str!("migrations/0004_scope_digest.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.
@@ -78,6 +89,10 @@ pub struct Sqlite {
     replays: Arc<ReplayTally>,
 }
 
+/// A writer job's answer and the transitions it recorded, logged once the
+/// batch that carried them has committed.
+type Logged = (Answer, Journal);
+
 impl Sqlite {
     pub fn open(path: &str, synchronous_full: bool) -> Result<Sqlite> {
         Ok(Sqlite {
@@ -89,35 +104,172 @@ impl Sqlite {
     /// How many transactions the writer has committed: with group commit,
     /// far fewer than the writes it carried out.
     pub fn commits(&self) -> u64 {
-        self.engine.commits()
+        self.engine.commits().0
+    }
+
+    /// Of [`Sqlite::commits`], how many were fsynced before anyone was
+    /// answered (all of them at `synchronous=NORMAL`: none).
+    pub fn durable_commits(&self) -> u64 {
+        self.engine.commits().1
     }
 
     /// A writer job that records transitions: its events are logged once the
     /// batch that carried them has committed.
     async fn write_logged<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection, &mut Journal) -> Result<R> + Send + 'static,
+        f: impl FnOnce(&Writer<'_>, &mut Journal) -> Result<R> + Send + 'static,
     ) -> Result<R> {
         let (out, journal) = self
             .engine
-            .write(move |conn| {
+            .write(Durability::Durable, move |w| {
                 let mut journal = Journal::new();
-                f(conn, &mut journal).map(|out| (out, journal))
+                f(w, &mut journal).map(|out| (out, journal))
             })
             .await?;
         journal.iter().for_each(EventInfo::log);
         Ok(out)
     }
 
-    /// Counts a replay served from a reader. The first replay since the last
-    /// flush queues one job that applies every pending count with the
-    /// writer's next batch; nobody waits for it.
-    fn count_replay(&self, key: [String; 6], fence: u64) {
-        if self.replays.add(key, fence) {
-            let tally = Arc::clone(&self.replays);
+    /// Decides `calls` together: claims are looked at on one reader, and
+    /// every write they and the other calls need goes to the writer as one
+    /// group (one transaction, a savepoint per call).
+    async fn decide_calls(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        let n = calls.len();
+        let settled: Result<Vec<Slot>> = if calls.iter().any(|c| matches!(c, Call::Claim { .. })) {
+            let (engine, replays) = (self.engine.clone(), Arc::clone(&self.replays));
             self.engine
-                .write_detached("replay counts", move |conn| apply_replays(conn, &tally));
+                .read(move |conn| Ok(plan(conn, &engine, &replays, calls, now)))
+                .await
+        } else {
+            Ok(plan_writes(&self.engine, calls, now))
+        };
+        let slots = match settled {
+            Ok(slots) => slots,
+            Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
+        };
+        let mut answers = Vec::with_capacity(n);
+        for slot in slots {
+            answers.push(match slot {
+                Slot::Ready(answer) => answer,
+                Slot::Pending(pending) => pending.wait().await.map(|(answer, journal)| {
+                    journal.iter().for_each(EventInfo::log);
+                    answer
+                }),
+            });
         }
+        answers
+    }
+
+    async fn decide_one(&self, call: Call, now: i64) -> Result<Answer> {
+        self.decide_calls(vec![call], now)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Unavailable("no answer".into())))
+    }
+}
+
+/// Where a call's answer comes from.
+enum Slot {
+    /// Decided without writing (or refused).
+    Ready(Result<Answer>),
+    /// From the writer, once its batch has committed.
+    Pending(engine::Pending<Logged>),
+}
+
+/// What a writer job does for one call.
+type Work = Box<dyn FnOnce(&Writer<'_>, &mut Journal) -> Result<Answer> + Send>;
+
+/// The writer job that carries out `call` (a claim that no reader looked at
+/// goes to [`claim::write_job`] as if its record were absent: its insert
+/// finds out).
+fn write_job(call: Call, now: i64) -> (engine::Job, engine::Pending<Logged>) {
+    let (durability, work): (Durability, Work) = match call {
+        Call::Claim { req, deadline } => return claim::write_job(req, deadline, now, true),
+        Call::Complete { req, body } => (
+            // Durable after all when the record's policy frees the key on
+            // an unknown outcome (see `operations::complete`).
+            Durability::Relaxed,
+            Box::new(move |w, journal| {
+                let body = req.body_stored.then_some(&body[..]);
+                operations::complete(w, journal, &req, body, now).map(Answer::Fence)
+            }),
+        ),
+        Call::Release(req) => (
+            Durability::Durable,
+            Box::new(move |w, journal| operations::release(w, journal, &req, now).map(Answer::Fence)),
+        ),
+        Call::MarkUnknown(req) => (
+            Durability::Durable,
+            Box::new(move |w, journal| operations::mark_unknown(w, journal, &req, now).map(Answer::Fence)),
+        ),
+        Call::Abandon(req) => (
+            Durability::Durable,
+            Box::new(move |w, journal| operations::abandon(w, journal, &req, now).map(Answer::Fence)),
+        ),
+    };
+    Engine::job(durability, move |w| {
+        let mut journal = Journal::new();
+        work(w, &mut journal).map(|answer| (answer, journal))
+    })
+}
+
+/// Queues the writes of `calls` as one group; where each answer will come from.
+fn plan_writes(engine: &Engine, calls: Vec<Call>, now: i64) -> Vec<Slot> {
+    let (jobs, pending): (Vec<_>, Vec<_>) = calls.into_iter().map(|c| write_job(c, now)).unzip();
+    submit(engine, jobs, pending.into_iter().map(Slot::Pending).collect())
+}
+
+/// On a reader: decides the claims it can, then queues every write as one
+/// group, from this thread.
+fn plan(
+    conn: &Connection,
+    engine: &Engine,
+    replays: &Arc<ReplayTally>,
+    calls: Vec<Call>,
+    now: i64,
+) -> Vec<Slot> {
+    let mut jobs = Vec::with_capacity(calls.len());
+    let mut slots = Vec::with_capacity(calls.len());
+    for call in calls {
+        let job = match call {
+            Call::Claim { req, deadline } => match claim::probe(conn, engine, replays, req, deadline, now) {
+                Ok(claim::Probed::Decided(outcome)) => {
+                    slots.push(Slot::Ready(Ok(Answer::Claim(outcome))));
+                    continue;
+                }
+                Ok(claim::Probed::Write(job, pending)) => (job, pending),
+                Err(e) => {
+                    slots.push(Slot::Ready(Err(e)));
+                    continue;
+                }
+            },
+            other => write_job(other, now),
+        };
+        jobs.push(job.0);
+        slots.push(Slot::Pending(job.1));
+    }
+    submit(engine, jobs, slots)
+}
+
+fn submit(engine: &Engine, jobs: Vec<engine::Job>, slots: Vec<Slot>) -> Vec<Slot> {
+    match engine.submit(jobs) {
+        Ok(()) => slots,
+        // The jobs are gone, and with them their senders: every pending
+        // answer fails with the writer's error.
+        Err(e) => slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Pending(_) => Slot::Ready(Err(e.clone())),
+                ready => ready,
+            })
+            .collect(),
+    }
+}
+
+fn fence_answer(answer: Result<Answer>) -> Result<FenceReply> {
+    match answer? {
+        Answer::Fence(reply) => Ok(reply),
+        Answer::Claim(_) => Err(StoreError::Unavailable("a claim's answer to a fence call".into())),
     }
 }
 
@@ -129,7 +281,7 @@ impl Backend for Sqlite {
 
     async fn migrate(&self) -> Result<()> {
         self.engine
-            .write(|conn| {
+            .write(Durability::Durable, |conn| {
                 conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
                     .map_err(unavailable)?;
                 for (version, sql) in MIGRATIONS {
@@ -164,41 +316,54 @@ impl Backend for Sqlite {
     }
 
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
-        self.claim_record(req, now, deadline).await
+        let call = Call::Claim {
+            req: req.clone(),
+            deadline,
+        };
+        match self.decide_one(call, now).await? {
+            Answer::Claim(outcome) => Ok(outcome),
+            Answer::Fence(_) => Err(StoreError::Unavailable("a fence answer to a claim".into())),
+        }
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
-        let req = req.clone();
-        let body = req.body_stored.then(|| body.to_vec());
-        self.write_logged(move |conn, journal| {
-            operations::complete(conn, journal, &req, body.as_deref(), now)
-        })
-        .await
+        let body = if req.body_stored {
+            bytes::Bytes::copy_from_slice(body)
+        } else {
+            bytes::Bytes::new()
+        };
+        let call = Call::Complete {
+            req: req.clone(),
+            body,
+        };
+        fence_answer(self.decide_one(call, now).await)
     }
 
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let req = req.clone();
-        self.write_logged(move |conn, journal| operations::release(conn, journal, &req, now))
-            .await
+        fence_answer(self.decide_one(Call::Release(req.clone()), now).await)
     }
 
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        let req = req.clone();
-        self.write_logged(move |conn, journal| operations::abandon(conn, journal, &req, now))
-            .await
+        fence_answer(self.decide_one(Call::Abandon(req.clone()), now).await)
     }
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let req = req.clone();
-        self.write_logged(move |conn, journal| operations::mark_unknown(conn, journal, &req, now))
-            .await
+        fence_answer(self.decide_one(Call::MarkUnknown(req.clone()), now).await)
+    }
+
+    async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        self.decide_calls(calls, now).await
     }
 
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
         // Operators see every replay served so far: pending counts are
         // applied first (and any flush already queued is committed by then).
         let tally = Arc::clone(&self.replays);
-        if let Err(e) = self.engine.write(move |conn| apply_replays(conn, &tally)).await {
+        if let Err(e) = self
+            .engine
+            .write(Durability::Relaxed, move |w| apply_replays(w, &tally))
+            .await
+        {
             tracing::warn!("sqlite: replay counts not applied before a lookup: {e}");
         }
         let q = q.clone();
@@ -247,21 +412,21 @@ impl Backend for Sqlite {
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
         let (scope, how, reason) = (scope.clone(), how.clone(), reason.map(str::to_string));
-        self.write_logged(move |conn, journal| {
-            operations::resolve(conn, journal, &scope, (how, reason.as_deref()), now)
+        self.write_logged(move |w, journal| {
+            operations::resolve(w, journal, &scope, (how, reason.as_deref()), now)
         })
         .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
         let scope = scope.clone();
-        self.write_logged(move |conn, journal| operations::purge(conn, journal, &scope, now))
+        self.write_logged(move |w, journal| operations::purge(w, journal, &scope, now))
             .await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         let policy = *policy;
-        self.write_logged(move |conn, journal| sweep::sweep(conn, journal, now, policy))
+        self.write_logged(move |w, journal| sweep::sweep(w, journal, now, policy))
             .await
     }
 

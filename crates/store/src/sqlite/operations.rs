@@ -1,33 +1,44 @@
 //! The fence calls, abandon and the operators' changes, each one job on the
 //! writer: load, ask the rules, write.
+//!
+//! A completion is queued as a relaxed job (no fsync of its own): if its
+//! commit is lost on power loss, the record is still in progress under the
+//! owner's lease, turns unknown when the lease runs out, and is never run
+//! again. Unless the claim's policy releases unknown outcomes
+//! (`on_unknown: release`): then a lost completion would free the key for a
+//! second execution, so such a completion asks for a durable commit.
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::record::{self, State, Transition};
 use idemgate_core::scope::Scope;
 use rusqlite::Connection;
 
+use super::engine::Writer;
 use super::generation::{
-    end_generation, end_noted_generation, event, execute, fenced, next_fence, noted_event, set_unknown,
-    Journal,
+    end_generation, end_noted_generation, event, execute, fenced, noted_event, set_unknown, Journal,
 };
 use super::rows::load;
 use crate::backend::{actor, Resolution, Result};
-use crate::columns::{encode_headers, i64_from, KeyColumns};
+use crate::columns::{encode_headers, i64_from, ScopeDigest};
 
 pub(super) fn complete(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
     req: &CompleteRequest,
     body: Option<&[u8]>,
     now: i64,
 ) -> Result<FenceReply> {
-    let key = KeyColumns::of(&req.scope);
+    let conn: &Connection = w;
+    let key = ScopeDigest::of(&req.scope);
     let Some(loaded) = fenced(conn, &key, req.fence)? else {
         return Ok(FenceReply::Stale);
     };
+    if loaded.release_on_unknown {
+        w.require_durable();
+    }
     let sql = concat!(
-        "UPDATE idempotency_records SET state = 'completed', response_status = ?7, response_headers = ?8, \
-         response_body = ?9, body_stored = ?10, completed_at = ?11, expires_at = ?12, lease_until = ?11 WHERE ",
+        "UPDATE idempotency_records SET state = 'completed', response_status = ?2, response_headers = ?3, \
+         response_body = ?4, body_stored = ?5, completed_at = ?6, expires_at = ?7, lease_until = ?6 WHERE ",
         key_where!()
     );
     let expires_at = record::completion_expiry(now, loaded.ttl_ms);
@@ -56,7 +67,7 @@ pub(super) fn release(
     req: &FenceRequest,
     now: i64,
 ) -> Result<FenceReply> {
-    let key = KeyColumns::of(&req.scope);
+    let key = ScopeDigest::of(&req.scope);
     let Some(loaded) = fenced(conn, &key, req.fence)? else {
         return Ok(FenceReply::Stale);
     };
@@ -71,7 +82,7 @@ pub(super) fn abandon(
     req: &AbandonRequest,
     now: i64,
 ) -> Result<FenceReply> {
-    let key = KeyColumns::of(&req.scope);
+    let key = ScopeDigest::of(&req.scope);
     let attempt = req.attempt.as_str();
     match load(conn, &key)? {
         Some(l) if l.may_abandon(attempt) => {
@@ -81,9 +92,12 @@ pub(super) fn abandon(
         }
         Some(_) => Ok(FenceReply::Stale),
         None => {
-            let sql = "INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, \
-                       attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING";
-            execute(conn, sql, &key, &[&attempt, &now])?;
+            let sql =
+                "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, route, \
+                       namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                       ON CONFLICT DO NOTHING";
+            let [v, t, p, r, n, k] = req.scope.parts();
+            execute(conn, sql, &key, &[&v, &t, &p, &r, &n, &k, &attempt, &now])?;
             Ok(FenceReply::Done)
         }
     }
@@ -95,7 +109,7 @@ pub(super) fn mark_unknown(
     req: &FenceRequest,
     now: i64,
 ) -> Result<FenceReply> {
-    let key = KeyColumns::of(&req.scope);
+    let key = ScopeDigest::of(&req.scope);
     let Some(loaded) = fenced(conn, &key, req.fence)? else {
         return Ok(FenceReply::Stale);
     };
@@ -114,13 +128,14 @@ pub(super) fn mark_unknown(
 }
 
 pub(super) fn resolve(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
     scope: &Scope,
     (how, reason): (Resolution, Option<&str>),
     now: i64,
 ) -> Result<bool> {
-    let key = KeyColumns::of(scope);
+    let conn: &Connection = w;
+    let key = ScopeDigest::of(scope);
     let Some(loaded) = load(conn, &key)? else {
         return Ok(false);
     };
@@ -139,11 +154,11 @@ pub(super) fn resolve(
         } => {
             // A new fence: the old owner's late completion must not
             // overwrite what the operator decided.
-            let fence = next_fence(conn)?;
+            let fence = w.next_fence()?;
             let sql = concat!(
-                "UPDATE idempotency_records SET state = 'completed', fence = ?7, response_status = ?8, \
-                 response_headers = ?9, response_body = ?10, body_stored = 1, completed_at = ?11, expires_at = ?12, \
-                 lease_until = ?11 WHERE ",
+                "UPDATE idempotency_records SET state = 'completed', fence = ?2, response_status = ?3, \
+                 response_headers = ?4, response_body = ?5, body_stored = 1, completed_at = ?6, expires_at = ?7, \
+                 lease_until = ?6 WHERE ",
                 key_where!()
             );
             let expires_at = record::completion_expiry(now, loaded.ttl_ms);
@@ -164,7 +179,7 @@ pub(super) fn resolve(
 }
 
 pub(super) fn purge(conn: &Connection, journal: &mut Journal, scope: &Scope, now: i64) -> Result<bool> {
-    let key = KeyColumns::of(scope);
+    let key = ScopeDigest::of(scope);
     let Some(loaded) = load(conn, &key)? else {
         return Ok(false);
     };

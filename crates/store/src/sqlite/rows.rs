@@ -3,25 +3,31 @@
 
 use std::sync::LazyLock;
 
-use rusqlite::types::FromSql;
+use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
 
 use super::engine::unavailable;
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
-use crate::columns::{record_list, ColumnReader, KeyColumns, LoadedRecord, EVENT_COLUMN_NAMES};
+use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
 
-/// The six key parameters, `?1`..`?6`; a statement's own start at `?7`.
+/// The current record's key, `?1`; a statement's own parameters start at `?2`.
 pub(super) const KEY_WHERE: &str = key_where!();
 
+impl ToSql for ScopeDigest {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Blob(self.as_bytes())))
+    }
+}
+
 pub(super) trait Bind {
-    /// The six key parameters followed by `extra`.
+    /// The key parameter followed by `extra`.
     fn bind<'p>(&'p self, extra: &[&'p dyn ToSql]) -> Vec<&'p dyn ToSql>;
 }
 
-impl Bind for KeyColumns<'_> {
+impl Bind for ScopeDigest {
     fn bind<'p>(&'p self, extra: &[&'p dyn ToSql]) -> Vec<&'p dyn ToSql> {
-        let mut v: Vec<&dyn ToSql> = Vec::with_capacity(6 + extra.len());
-        v.extend(self.0.iter().map(|c| c as &dyn ToSql));
+        let mut v: Vec<&dyn ToSql> = Vec::with_capacity(1 + extra.len());
+        v.push(self);
         v.extend_from_slice(extra);
         v
     }
@@ -74,33 +80,33 @@ pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
     record_list(|c| (c == "response_body").then(|| "length(response_body) AS body_len".to_string()))
 });
 
-/// Moves the current generation of `?1..?6` to the history: `?7` how it
-/// ended, `?8` now. The body is not kept.
+/// Moves the current generation of `?1` to the history: `?2` how it
+/// ended, `?3` now. The body is not kept.
 pub(super) static TO_HISTORY: LazyLock<String> = LazyLock::new(|| {
     let kept = record_list(|c| match c {
-        "state" => Some("?7".into()),
+        "state" => Some("?2".into()),
         "response_body" => Some("NULL".into()),
         _ => None,
     });
     format!(
-        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, ?8 FROM idempotency_records WHERE {KEY_WHERE}",
+        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, ?3 FROM idempotency_records WHERE {KEY_WHERE}",
         record_list(|_| None)
     )
 });
 
-/// A fresh generation's row, `?1..?6` its key, `?7..?13` the claim (see
-/// [`super::generation::insert_generation`]); the value of every column of
-/// a new generation is written here and only here.
+/// A fresh generation's row: `?1` its key, `?2..?7` its scope's columns,
+/// `?8..?14` the claim (see [`super::generation::insert_generation`]); the
+/// value of every column of a new generation is written here and only here.
 fn fresh_value(column: &str) -> Option<&'static str> {
     Some(match column {
         "state" => "'in_progress'",
-        "fingerprint" => "?7",
-        "fence" | "generation" => "?8",
-        "lease_until" => "?9",
-        "ttl_ms" => "?10",
-        "release_on_unknown" => "?11",
-        "created_at" => "?12",
-        "attempt" => "?13",
+        "fingerprint" => "?8",
+        "fence" | "generation" => "?9",
+        "lease_until" => "?10",
+        "ttl_ms" => "?11",
+        "release_on_unknown" => "?12",
+        "created_at" => "?13",
+        "attempt" => "?14",
         "body_stored" | "replay_count" => "0",
         "response_status" | "response_headers" | "response_body" | "completed_at" | "expires_at"
         | "archived_at" => "NULL",
@@ -111,13 +117,13 @@ fn fresh_value(column: &str) -> Option<&'static str> {
 fn insert_generation_sql(on_conflict: &str) -> String {
     let values = record_list(|c| {
         let key = crate::columns::RECORD_COLUMNS[..6].iter().position(|k| *k == c);
-        key.map(|i| format!("?{}", i + 1))
+        key.map(|i| format!("?{}", i + 2))
             .or_else(|| fresh_value(c).map(String::from))
     });
     format!(
-        "INSERT INTO idempotency_records ({}) VALUES ({values}) ON CONFLICT ({}) DO {on_conflict}",
+        "INSERT INTO idempotency_records (scope_digest, {}) VALUES (?1, {values}) ON CONFLICT (scope_digest) \
+         DO {on_conflict}",
         record_list(|_| None),
-        crate::columns::KEY_COLUMNS
     )
 }
 
@@ -150,10 +156,11 @@ const LOADED: &[&str] = &[
     "expires_at",
     "archived",
     "attempt",
+    "release_on_unknown",
     "response_body",
 ];
 
-/// The current record of `?1..?6`: [`LOADED`].
+/// The current record of `?1`: [`LOADED`].
 static LOAD: LazyLock<String> = LazyLock::new(|| {
     let select: Vec<&str> = LOADED
         .iter()
@@ -171,7 +178,7 @@ static LOAD: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(super) fn load(conn: &Connection, key: &KeyColumns<'_>) -> Result<Option<LoadedRecord>> {
+pub(super) fn load(conn: &Connection, key: &ScopeDigest) -> Result<Option<LoadedRecord>> {
     load_with(conn, key, |loaded, _| Ok(loaded))
 }
 
@@ -180,7 +187,7 @@ pub(super) fn load(conn: &Connection, key: &KeyColumns<'_>) -> Result<Option<Loa
 /// decisions never copy the body.
 pub(super) fn load_with<T>(
     conn: &Connection,
-    key: &KeyColumns<'_>,
+    key: &ScopeDigest,
     f: impl FnOnce(Option<LoadedRecord>, &dyn Fn() -> Result<Vec<u8>>) -> Result<T>,
 ) -> Result<T> {
     let mut stmt = conn.prepare_cached(&LOAD).map_err(unavailable)?;
@@ -237,7 +244,7 @@ fn query_selected<T>(
     Ok(out)
 }
 
-/// The key columns of the rows `sql` picks.
-pub(super) fn query_keys(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<[String; 6]>> {
-    query_all(conn, sql, params, |row| row.key_columns())
+/// The keys of the rows `sql` picks (it selects `scope_digest`).
+pub(super) fn query_keys(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<ScopeDigest>> {
+    query_all(conn, sql, params, |row| row.scope_digest())
 }

@@ -9,28 +9,26 @@ use rusqlite::Connection;
 use super::generation::{end_generation, event, execute, set_unknown, Journal};
 use super::rows::{load, query_keys};
 use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader, KeyColumns};
+use crate::columns::{i64_from, ColumnReader};
 use crate::conditions::expand;
 
 /// Rows picked by a phase: `?1` now, `?2` the batch, `?3` the claim's
 /// `on_unknown` (released or not).
 static LEASE_RAN_OUT: LazyLock<String> = LazyLock::new(|| {
     expand(
-        "SELECT scope_version, tenant, principal, route, namespace, idem_key, ttl_ms FROM idempotency_records \
+        "SELECT scope_digest, ttl_ms FROM idempotency_records \
          WHERE {leased} AND lease_until <= ?1 AND release_on_unknown = ?3 LIMIT ?2",
     )
 });
 /// `state` and `archived_at` are the record's: the abandoned table has neither.
 static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
     expand(
-        "SELECT r.scope_version, r.tenant, r.principal, r.route, r.namespace, r.idem_key \
-         FROM idempotency_abandoned a JOIN idempotency_records r \
-         USING (scope_version, tenant, principal, route, namespace, idem_key, attempt) \
+        "SELECT r.scope_digest FROM idempotency_abandoned a JOIN idempotency_records r \
+         ON r.scope_digest = a.scope_digest AND r.attempt = a.attempt \
          WHERE {abandonable} AND a.at <= ?1 LIMIT ?2",
     )
 });
-const EXPIRED: &str =
-    "SELECT scope_version, tenant, principal, route, namespace, idem_key FROM idempotency_records \
+const EXPIRED: &str = "SELECT scope_digest FROM idempotency_records \
                        WHERE archived_at IS NULL AND expires_at <= ?1 LIMIT ?2";
 
 fn count(n: usize) -> u64 {
@@ -51,31 +49,22 @@ pub(super) fn sweep(
     // Leases that ran out: released or turned unknown, as the claim's policy said.
     let ran_out = |release: bool| {
         super::rows::query_all(conn, &LEASE_RAN_OUT, &[&now, &batch, &release], |row| {
-            Ok((row.key_columns()?, row.unsigned("ttl_ms")?))
+            Ok((row.scope_digest()?, row.unsigned("ttl_ms")?))
         })
     };
-    for (cols, _) in ran_out(true)? {
+    for (key, _) in ran_out(true)? {
         let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
-        end_generation(
-            conn,
-            &KeyColumns::borrowed(&cols),
-            State::InProgress,
-            by,
-            now,
-            journal,
-        )?;
+        end_generation(conn, &key, State::InProgress, by, now, journal)?;
         report.released += 1;
     }
-    for (cols, ttl_ms) in ran_out(false)? {
-        let key = KeyColumns::borrowed(&cols);
+    for (key, ttl_ms) in ran_out(false)? {
         set_unknown(conn, &key, record::unknown_expiry(now, ttl_ms))?;
         let by = (Transition::LeaseExpired, actor::SWEEPER, Some("unknown"));
         event(conn, &key, by, now, journal)?;
         report.marked_unknown += 1;
     }
     // Claims that landed after their filter had abandoned them.
-    for cols in query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])? {
-        let key = KeyColumns::borrowed(&cols);
+    for key in query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])? {
         let Some(loaded) = load(conn, &key)? else { continue };
         let by = (Transition::Abandoned, actor::SWEEPER, None);
         end_generation(conn, &key, loaded.view.state, by, now, journal)?;
@@ -86,10 +75,9 @@ pub(super) fn sweep(
         .and_then(|mut stmt| stmt.execute([forget]))
         .map_err(super::engine::unavailable)?;
     // Expired records: body dropped, metadata kept.
-    for cols in query_keys(conn, EXPIRED, &[&now, &batch])? {
-        let key = KeyColumns::borrowed(&cols);
+    for key in query_keys(conn, EXPIRED, &[&now, &batch])? {
         let sql = concat!(
-            "UPDATE idempotency_records SET archived_at = ?7, response_body = NULL WHERE ",
+            "UPDATE idempotency_records SET archived_at = ?2, response_body = NULL WHERE ",
             key_where!()
         );
         execute(conn, sql, &key, &[&now])?;
@@ -111,7 +99,7 @@ pub(super) fn sweep(
             .map_err(super::engine::unavailable)
     };
     report.purged = delete(
-        "DELETE FROM idempotency_records WHERE rowid IN (SELECT rowid FROM idempotency_records \
+        "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest FROM idempotency_records \
          WHERE archived_at IS NOT NULL AND archived_at <= ?1 LIMIT ?2)",
     )? + delete(
         "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \

@@ -1,0 +1,182 @@
+//! Existing databases migrate in place: a database at schema version 2
+//! (records keyed by their six scope columns), with rows as that version
+//! wrote them, is migrated by the current store, which then finds every
+//! record by its scope's digest, replays, completes, sweeps, and shows the
+//! earlier generations and events to operators. Written once, run on both
+//! backends.
+
+use std::sync::Arc;
+
+use idemgate_core::protocol::{Attempt, ClaimReply, FenceReply};
+use idemgate_store::backend::{open_backend, Backend, BackendOptions, Lookup, SweepPolicy};
+use idemgate_store::{Clock, Store};
+
+use crate::support::*;
+
+const T0: i64 = 1_800_000_000_000;
+const FAR: i64 = T0 + 1_000_000_000;
+
+/// Rows the store wrote at schema version 2, with `{b}` standing for a
+/// boolean (`0`/`1` or `false`/`true`) and `{blob}` for a byte string.
+const ROWS: &str = "
+INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint,
+    fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored,
+    created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt) VALUES
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'completed', NULL, 5, {t1}, 10000, {false}, 201,
+   '[[\"content-type\",\"application/json\"]]', {blob}, {true}, {t0}, {t1}, {far}, NULL, 2, 5, NULL),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-open', 'in_progress', NULL, 6, {far}, 10000, {false}, NULL,
+   NULL, NULL, {false}, {t0}, NULL, NULL, NULL, 0, 6, NULL),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-abandoned', 'in_progress', NULL, 7, {far}, 10000, {false},
+   NULL, NULL, NULL, {false}, {t0}, NULL, NULL, NULL, 0, 7, 'a1');
+INSERT INTO idempotency_history (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint,
+    fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored,
+    created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt, ended_at) VALUES
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'released', NULL, 3, {t0}, 10000, {false}, NULL, NULL,
+   NULL, {false}, {t0}, NULL, NULL, NULL, 0, 3, NULL, {t0});
+INSERT INTO idempotency_events (scope_version, tenant, principal, route, namespace, idem_key, generation, at,
+    transition, attempt, fence, fingerprint, status, actor, detail, duration_ms) VALUES
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'claimed', NULL, 3, NULL, NULL, 'filter', NULL, 0),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'released', NULL, 3, NULL, NULL, 'filter', NULL, 0),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t0}, 'claimed', NULL, 5, NULL, NULL, 'filter', NULL, 0),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t1}, 'completed', NULL, 5, NULL, 201, 'filter', NULL, 1);
+INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, attempt, at) VALUES
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-abandoned', 'a1', {t0});
+";
+
+fn rows(t: &str, f: &str, blob: &str) -> String {
+    ROWS.replace("{true}", t)
+        .replace("{false}", f)
+        .replace("{blob}", blob)
+        .replace("{t0}", &T0.to_string())
+        .replace("{t1}", &(T0 + 1).to_string())
+        .replace("{far}", &FAR.to_string())
+}
+
+/// The current store on a database it did not create.
+async fn migrated(url: &str) -> Arc<dyn Backend> {
+    let b = open_backend(url, &BackendOptions::default()).await.unwrap();
+    b.migrate().await.unwrap();
+    // Migrating again changes nothing.
+    b.migrate().await.unwrap();
+    b
+}
+
+async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
+    let clock = Clock::manual(T0 + 10);
+    let store = Store::new(b.clone(), clock.clone());
+    // Found by digest: the completed record replays with its stored response.
+    let out = store.claim(&claim(&scope("k-done"), None)).await.unwrap();
+    assert!(
+        matches!(out.reply, ClaimReply::Replay { status: 201, .. }),
+        "{:?}",
+        out.reply
+    );
+    assert_eq!(out.body, b"old");
+    // The open record is still open, and its owner completes it.
+    let open = scope("k-open");
+    assert!(matches!(
+        store.claim(&claim(&open, None)).await.unwrap().reply,
+        ClaimReply::InProgress { .. }
+    ));
+    assert_eq!(
+        store.complete(&complete(&open, 6, 200), b"new").await.unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(store.claim(&claim(&open, None)).await.unwrap().body, b"new");
+    // The abandoned attempt that landed is released by the sweeper.
+    let report = b
+        .sweep(
+            clock.now(),
+            &SweepPolicy {
+                batch: 100,
+                audit_retention_ms: u64::MAX / 4,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.abandoned, 1, "{report:?}");
+    let mut again = claim(&scope("k-abandoned"), None);
+    again.attempt = Some(Attempt::try_from("a2".to_string()).unwrap());
+    // Fences keep growing from where the old schema left them.
+    match store.claim(&again).await.unwrap().reply {
+        ClaimReply::Owned { fence } => assert!(fence > 7, "{fence}"),
+        other => panic!("{other:?}"),
+    }
+    // Operators see every generation and event, old and new.
+    let h = b
+        .lookup(
+            &Lookup {
+                tenant: "acme".into(),
+                key: "k-done".into(),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    let gens: Vec<(u64, &str)> = h
+        .records
+        .iter()
+        .map(|r| (r.generation, r.state.as_str()))
+        .collect();
+    assert_eq!(gens, [(5, "completed"), (3, "released")]);
+    assert_eq!(h.records[0].replay_count, 3, "two counted before, one since");
+    let events: Vec<&str> = h.events.iter().map(|e| e.transition.as_str()).collect();
+    assert_eq!(events, ["claimed", "released", "claimed", "completed"]);
+    // A new key is claimed as usual, and a second claim of it finds it.
+    let fresh = scope("k-fresh");
+    assert!(matches!(
+        store.claim(&claim(&fresh, None)).await.unwrap().reply,
+        ClaimReply::Owned { .. }
+    ));
+    assert!(matches!(
+        store.claim(&claim(&fresh, None)).await.unwrap().reply,
+        ClaimReply::InProgress { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_database_migrates_in_place_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(concat!(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
+            include_str!("../src/sqlite/migrations/0001_records.sql"),
+            include_str!("../src/sqlite/migrations/0002_generations.sql"),
+            "INSERT INTO schema_migrations VALUES (1, 0), (2, 0);",
+            "UPDATE idempotency_fence SET value = 7;"
+        ))
+        .unwrap();
+        conn.execute_batch(&rows("1", "0", "X'6F6C64'")).unwrap();
+    }
+    let b = migrated(&format!("sqlite://{}", path.display())).await;
+    everything_survives_the_migration(b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_database_migrates_in_place_on_postgres() {
+    let cluster = shared_cluster();
+    let url = cluster.fresh_database().await;
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(conn);
+    db.batch_execute(concat!(
+        "CREATE TABLE idempotency_schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL);",
+        include_str!("../src/postgres/migrations/0001_records.sql"),
+        include_str!("../src/postgres/migrations/0002_generations.sql"),
+        "INSERT INTO idempotency_schema_migrations VALUES (1, 0), (2, 0);",
+        "SELECT setval('idempotency_fence_seq', 7);"
+    ))
+    .await
+    .unwrap();
+    db.batch_execute(&rows("true", "false", "'\\x6f6c64'::bytea"))
+        .await
+        .unwrap();
+    drop(db);
+    let _ = task.await;
+    let b = migrated(&url).await;
+    everything_survives_the_migration(b).await;
+}
