@@ -22,8 +22,14 @@ start=$(date +%s)
 work=$(mktemp -d)
 registry_pid=
 cleanup() {
-    [[ -n $registry_pid ]] && kill "$registry_pid" 2>/dev/null && wait "$registry_pid" 2>/dev/null
+    # The script's own status, not the stopped registry's (143).
+    local status=$?
+    if [[ -n $registry_pid ]]; then
+        kill "$registry_pid" 2>/dev/null || true
+        wait "$registry_pid" 2>/dev/null || true
+    fi
     rm -rf "$work"
+    exit "$status"
 }
 trap cleanup EXIT
 fail() { echo "oci-roundtrip: FAIL: $*" >&2; exit 1; }
