@@ -39,14 +39,20 @@ impl Faults {
     /// upstream running, as the contract says it must (§5): Envoy killed, or
     /// the upstream connections reset, while the request was in flight (at
     /// most the route's timeout after the claim). Neither the filter nor the
-    /// store can tell then whether the upstream read the request.
+    /// store can tell then whether the upstream read the request. A claim
+    /// Envoy sent just before it died may reach the store after the signal:
+    /// the store commits it up to the filter's store timeout later, while
+    /// Envoy is still down.
     pub fn left_unknown_by_contract(&self, at: i64) -> Option<&'static str> {
         self.windows
             .iter()
-            .find(|(name, from, _)| {
-                matches!(*name, "Envoy SIGKILL" | "upstream reset")
-                    && at <= *from
-                    && *from - at <= ROUTE_TIMEOUT_MS
+            .find(|(name, from, to)| {
+                let sent_before = match *name {
+                    "Envoy SIGKILL" => at < *to && at <= from + STORE_TIMEOUT_MS,
+                    "upstream reset" => at <= *from,
+                    _ => false,
+                };
+                sent_before && *from - at <= ROUTE_TIMEOUT_MS
             })
             .map(|(name, _, _)| *name)
     }
@@ -79,6 +85,9 @@ impl Faults {
 
 /// The covered routes' timeout in envoy/chaos.yaml.
 const ROUTE_TIMEOUT_MS: i64 = 10_000;
+
+/// The filter's store timeout in envoy/chaos.yaml.
+const STORE_TIMEOUT_MS: i64 = 1_000;
 
 /// How long a stalled replica stays frozen: past the filter's 1 s store
 /// timeout (envoy/chaos.yaml), so claims it committed are never answered in

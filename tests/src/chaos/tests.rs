@@ -24,17 +24,21 @@ fn only_a_kill_or_reset_while_the_request_was_in_flight_excuses_a_burnt_key() {
     let mut audit = Audit {
         burnt_keys: vec![
             "before the kill".into(),
+            "reaching the store as Envoy died".into(),
             "after the kill".into(),
             "before a stall".into(),
             "long before".into(),
         ],
-        burnt_at: vec![9_000, 10_600, 29_000, -5_000],
+        burnt_at: vec![9_000, 10_001, 10_600, 29_000, -5_000],
         ..Audit::default()
     };
     audit.excuse(|at| faults.left_unknown_by_contract(at));
     assert_eq!(
         audit.unknown_by_contract,
-        ["before the kill (in flight at a Envoy SIGKILL)"]
+        [
+            "before the kill (in flight at a Envoy SIGKILL)",
+            "reaching the store as Envoy died (in flight at a Envoy SIGKILL)"
+        ]
     );
     assert_eq!(
         audit.burnt_keys,
