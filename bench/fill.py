@@ -32,6 +32,7 @@ Secondary indexes are dropped before the load and built again after it (from
 their own definitions), the way bulk loads are done; SQLite loads without a
 journal, PostgreSQL with COPY, then VACUUM ANALYZE as autovacuum would.
 """
+import hashlib
 import json
 import os
 import sqlite3
@@ -48,7 +49,7 @@ ATTEMPT = "5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e"
 HEADERS = '[["x-payment-id","pay_1_%d"],["content-type","application/json; charset=utf-8"]]'
 BODY = '{"id":"pay_1_%d","amount":1000,"currency":"EUR","status":"succeeded"}'
 RECORD_COLUMNS = (
-    "scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, "
+    "scope_digest, scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint, fence, lease_until, "
     "ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored, created_at, "
     "completed_at, expires_at, archived_at, replay_count, generation, attempt"
 )
@@ -80,13 +81,20 @@ def records(n, now):
         completed = created + 15
         expires = PARKED if kind == "archive" else completed + TTL
         archived = PARKED if kind == "purge" else None
+        scope = ("v1", "bench", "bench", "bench.create", "u", "%08x-0000-4000-8000-%012x" % (i * step, i))
         yield kind, (
-            "v1", "bench", "bench", "bench.create", "u",
-            "%08x-0000-4000-8000-%012x" % (i * step, i),
+            scope_digest(scope), *scope,
             "completed", FINGERPRINT, i + 1, completed, TTL, False, 201, HEADERS % i,
             None if kind == "purge" else BODY % i, True, created, completed, expires, archived, 0, i + 1,
             "%s-%x" % (ATTEMPT, i + 1),
         )
+
+
+def scope_digest(parts):
+    """The record's key, as the store computes it (Scope::digest): SHA-256 of
+    each part's length (4 bytes, big-endian) and bytes."""
+    encoded = b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in parts)
+    return hashlib.sha256(encoded).digest()
 
 
 def events_sql():
@@ -115,11 +123,11 @@ def fill_sqlite(path, n, now):
         for kind, v in records(n, now):
             counts[kind] += 1
             v = list(v)
-            v[14] = v[14].encode() if v[14] is not None else None  # the store writes bodies as BLOBs
+            v[15] = v[15].encode() if v[15] is not None else None  # the store writes bodies as BLOBs
             yield v
 
     db.execute("BEGIN")
-    db.executemany(f"INSERT INTO idempotency_records ({RECORD_COLUMNS}) VALUES ({', '.join('?' * 23)})", rows())
+    db.executemany(f"INSERT INTO idempotency_records ({RECORD_COLUMNS}) VALUES ({', '.join('?' * 24)})", rows())
     for sql in events_sql():
         db.execute(sql)
     db.execute("UPDATE idempotency_fence SET value = ?1 WHERE id = 1", (n,))
@@ -150,7 +158,8 @@ def fill_postgres(conninfo, n, now):
     proc = subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", conninfo, "-c",
                              f"COPY idempotency_records ({RECORD_COLUMNS}) FROM STDIN"],
                             stdin=subprocess.PIPE, text=True)
-    text = lambda v: "\\N" if v is None else ("t" if v is True else "f" if v is False else str(v))  # noqa: E731
+    text = lambda v: ("\\N" if v is None else "t" if v is True else "f" if v is False  # noqa: E731
+                      else "\\\\x" + v.hex() if isinstance(v, bytes) else str(v))
     chunk = []
     for kind, v in records(n, now):
         counts[kind] += 1
