@@ -375,6 +375,19 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
     }
 }
 
+/// Refuses a database migrated by a newer store: this one would misread
+/// its schema. A store is rolled back across a migration only together
+/// with the database (docs/operations.md#upgrades).
+pub fn known_schema(applied: Option<i64>, known: Option<i64>) -> Result<()> {
+    match (applied, known) {
+        (Some(applied), Some(known)) if applied > known => Err(StoreError::Config(format!(
+            "the database's schema is at version {applied}, newer than this store's {known}: \
+             a newer store migrated it; run that version, or restore the database from before the upgrade"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The URL with any password replaced, for logs.
 pub fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {

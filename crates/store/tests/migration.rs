@@ -180,3 +180,36 @@ async fn a_version_2_database_migrates_in_place_on_postgres() {
     let b = migrated(&url).await;
     everything_survives_the_migration(b).await;
 }
+
+/// A store rolled back without its database refuses to start: it would
+/// misread a schema a newer store wrote.
+async fn a_newer_schema_is_refused(url: &str, mark_newer: &str) {
+    migrated(url).await;
+    match url.strip_prefix("sqlite://") {
+        Some(path) => rusqlite::Connection::open(path).unwrap().execute_batch(mark_newer).unwrap(),
+        None => {
+            let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            let task = tokio::spawn(conn);
+            db.batch_execute(mark_newer).await.unwrap();
+            drop(db);
+            let _ = task.await;
+        }
+    }
+    let b = open_backend(url, &BackendOptions::default()).await.unwrap();
+    let err = b.migrate().await.unwrap_err().to_string();
+    assert!(err.contains("schema is at version 999, newer than this store's"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_a_newer_store_migrated_is_refused_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    a_newer_schema_is_refused(&url, "INSERT INTO schema_migrations VALUES (999, 0)").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_a_newer_store_migrated_is_refused_on_postgres() {
+    let cluster = shared_cluster();
+    let url = cluster.fresh_database().await;
+    a_newer_schema_is_refused(&url, "INSERT INTO idempotency_schema_migrations VALUES (999, 0)").await;
+}

@@ -8,4 +8,5 @@ mod crash;
 mod http;
 mod migration;
 mod stories;
+mod tls;
 mod support;

@@ -63,6 +63,14 @@ impl PgCluster {
     /// A cluster with these server settings (`name`, `value`) on top of the
     /// test defaults.
     pub fn start_with(settings: &[(&str, &str)]) -> PgCluster {
+        PgCluster::start_with_files(settings, &[])
+    }
+
+    /// A cluster with these server settings and files (`name`, contents)
+    /// written beside its data directory, readable by the server alone
+    /// (mode 0600, as it wants for a key); `$DIR` in a setting's value is
+    /// that directory.
+    pub fn start_with_files(settings: &[(&str, &str)], files: &[(&str, &[u8])]) -> PgCluster {
         let bin = find_bin();
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
@@ -81,7 +89,17 @@ impl PgCluster {
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
             dir.path().display()
         );
+        for (name, contents) in files {
+            let file = dir.path().join(name);
+            std::fs::write(&file, contents).unwrap();
+            std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            if as_root {
+                let ok = Command::new("chown").arg("postgres").arg(&file).status().unwrap().success();
+                assert!(ok, "cannot chown {name} to the postgres user");
+            }
+        }
         for (name, value) in settings {
+            let value = value.replace("$DIR", path(dir.path()));
             opts.push_str(&format!(" -c {name}={value}"));
         }
         let c = PgCluster {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
-use tokio_postgres::{NoTls, Row, Statement};
+use tokio_postgres::{Row, Statement};
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
@@ -94,8 +94,9 @@ impl Postgres {
                         // commit): cancelled at the server so that it does not
                         // land later. One that lands anyway is abandoned.
                         let cancel = client.cancel_token();
+                        let transport = self.connections.transport.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = cancel.cancel_query(NoTls).await {
+                            if let Err(e) = transport.cancel(cancel).await {
                                 tracing::warn!("postgres: could not cancel a late claim: {e}");
                             }
                         });

@@ -43,6 +43,7 @@ mod operations;
 mod pool;
 mod rows;
 mod sweep;
+mod tls;
 
 use pool::{unavailable, Connections, Tx};
 use rows::{Param, INFO_COLUMNS};
@@ -194,6 +195,12 @@ impl Backend for Postgres {
         tx.batch_execute("CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)")
             .await
             .map_err(unavailable)?;
+        let applied: Option<i32> = tx
+            .query_one("SELECT max(version) FROM idempotency_schema_migrations", &[])
+            .await
+            .map_err(unavailable)?
+            .get(0);
+        crate::backend::known_schema(applied.map(i64::from), MIGRATIONS.last().map(|(v, _)| i64::from(*v)))?;
         for (version, sql) in MIGRATIONS {
             let done = tx
                 .query_opt(

@@ -4,6 +4,8 @@
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{NoTls, Row};
 
+use super::tls::Transport;
+
 use super::rows::Param;
 use crate::backend::{Result, StoreError};
 
@@ -15,11 +17,14 @@ pub(super) trait Described {
 }
 
 impl Described for tokio_postgres::Error {
-    /// The server's own message; `Display` only says "db error".
+    /// The server's own message, or the cause of a failed connection (a
+    /// refused certificate, say); `Display` only says "db error" or "error
+    /// performing TLS handshake".
     fn describe(&self) -> String {
-        match self.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => self.to_string(),
+        match (self.as_db_error(), std::error::Error::source(self)) {
+            (Some(db), _) => format!("{} ({})", db.message(), db.code().code()),
+            (None, Some(cause)) => format!("{self}: {cause}"),
+            (None, None) => self.to_string(),
         }
     }
 }
@@ -40,25 +45,24 @@ pub(super) fn unavailable(e: impl Described) -> StoreError {
 #[derive(Clone)]
 pub(super) struct Connections {
     pool: Pool,
+    pub(super) transport: Transport,
 }
 
 impl Connections {
     pub(super) fn open(url: &str, pool_size: usize) -> Result<Connections> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::Config(format!("bad postgres URL: {e}")))?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let (config, transport) = super::tls::target(url)?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &transport {
+            Transport::Plain => Manager::from_config(config, NoTls, manager_config),
+            Transport::Tls(tls) => Manager::from_config(config, tls.clone(), manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
             .build()
             .map_err(|e| StoreError::Config(format!("postgres pool: {e}")))?;
-        Ok(Connections { pool })
+        Ok(Connections { pool, transport })
     }
 
     pub(super) async fn client(&self) -> Result<Client> {

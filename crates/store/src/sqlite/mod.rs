@@ -284,6 +284,10 @@ impl Backend for Sqlite {
             .write(Durability::Durable, |conn| {
                 conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
                     .map_err(unavailable)?;
+                let applied: Option<i64> = conn
+                    .query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0))
+                    .map_err(unavailable)?;
+                crate::backend::known_schema(applied, MIGRATIONS.last().map(|(v, _)| *v))?;
                 for (version, sql) in MIGRATIONS {
                     let done: Option<i64> = conn
                         .query_row("SELECT version FROM schema_migrations WHERE version = ?1", [version], |r| r.get(0))
