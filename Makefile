@@ -40,13 +40,17 @@ lint: setup
 	scripts/wasm.sh clippy
 
 # Bootstraps named _*.yaml are fragments, not complete configs.
+# The previous release is built before this one's store: both builds put
+# their idempotency-store in target/debug/.
 test: setup lint wasm
+	scripts/previous-release.sh
 	cargo build -p idemgate-store
 	@for f in envoy/*.yaml; do \
 	    case $$f in envoy/_*|'envoy/*.yaml') continue;; esac; \
 	    $(ENVOY) --mode validate --log-level warn -c $$f || exit 1; \
 	done
 	python3 scripts/validate-istio-payloads.py $(ENVOY)
+	$(VENV)/bin/python scripts/validate-plugin-configs.py
 	scripts/validate-manifests.sh
 	scripts/oci-roundtrip.sh $(WASM)
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
@@ -54,6 +58,7 @@ test: setup lint wasm
 	ENVOY_BIN=$(ENVOY) \
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md \
 	IDEMGATE_PYTHON=$(VENV)/bin/python \
+	IDEMGATE_PREVIOUS=$(CURDIR)/$$(scripts/previous-release.sh) \
 	    cargo test --workspace
 	scripts/demo-smoke.sh
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh 25

@@ -3,7 +3,10 @@
 # and prints that path.  `scripts/wasm.sh clippy` lints the filter and the core
 # for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
 # microbenchmark's filter (bench/callout, for `make bench`) the same way, in its
-# own target dir, to target/callout.wasm.
+# own target dir, to target/callout.wasm.  `scripts/wasm.sh source DIR OUT`
+# builds the filter of another source tree (an earlier release) to OUT, in the
+# same target dir: std and the dependencies are shared, the tree's own crates
+# are built apart.
 #
 # With rustup's wasm32-wasip1 target installed this is a plain cargo build.
 # Without it, Debian's rustc-web builds std for wasm from rust-web-src
@@ -44,12 +47,19 @@ callout)
     cp "$target_dir/bench-callout/$TARGET/wasm/idemgate_bench_callout.wasm" target/callout.wasm
     echo target/callout.wasm
     ;;
+source)
+    src=${2:?usage: scripts/wasm.sh source DIR OUT} out=${3:?usage: scripts/wasm.sh source DIR OUT}
+    "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
+        -p idemgate-filter --manifest-path "$src/Cargo.toml" --target-dir "$PWD/$target_dir"
+    cp "$target_dir/$TARGET/wasm/idemgate_filter.wasm" "$out"
+    echo "$out"
+    ;;
 clippy)
     "$cargo" clippy "${build_std[@]}" --target "$TARGET" \
         -p idemgate-filter -p idemgate-core --target-dir "$target_dir" -- -D warnings
     ;;
 *)
-    echo "usage: scripts/wasm.sh [build|callout|clippy]" >&2
+    echo "usage: scripts/wasm.sh [build|callout|clippy|source DIR OUT]" >&2
     exit 2
     ;;
 esac

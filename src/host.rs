@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::{StoreAnswer, StoreCall, UpstreamCall};
-use idemgate_core::protocol::FRAME_CONTENT_TYPE;
+use idemgate_core::protocol::{FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER};
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
@@ -137,6 +137,7 @@ pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
         (":authority", store.authority()),
         ("authorization", store.authorization()),
         ("content-type", FRAME_CONTENT_TYPE),
+        (PROTOCOL_HEADER, PROTOCOL_OFFER),
     ];
     let timeout = Duration::from_millis(call.timeout_ms.max(1));
     match hostcalls::dispatch_http_call(store.cluster(), headers, Some(&call.body), vec![], timeout) {

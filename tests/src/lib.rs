@@ -33,7 +33,7 @@ pub use upstream::{Execution, ExecutionLog, Upstream};
 pub const API_TOKEN: &str = "e2e-api-token";
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 
-fn env_path(name: &str, fallback: &str) -> PathBuf {
+pub fn env_path(name: &str, fallback: &str) -> PathBuf {
     std::env::var_os(name)
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(fallback))

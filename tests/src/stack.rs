@@ -41,6 +41,10 @@ pub struct Options {
     /// Where the bootstrap's upstream (port 8080) points instead of the
     /// in-process [`Upstream`], e.g. the demo's payments service.
     pub upstream_port: Option<u16>,
+    /// The filter module and the store binary, when not this build's (an
+    /// earlier release's, for the mixed-version tests).
+    pub wasm: Option<PathBuf>,
+    pub store_bin: Option<PathBuf>,
 }
 
 impl Options {
@@ -56,6 +60,8 @@ impl Options {
             client_timeout: Some(Duration::from_secs(20)),
             envoy_env: Vec::new(),
             upstream_port: None,
+            wasm: None,
+            store_bin: None,
         }
     }
 }
@@ -70,6 +76,11 @@ pub struct Ports {
 /// A bootstrap from the repository with its listener, admin and upstream
 /// ports and its wasm path rewritten for this test.
 pub fn bootstrap(file: &str, ports: &Ports) -> String {
+    bootstrap_with(file, ports, &crate::wasm_path())
+}
+
+/// [`bootstrap`] loading the filter from `wasm`.
+pub fn bootstrap_with(file: &str, ports: &Ports, wasm: &std::path::Path) -> String {
     std::fs::read_to_string(crate::repo_root().join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"))
         .replace("port_value: 10000", &format!("port_value: {}", ports.listener))
@@ -77,7 +88,7 @@ pub fn bootstrap(file: &str, ports: &Ports) -> String {
         .replace("port_value: 8080", &format!("port_value: {}", ports.upstream))
         .replace(
             "filename: target/idemgate.wasm",
-            &format!("filename: {}", crate::wasm_path().display()),
+            &format!("filename: {}", wasm.display()),
         )
 }
 
@@ -141,7 +152,8 @@ impl Stack {
             admin: free_port(),
             upstream: options.upstream_port.unwrap_or(upstream.addr.port()),
         };
-        let config = bootstrap(options.bootstrap, &ports)
+        let wasm = options.wasm.clone().unwrap_or_else(crate::wasm_path);
+        let config = bootstrap_with(options.bootstrap, &ports, &wasm)
             .replace(STORE_ENDPOINT, &store_endpoints(stores.iter().map(|r| r.port)));
         let config = match options.edit.take() {
             Some(edit) => edit(config),
@@ -187,7 +199,8 @@ impl Stack {
     /// Starts replica `i` on its port (after a kill, on the same database).
     pub fn start_store(&mut self, i: usize) {
         let log = self.next_log(&format!("store{i}"));
-        let bin = env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store");
+        let bin = (self.options.store_bin.clone())
+            .unwrap_or_else(|| env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store"));
         let mut serve = idemgate_testkit::store::serve(
             &bin,
             self.stores[i].port,
@@ -198,6 +211,34 @@ impl Stack {
         );
         let proc = Proc::spawn("store", serve.args(["--pg-pool-size", "8"]), log);
         self.stores[i].proc = Some(proc);
+    }
+
+    /// Every replica replaced by the store binary `bin`, one at a time, on
+    /// the same database and port: an upgrade or a rollback of the store.
+    pub async fn replace_stores(&mut self, bin: PathBuf) {
+        self.options.store_bin = Some(bin);
+        for i in 0..self.stores.len() {
+            self.kill_store(i);
+            self.start_store(i);
+            self.wait_store(i).await;
+        }
+    }
+
+    /// Envoy restarted with the filter module `wasm`: an upgrade or a
+    /// rollback of the sidecars.
+    pub async fn replace_filter(&mut self, wasm: PathBuf) {
+        let old = self.options.wasm.clone().unwrap_or_else(crate::wasm_path);
+        let config = std::fs::read_to_string(&self.config_path)
+            .unwrap_or_else(|e| panic!("read envoy config: {e}"))
+            .replace(
+                &format!("filename: {}", old.display()),
+                &format!("filename: {}", wasm.display()),
+            );
+        std::fs::write(&self.config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        self.options.wasm = Some(wasm);
+        self.kill_envoy();
+        self.start_envoy();
+        self.wait_envoy().await;
     }
 
     /// SIGKILL, no goodbye.

@@ -15,6 +15,14 @@
 //! back to back, in the same order. Each call is decided on its own, exactly
 //! as if it had been sent alone; a refusal of one is its own result, never
 //! its neighbours'.
+//!
+//! **Versions.** The filter says in `Idemgate-Protocol` which versions it
+//! speaks; the store answers in the highest one both speak and names it in
+//! the same header. A peer that sends no header speaks version 1. Within a
+//! version, a peer ignores fields it does not know, so a field whose absence
+//! keeps the old meaning is added without a new version; a new outcome, a
+//! new scope component or a field that must be understood needs one. A
+//! scope stays strict: a component the store ignored would merge records.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,9 +38,59 @@ pub const ABANDON_PATH: &str = "/v1/abandon";
 pub const BATCH_PATH: &str = "/v1/batch";
 pub const FRAME_CONTENT_TYPE: &str = "application/vnd.idemgate.frame";
 
+/// The header in which a peer lists the protocol versions it speaks (a
+/// request) or names the one it answers in (a reply).
+pub const PROTOCOL_HEADER: &str = "idemgate-protocol";
+
+/// The protocol versions this build speaks, oldest first.
+pub const PROTOCOL_VERSIONS: &[u16] = &[1];
+
+/// What this build offers in [`PROTOCOL_HEADER`]: every version it speaks.
+pub const PROTOCOL_OFFER: &str = "1";
+
+/// The highest version both this build (`supported`) and the peer speak,
+/// from the peer's [`PROTOCOL_HEADER`] (`None`: the peer predates the
+/// header and speaks version 1). `Err` names what each side speaks.
+pub fn negotiate(offered: Option<&str>, supported: &[u16]) -> Result<u16, String> {
+    let Some(offered) = offered else {
+        return supported.contains(&1).then_some(1).ok_or_else(|| {
+            format!(
+                "the caller sent no {PROTOCOL_HEADER} (version 1); this store speaks {}",
+                list(supported)
+            )
+        });
+    };
+    let mut theirs = Vec::new();
+    for item in offered.split(',').map(str::trim) {
+        match item.parse::<u16>() {
+            Ok(v) if v > 0 => theirs.push(v),
+            _ => {
+                return Err(format!(
+                    "{PROTOCOL_HEADER} must list versions as positive integers, got {offered:?}"
+                ))
+            }
+        }
+    }
+    theirs
+        .iter()
+        .filter(|v| supported.contains(v))
+        .max()
+        .copied()
+        .ok_or_else(|| {
+            format!(
+                "the caller speaks protocol {}; this store speaks {}",
+                list(&theirs),
+                list(supported)
+            )
+        })
+}
+
+fn list(versions: &[u16]) -> String {
+    versions.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+}
+
 /// Ask to own a key. The store answers with a [`ClaimReply`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     pub scope: Scope,
     /// `None` when the policy's fingerprint mode is `none`.
@@ -94,7 +152,6 @@ impl From<Attempt> for String {
 /// lost, the store timed out, the client left): release the record if it is
 /// still open under this attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AbandonRequest {
     pub scope: Scope,
     pub attempt: Attempt,
@@ -103,7 +160,7 @@ pub struct AbandonRequest {
 /// The store's verdict on a claim. Checked in this order: fingerprint
 /// mismatch first (422 before 409), then state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ClaimReply {
     /// The caller owns the key and must complete, release or mark it unknown
     /// with this fencing token.
@@ -128,7 +185,6 @@ pub enum ClaimReply {
 
 /// Store the upstream's response; the frame's bytes are its body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     pub scope: Scope,
     pub fence: u64,
@@ -142,7 +198,6 @@ pub struct CompleteRequest {
 /// Give the key back (the upstream refused before acting), or declare that
 /// nobody knows what happened (`mark-unknown`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct FenceRequest {
     pub scope: Scope,
     pub fence: u64,
@@ -150,7 +205,7 @@ pub struct FenceRequest {
 
 /// Answer to complete, release, mark-unknown and abandon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum FenceReply {
     Done,
     /// The fencing token was superseded (or the record is gone): nothing changed.
@@ -178,7 +233,6 @@ impl std::error::Error for FrameError {}
 
 /// The calls of a batch, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Batch {
     pub calls: Vec<BatchCall>,
 }
@@ -186,7 +240,6 @@ pub struct Batch {
 /// One call of a batch: where it would have been sent alone, and the length
 /// of its frame in the batch's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BatchCall {
     pub path: String,
     pub len: usize,
@@ -194,7 +247,6 @@ pub struct BatchCall {
 
 /// The answers of a batch, in the order of its calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BatchReply {
     pub results: Vec<BatchResult>,
 }
@@ -202,7 +254,6 @@ pub struct BatchReply {
 /// One call's answer: the status it would have had alone, and the length of
 /// its reply in the batch reply's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BatchResult {
     pub status: u16,
     pub len: usize,
@@ -466,7 +517,6 @@ mod tests {
     bad_claim!(a_claim_with_an_invalid_key_is_rejected, {"scope": {"version": "v1", "tenant": "t", "principal": "p", "route": "r", "namespace": "u", "key": ""}});
     bad_claim!(a_claim_with_an_upper_case_fingerprint_is_rejected, {"fingerprint": "AB".repeat(32)});
     bad_claim!(a_claim_with_a_short_fingerprint_is_rejected, {"fingerprint": "ab"});
-    bad_claim!(a_claim_with_an_unknown_field_is_rejected, {"priority": 1});
     bad_claim!(a_claim_with_an_unknown_policy_value_is_rejected, {"after_expiry": "maybe"});
     bad_claim!(a_claim_with_an_empty_attempt_is_rejected, {"attempt": ""});
     bad_claim!(a_claim_with_a_long_attempt_is_rejected, {"attempt": "a".repeat(65)});
@@ -495,10 +545,36 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_reply_with_unknown_members_in_a_struct_variant_is_rejected() {
-        // serde ignores `deny_unknown_fields` for unit variants of an
-        // internally tagged enum, so `{"outcome":"mismatch","x":1}` is accepted.
-        assert!(serde_json::from_str::<ClaimReply>(r#"{"outcome":"owned","fence":1,"x":1}"#).is_err());
+    fn fields_a_peer_does_not_know_are_ignored_but_outcomes_and_scopes_stay_strict() {
+        let claim: ClaimRequest = serde_json::from_value(claim_json(json!({"priority": 1}))).unwrap();
+        assert_eq!(claim.lease_ms, 1);
+        assert_eq!(
+            serde_json::from_str::<ClaimReply>(r#"{"outcome":"owned","fence":1,"x":1}"#).unwrap(),
+            ClaimReply::Owned { fence: 1 }
+        );
+        assert!(serde_json::from_str::<ClaimReply>(r#"{"outcome":"deferred"}"#).is_err());
+        let mut scope = scope_json();
+        scope["region"] = json!("eu");
+        assert!(serde_json::from_value::<ClaimRequest>(claim_json(json!({"scope": scope}))).is_err());
+    }
+
+    #[test]
+    fn the_highest_common_version_is_chosen_and_no_header_means_version_1() {
+        assert_eq!(negotiate(None, PROTOCOL_VERSIONS), Ok(1));
+        assert_eq!(negotiate(Some(PROTOCOL_OFFER), PROTOCOL_VERSIONS), Ok(1));
+        assert_eq!(negotiate(Some("1, 2, 3"), &[1, 2]), Ok(2));
+        assert_eq!(negotiate(Some("2,1"), &[1, 2, 3]), Ok(2));
+        let err = negotiate(Some("3"), &[1, 2]).unwrap_err();
+        assert!(err.contains("speaks protocol 3") && err.contains("1, 2"), "{err}");
+        assert!(negotiate(None, &[2]).is_err());
+        for bad in ["", "v1", "0", "1;q=1", "-1"] {
+            assert!(negotiate(Some(bad), PROTOCOL_VERSIONS).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_offer_lists_every_version_spoken() {
+        assert_eq!(PROTOCOL_OFFER, list(PROTOCOL_VERSIONS).replace(' ', ""));
     }
 
     #[test]

@@ -6,15 +6,17 @@
 //! `store-unavailable` without internal detail.
 
 use axum::body::{Body, Bytes};
+use axum::extract::Request;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::ProblemKind;
 use idemgate_core::protocol::{
-    decode_frame, encode_batch_reply, encode_frame, split_batch, AbandonRequest, Batch, ClaimRequest,
-    CompleteRequest, FenceReply, FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, FRAME_CONTENT_TYPE,
-    MARK_UNKNOWN_PATH, MAX_BATCH, RELEASE_PATH,
+    decode_frame, encode_batch_reply, encode_frame, negotiate, split_batch, AbandonRequest, Batch,
+    ClaimRequest, CompleteRequest, FenceReply, FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH,
+    FRAME_CONTENT_TYPE, MARK_UNKNOWN_PATH, MAX_BATCH, PROTOCOL_HEADER, PROTOCOL_VERSIONS, RELEASE_PATH,
 };
 use serde::de::DeserializeOwned;
 
@@ -238,6 +240,22 @@ pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response
         })
         .collect();
     Ok(([(CONTENT_TYPE, FRAME_CONTENT_TYPE)], encode_batch_reply(&results)).into_response())
+}
+
+/// Answers a `/v1` call in the highest protocol version both sides speak
+/// and names it; a caller sharing none with this store is refused before
+/// its call is read.
+pub async fn speak_protocol(req: Request, next: Next) -> Result<Response, Refusal> {
+    let offered = match req.headers().get(PROTOCOL_HEADER).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(_)) => return Err(Refusal::bad_request(format!("{PROTOCOL_HEADER} is not ASCII"))),
+    };
+    let version = negotiate(offered, PROTOCOL_VERSIONS).map_err(Refusal::bad_request)?;
+    let mut resp = next.run(req).await;
+    resp.headers_mut()
+        .insert(PROTOCOL_HEADER, HeaderValue::from(version));
+    Ok(resp)
 }
 
 pub async fn healthz() -> &'static str {

@@ -182,6 +182,7 @@ pub fn surface(state: AppState, surface: Surface) -> Router {
         .route(MARK_UNKNOWN_PATH, post(api::single))
         .route(ABANDON_PATH, post(api::single))
         .route(BATCH_PATH, post(api::batch))
+        .route_layer(axum::middleware::from_fn(api::speak_protocol))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_api,

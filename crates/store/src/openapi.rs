@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use crate::admin;
 use crate::console::paths as console;
 use idemgate_core::protocol::{
-    ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, PROTOCOL_HEADER, PROTOCOL_OFFER,
+    RELEASE_PATH,
 };
 
 fn frame_body(what: &str) -> Value {
@@ -41,6 +42,10 @@ fn api_op(summary: &str, meta: &str, ok: Value) -> Value {
     json!({ "post": {
         "summary": summary,
         "security": [{ "api": [] }],
+        "parameters": [{
+            "name": PROTOCOL_HEADER, "in": "header", "required": false, "schema": { "type": "string", "example": PROTOCOL_OFFER },
+            "description": "The protocol versions the caller speaks, comma-separated; absent means 1. The reply's header of the same name says which one it is in; a caller sharing none gets 400.",
+        }],
         "requestBody": frame_body(meta),
         "responses": merge(ok, problems(&["400", "401", "403", "413", "503"])),
     }})

@@ -61,7 +61,21 @@ impl Resp {
 
 impl Harness {
     async fn send(&self, method: &str, path: &str, token: Option<&str>, body: Vec<u8>) -> Resp {
+        self.send_with(method, path, token, &[], body).await
+    }
+
+    async fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Resp {
         let mut req = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
@@ -109,6 +123,62 @@ async fn the_api_needs_its_own_bearer_credential() {
         .assert_problem(403, "forbidden");
     let r = h.send("POST", "/v1/claim", Some(API), body).await;
     assert_eq!(r.status, 200);
+}
+
+/// Mixed versions during an upgrade: a filter that sends no protocol header
+/// speaks version 1; the store answers in the highest common version and
+/// says which, ignores fields it does not know, and refuses a caller it
+/// shares no version with before reading its call.
+#[tokio::test]
+async fn the_store_answers_in_the_highest_common_protocol_version() {
+    let h = harness().await;
+    for (i, offer) in [None, Some("1"), Some("1, 9")].into_iter().enumerate() {
+        let mut claim = claim_json("acme", &format!("proto{i}"));
+        claim["a_field_of_a_later_version"] = serde_json::json!({"x": 1});
+        let headers: Vec<(&str, &str)> = offer.map(|o| ("idemgate-protocol", o)).into_iter().collect();
+        let r = h
+            .send_with("POST", "/v1/claim", Some(API), &headers, frame(&claim, b""))
+            .await;
+        assert_eq!(r.status, 200, "{offer:?}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.headers["idemgate-protocol"], "1", "{offer:?}");
+        assert!(matches!(
+            decode_frame::<ClaimReply>(&r.body).unwrap().0,
+            ClaimReply::Owned { .. }
+        ));
+    }
+    for (offer, says) in [
+        ("9", "this store speaks 1"),
+        ("2, 3", "this store speaks 1"),
+        ("one", "positive integers"),
+        ("", "positive integers"),
+    ] {
+        let body = frame(&claim_json("acme", "proto-refused"), b"");
+        let r = h
+            .send_with(
+                "POST",
+                "/v1/claim",
+                Some(API),
+                &[("idemgate-protocol", offer)],
+                body,
+            )
+            .await;
+        r.assert_problem(400, "bad-request");
+        let detail = r.json()["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains(says), "{offer:?}: {detail}");
+    }
+    // Refused before the call was read: the key is still free.
+    let r = h
+        .send(
+            "POST",
+            "/v1/claim",
+            Some(API),
+            frame(&claim_json("acme", "proto-refused"), b""),
+        )
+        .await;
+    assert!(matches!(
+        decode_frame::<ClaimReply>(&r.body).unwrap().0,
+        ClaimReply::Owned { .. }
+    ));
 }
 
 /// A rotation without outage: while filters move from the old API token to
@@ -282,7 +352,9 @@ async fn bad_input_is_a_400_and_never_reaches_the_database() {
     mutate("missing lease", &|v| {
         v.as_object_mut().unwrap().remove("lease_ms");
     });
-    mutate("unknown field", &|v| v["surprise"] = 1.into());
+    mutate("unknown field in the scope", &|v| {
+        v["scope"]["region"] = "eu".into()
+    });
     mutate("control character in tenant", &|v| {
         v["scope"]["tenant"] = "ac\u{1}me".into()
     });

@@ -186,7 +186,10 @@ async fn a_version_2_database_migrates_in_place_on_postgres() {
 async fn a_newer_schema_is_refused(url: &str, mark_newer: &str) {
     migrated(url).await;
     match url.strip_prefix("sqlite://") {
-        Some(path) => rusqlite::Connection::open(path).unwrap().execute_batch(mark_newer).unwrap(),
+        Some(path) => rusqlite::Connection::open(path)
+            .unwrap()
+            .execute_batch(mark_newer)
+            .unwrap(),
         None => {
             let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
             let task = tokio::spawn(conn);
@@ -197,7 +200,10 @@ async fn a_newer_schema_is_refused(url: &str, mark_newer: &str) {
     }
     let b = open_backend(url, &BackendOptions::default()).await.unwrap();
     let err = b.migrate().await.unwrap_err().to_string();
-    assert!(err.contains("schema is at version 999, newer than this store's"), "{err}");
+    assert!(
+        err.contains("schema is at version 999, newer than this store's"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

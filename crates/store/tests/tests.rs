@@ -8,5 +8,5 @@ mod crash;
 mod http;
 mod migration;
 mod stories;
-mod tls;
 mod support;
+mod tls;

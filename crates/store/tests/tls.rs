@@ -11,7 +11,8 @@ use crate::support::*;
 
 /// Plaintext is refused by the server itself, so a store that connects at
 /// all has connected over TLS.
-const HBA: &[u8] = b"local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n";
+const HBA: &[u8] =
+    b"local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n";
 
 struct Pki {
     dir: tempfile::TempDir,
@@ -71,7 +72,10 @@ fn migrate(url: &str) -> (bool, String) {
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +106,17 @@ async fn the_store_reaches_postgresql_over_verified_tls_only() {
     assert!(ok, "{err}");
     let store = StoreProcess::start(&url).await;
     let s = scope("k-over-tls");
-    let r = request(&client(), "POST", &store.url("/v1/claim"), Some(API), encode_frame(&claim(&s, Some(1)), b"")).await;
+    let r = request(
+        &client(),
+        "POST",
+        &store.url("/v1/claim"),
+        Some(API),
+        encode_frame(&claim(&s, Some(1)), b""),
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    assert!(matches!(decode_frame::<ClaimReply>(&r.body).unwrap().0, ClaimReply::Owned { .. }));
+    assert!(matches!(
+        decode_frame::<ClaimReply>(&r.body).unwrap().0,
+        ClaimReply::Owned { .. }
+    ));
 }

@@ -94,7 +94,12 @@ impl PgCluster {
             std::fs::write(&file, contents).unwrap();
             std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
             if as_root {
-                let ok = Command::new("chown").arg("postgres").arg(&file).status().unwrap().success();
+                let ok = Command::new("chown")
+                    .arg("postgres")
+                    .arg(&file)
+                    .status()
+                    .unwrap()
+                    .success();
                 assert!(ok, "cannot chown {name} to the postgres user");
             }
         }

@@ -18,6 +18,13 @@ use crate::key::KeyRules;
 mod matching;
 mod raw;
 
+/// The JSON Schema (draft 2020-12) of the plugin configuration, generated
+/// from the types it is read into; published as `docs/config.schema.json`.
+#[cfg(feature = "schema")]
+pub fn json_schema() -> serde_json::Value {
+    raw::json_schema()
+}
+
 pub use matching::{Matcher, PathMatch};
 
 pub const DEFAULT_DOC_BASE: &str = "https://idemgate.dev/problems/";
@@ -225,6 +232,7 @@ pub enum Identity {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Source {
     /// A request header set by a trusted earlier filter (lower-case name).
@@ -234,6 +242,7 @@ pub enum Source {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InFlight {
     Conflict,
@@ -244,6 +253,7 @@ pub enum InFlight {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AfterExpiry {
     #[default]
@@ -252,6 +262,7 @@ pub enum AfterExpiry {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OnUnknown {
     #[default]
@@ -260,6 +271,7 @@ pub enum OnUnknown {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureMode {
     #[default]
@@ -268,6 +280,7 @@ pub enum FailureMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     #[default]
@@ -277,6 +290,7 @@ pub enum Mode {
 
 /// When the client gets the response of a request that owned its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Settle {
     /// Once the store has recorded the outcome: a retry after the answer

@@ -10,6 +10,7 @@ use crate::key::KeyRules;
 use crate::limits;
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     store: RawStore,
@@ -19,6 +20,7 @@ struct RawConfig {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawStore {
     cluster: String,
@@ -36,6 +38,7 @@ struct RawStore {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawMatch {
     #[serde(default)]
@@ -48,6 +51,7 @@ struct RawMatch {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawFingerprint {
     #[serde(default)]
@@ -59,6 +63,7 @@ struct RawFingerprint {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
     name: String,
@@ -85,6 +90,7 @@ struct RawPolicy {
     #[serde(default)]
     lease_seconds: Option<u64>,
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["conflict", "wait", null])))]
     in_flight: Option<String>,
     #[serde(default)]
     wait_max_ms: Option<u64>,
@@ -113,8 +119,10 @@ struct RawPolicy {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawForwarding {
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["streaming", "detached"])))]
     mode: String,
     #[serde(default)]
     cluster: Option<String>,
@@ -449,6 +457,18 @@ impl RawPolicy {
             settle: self.settle.unwrap_or_default(),
         })
     }
+}
+
+/// The JSON Schema of what [`parse`] reads. It says what may be written;
+/// the rules across fields (a lease shorter than the TTL, say) are
+/// [`parse`]'s.
+#[cfg(feature = "schema")]
+pub(super) fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(RawConfig).to_value();
+    if let Some(root) = schema.as_object_mut() {
+        root.insert("title".into(), "idemgate plugin configuration".into());
+    }
+    schema
 }
 
 /// Parses and validates the plugin configuration; `env` reads Envoy's VM

@@ -200,7 +200,10 @@ impl Backend for Postgres {
             .await
             .map_err(unavailable)?
             .get(0);
-        crate::backend::known_schema(applied.map(i64::from), MIGRATIONS.last().map(|(v, _)| i64::from(*v)))?;
+        crate::backend::known_schema(
+            applied.map(i64::from),
+            MIGRATIONS.last().map(|(v, _)| i64::from(*v)),
+        )?;
         for (version, sql) in MIGRATIONS {
             let done = tx
                 .query_opt(

@@ -157,7 +157,10 @@ mod tests {
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "").unwrap();
         for path in [dir.path().join("absent.pem"), empty] {
-            let url = format!("postgres://h/db?sslmode=verify-full&sslrootcert={}", path.display());
+            let url = format!(
+                "postgres://h/db?sslmode=verify-full&sslrootcert={}",
+                path.display()
+            );
             assert!(matches!(target(&url), Err(StoreError::Config(_))), "{url}");
         }
     }

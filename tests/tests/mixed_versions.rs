@@ -1,0 +1,131 @@
+//! Upgrades one piece at a time, through real Envoy: the previous release's
+//! filter and store (built from history by scripts/previous-release.sh,
+//! found through `IDEMGATE_PREVIOUS`) next to this build's, in both mixed
+//! pairs, on the same database.
+
+// Test support: failing loudly is how a test reports.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use e2e::stack::{Database, Options, Stack};
+use e2e::{env_path, fresh_key, send, wasm_path};
+
+/// The previous release's filter module and store binary.
+fn previous() -> (PathBuf, PathBuf) {
+    let dir = std::env::var("IDEMGATE_PREVIOUS").unwrap_or_else(|_| {
+        panic!("IDEMGATE_PREVIOUS is not set: run scripts/previous-release.sh and point it at the directory it prints (make test does)")
+    });
+    let dir = PathBuf::from(dir);
+    let (wasm, store) = (dir.join("idemgate.wasm"), dir.join("idempotency-store"));
+    assert!(
+        wasm.exists() && store.exists(),
+        "{} lacks idemgate.wasm or idempotency-store",
+        dir.display()
+    );
+    (wasm, store)
+}
+
+fn current_store() -> PathBuf {
+    env_path("IDEMGATE_STORE_BIN", "target/debug/idempotency-store")
+}
+
+/// What a client sees from one key: executed once with its first request,
+/// replayed with the same body, refused with another; on a streaming and
+/// on a detached route. Returns the keys, for later replays.
+async fn exercise(stack: &Stack, label: &str) -> Vec<(&'static str, String, String)> {
+    let mut made = Vec::new();
+    for path in ["/pay", "/detached/pay"] {
+        let key = fresh_key(label);
+        let body = format!(r#"{{"amount": 100, "label": "{label}"}}"#);
+        let first = send(stack.post(path, Some(&key), &body)).await;
+        assert_eq!(first.status, 201, "{label} {path}: {first:?}");
+        let replay = send(stack.post(path, Some(&key), &body)).await;
+        assert_eq!(replay.status, 201, "{label} {path}: {replay:?}");
+        assert_eq!(
+            replay.header("idempotent-replayed"),
+            Some("true"),
+            "{label} {path}"
+        );
+        assert_eq!(replay.body, first.body, "{label} {path}");
+        let other = send(stack.post(path, Some(&key), r#"{"amount": 999}"#)).await;
+        assert_eq!(
+            other.problem().as_deref(),
+            Some("key-reused"),
+            "{label} {path}: {other:?}"
+        );
+        assert_eq!(stack.upstream.executions(&key), 1, "{label} {path}");
+        made.push((path, key, body));
+    }
+    // Many new keys at once: the filter batches its store calls.
+    let keys: Vec<String> = (0..24).map(|i| fresh_key(&format!("{label}-burst{i}"))).collect();
+    let burst: Vec<_> = keys
+        .iter()
+        .map(|k| tokio::spawn(send(stack.post("/pay", Some(k), "{}"))))
+        .collect();
+    for (k, answer) in keys.iter().zip(burst) {
+        let a = answer.await.unwrap();
+        assert_eq!(a.status, 201, "{label} burst {k}: {a:?}");
+        assert_eq!(stack.upstream.executions(k), 1, "{label} burst {k}");
+    }
+    made
+}
+
+/// Keys made earlier replay, whoever made them.
+async fn replays(stack: &Stack, label: &str, keys: &[(&'static str, String, String)]) {
+    for (path, key, body) in keys {
+        let again = send(stack.post(path, Some(key), body)).await;
+        assert_eq!(again.status, 201, "{label} {path}: {again:?}");
+        assert_eq!(
+            again.header("idempotent-replayed"),
+            Some("true"),
+            "{label} {path}"
+        );
+        assert_eq!(stack.upstream.executions(key), 1, "{label} {path}");
+    }
+}
+
+/// The documented order: the store first (the old filters keep working
+/// against it, on the migrated database), then the filters; a filter rolled
+/// back still replays what the new one recorded.
+async fn upgrade_in_order(database: Database) {
+    let (old_wasm, old_store) = previous();
+    let mut options = Options::new("envoy/e2e.yaml", database, 1);
+    options.wasm = Some(old_wasm.clone());
+    options.store_bin = Some(old_store);
+    let mut stack = Stack::start(options).await;
+    let mut keys = exercise(&stack, "old-old").await;
+
+    stack.replace_stores(current_store()).await;
+    replays(&stack, "old filter, new store", &keys).await;
+    keys.extend(exercise(&stack, "old-new").await);
+
+    stack.replace_filter(wasm_path()).await;
+    replays(&stack, "new filter, new store", &keys).await;
+    keys.extend(exercise(&stack, "new-new").await);
+
+    stack.replace_filter(old_wasm).await;
+    replays(&stack, "filter rolled back", &keys).await;
+    exercise(&stack, "rolled-back").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_then_the_filters_upgrade_without_an_outage_on_sqlite() {
+    upgrade_in_order(Database::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_then_the_filters_upgrade_without_an_outage_on_postgresql() {
+    upgrade_in_order(Database::Postgres).await;
+}
+
+/// The other mixed pair: a sidecar upgraded before the store.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_filter_works_against_the_previous_store() {
+    let (_, old_store) = previous();
+    let mut options = Options::new("envoy/e2e.yaml", Database::Sqlite, 1);
+    options.store_bin = Some(old_store);
+    let stack = Stack::start(options).await;
+    let keys = exercise(&stack, "new-old").await;
+    replays(&stack, "new filter, old store", &keys).await;
+}
