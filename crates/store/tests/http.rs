@@ -418,6 +418,17 @@ async fn health_readiness_and_metrics_are_served() {
         "idemgate_store_claim_duration_seconds_bucket",
         "idemgate_store_oldest_in_progress_age_seconds",
         "idemgate_store_sweeper_runs_total",
+        "idemgate_store_sweeper_errors_total 0",
+        "idemgate_store_sweeper_last_success_timestamp_seconds",
+        "idemgate_store_build_info{version=\"0.1.0\",backend=\"sqlite\"} 1",
+        "idemgate_store_call_errors_total{call=\"complete\"} 0",
+        "idemgate_store_call_errors_total{call=\"release\"} 0",
+        "idemgate_store_claims_total{outcome=\"mismatch\"} 0",
+        "idemgate_store_pool_connections 4",
+        "idemgate_store_pool_max_connections 4",
+        "idemgate_store_pool_available_connections",
+        "idemgate_store_pool_waiting 0",
+        "idemgate_store_sqlite_writer_queue 0",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }

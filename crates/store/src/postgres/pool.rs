@@ -61,6 +61,10 @@ impl Connections {
         Ok(Connections { pool })
     }
 
+    pub(super) fn status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
+    }
+
     pub(super) async fn client(&self) -> Result<Client> {
         self.pool.get().await.map_err(unavailable)
     }
