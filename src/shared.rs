@@ -42,8 +42,8 @@ pub struct Shared {
 impl Shared {
     pub fn new(config: Rc<Config>) -> Shared {
         Shared {
-            config,
             metrics: Metrics::define(&config),
+            config,
             client: RefCell::default(),
             outbox: RefCell::default(),
             carriers: RefCell::default(),

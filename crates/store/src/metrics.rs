@@ -124,14 +124,15 @@ impl Metrics {
         let pool_available_connections = Gauge::default();
         let pool_waiting = Gauge::default();
         let writer_queue = Gauge::default();
+        // Each series created at 0.
         for outcome in CLAIM_OUTCOMES {
-            claims.get_or_create(&OutcomeLabel { outcome });
+            claims.get_or_create(&OutcomeLabel { outcome }).inc_by(0);
         }
         for call in CALLS {
-            call_errors.get_or_create(&CallLabel { call });
+            call_errors.get_or_create(&CallLabel { call }).inc_by(0);
         }
         for action in SWEEP_ACTIONS {
-            sweeper_rows.get_or_create(&ActionLabel { action });
+            sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(0);
         }
         registry.register(
             "build_info",
