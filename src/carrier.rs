@@ -181,7 +181,9 @@ impl Carrier {
             self.exchange.settlement()
         };
         let ex = &self.exchange;
-        self.shared.metrics.count(ex.policy_name(), ex.handling(), settlement);
+        self.shared
+            .metrics
+            .count(ex.policy_name(), ex.handling(), settlement);
         false
     }
 

@@ -108,7 +108,11 @@ impl Outbox {
     /// of the frame) ends a letter and is returned with what it settles; no
     /// answer or an unavailable store means sending it again (unless it was
     /// the last try). `None` if the callout is not ours.
-    pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<Vec<(Settlement, String, StoreAnswer)>> {
+    pub fn answered(
+        &mut self,
+        token: u32,
+        answer: StoreAnswer,
+    ) -> Option<Vec<(Settlement, String, StoreAnswer)>> {
         let letters = self.in_flight.remove(&token)?;
         if letters.len() > 1 && batches_unknown(&answer) {
             self.alone_only = true;

@@ -337,9 +337,10 @@ impl Stack {
     pub async fn counter(&self, name: &str) -> u64 {
         let text = self.admin_text("/stats/prometheus").await;
         let (metric, outcome) = match name.split_once('_') {
-            Some((family @ ("requests" | "records"), outcome)) => {
-                (format!("idemgate_{family}"), Some(format!("outcome=\"{outcome}\"")))
-            }
+            Some((family @ ("requests" | "records"), outcome)) => (
+                format!("idemgate_{family}"),
+                Some(format!("outcome=\"{outcome}\"")),
+            ),
             _ => (format!("idemgate_{name}"), None),
         };
         text.lines()

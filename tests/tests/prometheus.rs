@@ -194,7 +194,9 @@ fn dashboard_expressions() -> Vec<String> {
     let mut out = Vec::new();
     collect_exprs(&dashboard["panels"], &mut out);
     for var in dashboard["templating"]["list"].as_array().into_iter().flatten() {
-        let Some(q) = var["definition"].as_str() else { continue };
+        let Some(q) = var["definition"].as_str() else {
+            continue;
+        };
         let inner = q
             .strip_prefix("label_values(")
             .and_then(|r| r.strip_suffix(')'))
@@ -250,7 +252,12 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
     let reused = send(stack.post("/pay", Some(&key), OTHER)).await;
     assert_eq!(reused.problem().as_deref(), Some("key-reused"), "{reused:?}");
     let reset = fresh_key("prom-reset");
-    let lost = send(stack.post("/pay", Some(&reset), PAYMENT).header("x-test-reset", "1")).await;
+    let lost = send(
+        stack
+            .post("/pay", Some(&reset), PAYMENT)
+            .header("x-test-reset", "1"),
+    )
+    .await;
     assert!(lost.status >= 500, "{lost:?}");
 
     // The filter's counters arrive with their labels.
@@ -276,16 +283,25 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
             .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
             .collect();
         let evaluated = !rules.is_empty()
-            && rules
-                .iter()
-                .all(|r| r["lastEvaluation"].as_str().is_some_and(|t| !t.starts_with("0001")));
+            && rules.iter().all(|r| {
+                r["lastEvaluation"]
+                    .as_str()
+                    .is_some_and(|t| !t.starts_with("0001"))
+            });
         evaluated.then_some(rules)
     })
     .await;
     let mut expressions = Vec::new();
     for rule in &groups {
-        assert_eq!(rule["health"], "ok", "rule {} has {}", rule["name"], rule["lastError"]);
-        expressions.push((format!("alert {}", rule["name"]), signal(rule["query"].as_str().unwrap())));
+        assert_eq!(
+            rule["health"], "ok",
+            "rule {} has {}",
+            rule["name"], rule["lastError"]
+        );
+        expressions.push((
+            format!("alert {}", rule["name"]),
+            signal(rule["query"].as_str().unwrap()),
+        ));
     }
     assert_eq!(expressions.len(), 9, "{expressions:?}");
     for expr in dashboard_expressions() {
@@ -305,12 +321,18 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
     assert!(empty.is_empty(), "no data for:\n{}", empty.join("\n"));
 
     // The unknown outcome fires its alert; the 422 shows in its ratio.
-    eventually("IdemgateUnknownRecords to fire", Duration::from_secs(15), || async {
-        let alerts = prometheus.api("/api/v1/alerts").await;
-        alerts["alerts"].as_array().into_iter().flatten().any(|a| {
-            a["labels"]["alertname"] == "IdemgateUnknownRecords" && a["state"] == "firing"
-        })
-    })
+    eventually(
+        "IdemgateUnknownRecords to fire",
+        Duration::from_secs(15),
+        || async {
+            let alerts = prometheus.api("/api/v1/alerts").await;
+            alerts["alerts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a["labels"]["alertname"] == "IdemgateUnknownRecords" && a["state"] == "firing")
+        },
+    )
     .await;
     let ratio = prometheus
         .value(&format!(
@@ -330,7 +352,10 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
 
 #[test]
 fn an_alerts_signal_is_its_expression_without_the_threshold() {
-    assert_eq!(signal("sum(rate(x[5m])) / sum(rate(y[5m])) > 0.05"), "sum(rate(x[5m])) / sum(rate(y[5m]))");
+    assert_eq!(
+        signal("sum(rate(x[5m])) / sum(rate(y[5m])) > 0.05"),
+        "sum(rate(x[5m])) / sum(rate(y[5m]))"
+    );
     assert_eq!(signal("time() - max(t) > 120"), "time() - max(t)");
     assert_eq!(signal("max(a) > b"), "max(a) > b");
 }
