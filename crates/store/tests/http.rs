@@ -435,6 +435,33 @@ async fn health_readiness_and_metrics_are_served() {
     assert!(!text.contains("m1"), "raw keys never appear in metrics");
 }
 
+/// A gauge's value in the metrics text.
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
+
+#[tokio::test]
+async fn a_sweeper_pass_sets_the_time_of_the_last_success() {
+    let h = harness().await;
+    let metrics = || async {
+        let m = h.send("GET", "/metrics", None, vec![]).await;
+        String::from_utf8(m.body).unwrap()
+    };
+    let name = "idemgate_store_sweeper_last_success_timestamp_seconds";
+    assert_eq!(gauge(&metrics().await, name), 0.0);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let sweep = h.send("POST", "/admin/v1/sweep", Some(ADMIN), vec![]).await;
+    assert_eq!(sweep.status, 200);
+    let text = metrics().await;
+    assert!(gauge(&text, name) >= before.floor(), "{text}");
+    assert_eq!(gauge(&text, "idemgate_store_sweeper_errors_total"), 0.0);
+}
+
 #[tokio::test]
 async fn the_openapi_document_describes_exactly_the_routes() {
     let h = harness().await;
