@@ -6,7 +6,8 @@
 #                            Node.js with the e2e Express app's packages, the
 #                            Python SDKs the e2e tests drive (tests/sdks),
 #                            Chromium and chromedriver for the console's test,
-#                            docker-registry, skopeo and jq for the OCI image test
+#                            docker-registry, skopeo and jq for the OCI image test,
+#                            Prometheus and promtool for the monitoring test
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -101,7 +102,13 @@ need_debs "docker-registry and skopeo (the OCI image round trip)" docker-registr
 command -v jq >/dev/null || need_debs "jq" jq
 python3 -c 'import yaml' 2>/dev/null || need_debs "PyYAML" python3-yaml
 
-# (h) wrk, for benchmarks only.
+# (h) Prometheus and promtool: the alert rules' unit tests and the test that
+# scrapes a running stack (tests/tests/prometheus.rs). Debian's package
+# enables a prometheus service; setup only needs the binaries.
+command -v promtool >/dev/null && [[ -x /usr/bin/prometheus ]] ||
+    need_debs "Prometheus and promtool (the monitoring test)" prometheus
+
+# (i) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi

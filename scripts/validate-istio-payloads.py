@@ -9,7 +9,8 @@ bootstrap (the EXTENSION_CONFIG one in place of its config_discovery reference,
 which is what ECDS hands the sidecar). For wasmplugin.yaml, the Wasm filter
 Istio generates from it (its name, root_id, pluginConfig as a StringValue, the
 remote data source with cluster "_" and the sha256) is built the way Istio
-builds it. `envoy --mode validate` must accept each bootstrap.
+builds it. For stats.yaml, each BOOTSTRAP patch is merged into a bootstrap
+that runs the filter. `envoy --mode validate` must accept each bootstrap.
 """
 import json
 import os
@@ -97,17 +98,33 @@ def payloads():
     return out
 
 
+def bootstrap_patches(filters):
+    """(what, bootstrap) for each BOOTSTRAP merge patch, applied to a bootstrap with `filters`."""
+    out = []
+    for doc in docs("stats.yaml"):
+        if doc.get("kind") != "EnvoyFilter":
+            continue
+        for patch in doc["spec"]["configPatches"]:
+            if patch["applyTo"] == "BOOTSTRAP":
+                b = bootstrap(filters)
+                b.update(patch["patch"]["value"])
+                out.append((f"stats.yaml {doc['metadata']['name']} (bootstrap)", b))
+    return out
+
+
 def main():
     envoy = sys.argv[1]
     found = payloads()
     if len(found) < 3:
         sys.exit(f"validate-istio-payloads: expected at least 3 payloads, found {len(found)}")
+    boots = [(what, bootstrap([value])) for what, value in found]
+    boots += bootstrap_patches([found[0][1]])
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (what, value) in enumerate(found):
+        for i, (what, config) in enumerate(boots):
             path = os.path.join(tmp, f"{i}.json")
             with open(path, "w") as f:
-                json.dump(bootstrap([value]), f)
+                json.dump(config, f)
             r = subprocess.run([envoy, "--mode", "validate", "--log-level", "warn", "-c", path],
                                capture_output=True, text=True)
             if r.returncode != 0:

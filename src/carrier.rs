@@ -99,7 +99,8 @@ impl Carrier {
     /// exchange's settlement once the store confirms it.
     fn deliver(&mut self, call: StoreCall) {
         let settles = self.exchange.settlement().unwrap_or(Settlement::Failed);
-        self.shared.outbox.borrow_mut().post(call, settles);
+        let policy = self.exchange.policy_name();
+        self.shared.outbox.borrow_mut().post(call, settles, policy);
         self.delivered = true;
     }
 
@@ -155,7 +156,8 @@ impl Carrier {
     pub fn client_left(&mut self) -> bool {
         self.attached = false;
         if self.exchange.outlives_client() && self.pending() {
-            self.shared.metrics.count(self.exchange.handling(), None);
+            let ex = &self.exchange;
+            self.shared.metrics.count(ex.policy_name(), ex.handling(), None);
             return true;
         }
         // The store's answer to a call sent from here would find nobody:
@@ -178,7 +180,10 @@ impl Carrier {
         } else {
             self.exchange.settlement()
         };
-        self.shared.metrics.count(self.exchange.handling(), settlement);
+        let ex = &self.exchange;
+        self.shared
+            .metrics
+            .count(ex.policy_name(), ex.handling(), settlement);
         false
     }
 
@@ -195,7 +200,8 @@ impl Carrier {
     /// counts its settlement (unless the root's store client will).
     pub fn close(&self) {
         if let (false, Some(settlement)) = (self.delivered, self.exchange.settlement()) {
-            self.shared.metrics.count_settlement(settlement);
+            let policy = self.exchange.policy_name();
+            self.shared.metrics.count_settlement(policy, settlement);
         }
     }
 }

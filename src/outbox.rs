@@ -30,6 +30,8 @@ struct Letter {
     call: StoreCall,
     /// What the call settles, counted when the store confirms it.
     settles: Settlement,
+    /// The policy of the request it settles (a label of that count).
+    policy: String,
     tries: u32,
 }
 
@@ -48,7 +50,7 @@ pub struct Outbox {
 
 impl Outbox {
     /// Queues a call; it is sent on the root's next tick.
-    pub fn post(&mut self, call: StoreCall, settles: Settlement) {
+    pub fn post(&mut self, call: StoreCall, settles: Settlement, policy: &str) {
         if self.waiting.len() >= MAX_WAITING {
             self.waiting.pop_front();
             host::log(
@@ -59,6 +61,7 @@ impl Outbox {
         self.waiting.push_back(Letter {
             call,
             settles,
+            policy: policy.to_string(),
             tries: 0,
         });
         self.set_period(SOON);
@@ -66,9 +69,9 @@ impl Outbox {
 
     /// The root's timer: sends everything waiting (together, as batches),
     /// then slows the timer down for retries, or stops it when nothing is
-    /// left. Returns how many calls were given up.
-    pub fn tick(&mut self, store: &StoreConfig) -> usize {
-        let mut given_up = 0;
+    /// left. Returns the policies of the calls given up, one per call.
+    pub fn tick(&mut self, store: &StoreConfig) -> Vec<String> {
+        let mut given_up = Vec::new();
         while !self.waiting.is_empty() {
             let size = if self.alone_only { 1 } else { MAX_BATCH };
             let letters: Vec<Letter> = self.waiting.drain(..self.waiting.len().min(size)).collect();
@@ -81,7 +84,9 @@ impl Outbox {
                 None => {
                     // Refused by Envoy (no healthy store host): try again later.
                     for letter in letters {
-                        given_up += usize::from(!self.retry(letter));
+                        if let Some(policy) = self.retry(letter) {
+                            given_up.push(policy);
+                        }
                     }
                     break;
                 }
@@ -103,7 +108,11 @@ impl Outbox {
     /// of the frame) ends a letter and is returned with what it settles; no
     /// answer or an unavailable store means sending it again (unless it was
     /// the last try). `None` if the callout is not ours.
-    pub fn answered(&mut self, token: u32, answer: StoreAnswer) -> Option<Vec<(Settlement, StoreAnswer)>> {
+    pub fn answered(
+        &mut self,
+        token: u32,
+        answer: StoreAnswer,
+    ) -> Option<Vec<(Settlement, String, StoreAnswer)>> {
         let letters = self.in_flight.remove(&token)?;
         if letters.len() > 1 && batches_unknown(&answer) {
             self.alone_only = true;
@@ -118,16 +127,18 @@ impl Outbox {
         };
         let mut ended = Vec::new();
         for (letter, answer) in letters.into_iter().zip(answers) {
-            let settles = letter.settles;
-            if decided(&answer) || !self.retry(letter) {
-                ended.push((settles, answer));
+            if decided(&answer) {
+                ended.push((letter.settles, letter.policy, answer));
+            } else if let Some((settles, policy)) = self.retry_or_end(letter) {
+                ended.push((settles, policy, answer));
             }
         }
         Some(ended)
     }
 
-    /// Queues a letter again; `false` when it has had all its tries.
-    fn retry(&mut self, mut letter: Letter) -> bool {
+    /// Queues a letter again; when it has had all its tries, what it settles
+    /// and its policy instead.
+    fn retry_or_end(&mut self, mut letter: Letter) -> Option<(Settlement, String)> {
         letter.tries += 1;
         if letter.tries >= MAX_TRIES {
             host::log(
@@ -137,9 +148,14 @@ impl Outbox {
                     letter.call.path, letter.tries
                 ),
             );
-            return false;
+            return Some((letter.settles, letter.policy));
         }
         self.waiting.push_back(letter);
-        true
+        None
+    }
+
+    /// Queues a letter again; the policy of one that had all its tries.
+    fn retry(&mut self, letter: Letter) -> Option<String> {
+        self.retry_or_end(letter).map(|(_, policy)| policy)
     }
 }

@@ -56,8 +56,8 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some(shared) = &self.shared {
             let given_up = shared.outbox.borrow_mut().tick(shared.config.store());
-            for _ in 0..given_up {
-                shared.metrics.count_settlement(Settlement::Failed);
+            for policy in given_up {
+                shared.metrics.count_settlement(&policy, Settlement::Failed);
             }
         }
     }

@@ -42,8 +42,8 @@ pub struct Shared {
 impl Shared {
     pub fn new(config: Rc<Config>) -> Shared {
         Shared {
+            metrics: Metrics::define(&config),
             config,
-            metrics: Metrics::define(),
             client: RefCell::default(),
             outbox: RefCell::default(),
             carriers: RefCell::default(),
@@ -143,9 +143,9 @@ impl Shared {
         let Some(ended) = self.outbox.borrow_mut().answered(token, answer) else {
             return;
         };
-        for (settles, answer) in ended {
+        for (settles, policy, answer) in ended {
             if settled(&answer) {
-                self.metrics.count_settlement(settles);
+                self.metrics.count_settlement(&policy, settles);
                 continue;
             }
             if let Some((status, detail)) = refusal(&answer) {
@@ -158,7 +158,7 @@ impl Shared {
                     settles.as_str()
                 ),
             );
-            self.metrics.count_settlement(Settlement::Failed);
+            self.metrics.count_settlement(&policy, Settlement::Failed);
         }
     }
 }

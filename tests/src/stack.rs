@@ -370,14 +370,24 @@ impl Stack {
         req
     }
 
-    /// The filter's counter `name` (e.g. `requests_owned`) as Envoy's
-    /// Prometheus endpoint shows it.
+    /// The filter's counter `name` as Envoy's Prometheus endpoint shows it,
+    /// summed over policies: `requests_<outcome>` and `records_<outcome>` are
+    /// `idemgate_requests{outcome="<outcome>"}` and
+    /// `idemgate_records{outcome="<outcome>"}` (labels the bootstrap's
+    /// `stats_tags` cut out of the stat names), anything else `idemgate_<name>`.
     pub async fn counter(&self, name: &str) -> u64 {
         let text = self.admin_text("/stats/prometheus").await;
-        let metric = format!("idemgate_{name}");
+        let (metric, outcome) = match name.split_once('_') {
+            Some((family @ ("requests" | "records"), outcome)) => (
+                format!("idemgate_{family}"),
+                Some(format!("outcome=\"{outcome}\"")),
+            ),
+            _ => (format!("idemgate_{name}"), None),
+        };
         text.lines()
-            .filter_map(|l| l.split_once(' '))
+            .filter_map(|l| l.rsplit_once(' '))
             .filter(|(n, _)| n.split('{').next() == Some(metric.as_str()))
+            .filter(|(n, _)| outcome.as_ref().is_none_or(|o| n.contains(o.as_str())))
             .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
             .sum()
     }

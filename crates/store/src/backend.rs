@@ -343,6 +343,25 @@ pub trait Backend: Send + Sync {
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport>;
     /// Creation time of the oldest in-progress record.
     async fn oldest_in_progress(&self) -> Result<Option<i64>>;
+    /// The connections right now, for the metrics (cheap, no I/O).
+    fn pool(&self) -> PoolStats {
+        PoolStats::default()
+    }
+}
+
+/// A backend's connections at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Connections open (SQLite: its readers; the writer is apart).
+    pub size: u64,
+    /// Most connections the pool opens.
+    pub max_size: u64,
+    /// Open and idle.
+    pub available: u64,
+    /// Calls waiting for a connection.
+    pub waiting: u64,
+    /// SQLite: jobs queued for the writer thread, not yet in a transaction.
+    pub writer_queue: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1,4 +1,8 @@
-//! Prometheus metrics at `/metrics`.
+//! Prometheus metrics at `/metrics`, prefix `idemgate_store_`: counters end
+//! in `_total`, times in `_seconds`. Every labelled series the alert rules
+//! and the dashboard read (`examples/monitoring/`) exists from the start, at
+//! 0, so their rates and ratios have data before the first event. Pool
+//! gauges are read from the backend when scraped.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -15,8 +19,43 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::backend::{ClaimOutcome, SweepReport};
+use crate::backend::{ClaimOutcome, PoolStats, SweepReport};
 use crate::AppState;
+
+/// Every outcome a claim is counted under.
+const CLAIM_OUTCOMES: [&str; 7] = [
+    "owned",
+    "replay",
+    "result_unavailable",
+    "in_progress",
+    "mismatch",
+    "unknown",
+    "expired",
+];
+
+/// Every call of the filter's API, as the error counters name it.
+pub const CALLS: [&str; 5] = ["claim", "complete", "release", "mark_unknown", "abandon"];
+
+/// Every action of the sweeper.
+const SWEEP_ACTIONS: [&str; 6] = [
+    "marked_unknown",
+    "released",
+    "abandoned",
+    "archived",
+    "purged",
+    "events_purged",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabel {
+    pub call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    pub backend: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -42,6 +81,17 @@ pub struct Metrics {
     pub oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
     pub sweeper_runs: Counter,
     pub sweeper_rows: Family<ActionLabel, Counter>,
+    pub sweeper_errors: Counter,
+    /// Unix time of the last sweeper pass that finished.
+    pub sweeper_last_success: Gauge<f64, AtomicU64>,
+    /// Calls the backend failed (database unreachable or refusing), by call.
+    pub call_errors: Family<CallLabel, Counter>,
+    build_info: Family<BuildLabels, Gauge>,
+    pool_connections: Gauge,
+    pool_max_connections: Gauge,
+    pool_available_connections: Gauge,
+    pool_waiting: Gauge,
+    writer_queue: Gauge,
 }
 
 impl Default for Metrics {
@@ -65,6 +115,30 @@ impl Metrics {
         let oldest = Gauge::<f64, AtomicU64>::default();
         let sweeper_runs = Counter::default();
         let sweeper_rows = Family::<ActionLabel, Counter>::default();
+        let sweeper_errors = Counter::default();
+        let sweeper_last_success = Gauge::<f64, AtomicU64>::default();
+        let call_errors = Family::<CallLabel, Counter>::default();
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        let pool_connections = Gauge::default();
+        let pool_max_connections = Gauge::default();
+        let pool_available_connections = Gauge::default();
+        let pool_waiting = Gauge::default();
+        let writer_queue = Gauge::default();
+        // Each series created at 0.
+        for outcome in CLAIM_OUTCOMES {
+            claims.get_or_create(&OutcomeLabel { outcome }).inc_by(0);
+        }
+        for call in CALLS {
+            call_errors.get_or_create(&CallLabel { call }).inc_by(0);
+        }
+        for action in SWEEP_ACTIONS {
+            sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(0);
+        }
+        registry.register(
+            "build_info",
+            "Always 1: the store's version and backend",
+            build_info.clone(),
+        );
         registry.register("claims", "Claims answered, by outcome", claims.clone());
         registry.register("replays", "Stored responses served again", replays.clone());
         registry.register(
@@ -113,6 +187,46 @@ impl Metrics {
             "Rows changed by the sweeper, by action",
             sweeper_rows.clone(),
         );
+        registry.register(
+            "sweeper_errors",
+            "Sweeper passes that failed (the database could not be reached or refused)",
+            sweeper_errors.clone(),
+        );
+        registry.register(
+            "sweeper_last_success_timestamp_seconds",
+            "Unix time of the last sweeper pass that finished (0: none yet)",
+            sweeper_last_success.clone(),
+        );
+        registry.register(
+            "call_errors",
+            "Calls of the filter's API the database failed (unreachable, refusing), by call",
+            call_errors.clone(),
+        );
+        registry.register(
+            "pool_connections",
+            "Database connections open (SQLite: reader connections; the writer is one more)",
+            pool_connections.clone(),
+        );
+        registry.register(
+            "pool_max_connections",
+            "Most database connections the pool opens",
+            pool_max_connections.clone(),
+        );
+        registry.register(
+            "pool_available_connections",
+            "Database connections open and idle",
+            pool_available_connections.clone(),
+        );
+        registry.register(
+            "pool_waiting",
+            "Calls waiting for a database connection",
+            pool_waiting.clone(),
+        );
+        registry.register(
+            "sqlite_writer_queue",
+            "Writes queued for SQLite's writer thread, not yet in a transaction (0 on PostgreSQL)",
+            writer_queue.clone(),
+        );
         Metrics {
             registry,
             claims,
@@ -127,7 +241,40 @@ impl Metrics {
             oldest_in_progress_seconds: oldest,
             sweeper_runs,
             sweeper_rows,
+            sweeper_errors,
+            sweeper_last_success,
+            call_errors,
+            build_info,
+            pool_connections,
+            pool_max_connections,
+            pool_available_connections,
+            pool_waiting,
+            writer_queue,
         }
+    }
+
+    /// Sets `build_info{version, backend}` to 1.
+    pub fn build(&self, backend: &'static str) {
+        self.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                backend,
+            })
+            .set(1);
+    }
+
+    /// A call of the filter's API the backend failed.
+    pub fn call_failed(&self, call: &'static str) {
+        self.call_errors.get_or_create(&CallLabel { call }).inc();
+    }
+
+    pub fn observe_pool(&self, pool: PoolStats) {
+        let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pool_connections.set(g(pool.size));
+        self.pool_max_connections.set(g(pool.max_size));
+        self.pool_available_connections.set(g(pool.available));
+        self.pool_waiting.set(g(pool.waiting));
+        self.writer_queue.set(g(pool.writer_queue.unwrap_or(0)));
     }
 
     pub fn observe_claim(&self, outcome: &ClaimOutcome, took: Duration) {
@@ -182,6 +329,8 @@ impl Metrics {
 }
 
 pub async fn serve(State(state): State<AppState>) -> Response {
+    let store = &state.store;
+    store.metrics.observe_pool(store.backend.pool());
     (
         [(
             CONTENT_TYPE,

@@ -28,10 +28,12 @@ pub struct Store {
 
 impl Store {
     pub fn new(backend: Arc<dyn Backend>, clock: Clock) -> Store {
+        let metrics = Metrics::new();
+        metrics.build(backend.name());
         Store {
             backend,
             clock,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(metrics),
             changed: Arc::new(Notify::new()),
         }
     }
@@ -102,7 +104,11 @@ impl Store {
                     self.metrics.late_claims.inc();
                     return Err(e);
                 }
-                other => other?,
+                Err(e) => {
+                    self.metrics.call_failed(Kind::Claim.name());
+                    return Err(e);
+                }
+                Ok(outcome) => outcome,
             };
             let now = Instant::now();
             match outcome.reply {
@@ -158,12 +164,16 @@ impl Store {
                 self.metrics.late_claims.inc();
             }
             (_, Ok(Answer::Fence(reply))) => self.observe_fence(kind, &Ok(*reply)),
+            (_, Err(_)) => self.metrics.call_failed(kind.name()),
             _ => {}
         }
     }
 
     fn observe_fence(&self, kind: Kind, reply: &Result<FenceReply>) {
-        let Ok(reply) = reply else { return };
+        let Ok(reply) = reply else {
+            self.metrics.call_failed(kind.name());
+            return;
+        };
         let done = *reply == FenceReply::Done;
         match kind {
             Kind::Abandon => {
@@ -204,6 +214,17 @@ enum Kind {
 }
 
 impl Kind {
+    /// Its name in the metrics ([`crate::metrics::CALLS`]).
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Claim => "claim",
+            Kind::Complete => "complete",
+            Kind::Release => "release",
+            Kind::MarkUnknown => "mark_unknown",
+            Kind::Abandon => "abandon",
+        }
+    }
+
     fn of(call: &Call) -> Kind {
         match call {
             Call::Claim { .. } => Kind::Claim,

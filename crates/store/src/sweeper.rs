@@ -30,8 +30,26 @@ impl Default for SweepSettings {
 }
 
 /// Batches until a pass changes fewer rows than a full batch (at most 100
-/// batches, so one call stays bounded), updating the metrics.
+/// batches, so one call stays bounded), updating the metrics: a pass that
+/// fails is counted, one that finishes sets the time of the last success.
 pub async fn sweep_all(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> {
+    let pass = sweep_pass(store, policy).await;
+    match &pass {
+        Ok(_) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            store.metrics.sweeper_last_success.set(now);
+        }
+        Err(_) => {
+            store.metrics.sweeper_errors.inc();
+        }
+    }
+    pass
+}
+
+async fn sweep_pass(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> {
     let mut total = SweepReport::default();
     for _ in 0..100 {
         let report = store.backend.sweep(store.clock.now(), policy).await?;

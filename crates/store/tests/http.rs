@@ -490,10 +490,48 @@ async fn health_readiness_and_metrics_are_served() {
         "idemgate_store_claim_duration_seconds_bucket",
         "idemgate_store_oldest_in_progress_age_seconds",
         "idemgate_store_sweeper_runs_total",
+        "idemgate_store_sweeper_errors_total 0",
+        "idemgate_store_sweeper_last_success_timestamp_seconds",
+        "idemgate_store_build_info{version=\"0.1.0\",backend=\"sqlite\"} 1",
+        "idemgate_store_call_errors_total{call=\"complete\"} 0",
+        "idemgate_store_call_errors_total{call=\"release\"} 0",
+        "idemgate_store_claims_total{outcome=\"mismatch\"} 0",
+        "idemgate_store_pool_connections 4",
+        "idemgate_store_pool_max_connections 4",
+        "idemgate_store_pool_available_connections",
+        "idemgate_store_pool_waiting 0",
+        "idemgate_store_sqlite_writer_queue 0",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
     assert!(!text.contains("m1"), "raw keys never appear in metrics");
+}
+
+/// A gauge's value in the metrics text.
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
+
+#[tokio::test]
+async fn a_sweeper_pass_sets_the_time_of_the_last_success() {
+    let h = harness().await;
+    let metrics = || async {
+        let m = h.send("GET", "/metrics", None, vec![]).await;
+        String::from_utf8(m.body).unwrap()
+    };
+    let name = "idemgate_store_sweeper_last_success_timestamp_seconds";
+    assert_eq!(gauge(&metrics().await, name), 0.0);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let sweep = h.send("POST", "/admin/v1/sweep", Some(ADMIN), vec![]).await;
+    assert_eq!(sweep.status, 200);
+    let text = metrics().await;
+    assert!(gauge(&text, name) >= before.floor(), "{text}");
+    assert_eq!(gauge(&text, "idemgate_store_sweeper_errors_total"), 0.0);
 }
 
 #[tokio::test]

@@ -127,6 +127,11 @@ impl Exchange {
         self.handling
     }
 
+    /// The name of the policy covering the request (a label of the metrics).
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
     pub fn settlement(&self) -> Option<Settlement> {
         self.settlement
     }

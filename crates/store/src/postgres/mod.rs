@@ -21,8 +21,8 @@ use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, Fen
 use idemgate_core::scope::Scope;
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
-    Result, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, PoolStats, RecordInfo,
+    Resolution, Result, SweepPolicy, SweepReport,
 };
 use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
@@ -319,6 +319,17 @@ impl Backend for Postgres {
         match self.connections.query(&OLDEST_IN_PROGRESS, &[]).await?.first() {
             Some(row) => row.optional_int("oldest"),
             None => Ok(None),
+        }
+    }
+
+    fn pool(&self) -> PoolStats {
+        let status = self.connections.status();
+        PoolStats {
+            size: status.size as u64,
+            max_size: status.max_size as u64,
+            available: status.available as u64,
+            waiting: status.waiting as u64,
+            writer_queue: None,
         }
     }
 }

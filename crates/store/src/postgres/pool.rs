@@ -65,6 +65,10 @@ impl Connections {
         Ok(Connections { pool, transport })
     }
 
+    pub(super) fn status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
+    }
+
     pub(super) async fn client(&self) -> Result<Client> {
         self.pool.get().await.map_err(unavailable)
     }

@@ -171,6 +171,37 @@ struct Shared {
     commits: AtomicU64,
     /// Of those, the ones that were fsynced (with `synchronous=FULL`).
     durable_commits: AtomicU64,
+    /// Jobs handed to the writer that it has not yet taken into a batch.
+    queued: AtomicUsize,
+    /// Reads in flight, and of those the ones holding a reader connection.
+    reading: AtomicUsize,
+    reading_held: AtomicUsize,
+}
+
+/// Counts one while alive (a read in flight, a reader held).
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Counted<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connections right now: readers in use and waited for, jobs queued
+/// for the writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EngineLoad {
+    pub readers: usize,
+    pub readers_held: usize,
+    pub reads_waiting: usize,
+    pub writer_queue: usize,
 }
 
 /// The writer's queue and the readers; cheap to clone.
@@ -228,6 +259,9 @@ impl Engine {
             next_reader: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
+            reading: AtomicUsize::new(0),
+            reading_held: AtomicUsize::new(0),
         });
         let counters = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -243,6 +277,18 @@ impl Engine {
             self.shared.commits.load(Ordering::Relaxed),
             self.shared.durable_commits.load(Ordering::Relaxed),
         )
+    }
+
+    pub(super) fn load(&self) -> EngineLoad {
+        let s = &self.shared;
+        let reading = s.reading.load(Ordering::Relaxed);
+        let held = s.reading_held.load(Ordering::Relaxed);
+        EngineLoad {
+            readers: s.readers.len(),
+            readers_held: held.min(s.readers.len()),
+            reads_waiting: reading.saturating_sub(held),
+            writer_queue: s.queued.load(Ordering::Relaxed),
+        }
     }
 
     /// A writer job running `f`, and where its result arrives once the
@@ -270,10 +316,13 @@ impl Engine {
         if jobs.is_empty() {
             return Ok(());
         }
-        self.shared
-            .writer
-            .send(jobs)
-            .map_err(|_| StoreError::Unavailable("the sqlite writer has stopped".into()))
+        // Counted before sending, so the writer never takes more than this shows.
+        let n = jobs.len();
+        self.shared.queued.fetch_add(n, Ordering::Relaxed);
+        self.shared.writer.send(jobs).map_err(|_| {
+            self.shared.queued.fetch_sub(n, Ordering::Relaxed);
+            StoreError::Unavailable("the sqlite writer has stopped".into())
+        })
     }
 
     /// Runs `f` on the writer thread inside the next group commit; its
@@ -320,11 +369,13 @@ impl Engine {
     ) -> Result<R> {
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
+            let _reading = Counted::new(&shared.reading);
             let i = shared.next_reader.fetch_add(1, Ordering::Relaxed) % shared.readers.len();
             // A std Mutex: the guard lives only inside this blocking closure.
             let conn = shared.readers[i]
                 .lock()
                 .map_err(|_| StoreError::Unavailable("reader lock poisoned".into()))?;
+            let _held = Counted::new(&shared.reading_held);
             f(&conn)
         })
         .await
@@ -395,6 +446,7 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
                 Err(_) => break,
             }
         }
+        shared.queued.fetch_sub(batch.len(), Ordering::Relaxed);
         // Decided before BEGIN: SQLite does not change it inside a transaction.
         let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
         if let Err(e) = set_synchronous(&conn, full, &mut full_now) {

@@ -30,8 +30,8 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
-    Result, StoreError, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, PoolStats, RecordInfo,
+    Resolution, Result, StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
@@ -442,5 +442,16 @@ impl Backend for Sqlite {
                     .map_err(unavailable)
             })
             .await
+    }
+
+    fn pool(&self) -> PoolStats {
+        let load = self.engine.load();
+        PoolStats {
+            size: load.readers as u64,
+            max_size: load.readers as u64,
+            available: (load.readers - load.readers_held) as u64,
+            waiting: load.reads_waiting as u64,
+            writer_queue: Some(load.writer_queue as u64),
+        }
     }
 }

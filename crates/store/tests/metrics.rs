@@ -1,0 +1,58 @@
+//! The metrics an outage shows: calls the database fails are counted by
+//! call, and the pool gauges follow the backend's connections.
+
+use std::sync::Arc;
+
+use idemgate_store::backend::{Backend, Call};
+use idemgate_store::postgres::Postgres;
+use idemgate_store::{Clock, Store};
+
+use crate::support::*;
+
+/// A gauge's or counter's value in the metrics text.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing from\n{text}"))
+}
+
+#[tokio::test]
+async fn calls_the_database_fails_are_counted_by_call() {
+    // Nothing listens on this port: every connection is refused.
+    let url = format!("postgres://idem@127.0.0.1:{}/idem", free_port());
+    let backend: Arc<dyn Backend> = Arc::new(Postgres::connect(&url, 3).unwrap());
+    let store = Store::new(backend, Clock::System);
+    let s = scope("k-outage");
+    assert!(store.complete(&complete(&s, 1, 201), b"{}").await.is_err());
+    let answers = store
+        .decide(vec![Call::Release(fence(&s, 1)), Call::Release(fence(&s, 2))])
+        .await;
+    assert!(answers.iter().all(Result::is_err));
+    assert!(store.claim(&claim(&s, Some(1))).await.is_err());
+
+    store.metrics.observe_pool(store.backend.pool());
+    let text = store.metrics.render();
+    assert_eq!(
+        value(&text, r#"idemgate_store_call_errors_total{call="complete"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(&text, r#"idemgate_store_call_errors_total{call="release"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(&text, r#"idemgate_store_call_errors_total{call="claim"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(&text, r#"idemgate_store_call_errors_total{call="abandon"}"#),
+        0.0
+    );
+    assert_eq!(value(&text, "idemgate_store_pool_max_connections"), 3.0);
+    assert_eq!(value(&text, "idemgate_store_pool_connections"), 0.0);
+    assert_eq!(value(&text, "idemgate_store_pool_waiting"), 0.0);
+    assert!(
+        text.contains(r#"idemgate_store_build_info{version="0.1.0",backend="postgres"} 1"#),
+        "{text}"
+    );
+}
