@@ -11,6 +11,8 @@ use idemgate_core::protocol::{
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
+use crate::log_ids::LogIds;
+
 #[derive(Debug, Clone)]
 pub enum StoreError {
     /// The database could not be reached or refused the operation.
@@ -106,7 +108,9 @@ pub enum Answer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordInfo {
     pub scope: Scope,
-    /// The short hash that identifies this record in logs.
+    /// The keyed hash that names this record in logs
+    /// ([`crate::log_ids::LogIds`]); filled in by [`KeyHistory::label`] or
+    /// [`label_records`] before the record leaves the store.
     pub log_id: String,
     pub state: String,
     pub fingerprint: Option<String>,
@@ -145,6 +149,7 @@ pub struct KeyHistory {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventInfo {
     pub scope: Scope,
+    /// As [`RecordInfo::log_id`].
     pub log_id: String,
     pub generation: u64,
     pub at: i64,
@@ -164,15 +169,33 @@ pub struct EventInfo {
     pub reason: Option<String>,
 }
 
+impl KeyHistory {
+    /// Names every record and event as the logs do.
+    pub fn label(&mut self, ids: &LogIds) {
+        label_records(&mut self.records, ids);
+        for e in &mut self.events {
+            e.log_id = ids.of(&e.scope);
+        }
+    }
+}
+
+/// Names every record as the logs do.
+pub fn label_records(records: &mut [RecordInfo], ids: &LogIds) {
+    for r in records {
+        r.log_id = ids.of(&r.scope);
+    }
+}
+
 impl EventInfo {
-    /// The event's structured log line: what operators monitor.
-    pub fn log(&self) {
+    /// The event's structured log line: what operators monitor. The record
+    /// is named by its keyed hash under `ids`.
+    pub fn log(&self, ids: &LogIds) {
         tracing::info!(
             target: "idemgate::events",
             event = %self.transition,
             tenant = %self.scope.tenant(),
             route = %self.scope.route(),
-            record = %self.log_id,
+            record = %ids.of(&self.scope),
             generation = self.generation,
             fence = self.fence,
             fingerprint = self.fingerprint.as_deref().unwrap_or("-"),
@@ -292,6 +315,8 @@ impl SweepReport {
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
+    /// How this backend names records in its event log lines.
+    fn log_ids(&self) -> &LogIds;
     /// Applies pending migrations; safe to call concurrently from several
     /// processes and on every start.
     async fn migrate(&self) -> Result<()>;
@@ -351,10 +376,17 @@ pub struct BackendOptions {
     pub sqlite_synchronous_full: Option<bool>,
     /// PostgreSQL: connections in the pool.
     pub pg_pool_size: Option<usize>,
+    /// The secret of the log ids; `None`: a random one (ids match nothing
+    /// outside this process).
+    pub log_ids: Option<LogIds>,
 }
 
 /// Opens the backend named by the URL's scheme. Does not migrate.
 pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
+    let log_ids = match &opts.log_ids {
+        Some(ids) => ids.clone(),
+        None => LogIds::random().map_err(StoreError::Config)?,
+    };
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let path = rest.strip_prefix("//").unwrap_or(rest);
         let path = path.split('?').next().unwrap_or("");
@@ -363,10 +395,11 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
                 "the sqlite URL names no file; write sqlite://idempotency.db or sqlite:///var/lib/idemgate/store.db".into(),
             ));
         }
-        let backend = crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true))?;
+        let backend =
+            crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true), log_ids)?;
         Ok(Arc::new(backend))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16))?;
+        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16), log_ids)?;
         Ok(Arc::new(backend))
     } else {
         Err(StoreError::Config(

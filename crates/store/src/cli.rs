@@ -8,6 +8,7 @@ use idemgate_core::scope::Scope;
 
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
 use crate::clock::Clock;
+use crate::log_ids::LogIds;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 
@@ -47,6 +48,27 @@ pub struct Cli {
     /// PostgreSQL connection pool size.
     #[arg(long, global = true, env = "IDEMGATE_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,
+
+    /// Bearer credential of the /admin/v1 endpoints (`serve`); must differ
+    /// from the API one. Without --log-key-file, log ids are derived from it.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<String>,
+    /// File holding the admin credential (trailing newline ignored).
+    #[arg(long, global = true, env = "IDEMGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// File holding the secret (at least 16 bytes; trailing newline ignored)
+    /// under which records are named in logs: an HMAC of the scope, so a log
+    /// line says nothing about the key. Give every replica the same file.
+    /// Default: a secret derived from the admin credential.
+    #[arg(long, global = true, env = "IDEMGATE_LOG_KEY_FILE")]
+    pub log_key_file: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -110,17 +132,6 @@ pub struct Serve {
     /// File holding the second accepted API credential.
     #[arg(long, env = "IDEMGATE_API_TOKEN_NEXT_FILE")]
     pub api_token_next_file: Option<PathBuf>,
-    /// Bearer credential of the /admin/v1 endpoints; must differ from the API one.
-    #[arg(
-        long,
-        env = "IDEMGATE_ADMIN_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "admin_token_file"
-    )]
-    pub admin_token: Option<String>,
-    /// File holding the admin credential (trailing newline ignored).
-    #[arg(long, env = "IDEMGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
     /// Base URI of problem `type` links (the problem's slug is appended).
     #[arg(long, env = "IDEMGATE_DOC_BASE", default_value = idemgate_core::config::DEFAULT_DOC_BASE)]
     pub doc_base: String,
@@ -264,9 +275,25 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<(), String> {
 
 /// Runs a parsed command line; errors are messages for the operator.
 pub async fn execute(cli: Cli) -> Result<(), String> {
+    let admin = match (&cli.admin_token, &cli.admin_token_file) {
+        (None, None) => None,
+        _ => Some(read_token(
+            &cli.admin_token,
+            &cli.admin_token_file,
+            "admin token",
+        )?),
+    };
+    let log_ids = match (&cli.log_key_file, &admin) {
+        (Some(path), _) => LogIds::from_file(path)?,
+        (None, Some(admin)) => LogIds::from_admin_credential(admin)?,
+        // `serve` refuses to start without an admin credential; the other
+        // commands then print ids that match no log line.
+        (None, None) => LogIds::random()?,
+    };
     let opts = BackendOptions {
         sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
         pg_pool_size: Some(cli.pg_pool_size),
+        log_ids: Some(log_ids),
     };
     let database_url = match &cli.database_url_file {
         Some(path) => read_token(&None, &Some(path.clone()), "database url")?,
@@ -283,18 +310,21 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
             tracing::info!(database = %crate::backend::redact_url(&database_url), "migrations applied");
             Ok(())
         }
-        Command::Serve(s) => serve(store, s, &database_url).await,
+        Command::Serve(s) => serve(store, s, admin, &database_url).await,
         Command::Inspect(i) => {
+            if cli.log_key_file.is_none() && admin.is_none() {
+                eprintln!(
+                    "idempotency-store: no --log-key-file or admin credential: the log_id values printed match no log line"
+                );
+            }
             let listing = if i.unknown {
-                store.backend.list(Listing::Unknown, now, i.limit).await
+                store.list(Listing::Unknown, i.limit).await
             } else if i.stuck {
                 store
-                    .backend
                     .list(
                         Listing::Stuck {
                             older_than_ms: i.older_than_ms,
                         },
-                        now,
                         i.limit,
                     )
                     .await
@@ -307,11 +337,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                     principal: i.principal,
                     namespace: None,
                 };
-                let history = store
-                    .backend
-                    .lookup(&lookup, i.limit)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let history = store.lookup(&lookup, i.limit).await.map_err(|e| e.to_string())?;
                 return print_json(&history);
             }
             .map_err(|e| e.to_string())?;
@@ -379,9 +405,12 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
     }
 }
 
-async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
+async fn serve(store: Store, s: Serve, admin: Option<String>, url: &str) -> Result<(), String> {
     let api = read_token(&s.api_token, &s.api_token_file, "api token")?;
-    let admin = read_token(&s.admin_token, &s.admin_token_file, "admin token")?;
+    let admin = match admin {
+        Some(admin) => admin,
+        None => read_token(&None, &None, "admin token")?,
+    };
     if api == admin {
         return Err("the API and admin tokens must differ".into());
     }

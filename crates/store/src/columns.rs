@@ -222,7 +222,7 @@ impl RecordInfo {
     pub fn read(row: &impl ColumnReader) -> Result<RecordInfo> {
         let scope = row.scope()?;
         Ok(RecordInfo {
-            log_id: scope.log_id(),
+            log_id: String::new(),
             scope,
             state: row.text("state")?,
             fingerprint: row.optional_text("fingerprint")?,
@@ -257,7 +257,7 @@ impl EventInfo {
     pub fn read(row: &impl ColumnReader) -> Result<EventInfo> {
         let scope = row.scope()?;
         Ok(EventInfo {
-            log_id: scope.log_id(),
+            log_id: String::new(),
             scope,
             generation: row.unsigned("generation")?,
             at: row.int("at")?,

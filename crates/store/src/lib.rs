@@ -33,6 +33,7 @@ pub mod clock;
 pub mod columns;
 pub mod conditions;
 pub mod console;
+pub mod log_ids;
 pub mod metrics;
 pub mod openapi;
 pub mod postgres;

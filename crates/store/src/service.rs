@@ -9,7 +9,10 @@ use idemgate_core::protocol::{
 };
 use tokio::sync::Notify;
 
-use crate::backend::{limits, Answer, Backend, Call, ClaimOutcome, Result, StoreError};
+use crate::backend::{
+    label_records, limits, Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, RecordInfo,
+    Result, StoreError,
+};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 
@@ -141,6 +144,26 @@ impl Store {
         let reply = self.backend.mark_unknown(req, self.clock.now()).await;
         self.observe_fence(Kind::MarkUnknown, &reply);
         reply
+    }
+
+    /// Every generation and event of a tenant's key, each named as the logs
+    /// name it.
+    pub async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
+        let mut history = self.backend.lookup(q, limit).await?;
+        history.label(self.backend.log_ids());
+        Ok(history)
+    }
+
+    /// Unknown or stuck records, each named as the logs name it.
+    pub async fn list(&self, which: Listing, limit: u32) -> Result<Vec<RecordInfo>> {
+        let mut records = self.backend.list(which, self.clock.now(), limit).await?;
+        label_records(&mut records, self.backend.log_ids());
+        Ok(records)
+    }
+
+    /// The record's name in the logs.
+    pub fn log_id(&self, scope: &idemgate_core::scope::Scope) -> String {
+        self.backend.log_ids().of(scope)
     }
 
     /// Wakes waiting claims after an admin resolution.

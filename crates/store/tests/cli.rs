@@ -34,6 +34,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--database-url",
         "--database-url-file",
         "IDEMGATE_DATABASE_URL_FILE",
+        "--log-key-file",
+        "IDEMGATE_LOG_KEY_FILE",
     ] {
         assert!(out.contains(word), "{word} missing from --help:\n{out}");
     }

@@ -6,6 +6,7 @@ mod concurrency;
 mod console;
 mod crash;
 mod http;
+mod log_ids;
 mod migration;
 mod stories;
 mod support;

@@ -118,9 +118,11 @@ impl Exchange {
         (ex, step)
     }
 
-    /// A short hash naming the record in logs (never the raw key).
-    pub fn log_id(&self) -> Option<String> {
-        self.scope.as_ref().map(Scope::log_id)
+    /// The claim attempt id naming this request in logs: random, so it says
+    /// nothing about the key, and the store keeps it in the record's history
+    /// (an operator finds the record by it there).
+    pub fn attempt(&self) -> &Attempt {
+        &self.attempt
     }
 
     pub fn handling(&self) -> Handling {

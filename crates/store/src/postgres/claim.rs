@@ -11,7 +11,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
 use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
-use super::{log_all, Postgres};
+use super::Postgres;
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
@@ -139,7 +139,7 @@ impl Postgres {
         if row.flag("inserted")? {
             let fence = row.unsigned("fence")?;
             EventInfo {
-                log_id: req.scope.log_id(),
+                log_id: String::new(),
                 scope: req.scope.clone(),
                 generation: fence,
                 at: now,
@@ -153,7 +153,7 @@ impl Postgres {
                 duration_ms: 0,
                 reason: None,
             }
-            .log();
+            .log(&self.log_ids);
             return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
         }
         let loaded = LoadedRecord::read(row)?;
@@ -262,7 +262,7 @@ impl Postgres {
             return Err(StoreError::Late);
         }
         tx.commit().await.map_err(unavailable)?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(Some(outcome))
     }
 }

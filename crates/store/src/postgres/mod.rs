@@ -26,6 +26,7 @@ use crate::backend::{
 };
 use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
+use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
 
 /// A statement about the current record: `$1` is its key (the scope
@@ -87,6 +88,7 @@ static OLDEST_IN_PROGRESS: LazyLock<String> =
 pub struct Postgres {
     connections: Connections,
     replays: Arc<ReplayCounts>,
+    log_ids: LogIds,
 }
 
 /// Replays served and not yet counted, and the one task at a time that
@@ -127,19 +129,24 @@ impl ReplayCounts {
 type TxWork<'t, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(T, Vec<EventInfo>)>> + Send + 't>>;
 
-fn log_all(events: &[EventInfo]) {
-    events.iter().for_each(EventInfo::log);
-}
-
 impl Postgres {
-    pub fn connect(url: &str, pool_size: usize) -> Result<Postgres> {
+    pub fn connect(url: &str, pool_size: usize, log_ids: LogIds) -> Result<Postgres> {
         let connections = Connections::open(url, pool_size)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
             tally: ReplayTally::default(),
             flushing: tokio::sync::Mutex::new(()),
         });
-        Ok(Postgres { connections, replays })
+        Ok(Postgres {
+            connections,
+            replays,
+            log_ids,
+        })
+    }
+
+    /// Logs events that have been committed.
+    fn log_all(&self, events: &[EventInfo]) {
+        events.iter().for_each(|e| e.log(&self.log_ids));
     }
 
     /// Counts a replay; the first one since the last flush spawns the task
@@ -168,7 +175,7 @@ impl Postgres {
         let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
         let (out, events) = work(&tx, &key, locked).await?;
         tx.commit().await.map_err(unavailable)?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(out)
     }
 
@@ -182,6 +189,10 @@ impl Postgres {
 impl Backend for Postgres {
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    fn log_ids(&self) -> &LogIds {
+        &self.log_ids
     }
 
     async fn migrate(&self) -> Result<()> {

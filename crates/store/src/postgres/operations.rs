@@ -11,7 +11,7 @@ use tokio_postgres::Statement;
 use super::generation::{end_generation, end_noted_generation, event, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client};
 use super::rows::{bind_with_columns, Bind};
-use super::{log_all, Postgres};
+use super::Postgres;
 use crate::backend::{actor, EventInfo, Resolution, Result};
 use crate::columns::{encode_headers, i64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
@@ -80,7 +80,7 @@ impl Postgres {
         let params = key.bind(&[&fence, &status, &headers, &body, &req.body_stored, &now]);
         let rows = client.query(stmt, &params).await.map_err(unavailable)?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(if events.is_empty() {
             FenceReply::Stale
         } else {

@@ -30,11 +30,12 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, RecordInfo, Resolution,
-    Result, StoreError, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, RecordInfo, Resolution, Result,
+    StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
+use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
 
 /// A statement about the current record: `?1` is its key (the scope
@@ -87,6 +88,7 @@ pub struct Sqlite {
     engine: Engine,
     /// Replays served from a reader, not yet counted in `replay_count`.
     replays: Arc<ReplayTally>,
+    log_ids: LogIds,
 }
 
 /// A writer job's answer and the transitions it recorded, logged once the
@@ -94,10 +96,11 @@ pub struct Sqlite {
 type Logged = (Answer, Journal);
 
 impl Sqlite {
-    pub fn open(path: &str, synchronous_full: bool) -> Result<Sqlite> {
+    pub fn open(path: &str, synchronous_full: bool, log_ids: LogIds) -> Result<Sqlite> {
         Ok(Sqlite {
             engine: Engine::open(path, synchronous_full)?,
             replays: Arc::default(),
+            log_ids,
         })
     }
 
@@ -126,7 +129,7 @@ impl Sqlite {
                 f(w, &mut journal).map(|out| (out, journal))
             })
             .await?;
-        journal.iter().for_each(EventInfo::log);
+        journal.iter().for_each(|e| e.log(&self.log_ids));
         Ok(out)
     }
 
@@ -152,7 +155,7 @@ impl Sqlite {
             answers.push(match slot {
                 Slot::Ready(answer) => answer,
                 Slot::Pending(pending) => pending.wait().await.map(|(answer, journal)| {
-                    journal.iter().for_each(EventInfo::log);
+                    journal.iter().for_each(|e| e.log(&self.log_ids));
                     answer
                 }),
             });
@@ -277,6 +280,10 @@ fn fence_answer(answer: Result<Answer>) -> Result<FenceReply> {
 impl Backend for Sqlite {
     fn name(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn log_ids(&self) -> &LogIds {
+        &self.log_ids
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -142,14 +142,21 @@ impl StoreProcess {
 
     /// Started with `RUST_LOG=rust_log`; [`StoreProcess::log`] reads what it wrote.
     pub async fn start_logging(database_url: &str, rust_log: &str) -> StoreProcess {
+        StoreProcess::start_with(database_url, rust_log, |_| {}).await
+    }
+
+    /// [`StoreProcess::start_logging`] with more on the command line.
+    pub async fn start_with(
+        database_url: &str,
+        rust_log: &str,
+        more: impl FnOnce(&mut std::process::Command),
+    ) -> StoreProcess {
         let port = free_port();
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
         let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
-        let proc = Proc::spawn(
-            "store",
-            &mut idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, rust_log),
-            log,
-        );
+        let mut cmd = idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, rust_log);
+        more(&mut cmd);
+        let proc = Proc::spawn("store", &mut cmd, log);
         let p = StoreProcess {
             proc,
             addr: format!("127.0.0.1:{port}"),
