@@ -12,6 +12,7 @@ use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
 use crate::log_ids::LogIds;
+use crate::sealing::Seal;
 
 #[derive(Debug, Clone)]
 pub enum StoreError {
@@ -120,6 +121,10 @@ pub struct RecordInfo {
     pub on_unknown: OnUnknown,
     pub status: Option<u16>,
     pub headers: Option<Vec<(String, String)>>,
+    /// The id of the key that sealed the stored response (headers and
+    /// body); `None`: stored in plaintext.
+    #[serde(default)]
+    pub response_key: Option<String>,
     pub body_stored: bool,
     /// Length of the stored body; `None` once archived (the body is dropped).
     pub body_len: Option<u64>,
@@ -379,6 +384,8 @@ pub struct BackendOptions {
     /// The secret of the log ids; `None`: a random one (ids match nothing
     /// outside this process).
     pub log_ids: Option<LogIds>,
+    /// The keys stored responses are sealed with; off: plaintext.
+    pub seal: Seal,
 }
 
 /// Opens the backend named by the URL's scheme. Does not migrate.
@@ -395,11 +402,20 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
                 "the sqlite URL names no file; write sqlite://idempotency.db or sqlite:///var/lib/idemgate/store.db".into(),
             ));
         }
-        let backend =
-            crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true), log_ids)?;
+        let backend = crate::sqlite::Sqlite::open(
+            path,
+            opts.sqlite_synchronous_full.unwrap_or(true),
+            log_ids,
+            opts.seal.clone(),
+        )?;
         Ok(Arc::new(backend))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16), log_ids)?;
+        let backend = crate::postgres::Postgres::connect(
+            url,
+            opts.pg_pool_size.unwrap_or(16),
+            log_ids,
+            opts.seal.clone(),
+        )?;
         Ok(Arc::new(backend))
     } else {
         Err(StoreError::Config(

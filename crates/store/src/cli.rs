@@ -9,6 +9,7 @@ use idemgate_core::scope::Scope;
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
+use crate::sealing::Seal;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 
@@ -69,6 +70,12 @@ pub struct Cli {
     /// Default: a secret derived from the admin credential.
     #[arg(long, global = true, env = "IDEMGATE_LOG_KEY_FILE")]
     pub log_key_file: Option<PathBuf>,
+
+    /// File of the AES-256-GCM keys that seal stored responses (headers and
+    /// body) at rest: one key a line, `ID:BASE64` (32 bytes); the first seals,
+    /// every one opens. Without it responses are stored in plaintext.
+    #[arg(long, global = true, env = "IDEMGATE_RESPONSE_KEY_FILE")]
+    pub response_key_file: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -294,7 +301,12 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
         pg_pool_size: Some(cli.pg_pool_size),
         log_ids: Some(log_ids),
+        seal: match &cli.response_key_file {
+            Some(path) => Seal::from_file(path)?,
+            None => Seal::off(),
+        },
     };
+    let sealing = opts.seal.current_id().map(str::to_string);
     let database_url = match &cli.database_url_file {
         Some(path) => read_token(&None, &Some(path.clone()), "database url")?,
         None => cli.database_url.clone(),
@@ -310,7 +322,15 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
             tracing::info!(database = %crate::backend::redact_url(&database_url), "migrations applied");
             Ok(())
         }
-        Command::Serve(s) => serve(store, s, admin, &database_url).await,
+        Command::Serve(s) => {
+            match &sealing {
+                Some(id) => tracing::info!(key = %id, "stored responses are sealed (AES-256-GCM)"),
+                None => tracing::warn!(
+                    "stored responses are kept in plaintext: pass --response-key-file to seal them at rest"
+                ),
+            }
+            serve(store, s, admin, &database_url).await
+        }
         Command::Inspect(i) => {
             if cli.log_key_file.is_none() && admin.is_none() {
                 eprintln!(

@@ -39,6 +39,7 @@ pub mod openapi;
 pub mod postgres;
 pub mod problem;
 mod replays;
+pub mod sealing;
 pub mod service;
 pub mod sqlite;
 pub mod sweeper;

@@ -36,6 +36,8 @@ fn help_documents_every_subcommand_and_flag() {
         "IDEMGATE_DATABASE_URL_FILE",
         "--log-key-file",
         "IDEMGATE_LOG_KEY_FILE",
+        "--response-key-file",
+        "IDEMGATE_RESPONSE_KEY_FILE",
     ] {
         assert!(out.contains(word), "{word} missing from --help:\n{out}");
     }

@@ -102,6 +102,7 @@ async fn concurrent_sqlite_claims_share_commits() {
             path.to_str().unwrap(),
             true,
             idemgate_store::log_ids::LogIds::random().unwrap(),
+            idemgate_store::sealing::Seal::off(),
         )
         .unwrap(),
     );

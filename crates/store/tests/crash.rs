@@ -204,6 +204,7 @@ async fn on_sqlite_claims_are_fsynced_and_completions_are_not() {
         path.to_str().unwrap(),
         true,
         idemgate_store::log_ids::LogIds::random().unwrap(),
+        idemgate_store::sealing::Seal::off(),
     )
     .unwrap();
     sqlite.migrate().await.unwrap();

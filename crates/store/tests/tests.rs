@@ -8,5 +8,6 @@ mod crash;
 mod http;
 mod log_ids;
 mod migration;
+mod sealing;
 mod stories;
 mod support;

@@ -163,7 +163,7 @@ impl Postgres {
                 // Served from the committed row this statement returned.
                 self.count_replay(*key, loaded.view.fence);
                 let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                Read::Decided(ClaimOutcome::replay(status, loaded.headers, completed_at, body))
+                Read::Decided(loaded.replay(&self.seal, key, (status, completed_at), body)?)
             }
             ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Read::Changes,
         })
@@ -223,7 +223,7 @@ impl Postgres {
             ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
             ClaimDecision::Replay { status, completed_at } => {
                 self.count_replay(key, view.fence);
-                ClaimOutcome::replay(status, loaded.headers.clone(), completed_at, body)
+                loaded.replay(&self.seal, &key, (status, completed_at), body)?
             }
             ClaimDecision::Claim => {
                 to_history(

@@ -28,6 +28,7 @@ use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
 use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
+use crate::sealing::Seal;
 
 /// A statement about the current record: `$1` is its key (the scope
 /// digest); the statement's own parameters start at `$2`.
@@ -54,6 +55,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("migrations/0002_generations.sql")),
     (3, include_str!("migrations/0003_event_reasons.sql")),
     (4, include_str!("migrations/0004_scope_digest.sql")),
+    (5, include_str!("migrations/0005_response_keys.sql")),
 ];
 
 /// Pending replay counts, one row per record. The fence and state guard keep
@@ -89,6 +91,7 @@ pub struct Postgres {
     connections: Connections,
     replays: Arc<ReplayCounts>,
     log_ids: LogIds,
+    pub(super) seal: Seal,
 }
 
 /// Replays served and not yet counted, and the one task at a time that
@@ -130,7 +133,8 @@ type TxWork<'t, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(T, Vec<EventInfo>)>> + Send + 't>>;
 
 impl Postgres {
-    pub fn connect(url: &str, pool_size: usize, log_ids: LogIds) -> Result<Postgres> {
+    /// `seal`: how stored responses are sealed at rest.
+    pub fn connect(url: &str, pool_size: usize, log_ids: LogIds, seal: Seal) -> Result<Postgres> {
         let connections = Connections::open(url, pool_size)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
@@ -141,6 +145,7 @@ impl Postgres {
             connections,
             replays,
             log_ids,
+            seal,
         })
     }
 
@@ -181,7 +186,7 @@ impl Postgres {
 
     async fn infos(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<RecordInfo>> {
         let rows = self.connections.query(sql, params).await?;
-        rows.iter().map(RecordInfo::read).collect()
+        rows.iter().map(|r| RecordInfo::read(r, &self.seal)).collect()
     }
 }
 
