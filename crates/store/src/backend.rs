@@ -25,6 +25,9 @@ pub enum StoreError {
     /// The claim's caller stopped waiting before the claim could be
     /// committed; nothing was written.
     Late,
+    /// The claim would take a new key, and its tenant's budget of new keys
+    /// is spent for `retry_after_ms`; nothing was written.
+    RateLimited { retry_after_ms: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -34,6 +37,12 @@ impl std::fmt::Display for StoreError {
             StoreError::Corrupt(e) => write!(f, "unexpected row in the database: {e}"),
             StoreError::Config(e) => write!(f, "{e}"),
             StoreError::Late => f.write_str("the caller's deadline passed before the claim was committed"),
+            StoreError::RateLimited { retry_after_ms } => {
+                write!(
+                    f,
+                    "the tenant's budget of new keys is spent for {retry_after_ms} ms"
+                )
+            }
         }
     }
 }
@@ -335,6 +344,11 @@ pub trait Backend: Send + Sync {
         now: i64,
         deadline: Option<std::time::Instant>,
     ) -> Result<ClaimOutcome>;
+    /// What the claim would answer without writing anything: `None` when it
+    /// would take the key (a new record or generation) or change the record
+    /// (turn an expired lease unknown). A replay it answers is counted like
+    /// any other.
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>>;
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemgate_core::scope::Scope;
 
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
+use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
 use crate::sealing::Seal;
@@ -153,6 +154,20 @@ pub struct Serve {
     /// Do not run the sweeper in this process (e.g. all but one replica).
     #[arg(long, env = "IDEMGATE_NO_SWEEPER")]
     pub no_sweeper: bool,
+    /// Budget of new keys per tenant, per second, in this replica: claims
+    /// that would take a key beyond it get 429 `key-rate-limited` (nothing
+    /// is claimed). Replays, conflicts and completions are never limited.
+    /// Each replica keeps its own budget. Default: no limit.
+    #[arg(long, env = "IDEMGATE_TENANT_NEW_KEYS_PER_SEC")]
+    pub tenant_new_keys_per_sec: Option<f64>,
+    /// With --tenant-new-keys-per-sec: how many new keys a tenant may take
+    /// at once (default: one second's worth, at least 1).
+    #[arg(
+        long,
+        env = "IDEMGATE_TENANT_NEW_KEYS_BURST",
+        requires = "tenant_new_keys_per_sec"
+    )]
+    pub tenant_new_keys_burst: Option<u32>,
     /// Do not serve the operators' console (/admin/console).
     #[arg(long, env = "IDEMGATE_NO_CONSOLE")]
     pub no_console: bool,
@@ -445,6 +460,19 @@ async fn serve(store: Store, s: Serve, admin: Option<String>, url: &str) -> Resu
     if next.as_ref() == Some(&admin) {
         return Err("the next API token must differ from the admin token".into());
     }
+    let store = match s.tenant_new_keys_per_sec {
+        None => store,
+        Some(rate) => {
+            // One second's worth, at least 1 (the cast saturates).
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let burst = s
+                .tenant_new_keys_burst
+                .unwrap_or_else(|| (rate.ceil() as u32).max(1));
+            let budgets = Budgets::new(rate, burst).map_err(|e| format!("--tenant-new-keys-per-sec: {e}"))?;
+            tracing::info!(rate, burst, "new keys per tenant are limited (in this replica)");
+            store.with_budgets(budgets)
+        }
+    };
     let sweep = SweepSettings {
         enabled: !s.no_sweeper,
         interval: Duration::from_millis(s.sweep_interval_ms.max(10)),

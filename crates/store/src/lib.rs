@@ -28,6 +28,7 @@ pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod columns;

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub stale_fences: Counter,
     pub late_claims: Counter,
     pub abandoned_claims: Counter,
+    pub rate_limited_claims: Counter,
     pub claim_seconds: Histogram,
     pub oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
     pub sweeper_runs: Counter,
@@ -61,6 +62,7 @@ impl Metrics {
         let stale_fences = Counter::default();
         let late_claims = Counter::default();
         let abandoned_claims = Counter::default();
+        let rate_limited_claims = Counter::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let oldest = Gauge::<f64, AtomicU64>::default();
         let sweeper_runs = Counter::default();
@@ -98,6 +100,11 @@ impl Metrics {
             abandoned_claims.clone(),
         );
         registry.register(
+            "rate_limited_claims",
+            "Claims of new keys refused because their tenant's budget was spent (429)",
+            rate_limited_claims.clone(),
+        );
+        registry.register(
             "claim_duration_seconds",
             "Time to answer a claim, waiting included",
             claim_seconds.clone(),
@@ -123,6 +130,7 @@ impl Metrics {
             stale_fences,
             late_claims,
             abandoned_claims,
+            rate_limited_claims,
             claim_seconds,
             oldest_in_progress_seconds: oldest,
             sweeper_runs,

@@ -56,6 +56,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--audit-retention-secs",
         "--no-console",
         "--console-secure-cookies",
+        "--tenant-new-keys-per-sec",
+        "--tenant-new-keys-burst",
         "IDEMGATE_API_TOKEN",
     ] {
         assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");

@@ -8,6 +8,7 @@ mod crash;
 mod http;
 mod log_ids;
 mod migration;
+mod rate_limit;
 mod sealing;
 mod stories;
 mod support;

@@ -284,6 +284,14 @@ impl Exchange {
         // A store that refused the frame (4xx) wrote nothing; any other
         // failure may have lost the answer to a committed claim.
         let refused = self.refusal.is_some();
+        // Over the tenant's budget of new keys: the store claimed nothing,
+        // so there is nothing to abandon and the key stays unused.
+        if let Some(wait_ms) = match &answer {
+            Some((429, body)) => Problem::rate_limited_wait(body),
+            _ => None,
+        } {
+            return self.reject(Handling::RateLimited, Problem::key_rate_limited(wait_ms));
+        }
         let reply = match answer {
             Some((200, body)) => decode_frame::<ClaimReply>(&body)
                 .map(|(meta, bytes)| (meta, bytes.to_vec()))

@@ -10,7 +10,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
-use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
+use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::Postgres;
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
@@ -66,6 +66,37 @@ impl<'r> Claimed<'r> {
 }
 
 impl Postgres {
+    /// [`crate::backend::Backend::peek`]: the record as committed, read
+    /// without a lock, decided by the same rules.
+    pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        const SQL: &str = concat!(
+            "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_key, \
+             response_body, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
+             release_on_unknown FROM idempotency_records WHERE ",
+            key_where!()
+        );
+        let key = ScopeDigest::of(&req.scope);
+        let rows = self.connections.query(SQL, &key.bind(&[])).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let loaded = LoadedRecord::read(row)?;
+        match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimDecision::Replay { status, completed_at } => {
+                self.count_replay(key, loaded.view.fence);
+                let body = row.optional_bytes("response_body")?.unwrap_or_default();
+                Ok(Some(loaded.replay(
+                    &self.seal,
+                    &key,
+                    (status, completed_at),
+                    body,
+                )?))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+        }
+    }
+
     pub(super) async fn claim_record(
         &self,
         req: &ClaimRequest,

@@ -242,6 +242,10 @@ impl Backend for Postgres {
         self.claim_record(req, now, deadline).await
     }
 
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        self.peek_record(req, now).await
+    }
+
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
         self.complete_record(req, body, now).await
     }

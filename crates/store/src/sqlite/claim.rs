@@ -64,6 +64,31 @@ pub(super) fn probe(
     Ok(Probed::Write(job, pending))
 }
 
+/// [`crate::backend::Backend::peek`] on a reader: the last committed
+/// state, decided by the same rules; nothing is written but a replay's count.
+pub(super) fn peek(
+    conn: &Connection,
+    (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
+    req: &ClaimRequest,
+    now: i64,
+) -> Result<Option<ClaimOutcome>> {
+    let key = ScopeDigest::of(&req.scope);
+    load_with(conn, &key, |loaded, body| {
+        let Some(loaded) = loaded else {
+            return Ok(None);
+        };
+        match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimDecision::Replay { status, completed_at } => {
+                let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
+                count_replay(engine, replays, key, loaded.view.fence);
+                Ok(Some(outcome))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+        }
+    })
+}
+
 /// What the reader saw.
 enum Seen {
     Decided(ClaimOutcome),

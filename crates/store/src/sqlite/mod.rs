@@ -331,6 +331,14 @@ impl Backend for Sqlite {
             .await
     }
 
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
+        let req = req.clone();
+        self.engine
+            .read(move |conn| claim::peek(conn, (&engine, &replays, &seal), &req, now))
+            .await
+    }
+
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
         let call = Call::Claim {
             req: req.clone(),
