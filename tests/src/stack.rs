@@ -41,6 +41,8 @@ pub struct Options {
     /// Where the bootstrap's upstream (port 8080) points instead of the
     /// in-process [`Upstream`], e.g. the demo's payments service.
     pub upstream_port: Option<u16>,
+    /// Extra arguments of `idempotency-store serve`.
+    pub store_args: Vec<String>,
 }
 
 impl Options {
@@ -56,6 +58,7 @@ impl Options {
             client_timeout: Some(Duration::from_secs(20)),
             envoy_env: Vec::new(),
             upstream_port: None,
+            store_args: Vec::new(),
         }
     }
 }
@@ -196,7 +199,8 @@ impl Stack {
             ADMIN_TOKEN,
             self.options.store_log,
         );
-        let proc = Proc::spawn("store", serve.args(["--pg-pool-size", "8"]), log);
+        serve.args(["--pg-pool-size", "8"]).args(&self.options.store_args);
+        let proc = Proc::spawn("store", &mut serve, log);
         self.stores[i].proc = Some(proc);
     }
 
