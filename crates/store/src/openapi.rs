@@ -200,7 +200,10 @@ pub fn document() -> Value {
         "ClaimRequest",
         json!({ "200": { "description": "A frame: ClaimReply metadata, then the stored body for a replay", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/ClaimReply" } } } } }),
     );
-    if let Some(responses) = claim.pointer_mut("/post/responses").and_then(Value::as_object_mut) {
+    if let Some(responses) = claim
+        .pointer_mut("/post/responses")
+        .and_then(Value::as_object_mut)
+    {
         responses.insert(
             "429".into(),
             json!({ "description": "key-rate-limited: the claim would take a key beyond its tenant's budget of new keys; nothing was claimed (retry_after_ms in the body, Retry-After)", "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } }),

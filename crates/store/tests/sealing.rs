@@ -267,3 +267,51 @@ async fn postgres_data_directory_holds_no_plaintext_response_and_keys_rotate() {
     };
     sealed_at_rest(&url, &control, &cluster.data_dir(), flush).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_says_whether_it_seals_and_refuses_a_bad_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let keys = dir.path().join("response-keys");
+    std::fs::write(&keys, format!("# rotated in December\n{KEY_B}\n{KEY_A}\n")).unwrap();
+    let sealed = StoreProcess::start_with(&db, "info", |cmd| {
+        cmd.arg("--response-key-file").arg(&keys);
+    })
+    .await;
+    assert!(
+        sealed.log().contains("stored responses are sealed"),
+        "{}",
+        sealed.log()
+    );
+    assert!(sealed.log().contains("key=b"), "{}", sealed.log());
+    drop(sealed);
+    let plain = StoreProcess::start_with(&db, "info", |_| {}).await;
+    assert!(plain.log().contains("kept in plaintext"), "{}", plain.log());
+    drop(plain);
+
+    let bad = dir.path().join("bad-keys");
+    std::fs::write(
+        &bad,
+        "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\nb:c2hvcnQ=\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args([
+            "serve",
+            "--api-token",
+            API,
+            "--admin-token",
+            ADMIN,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--database-url", &db])
+        .arg("--response-key-file")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2") && err.contains("32"), "{err}");
+    assert!(!err.contains("c2hvcnQ"), "a key in the error: {err}");
+}
