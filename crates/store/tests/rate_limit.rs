@@ -183,6 +183,19 @@ async fn budget_story(backend: Arc<dyn Backend>) {
     api.owned("acme", "k4").await;
     api.claim("acme", "k5", 1).await.assert_rate_limited(1000);
     assert_eq!(api.state.store.metrics.rate_limited_claims.get(), 5);
+
+    // A claim that may wait for an in-flight record is limited the same way.
+    let waiting = |key: &str| {
+        let mut c = claim(&scope(key), Some(1));
+        c.wait_ms = 50;
+        encode_frame(&c, b"")
+    };
+    api.post("/v1/claim", API, waiting("k5"))
+        .await
+        .assert_rate_limited(1000);
+    let a = api.post("/v1/claim", API, waiting("k1")).await;
+    assert!(matches!(a.reply(), ClaimReply::Replay { .. }));
+    assert_eq!(api.records("acme", "k5").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
