@@ -60,9 +60,9 @@ impl Store {
     }
 
     /// Gives a charged claim's key back unless the claim took the key.
-    fn settle_charge(&self, req: &ClaimRequest, took: bool) {
+    fn settle_charge(&self, tenant: &str, took: bool) {
         if let (Some(b), false) = (&self.budgets, took) {
-            b.give_back(req.scope.tenant());
+            b.give_back(tenant);
         }
     }
 
@@ -87,7 +87,7 @@ impl Store {
                 let outcome = self.backend.claim(req, self.clock.now(), deadline).await;
                 if charged {
                     let took = matches!(&outcome, Ok(o) if matches!(o.reply, ClaimReply::Owned { .. }));
-                    self.settle_charge(req, took);
+                    self.settle_charge(req.scope.tenant(), took);
                 }
                 outcome
             }
@@ -113,7 +113,7 @@ impl Store {
                     Err(wait_ms) => over_budget.push((i, req, wait_ms)),
                     Ok(was_charged) => {
                         if was_charged {
-                            charged.push((i, req.clone()));
+                            charged.push((i, req.scope.tenant().to_string()));
                         }
                         let deadline = caller_deadline(&req, started);
                         together.push((i, Call::Claim { req, deadline }));
@@ -152,12 +152,12 @@ impl Store {
             }
             answers[i] = Some(answer.map(Answer::Claim));
         }
-        for (i, req) in charged {
+        for (i, tenant) in charged {
             let took = matches!(
                 &answers[i],
                 Some(Ok(Answer::Claim(o))) if matches!(o.reply, ClaimReply::Owned { .. })
             );
-            self.settle_charge(&req, took);
+            self.settle_charge(&tenant, took);
         }
         for ((i, _), answer) in waiting.into_iter().zip(waited) {
             answers[i] = Some(answer);
