@@ -164,11 +164,13 @@ impl Carrier {
         // the root sends it and counts the settlement once the store confirms.
         let orphan = self.exchange.finish();
         if self.exchange.settlement() == Some(Settlement::Failed) {
-            let record = self.exchange.log_id().unwrap_or_default();
+            // The attempt id, not a hash of the key: it is random, and the
+            // record's history in the store carries it.
+            let attempt = self.exchange.attempt().as_str();
             host::log(
                 LogLevel::Warn,
                 &format!(
-                    "record {record}: the store did not record the outcome; its lease will turn it unknown"
+                    "attempt {attempt}: the store did not record the outcome; its lease will turn it unknown"
                 ),
             );
         }

@@ -65,9 +65,18 @@ impl Harness {
     /// Starts with `envoy/e2e.yaml` changed by `edit` (after the ports are
     /// rewritten), e.g. to point the `express` cluster at a running app.
     pub async fn start_with(edit: impl FnOnce(String) -> String + Send + 'static) -> Harness {
+        Harness::start_serving(edit, Vec::new()).await
+    }
+
+    /// [`Harness::start_with`], the store started with `store_args` too.
+    pub async fn start_serving(
+        edit: impl FnOnce(String) -> String + Send + 'static,
+        store_args: Vec<String>,
+    ) -> Harness {
         let mut options = stack::Options::new("envoy/e2e.yaml", stack::Database::Sqlite, 1);
         options.edit = Some(Box::new(edit));
         options.client_timeout = None;
+        options.store_args = store_args;
         Harness(stack::Stack::start(options).await)
     }
 }

@@ -45,6 +45,8 @@ pub struct Options {
     /// earlier release's, for the mixed-version tests).
     pub wasm: Option<PathBuf>,
     pub store_bin: Option<PathBuf>,
+    /// Extra arguments of `idempotency-store serve`.
+    pub store_args: Vec<String>,
 }
 
 impl Options {
@@ -62,6 +64,7 @@ impl Options {
             upstream_port: None,
             wasm: None,
             store_bin: None,
+            store_args: Vec::new(),
         }
     }
 }
@@ -209,7 +212,8 @@ impl Stack {
             ADMIN_TOKEN,
             self.options.store_log,
         );
-        let proc = Proc::spawn("store", serve.args(["--pg-pool-size", "8"]), log);
+        serve.args(["--pg-pool-size", "8"]).args(&self.options.store_args);
+        let proc = Proc::spawn("store", &mut serve, log);
         self.stores[i].proc = Some(proc);
     }
 

@@ -23,7 +23,10 @@ fn assert_problem(answer: &Answer, status: u16, slug: &str) {
     );
     assert_eq!(answer.json()["status"], status);
     // The retry hints SDKs obey, on every problem.
-    let retry = if matches!(slug, "request-in-progress" | "store-unavailable") {
+    let retry = if matches!(
+        slug,
+        "request-in-progress" | "store-unavailable" | "key-rate-limited"
+    ) {
         "true"
     } else {
         "false"
@@ -768,4 +771,43 @@ fn envoy_refuses_an_invalid_plugin_configuration_and_names_the_field() {
         )),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_over_the_stores_budget_of_new_keys_gets_429_and_its_key_works_after_the_wait() {
+    // One new key a second per tenant, one at a time.
+    let args = ["--tenant-new-keys-per-sec", "1", "--tenant-new-keys-burst", "1"];
+    let h = Harness::start_serving(|c| c, args.iter().map(|a| a.to_string()).collect()).await;
+    let (first, second) = (key("budget-1"), key("budget-2"));
+    let a = send(h.post("/pay", Some(&first), PAYMENT)).await;
+    assert_eq!(a.status, 201, "{a:?}");
+    // A second new key at once: refused before anything is claimed.
+    let limited = send(h.post("/pay", Some(&second), PAYMENT)).await;
+    assert_problem(&limited, 429, "key-rate-limited");
+    assert_eq!(limited.header("retry-after"), Some("1"), "{limited:?}");
+    let wait_ms: u64 = limited
+        .header("retry-after-ms")
+        .unwrap_or_default()
+        .parse()
+        .unwrap();
+    assert!((1..=1000).contains(&wait_ms), "{limited:?}");
+    assert_eq!(
+        limited.header("idempotency-key"),
+        Some(format!("\"{second}\"").as_str())
+    );
+    assert_eq!(h.upstream.executions(&second), 0);
+    // Over budget, a retry of the first still replays, and another tenant
+    // has its own budget.
+    let replay = send(h.post("/pay", Some(&first), PAYMENT)).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let other = send(h.post_as("tenant-b", "bob", "/pay", Some(&second), PAYMENT)).await;
+    assert_eq!(other.status, 201, "{other:?}");
+    // After the wait the refused key is a first request: it was not burnt.
+    tokio::time::sleep(Duration::from_millis(wait_ms + 50)).await;
+    let a = send(h.post("/pay", Some(&second), PAYMENT)).await;
+    assert_eq!(a.status, 201, "{a:?}");
+    assert!(a.header("idempotent-replayed").is_none());
+    assert_eq!(h.upstream.executions(&second), 2, "once per tenant");
+    assert_eq!(h.counter("requests_rate_limited").await, 1);
 }

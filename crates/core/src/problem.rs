@@ -25,6 +25,8 @@ pub enum ProblemKind {
     ResultUnavailable,
     StoreUnavailable,
     IdentityMissing,
+    /// The tenant created more new keys than the store's budget allows.
+    KeyRateLimited,
     // The store's own API.
     Unauthorized,
     Forbidden,
@@ -34,7 +36,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 14] = [
+    pub const ALL: [ProblemKind; 15] = [
         ProblemKind::KeyMissing,
         ProblemKind::KeyInvalid,
         ProblemKind::BodyTooLarge,
@@ -45,6 +47,7 @@ impl ProblemKind {
         ProblemKind::ResultUnavailable,
         ProblemKind::StoreUnavailable,
         ProblemKind::IdentityMissing,
+        ProblemKind::KeyRateLimited,
         ProblemKind::Unauthorized,
         ProblemKind::Forbidden,
         ProblemKind::BadRequest,
@@ -57,7 +60,7 @@ impl ProblemKind {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable
+            ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable | ProblemKind::KeyRateLimited
         )
     }
 
@@ -102,6 +105,11 @@ impl ProblemKind {
             ),
             ProblemKind::StoreUnavailable => ("store-unavailable", 503, "Idempotency store is unavailable"),
             ProblemKind::IdentityMissing => ("identity-missing", 400, "Caller identity is missing"),
+            ProblemKind::KeyRateLimited => (
+                "key-rate-limited",
+                429,
+                "Too many new Idempotency-Keys for this tenant",
+            ),
             ProblemKind::Unauthorized => ("unauthorized", 401, "Unauthorized"),
             ProblemKind::Forbidden => ("forbidden", 403, "Forbidden"),
             ProblemKind::BadRequest => ("bad-request", 400, "Bad request"),
@@ -134,6 +142,11 @@ struct Body<'a> {
     completed_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     original_status: Option<u16>,
+    /// `key-rate-limited` only: the wait in milliseconds, so the store's
+    /// answer carries it to the filter inside a batch too (where a call's
+    /// answer has no headers of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
 }
 
 impl Problem {
@@ -244,6 +257,32 @@ impl Problem {
         .completed_at(completed_at)
     }
 
+    /// The store's budget of new keys for the tenant is spent: nothing was
+    /// claimed, so the same key works once the wait is over.
+    pub fn key_rate_limited(retry_after_ms: u64) -> Self {
+        Problem::new(
+            ProblemKind::KeyRateLimited,
+            "too many new idempotency keys for this tenant right now; nothing was executed, retry after the indicated time with the same key",
+        )
+        .retry_after_ms(retry_after_ms)
+    }
+
+    /// The wait a `key-rate-limited` problem body (the store's answer to a
+    /// claim) asks for; `None` for any other body.
+    pub fn rate_limited_wait(body: &[u8]) -> Option<u64> {
+        let v = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+        let slug = v.get("type")?.as_str()?.rsplit('/').next()?;
+        if slug != ProblemKind::KeyRateLimited.slug() {
+            return None;
+        }
+        Some(
+            v.get("retry_after_ms")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(1000)
+                .max(1),
+        )
+    }
+
     /// The full response: status, `application/problem+json`, `Cache-Control:
     /// no-store`, `Link: <type>; rel="describedby"`, `Retry-After` when set.
     pub fn render(&self, doc_base: &str) -> Reply {
@@ -255,6 +294,9 @@ impl Problem {
             detail: &self.detail,
             completed_at: self.completed_at.map(rfc3339_utc),
             original_status: self.original_status,
+            retry_after_ms: self
+                .retry_after_ms
+                .filter(|_| self.kind == ProblemKind::KeyRateLimited),
         };
         // Serializing strings and integers cannot fail.
         let body = serde_json::to_vec(&body).unwrap_or_default();
@@ -354,6 +396,20 @@ mod tests {
     kind!(result_unavailable_is_a_409, ProblemKind::ResultUnavailable, "result-unavailable" => 409);
     kind!(store_unavailable_is_a_503, ProblemKind::StoreUnavailable, "store-unavailable" => 503);
     kind!(identity_missing_is_a_400, ProblemKind::IdentityMissing, "identity-missing" => 400);
+    kind!(key_rate_limited_is_a_429, ProblemKind::KeyRateLimited, "key-rate-limited" => 429);
+
+    #[test]
+    fn a_rate_limited_body_carries_its_wait_and_only_it_does() {
+        let limited = Problem::key_rate_limited(1500).render(BASE);
+        let body: serde_json::Value = serde_json::from_slice(&limited.body).unwrap();
+        assert_eq!(body["retry_after_ms"], 1500);
+        assert_eq!(Problem::rate_limited_wait(&limited.body), Some(1500));
+        let busy = Problem::request_in_progress(1500).render(BASE);
+        let body: serde_json::Value = serde_json::from_slice(&busy.body).unwrap();
+        assert!(body.get("retry_after_ms").is_none(), "{body}");
+        assert_eq!(Problem::rate_limited_wait(&busy.body), None);
+        assert_eq!(Problem::rate_limited_wait(b"not json"), None);
+    }
     kind!(unauthorized_is_a_401, ProblemKind::Unauthorized, "unauthorized" => 401);
     kind!(forbidden_is_a_403, ProblemKind::Forbidden, "forbidden" => 403);
     kind!(bad_request_is_a_400, ProblemKind::BadRequest, "bad-request" => 400);
@@ -410,7 +466,7 @@ mod tests {
             let reply = Problem::new(kind, "d").render(BASE);
             let want = if matches!(
                 kind,
-                ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable
+                ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable | ProblemKind::KeyRateLimited
             ) {
                 "true"
             } else {

@@ -164,14 +164,6 @@ impl Scope {
             self.key.as_str(),
         ]
     }
-
-    /// A short hash that identifies the record in logs without the raw key:
-    /// the first 12 hex digits of [`Scope::digest`].
-    pub fn log_id(&self) -> String {
-        let mut id = hex::encode(self.digest());
-        id.truncate(12);
-        id
-    }
 }
 
 /// [`Scope::encode`] of the six components as stored (see [`Scope::parts`]),
@@ -253,7 +245,6 @@ mod tests {
         let b = scope("a", "b|c", "r").unwrap();
         assert_ne!(a.encode(), b.encode());
         assert_ne!(a.digest(), b.digest());
-        assert_ne!(a.log_id(), b.log_id());
     }
 
     #[test]
@@ -268,14 +259,6 @@ mod tests {
         let u = Scope::new("t", "p", "r", Namespace::Client, key("k")).unwrap();
         let s = Scope::new("t", "p", "r", Namespace::Server, key("k")).unwrap();
         assert_ne!(u.digest(), s.digest());
-    }
-
-    #[test]
-    fn the_log_id_is_twelve_hex_digits() {
-        let id = scope("t", "p", "r").unwrap().log_id();
-        assert_eq!(id.len(), 12);
-        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert!(!id.contains("k1"));
     }
 
     #[test]

@@ -87,13 +87,12 @@ pub async fn find(state: &AppState, lookup: &Lookup, l: Option<u32>) -> Result<K
     if lookup.tenant.is_empty() || lookup.key.is_empty() {
         return Err(Refusal::bad_request("tenant and key are required"));
     }
-    Ok(state.store.backend.lookup(lookup, limit(l)).await?)
+    Ok(state.store.lookup(lookup, limit(l)).await?)
 }
 
 /// Unknown or stuck records, oldest first, at most `l`.
 pub async fn list(state: &AppState, which: Listing, l: Option<u32>) -> Result<Vec<RecordInfo>, Refusal> {
-    let now = state.store.clock.now();
-    Ok(state.store.backend.list(which, now, limit(l)).await?)
+    Ok(state.store.list(which, limit(l)).await?)
 }
 
 pub async fn lookup(State(state): State<AppState>, body: Body) -> Result<Json<KeyHistory>, Refusal> {
@@ -204,7 +203,7 @@ pub async fn resolve_record(
         Resolution::Release => "release",
     };
     // Never the reason: it is the operator's free text.
-    tracing::info!(record = %scope.log_id(), action, "resolved by an operator");
+    tracing::info!(record = %state.store.log_id(scope), action, "resolved by an operator");
     state.store.notify_changed();
     Ok(())
 }
@@ -225,7 +224,7 @@ pub async fn purge(State(state): State<AppState>, body: Body) -> Result<Json<Cha
     {
         return Err(Refusal::new(ProblemKind::NotFound, "no record with this scope"));
     }
-    tracing::info!(record = %req.scope.log_id(), "purged by an operator");
+    tracing::info!(record = %state.store.log_id(&req.scope), "purged by an operator");
     state.store.notify_changed();
     Ok(Json(Changed { changed: true }))
 }

@@ -112,9 +112,9 @@ struct Parsed {
 
 /// Decodes and validates one call of the filter's API, sent alone or in a
 /// batch.
-fn parse(path: &str, bytes: Bytes) -> Result<Parsed, Refusal> {
+fn parse(state: &AppState, path: &str, bytes: Bytes) -> Result<Parsed, Refusal> {
     let log_id = |scope: &idemgate_core::scope::Scope| {
-        tracing::enabled!(tracing::Level::DEBUG).then(|| scope.log_id())
+        tracing::enabled!(tracing::Level::DEBUG).then(|| state.store.log_id(scope))
     };
     let (call, path, record) = match path {
         CLAIM_PATH => {
@@ -177,7 +177,7 @@ fn answered(path: &str, record: Option<&str>, answer: StoreResult<Answer>) -> Re
 /// One call sent alone: `POST` to its path.
 pub async fn single(State(state): State<AppState>, uri: Uri, body: Body) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
-    let parsed = parse(uri.path(), bytes)?;
+    let parsed = parse(&state, uri.path(), bytes)?;
     let answer = state
         .store
         .decide(vec![parsed.call])
@@ -207,7 +207,7 @@ pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response
         .calls
         .iter()
         .zip(frames)
-        .map(|(c, frame)| parse(&c.path, rest.slice_ref(frame)))
+        .map(|(c, frame)| parse(&state, &c.path, rest.slice_ref(frame)))
         .collect();
     let mut labels = Vec::with_capacity(parsed.len());
     let mut calls = Vec::with_capacity(parsed.len());

@@ -11,6 +11,9 @@ use idemgate_core::protocol::{
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
+use crate::log_ids::LogIds;
+use crate::sealing::Seal;
+
 #[derive(Debug, Clone)]
 pub enum StoreError {
     /// The database could not be reached or refused the operation.
@@ -22,6 +25,9 @@ pub enum StoreError {
     /// The claim's caller stopped waiting before the claim could be
     /// committed; nothing was written.
     Late,
+    /// The claim would take a new key, and its tenant's budget of new keys
+    /// is spent for `retry_after_ms`; nothing was written.
+    RateLimited { retry_after_ms: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -31,6 +37,12 @@ impl std::fmt::Display for StoreError {
             StoreError::Corrupt(e) => write!(f, "unexpected row in the database: {e}"),
             StoreError::Config(e) => write!(f, "{e}"),
             StoreError::Late => f.write_str("the caller's deadline passed before the claim was committed"),
+            StoreError::RateLimited { retry_after_ms } => {
+                write!(
+                    f,
+                    "the tenant's budget of new keys is spent for {retry_after_ms} ms"
+                )
+            }
         }
     }
 }
@@ -106,7 +118,9 @@ pub enum Answer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordInfo {
     pub scope: Scope,
-    /// The short hash that identifies this record in logs.
+    /// The keyed hash that names this record in logs
+    /// ([`crate::log_ids::LogIds`]); filled in by [`KeyHistory::label`] or
+    /// [`label_records`] before the record leaves the store.
     pub log_id: String,
     pub state: String,
     pub fingerprint: Option<String>,
@@ -116,6 +130,10 @@ pub struct RecordInfo {
     pub on_unknown: OnUnknown,
     pub status: Option<u16>,
     pub headers: Option<Vec<(String, String)>>,
+    /// The id of the key that sealed the stored response (headers and
+    /// body); `None`: stored in plaintext.
+    #[serde(default)]
+    pub response_key: Option<String>,
     pub body_stored: bool,
     /// Length of the stored body; `None` once archived (the body is dropped).
     pub body_len: Option<u64>,
@@ -145,6 +163,7 @@ pub struct KeyHistory {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventInfo {
     pub scope: Scope,
+    /// As [`RecordInfo::log_id`].
     pub log_id: String,
     pub generation: u64,
     pub at: i64,
@@ -164,15 +183,33 @@ pub struct EventInfo {
     pub reason: Option<String>,
 }
 
+impl KeyHistory {
+    /// Names every record and event as the logs do.
+    pub fn label(&mut self, ids: &LogIds) {
+        label_records(&mut self.records, ids);
+        for e in &mut self.events {
+            e.log_id = ids.of(&e.scope);
+        }
+    }
+}
+
+/// Names every record as the logs do.
+pub fn label_records(records: &mut [RecordInfo], ids: &LogIds) {
+    for r in records {
+        r.log_id = ids.of(&r.scope);
+    }
+}
+
 impl EventInfo {
-    /// The event's structured log line: what operators monitor.
-    pub fn log(&self) {
+    /// The event's structured log line: what operators monitor. The record
+    /// is named by its keyed hash under `ids`.
+    pub fn log(&self, ids: &LogIds) {
         tracing::info!(
             target: "idemgate::events",
             event = %self.transition,
             tenant = %self.scope.tenant(),
             route = %self.scope.route(),
-            record = %self.log_id,
+            record = %ids.of(&self.scope),
             generation = self.generation,
             fence = self.fence,
             fingerprint = self.fingerprint.as_deref().unwrap_or("-"),
@@ -292,6 +329,8 @@ impl SweepReport {
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
+    /// How this backend names records in its event log lines.
+    fn log_ids(&self) -> &LogIds;
     /// Applies pending migrations; safe to call concurrently from several
     /// processes and on every start.
     async fn migrate(&self) -> Result<()>;
@@ -305,6 +344,11 @@ pub trait Backend: Send + Sync {
         now: i64,
         deadline: Option<std::time::Instant>,
     ) -> Result<ClaimOutcome>;
+    /// What the claim would answer without writing anything: `None` when it
+    /// would take the key (a new record or generation) or change the record
+    /// (turn an expired lease unknown). A replay it answers is counted like
+    /// any other.
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>>;
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
@@ -370,10 +414,19 @@ pub struct BackendOptions {
     pub sqlite_synchronous_full: Option<bool>,
     /// PostgreSQL: connections in the pool.
     pub pg_pool_size: Option<usize>,
+    /// The secret of the log ids; `None`: a random one (ids match nothing
+    /// outside this process).
+    pub log_ids: Option<LogIds>,
+    /// The keys stored responses are sealed with; off: plaintext.
+    pub seal: Seal,
 }
 
 /// Opens the backend named by the URL's scheme. Does not migrate.
 pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
+    let log_ids = match &opts.log_ids {
+        Some(ids) => ids.clone(),
+        None => LogIds::random().map_err(StoreError::Config)?,
+    };
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let path = rest.strip_prefix("//").unwrap_or(rest);
         let path = path.split('?').next().unwrap_or("");
@@ -382,10 +435,20 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
                 "the sqlite URL names no file; write sqlite://idempotency.db or sqlite:///var/lib/idemgate/store.db".into(),
             ));
         }
-        let backend = crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true))?;
+        let backend = crate::sqlite::Sqlite::open(
+            path,
+            opts.sqlite_synchronous_full.unwrap_or(true),
+            log_ids,
+            opts.seal.clone(),
+        )?;
         Ok(Arc::new(backend))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16))?;
+        let backend = crate::postgres::Postgres::connect(
+            url,
+            opts.pg_pool_size.unwrap_or(16),
+            log_ids,
+            opts.seal.clone(),
+        )?;
         Ok(Arc::new(backend))
     } else {
         Err(StoreError::Config(

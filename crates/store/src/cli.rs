@@ -7,7 +7,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemgate_core::scope::Scope;
 
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
+use crate::budget::Budgets;
 use crate::clock::Clock;
+use crate::log_ids::LogIds;
+use crate::sealing::Seal;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 
@@ -47,6 +50,33 @@ pub struct Cli {
     /// PostgreSQL connection pool size.
     #[arg(long, global = true, env = "IDEMGATE_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,
+
+    /// Bearer credential of the /admin/v1 endpoints (`serve`); must differ
+    /// from the API one. Without --log-key-file, log ids are derived from it.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<String>,
+    /// File holding the admin credential (trailing newline ignored).
+    #[arg(long, global = true, env = "IDEMGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// File holding the secret (at least 16 bytes; trailing newline ignored)
+    /// under which records are named in logs: an HMAC of the scope, so a log
+    /// line says nothing about the key. Give every replica the same file.
+    /// Default: a secret derived from the admin credential.
+    #[arg(long, global = true, env = "IDEMGATE_LOG_KEY_FILE")]
+    pub log_key_file: Option<PathBuf>,
+
+    /// File of the AES-256-GCM keys that seal stored responses (headers and
+    /// body) at rest: one key a line, `ID:BASE64` (32 bytes); the first seals,
+    /// every one opens. Without it responses are stored in plaintext.
+    #[arg(long, global = true, env = "IDEMGATE_RESPONSE_KEY_FILE")]
+    pub response_key_file: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -110,17 +140,6 @@ pub struct Serve {
     /// File holding the second accepted API credential.
     #[arg(long, env = "IDEMGATE_API_TOKEN_NEXT_FILE")]
     pub api_token_next_file: Option<PathBuf>,
-    /// Bearer credential of the /admin/v1 endpoints; must differ from the API one.
-    #[arg(
-        long,
-        env = "IDEMGATE_ADMIN_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "admin_token_file"
-    )]
-    pub admin_token: Option<String>,
-    /// File holding the admin credential (trailing newline ignored).
-    #[arg(long, env = "IDEMGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
     /// Base URI of problem `type` links (the problem's slug is appended).
     #[arg(long, env = "IDEMGATE_DOC_BASE", default_value = idemgate_core::config::DEFAULT_DOC_BASE)]
     pub doc_base: String,
@@ -135,6 +154,20 @@ pub struct Serve {
     /// Do not run the sweeper in this process (e.g. all but one replica).
     #[arg(long, env = "IDEMGATE_NO_SWEEPER")]
     pub no_sweeper: bool,
+    /// Budget of new keys per tenant, per second, in this replica: claims
+    /// that would take a key beyond it get 429 `key-rate-limited` (nothing
+    /// is claimed). Replays, conflicts and completions are never limited.
+    /// Each replica keeps its own budget. Default: no limit.
+    #[arg(long, env = "IDEMGATE_TENANT_NEW_KEYS_PER_SEC")]
+    pub tenant_new_keys_per_sec: Option<f64>,
+    /// With --tenant-new-keys-per-sec: how many new keys a tenant may take
+    /// at once (default: one second's worth, at least 1).
+    #[arg(
+        long,
+        env = "IDEMGATE_TENANT_NEW_KEYS_BURST",
+        requires = "tenant_new_keys_per_sec"
+    )]
+    pub tenant_new_keys_burst: Option<u32>,
     /// Do not serve the operators' console (/admin/console).
     #[arg(long, env = "IDEMGATE_NO_CONSOLE")]
     pub no_console: bool,
@@ -264,10 +297,31 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<(), String> {
 
 /// Runs a parsed command line; errors are messages for the operator.
 pub async fn execute(cli: Cli) -> Result<(), String> {
+    let admin = match (&cli.admin_token, &cli.admin_token_file) {
+        (None, None) => None,
+        _ => Some(read_token(
+            &cli.admin_token,
+            &cli.admin_token_file,
+            "admin token",
+        )?),
+    };
+    let log_ids = match (&cli.log_key_file, &admin) {
+        (Some(path), _) => LogIds::from_file(path)?,
+        (None, Some(admin)) => LogIds::from_admin_credential(admin)?,
+        // `serve` refuses to start without an admin credential; the other
+        // commands then print ids that match no log line.
+        (None, None) => LogIds::random()?,
+    };
     let opts = BackendOptions {
         sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
         pg_pool_size: Some(cli.pg_pool_size),
+        log_ids: Some(log_ids),
+        seal: match &cli.response_key_file {
+            Some(path) => Seal::from_file(path)?,
+            None => Seal::off(),
+        },
     };
+    let sealing = opts.seal.current_id().map(str::to_string);
     let database_url = match &cli.database_url_file {
         Some(path) => read_token(&None, &Some(path.clone()), "database url")?,
         None => cli.database_url.clone(),
@@ -283,18 +337,29 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
             tracing::info!(database = %crate::backend::redact_url(&database_url), "migrations applied");
             Ok(())
         }
-        Command::Serve(s) => serve(store, s, &database_url).await,
+        Command::Serve(s) => {
+            match &sealing {
+                Some(id) => tracing::info!(key = %id, "stored responses are sealed (AES-256-GCM)"),
+                None => tracing::warn!(
+                    "stored responses are kept in plaintext: pass --response-key-file to seal them at rest"
+                ),
+            }
+            serve(store, s, admin, &database_url).await
+        }
         Command::Inspect(i) => {
+            if cli.log_key_file.is_none() && admin.is_none() {
+                eprintln!(
+                    "idempotency-store: no --log-key-file or admin credential: the log_id values printed match no log line"
+                );
+            }
             let listing = if i.unknown {
-                store.backend.list(Listing::Unknown, now, i.limit).await
+                store.list(Listing::Unknown, i.limit).await
             } else if i.stuck {
                 store
-                    .backend
                     .list(
                         Listing::Stuck {
                             older_than_ms: i.older_than_ms,
                         },
-                        now,
                         i.limit,
                     )
                     .await
@@ -307,11 +372,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                     principal: i.principal,
                     namespace: None,
                 };
-                let history = store
-                    .backend
-                    .lookup(&lookup, i.limit)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let history = store.lookup(&lookup, i.limit).await.map_err(|e| e.to_string())?;
                 return print_json(&history);
             }
             .map_err(|e| e.to_string())?;
@@ -379,9 +440,12 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
     }
 }
 
-async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
+async fn serve(store: Store, s: Serve, admin: Option<String>, url: &str) -> Result<(), String> {
     let api = read_token(&s.api_token, &s.api_token_file, "api token")?;
-    let admin = read_token(&s.admin_token, &s.admin_token_file, "admin token")?;
+    let admin = match admin {
+        Some(admin) => admin,
+        None => read_token(&None, &None, "admin token")?,
+    };
     if api == admin {
         return Err("the API and admin tokens must differ".into());
     }
@@ -396,6 +460,19 @@ async fn serve(store: Store, s: Serve, url: &str) -> Result<(), String> {
     if next.as_ref() == Some(&admin) {
         return Err("the next API token must differ from the admin token".into());
     }
+    let store = match s.tenant_new_keys_per_sec {
+        None => store,
+        Some(rate) => {
+            // One second's worth, at least 1 (the cast saturates).
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let burst = s
+                .tenant_new_keys_burst
+                .unwrap_or_else(|| (rate.ceil() as u32).max(1));
+            let budgets = Budgets::new(rate, burst).map_err(|e| format!("--tenant-new-keys-per-sec: {e}"))?;
+            tracing::info!(rate, burst, "new keys per tenant are limited (in this replica)");
+            store.with_budgets(budgets)
+        }
+    };
     let sweep = SweepSettings {
         enabled: !s.no_sweeper,
         interval: Duration::from_millis(s.sweep_interval_ms.max(10)),

@@ -11,14 +11,15 @@ use idemgate_core::key::Key;
 use idemgate_core::record::{self, RecordView, State};
 use idemgate_core::scope::{Namespace, Scope};
 
-use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
+use crate::backend::{ClaimOutcome, EventInfo, RecordInfo, Result, StoreError};
+use crate::sealing::Seal;
 
 /// The scope columns, in [`KeyColumns`] order.
 pub const KEY_COLUMNS: &str = "scope_version, tenant, principal, route, namespace, idem_key";
 
 /// Every column of a current record except its key (`scope_digest`), in
 /// table order. The history table has the same ones followed by `ended_at`.
-pub const RECORD_COLUMNS: [&str; 23] = [
+pub const RECORD_COLUMNS: [&str; 24] = [
     "scope_version",
     "tenant",
     "principal",
@@ -42,6 +43,7 @@ pub const RECORD_COLUMNS: [&str; 23] = [
     "replay_count",
     "generation",
     "attempt",
+    "response_key",
 ];
 
 /// An event's columns, in table order (after its `id`).
@@ -163,7 +165,10 @@ pub trait ColumnReader {
 pub struct LoadedRecord {
     pub view: RecordView,
     pub ttl_ms: u64,
-    pub headers: Option<Vec<(String, String)>>,
+    /// The headers column as stored (sealed when `response_key` is set).
+    pub headers_column: Option<String>,
+    /// The key that sealed the stored response; `None`: plaintext.
+    pub response_key: Option<String>,
     /// Archived records are history: no fence opens them again.
     pub archived: bool,
     /// The claim attempt that opened the generation.
@@ -191,9 +196,30 @@ impl LoadedRecord {
         self.may_fence(self.view.fence)
     }
 
+    /// A replay of this record (the record of `key`): its stored headers
+    /// and `body` (the body column as read), opened with `seal`.
+    pub fn replay(
+        &self,
+        seal: &Seal,
+        key: &ScopeDigest,
+        (status, completed_at): (u16, i64),
+        body: Vec<u8>,
+    ) -> Result<ClaimOutcome> {
+        let (id, fence) = (self.response_key.as_deref(), self.view.fence);
+        let headers = seal.open_headers(id, key, fence, self.headers_column.clone())?;
+        let body = seal.open_body(id, key, fence, body)?;
+        Ok(ClaimOutcome::replay(
+            status,
+            decode_headers(headers.as_deref())?,
+            completed_at,
+            body,
+        ))
+    }
+
     /// Reads `state`, `fingerprint`, `fence`, `lease_until`, `ttl_ms`,
-    /// `response_status`, `response_headers`, `body_stored`, `completed_at`,
-    /// `expires_at`, `archived` (a flag), `attempt` and `release_on_unknown`.
+    /// `response_status`, `response_headers`, `response_key`, `body_stored`,
+    /// `completed_at`, `expires_at`, `archived` (a flag), `attempt` and
+    /// `release_on_unknown`.
     pub fn read(row: &impl ColumnReader) -> Result<LoadedRecord> {
         let state = row.text("state")?;
         Ok(LoadedRecord {
@@ -208,7 +234,8 @@ impl LoadedRecord {
                 expires_at: row.optional_int("expires_at")?,
             },
             ttl_ms: row.unsigned("ttl_ms")?,
-            headers: decode_headers(row.optional_text("response_headers")?.as_deref())?,
+            headers_column: row.optional_text("response_headers")?,
+            response_key: row.optional_text("response_key")?,
             archived: row.flag("archived")?,
             attempt: row.optional_text("attempt")?,
             release_on_unknown: row.flag("release_on_unknown")?,
@@ -218,15 +245,28 @@ impl LoadedRecord {
 
 impl RecordInfo {
     /// Reads [`RECORD_COLUMNS`] with `body_len` in place of the body, and
-    /// `ended_at` (NULL for a current record).
-    pub fn read(row: &impl ColumnReader) -> Result<RecordInfo> {
+    /// `ended_at` (NULL for a current record); sealed headers are opened
+    /// with `seal`. Headers that do not open are left out (with a warning),
+    /// so a lost key never hides a record's history from operators.
+    pub fn read(row: &impl ColumnReader, seal: &Seal) -> Result<RecordInfo> {
         let scope = row.scope()?;
+        let response_key = row.optional_text("response_key")?;
+        let fence = row.unsigned("fence")?;
+        let column = row.optional_text("response_headers")?;
+        let headers =
+            match seal.open_headers(response_key.as_deref(), &ScopeDigest::of(&scope), fence, column) {
+                Ok(json) => decode_headers(json.as_deref())?,
+                Err(e) => {
+                    tracing::warn!("a record's stored headers are not shown: {e}");
+                    None
+                }
+            };
         Ok(RecordInfo {
-            log_id: scope.log_id(),
+            log_id: String::new(),
             scope,
             state: row.text("state")?,
             fingerprint: row.optional_text("fingerprint")?,
-            fence: row.unsigned("fence")?,
+            fence,
             lease_until: row.int("lease_until")?,
             ttl_ms: row.unsigned("ttl_ms")?,
             on_unknown: if row.flag("release_on_unknown")? {
@@ -235,7 +275,8 @@ impl RecordInfo {
                 OnUnknown::Conflict
             },
             status: row.status("response_status")?,
-            headers: decode_headers(row.optional_text("response_headers")?.as_deref())?,
+            headers,
+            response_key,
             body_stored: row.flag("body_stored")?,
             body_len: row
                 .optional_int("body_len")?
@@ -257,7 +298,7 @@ impl EventInfo {
     pub fn read(row: &impl ColumnReader) -> Result<EventInfo> {
         let scope = row.scope()?;
         Ok(EventInfo {
-            log_id: scope.log_id(),
+            log_id: String::new(),
             scope,
             generation: row.unsigned("generation")?,
             at: row.int("at")?,

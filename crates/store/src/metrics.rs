@@ -77,6 +77,7 @@ pub struct Metrics {
     pub stale_fences: Counter,
     pub late_claims: Counter,
     pub abandoned_claims: Counter,
+    pub rate_limited_claims: Counter,
     pub claim_seconds: Histogram,
     pub oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
     pub sweeper_runs: Counter,
@@ -111,6 +112,7 @@ impl Metrics {
         let stale_fences = Counter::default();
         let late_claims = Counter::default();
         let abandoned_claims = Counter::default();
+        let rate_limited_claims = Counter::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let oldest = Gauge::<f64, AtomicU64>::default();
         let sweeper_runs = Counter::default();
@@ -170,6 +172,11 @@ impl Metrics {
             "abandoned_claims",
             "Claims their filter gave up before forwarding, released",
             abandoned_claims.clone(),
+        );
+        registry.register(
+            "rate_limited_claims",
+            "Claims of new keys refused because their tenant's budget was spent (429)",
+            rate_limited_claims.clone(),
         );
         registry.register(
             "claim_duration_seconds",
@@ -237,6 +244,7 @@ impl Metrics {
             stale_fences,
             late_claims,
             abandoned_claims,
+            rate_limited_claims,
             claim_seconds,
             oldest_in_progress_seconds: oldest,
             sweeper_runs,

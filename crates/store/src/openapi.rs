@@ -200,14 +200,21 @@ pub fn document() -> Value {
         plain("Prometheus metrics", "application/openmetrics-text"),
     );
     paths.insert("/openapi.json".into(), plain("This document", "application/json"));
-    paths.insert(
-        CLAIM_PATH.into(),
-        api_op(
-            "Claim a key, or learn what happened to it; may wait up to wait_ms for an in-flight record",
-            "ClaimRequest",
-            json!({ "200": { "description": "A frame: ClaimReply metadata, then the stored body for a replay", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/ClaimReply" } } } } }),
-        ),
+    let mut claim = api_op(
+        "Claim a key, or learn what happened to it; may wait up to wait_ms for an in-flight record",
+        "ClaimRequest",
+        json!({ "200": { "description": "A frame: ClaimReply metadata, then the stored body for a replay", "content": { "application/vnd.idemgate.frame": { "schema": { "$ref": "#/components/schemas/ClaimReply" } } } } }),
     );
+    if let Some(responses) = claim
+        .pointer_mut("/post/responses")
+        .and_then(Value::as_object_mut)
+    {
+        responses.insert(
+            "429".into(),
+            json!({ "description": "key-rate-limited: the claim would take a key beyond its tenant's budget of new keys; nothing was claimed (retry_after_ms in the body, Retry-After)", "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } }),
+        );
+    }
+    paths.insert(CLAIM_PATH.into(), claim);
     paths.insert(
         COMPLETE_PATH.into(),
         api_op(
@@ -330,9 +337,9 @@ pub fn document() -> Value {
                 "Batch": { "type": "object", "required": ["calls"], "properties": { "calls": { "type": "array", "maxItems": 64, "items": { "type": "object", "required": ["path", "len"], "properties": { "path": { "type": "string" }, "len": { "type": "integer" } } } } } },
                 "BatchReply": { "type": "object", "required": ["results"], "properties": { "results": { "type": "array", "items": { "type": "object", "required": ["status", "len"], "properties": { "status": { "type": "integer" }, "len": { "type": "integer" } } } } } },
                 "FenceReply": { "type": "object", "properties": { "outcome": { "enum": ["done", "stale"] } } },
-                "Record": { "type": "object", "description": "Everything stored about a record except its body" },
+                "Record": { "type": "object", "description": "Everything stored about a record except its body; log_id is the record's keyed-hash name in the logs, response_key the id of the key that sealed its stored response (null: plaintext)" },
                 "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" } } },
-                "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } }
+                "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "retry_after_ms": { "type": "integer", "description": "key-rate-limited only: the wait in milliseconds" } } }
             }
         }
     })

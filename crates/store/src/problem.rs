@@ -48,6 +48,9 @@ impl Refusal {
 impl From<StoreError> for Refusal {
     /// The database's trouble is logged, never shown to the client.
     fn from(e: StoreError) -> Refusal {
+        if let StoreError::RateLimited { retry_after_ms } = e {
+            return Refusal(Problem::key_rate_limited(retry_after_ms));
+        }
         tracing::error!(error = %e, "store operation failed");
         Refusal(
             Problem::new(

@@ -9,7 +9,11 @@ use idemgate_core::protocol::{
 };
 use tokio::sync::Notify;
 
-use crate::backend::{limits, Answer, Backend, Call, ClaimOutcome, Result, StoreError};
+use crate::backend::{
+    label_records, limits, Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, RecordInfo,
+    Result, StoreError,
+};
+use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 
@@ -24,6 +28,8 @@ pub struct Store {
     pub metrics: Arc<Metrics>,
     /// Woken whenever this process finishes, releases or marks a record.
     changed: Arc<Notify>,
+    /// The budget of new keys per tenant; `None`: no limit.
+    budgets: Option<Arc<Budgets>>,
 }
 
 impl Store {
@@ -35,6 +41,59 @@ impl Store {
             clock,
             metrics: Arc::new(metrics),
             changed: Arc::new(Notify::new()),
+            budgets: None,
+        }
+    }
+
+    /// The same store, limiting each tenant's new keys to `budgets`.
+    pub fn with_budgets(mut self, budgets: Budgets) -> Store {
+        self.budgets = Some(Arc::new(budgets));
+        self
+    }
+
+    /// Charges a claim that may take a key to its tenant's budget: `Ok(true)`
+    /// when charged, `Ok(false)` when there is no budget, `Err(wait)` when
+    /// it is spent.
+    fn charge(&self, req: &ClaimRequest) -> std::result::Result<bool, u64> {
+        match &self.budgets {
+            None => Ok(false),
+            Some(b) => b.take(req.scope.tenant(), self.clock.now()).map(|()| true),
+        }
+    }
+
+    /// Gives a charged claim's key back unless the claim took the key.
+    fn settle_charge(&self, tenant: &str, took: bool) {
+        if let (Some(b), false) = (&self.budgets, took) {
+            b.give_back(tenant);
+        }
+    }
+
+    /// A claim whose tenant's budget is spent: answered as usual when that
+    /// takes no key (a replay, a conflict, a mismatch), refused otherwise.
+    async fn over_budget(&self, req: &ClaimRequest, wait_ms: u64) -> Result<ClaimOutcome> {
+        match self.backend.peek(req, self.clock.now()).await? {
+            Some(outcome) => Ok(outcome),
+            None => {
+                self.metrics.rate_limited_claims.inc();
+                Err(StoreError::RateLimited {
+                    retry_after_ms: wait_ms,
+                })
+            }
+        }
+    }
+
+    /// One claim at the backend, within the tenant's budget.
+    async fn claim_once(&self, req: &ClaimRequest, deadline: Option<Instant>) -> Result<ClaimOutcome> {
+        match self.charge(req) {
+            Ok(charged) => {
+                let outcome = self.backend.claim(req, self.clock.now(), deadline).await;
+                if charged {
+                    let took = matches!(&outcome, Ok(o) if matches!(o.reply, ClaimReply::Owned { .. }));
+                    self.settle_charge(req.scope.tenant(), took);
+                }
+                outcome
+            }
+            Err(wait_ms) => self.over_budget(req, wait_ms).await,
         }
     }
 
@@ -46,14 +105,22 @@ impl Store {
         let started = Instant::now();
         let mut answers: Vec<Option<Result<Answer>>> = (0..calls.len()).map(|_| None).collect();
         let mut waiting = Vec::new();
+        let mut over_budget = Vec::new();
+        let mut charged = Vec::new();
         let mut together = Vec::with_capacity(calls.len());
         for (i, call) in calls.into_iter().enumerate() {
             match call {
                 Call::Claim { req, .. } if req.wait_ms > 0 => waiting.push((i, req)),
-                Call::Claim { req, .. } => {
-                    let deadline = caller_deadline(&req, started);
-                    together.push((i, Call::Claim { req, deadline }));
-                }
+                Call::Claim { req, .. } => match self.charge(&req) {
+                    Err(wait_ms) => over_budget.push((i, req, wait_ms)),
+                    Ok(was_charged) => {
+                        if was_charged {
+                            charged.push((i, req.scope.tenant().to_string()));
+                        }
+                        let deadline = caller_deadline(&req, started);
+                        together.push((i, Call::Claim { req, deadline }));
+                    }
+                },
                 other => together.push((i, other)),
             }
         }
@@ -71,10 +138,28 @@ impl Store {
                 .iter()
                 .map(|(_, req)| async move { self.claim(req).await.map(Answer::Claim) }),
         );
-        let (decided, waited) = tokio::join!(backend, waits);
+        let peeks = futures_util::future::join_all(
+            over_budget
+                .iter()
+                .map(|(_, req, wait_ms)| async move { self.over_budget(req, *wait_ms).await }),
+        );
+        let (decided, waited, peeked) = tokio::join!(backend, waits, peeks);
         for ((i, kind), answer) in kinds.into_iter().zip(decided) {
             self.observe(kind, &answer, started);
             answers[i] = Some(answer);
+        }
+        for ((i, _, _), answer) in over_budget.into_iter().zip(peeked) {
+            if let Ok(outcome) = &answer {
+                self.metrics.observe_claim(outcome, started.elapsed());
+            }
+            answers[i] = Some(answer.map(Answer::Claim));
+        }
+        for (i, tenant) in charged {
+            let took = matches!(
+                &answers[i],
+                Some(Ok(Answer::Claim(o))) if matches!(o.reply, ClaimReply::Owned { .. })
+            );
+            self.settle_charge(&tenant, took);
         }
         for ((i, _), answer) in waiting.into_iter().zip(waited) {
             answers[i] = Some(answer);
@@ -99,7 +184,7 @@ impl Store {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let outcome = match self.backend.claim(req, self.clock.now(), caller_deadline).await {
+            let outcome = match self.claim_once(req, caller_deadline).await {
                 Err(e @ StoreError::Late) => {
                     self.metrics.late_claims.inc();
                     return Err(e);
@@ -147,6 +232,26 @@ impl Store {
         let reply = self.backend.mark_unknown(req, self.clock.now()).await;
         self.observe_fence(Kind::MarkUnknown, &reply);
         reply
+    }
+
+    /// Every generation and event of a tenant's key, each named as the logs
+    /// name it.
+    pub async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
+        let mut history = self.backend.lookup(q, limit).await?;
+        history.label(self.backend.log_ids());
+        Ok(history)
+    }
+
+    /// Unknown or stuck records, each named as the logs name it.
+    pub async fn list(&self, which: Listing, limit: u32) -> Result<Vec<RecordInfo>> {
+        let mut records = self.backend.list(which, self.clock.now(), limit).await?;
+        label_records(&mut records, self.backend.log_ids());
+        Ok(records)
+    }
+
+    /// The record's name in the logs.
+    pub fn log_id(&self, scope: &idemgate_core::scope::Scope) -> String {
+        self.backend.log_ids().of(scope)
     }
 
     /// Wakes waiting claims after an admin resolution.

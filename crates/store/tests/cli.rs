@@ -34,6 +34,10 @@ fn help_documents_every_subcommand_and_flag() {
         "--database-url",
         "--database-url-file",
         "IDEMGATE_DATABASE_URL_FILE",
+        "--log-key-file",
+        "IDEMGATE_LOG_KEY_FILE",
+        "--response-key-file",
+        "IDEMGATE_RESPONSE_KEY_FILE",
     ] {
         assert!(out.contains(word), "{word} missing from --help:\n{out}");
     }
@@ -52,6 +56,8 @@ fn help_documents_every_subcommand_and_flag() {
         "--audit-retention-secs",
         "--no-console",
         "--console-secure-cookies",
+        "--tenant-new-keys-per-sec",
+        "--tenant-new-keys-burst",
         "IDEMGATE_API_TOKEN",
     ] {
         assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");

@@ -97,7 +97,15 @@ async fn two_store_processes_sharing_postgres_have_one_owner() {
 async fn concurrent_sqlite_claims_share_commits() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
-    let sqlite = Arc::new(idemgate_store::sqlite::Sqlite::open(path.to_str().unwrap(), true).unwrap());
+    let sqlite = Arc::new(
+        idemgate_store::sqlite::Sqlite::open(
+            path.to_str().unwrap(),
+            true,
+            idemgate_store::log_ids::LogIds::random().unwrap(),
+            idemgate_store::sealing::Seal::off(),
+        )
+        .unwrap(),
+    );
     sqlite.migrate().await.unwrap();
     let before = sqlite.commits();
     let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMS));

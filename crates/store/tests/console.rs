@@ -381,7 +381,8 @@ async fn every_post_needs_the_sessions_csrf_token() {
         ("key", s.key().as_str()),
     ];
     // No token, another session's token, a token one character off.
-    let off = format!("{}0", &csrf[..csrf.len() - 1]);
+    let last = if csrf.ends_with('0') { '1' } else { '0' };
+    let off = format!("{}{last}", &csrf[..csrf.len() - 1]);
     for token in [None, Some(others.as_str()), Some(off.as_str()), Some("")] {
         let mut form = resolve.clone();
         if let Some(t) = token {

@@ -200,7 +200,13 @@ async fn on_sqlite_claims_are_fsynced_and_completions_are_not() {
     use idemgate_store::backend::{Answer, Backend, Call};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
-    let sqlite = idemgate_store::sqlite::Sqlite::open(path.to_str().unwrap(), true).unwrap();
+    let sqlite = idemgate_store::sqlite::Sqlite::open(
+        path.to_str().unwrap(),
+        true,
+        idemgate_store::log_ids::LogIds::random().unwrap(),
+        idemgate_store::sealing::Seal::off(),
+    )
+    .unwrap();
     sqlite.migrate().await.unwrap();
     let commits = || (sqlite.commits(), sqlite.durable_commits());
     let owned = |out: idemgate_store::backend::ClaimOutcome| match out.reply {

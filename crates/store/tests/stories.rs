@@ -951,6 +951,31 @@ macro_rules! stories {
                 }
             )*
         }
+
+        // The same stories with stored responses sealed at rest: sealing
+        // changes nothing a caller or an operator sees.
+        mod sealed_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let seal = crate::support::seal(crate::support::KEY_A);
+                    super::$name(crate::support::sqlite_backend_sealed(&dir, seal).await).await;
+                }
+            )*
+        }
+
+        mod sealed_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let cluster = crate::support::shared_cluster();
+                    let url = cluster.fresh_database().await;
+                    let seal = crate::support::seal(crate::support::KEY_A);
+                    super::$name(crate::support::backend_at(&url, seal).await).await;
+                }
+            )*
+        }
     };
 }
 

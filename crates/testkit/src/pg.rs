@@ -216,6 +216,11 @@ impl PgCluster {
         cmd.status().map(|s| s.success()).unwrap_or(false)
     }
 
+    /// The cluster's data directory: what it holds on disk.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     pub fn url(&self, db: &str) -> String {
         format!("postgres://idem@127.0.0.1:{}/{db}", self.port)
     }

@@ -20,10 +20,12 @@ pub enum Handling {
     WouldReplay,
     WouldConflict,
     WouldReject,
+    /// The store's budget of new keys for the tenant was spent; nothing was claimed.
+    RateLimited,
 }
 
 impl Handling {
-    pub const ALL: [Handling; 16] = [
+    pub const ALL: [Handling; 17] = [
         Handling::Passed,
         Handling::Owned,
         Handling::Replayed,
@@ -40,6 +42,7 @@ impl Handling {
         Handling::WouldReplay,
         Handling::WouldConflict,
         Handling::WouldReject,
+        Handling::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,6 +63,7 @@ impl Handling {
             Handling::WouldReplay => "would_replay",
             Handling::WouldConflict => "would_conflict",
             Handling::WouldReject => "would_reject",
+            Handling::RateLimited => "rate_limited",
         }
     }
 }

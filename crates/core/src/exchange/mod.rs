@@ -118,9 +118,11 @@ impl Exchange {
         (ex, step)
     }
 
-    /// A short hash naming the record in logs (never the raw key).
-    pub fn log_id(&self) -> Option<String> {
-        self.scope.as_ref().map(Scope::log_id)
+    /// The claim attempt id naming this request in logs: random, so it says
+    /// nothing about the key, and the store keeps it in the record's history
+    /// (an operator finds the record by it there).
+    pub fn attempt(&self) -> &Attempt {
+        &self.attempt
     }
 
     pub fn handling(&self) -> Handling {
@@ -287,6 +289,14 @@ impl Exchange {
         // A store that refused the frame (4xx) wrote nothing; any other
         // failure may have lost the answer to a committed claim.
         let refused = self.refusal.is_some();
+        // Over the tenant's budget of new keys: the store claimed nothing,
+        // so there is nothing to abandon and the key stays unused.
+        if let Some(wait_ms) = match &answer {
+            Some((429, body)) => Problem::rate_limited_wait(body),
+            _ => None,
+        } {
+            return self.reject(Handling::RateLimited, Problem::key_rate_limited(wait_ms));
+        }
         let reply = match answer {
             Some((200, body)) => decode_frame::<ClaimReply>(&body)
                 .map(|(meta, bytes)| (meta, bytes.to_vec()))

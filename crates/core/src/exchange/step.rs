@@ -97,10 +97,11 @@ pub fn settled(answer: &StoreAnswer) -> bool {
 
 /// A 4xx from the store means it refused the frame itself (a limit, the
 /// credential, the API version): a deployment error, not an outage. 409 is
-/// the store's ordinary "stale fence" answer.
+/// the store's ordinary "stale fence" answer, 429 its answer to a tenant
+/// over its budget of new keys.
 pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
     match answer {
-        Some((status @ 400..=499, body)) if *status != 409 => {
+        Some((status @ 400..=499, body)) if *status != 409 && *status != 429 => {
             let detail = serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
                 .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string))

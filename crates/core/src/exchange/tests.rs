@@ -338,6 +338,33 @@ fn a_store_4xx_is_reported_once_as_a_refusal_and_still_fails_closed() {
 }
 
 #[test]
+fn a_tenant_over_its_key_budget_gets_429_and_no_claim_is_abandoned() {
+    let (mut ex, step) = begin("/pay", Some("k"), Some("{}"));
+    assert_eq!(claim_of(&step).scope.tenant(), "acme");
+    // The store's answer, as it renders it (alone or inside a batch).
+    let limited = Problem::key_rate_limited(2_500).render("https://store.example/problems/");
+    let step = ex.store_reply(Some((429, limited.body)));
+    assert_eq!(problem_slug(&step), (429, "key-rate-limited".into()));
+    assert_eq!(header(&step, "retry-after"), Some("3"));
+    assert_eq!(header(&step, "retry-after-ms"), Some("2500"));
+    assert_eq!(header(&step, "x-should-retry"), Some("true"));
+    assert_eq!(header(&step, "idempotency-key"), Some("\"k\""));
+    // Nothing was claimed: no abandon follows, and it is no deployment error.
+    assert!(matches!(step, Step::Respond(_)), "{step:?}");
+    assert_eq!(ex.handling(), Handling::RateLimited);
+    assert_eq!(ex.take_store_refusal(), None);
+    // Observe mode forwards instead.
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    let limited = Problem::key_rate_limited(1).render("https://store.example/problems/");
+    assert_eq!(ex.store_reply(Some((429, limited.body))), Step::Continue);
+    assert_eq!(ex.handling(), Handling::WouldReject);
+    // A 429 that is not the store's rate limit is an outage (fail closed).
+    let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
+    let (_, step) = abandoning(ex.store_reply(Some((429, b"slow down".to_vec()))));
+    assert_eq!(problem_slug(&step), (503, "store-unavailable".into()));
+}
+
+#[test]
 fn errors_before_execution_release_unless_the_upstream_says_store() {
     for status in [400, 401, 403, 422] {
         let mut ex = owned("/pay");

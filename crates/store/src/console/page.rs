@@ -359,6 +359,12 @@ pub fn history(h: &KeyHistory, csrf: &str, banner: Option<String>) -> String {
         let records: Vec<&RecordInfo> = h.records.iter().filter(|r| &r.scope == scope).collect();
         let events: Vec<&EventInfo> = h.events.iter().filter(|e| &e.scope == scope).collect();
         let current = records.iter().find(|r| r.ended_at.is_none());
+        // Named as the logs name it (the history is labelled by the store).
+        let id = records
+            .first()
+            .map(|r| r.log_id.as_str())
+            .or_else(|| events.first().map(|e| e.log_id.as_str()))
+            .unwrap_or("");
         let open = current
             .is_some_and(|r| r.archived_at.is_none() && (r.state == "unknown" || r.state == "in_progress"));
         let state = current
@@ -368,7 +374,7 @@ pub fn history(h: &KeyHistory, csrf: &str, banner: Option<String>) -> String {
             r#"<section class="record" data-record="{id}"><h2>Record <code>{id}</code> <span class="badge state-{class}">{state}</span></h2>
 <dl class="scope"><dt>Tenant</dt><dd>{tenant}</dd><dt>Principal</dt><dd>{principal}</dd><dt>Route</dt><dd>{route}</dd><dt>Namespace</dt><dd>{ns}</dd><dt>Key</dt><dd><code>{key}</code></dd></dl>
 <h3>Generations</h3>{generations}<h3>Events</h3>{events}{resolve}</section>"#,
-            id = esc(&scope.log_id()),
+            id = esc(id),
             class = esc(current.map(|r| r.state.as_str()).unwrap_or("none")),
             state = esc(state),
             tenant = esc(scope.tenant()),

@@ -10,8 +10,8 @@ use tokio_postgres::{Row, Statement};
 
 use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{unavailable, Client};
-use super::rows::{bind_with_columns, Param, CLAIM, REPLACE_GENERATION};
-use super::{log_all, Postgres};
+use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
+use super::Postgres;
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
@@ -66,6 +66,37 @@ impl<'r> Claimed<'r> {
 }
 
 impl Postgres {
+    /// [`crate::backend::Backend::peek`]: the record as committed, read
+    /// without a lock, decided by the same rules.
+    pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        const SQL: &str = concat!(
+            "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_key, \
+             response_body, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
+             release_on_unknown FROM idempotency_records WHERE ",
+            key_where!()
+        );
+        let key = ScopeDigest::of(&req.scope);
+        let rows = self.connections.query(SQL, &key.bind(&[])).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let loaded = LoadedRecord::read(row)?;
+        match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimDecision::Replay { status, completed_at } => {
+                self.count_replay(key, loaded.view.fence);
+                let body = row.optional_bytes("response_body")?.unwrap_or_default();
+                Ok(Some(loaded.replay(
+                    &self.seal,
+                    &key,
+                    (status, completed_at),
+                    body,
+                )?))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+        }
+    }
+
     pub(super) async fn claim_record(
         &self,
         req: &ClaimRequest,
@@ -140,7 +171,7 @@ impl Postgres {
         if row.flag("inserted")? {
             let fence = row.unsigned("fence")?;
             EventInfo {
-                log_id: req.scope.log_id(),
+                log_id: String::new(),
                 scope: req.scope.clone(),
                 generation: fence,
                 at: now,
@@ -154,7 +185,7 @@ impl Postgres {
                 duration_ms: 0,
                 reason: None,
             }
-            .log();
+            .log(&self.log_ids);
             return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
         }
         let loaded = LoadedRecord::read(row)?;
@@ -164,7 +195,7 @@ impl Postgres {
                 // Served from the committed row this statement returned.
                 self.count_replay(*key, loaded.view.fence);
                 let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                Read::Decided(ClaimOutcome::replay(status, loaded.headers, completed_at, body))
+                Read::Decided(loaded.replay(&self.seal, key, (status, completed_at), body)?)
             }
             ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Read::Changes,
         })
@@ -224,7 +255,7 @@ impl Postgres {
             ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
             ClaimDecision::Replay { status, completed_at } => {
                 self.count_replay(key, view.fence);
-                ClaimOutcome::replay(status, loaded.headers.clone(), completed_at, body)
+                loaded.replay(&self.seal, &key, (status, completed_at), body)?
             }
             ClaimDecision::Claim => {
                 to_history(
@@ -263,7 +294,7 @@ impl Postgres {
             return Err(StoreError::Late);
         }
         tx.commit().await.map_err(unavailable)?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(Some(outcome))
     }
 }

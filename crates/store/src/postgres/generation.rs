@@ -91,8 +91,8 @@ pub(super) async fn end_noted_generation(
 /// The current record, locked for the rest of `tx`, and its stored body.
 pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(LoadedRecord, Vec<u8>)>> {
     const SQL: &str = concat!(
-        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_body, \
-         body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, release_on_unknown \
+        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_key, \
+         response_body, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, release_on_unknown \
          FROM idempotency_records WHERE ",
         key_where!(),
         " FOR UPDATE"

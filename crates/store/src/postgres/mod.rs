@@ -26,7 +26,9 @@ use crate::backend::{
 };
 use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
+use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
+use crate::sealing::Seal;
 
 /// A statement about the current record: `$1` is its key (the scope
 /// digest); the statement's own parameters start at `$2`.
@@ -54,6 +56,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("migrations/0002_generations.sql")),
     (3, include_str!("migrations/0003_event_reasons.sql")),
     (4, include_str!("migrations/0004_scope_digest.sql")),
+    (5, include_str!("migrations/0005_response_keys.sql")),
 ];
 
 /// Pending replay counts, one row per record. The fence and state guard keep
@@ -88,6 +91,8 @@ static OLDEST_IN_PROGRESS: LazyLock<String> =
 pub struct Postgres {
     connections: Connections,
     replays: Arc<ReplayCounts>,
+    log_ids: LogIds,
+    pub(super) seal: Seal,
 }
 
 /// Replays served and not yet counted, and the one task at a time that
@@ -128,19 +133,26 @@ impl ReplayCounts {
 type TxWork<'t, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(T, Vec<EventInfo>)>> + Send + 't>>;
 
-fn log_all(events: &[EventInfo]) {
-    events.iter().for_each(EventInfo::log);
-}
-
 impl Postgres {
-    pub fn connect(url: &str, pool_size: usize) -> Result<Postgres> {
+    /// `seal`: how stored responses are sealed at rest.
+    pub fn connect(url: &str, pool_size: usize, log_ids: LogIds, seal: Seal) -> Result<Postgres> {
         let connections = Connections::open(url, pool_size)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
             tally: ReplayTally::default(),
             flushing: tokio::sync::Mutex::new(()),
         });
-        Ok(Postgres { connections, replays })
+        Ok(Postgres {
+            connections,
+            replays,
+            log_ids,
+            seal,
+        })
+    }
+
+    /// Logs events that have been committed.
+    fn log_all(&self, events: &[EventInfo]) {
+        events.iter().for_each(|e| e.log(&self.log_ids));
     }
 
     /// Counts a replay; the first one since the last flush spawns the task
@@ -169,13 +181,13 @@ impl Postgres {
         let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
         let (out, events) = work(&tx, &key, locked).await?;
         tx.commit().await.map_err(unavailable)?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(out)
     }
 
     async fn infos(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<RecordInfo>> {
         let rows = self.connections.query(sql, params).await?;
-        rows.iter().map(RecordInfo::read).collect()
+        rows.iter().map(|r| RecordInfo::read(r, &self.seal)).collect()
     }
 }
 
@@ -183,6 +195,10 @@ impl Postgres {
 impl Backend for Postgres {
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    fn log_ids(&self) -> &LogIds {
+        &self.log_ids
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -234,6 +250,10 @@ impl Backend for Postgres {
 
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
         self.claim_record(req, now, deadline).await
+    }
+
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        self.peek_record(req, now).await
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {

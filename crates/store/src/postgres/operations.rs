@@ -10,8 +10,8 @@ use tokio_postgres::Statement;
 
 use super::generation::{end_generation, end_noted_generation, event, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client};
-use super::rows::{bind_with_columns, Bind};
-use super::{log_all, Postgres};
+use super::rows::{bind_with_columns, Bind, Param};
+use super::Postgres;
 use crate::backend::{actor, EventInfo, Resolution, Result};
 use crate::columns::{encode_headers, i64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
@@ -19,7 +19,8 @@ use crate::conditions;
 /// Completes the record of `$1` if `$2` is its fence and it is open
 /// (`{fenceable}`: [`record::may_fence`]), and records the event; no row
 /// back means stale. `$3` status, `$4` headers, `$5` body, `$6` whether it
-/// is stored, `$7` now.
+/// is stored, `$7` now, `$8` the id of the key that sealed headers and body
+/// (NULL: plaintext).
 ///
 /// The statement's own transaction commits with `synchronous_commit = off`
 /// (no wait for the WAL flush) unless the claim's policy releases unknown
@@ -31,7 +32,7 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     conditions::expand(&format!(
         "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $3, \
            response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, expires_at = {expiry}, \
-           lease_until = $7 WHERE {key} AND fence = $2 AND {{fenceable}} \
+           lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 AND {{fenceable}} \
            RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, \
            fingerprint, response_status, created_at, \
            set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
@@ -75,12 +76,24 @@ impl Postgres {
         let key = ScopeDigest::of(&req.scope);
         let fence = i64_from(req.fence);
         let status = i32::from(req.status);
-        let headers = encode_headers(&req.headers);
         let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
-        let params = key.bind(&[&fence, &status, &headers, &body, &req.body_stored, &now]);
+        // Sealed under the fence the statement requires of the record.
+        let sealed = self
+            .seal
+            .seal(&key, req.fence, encode_headers(&req.headers), body)?;
+        let body = sealed.body.as_deref();
+        let params = key.bind(&[
+            &fence,
+            &status,
+            &sealed.headers,
+            &body,
+            &req.body_stored,
+            &now,
+            &sealed.key_id,
+        ]);
         let rows = client.query(stmt, &params).await.map_err(unavailable)?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(if events.is_empty() {
             FenceReply::Stale
         } else {
@@ -167,6 +180,7 @@ impl Postgres {
         now: i64,
     ) -> Result<bool> {
         let (how, reason) = (how.clone(), reason.map(str::to_string));
+        let seal = self.seal.clone();
         self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
                 let Some(loaded) = locked else {
@@ -184,17 +198,30 @@ impl Postgres {
                     Resolution::Complete { status, headers, body } => {
                         // A new fence: the old owner's late completion must not
                         // overwrite what the operator decided.
+                        // Taken first: the response is sealed under it.
+                        let next = tx
+                            .query_one("SELECT nextval('idempotency_fence_seq') AS fence", &[])
+                            .await
+                            .map_err(unavailable)?;
+                        let fence: i64 = next.try_get("fence").map_err(unavailable)?;
+                        let sealed = seal.seal(
+                            key,
+                            crate::columns::u64_from(fence, "fence")?,
+                            encode_headers(&headers),
+                            Some(body.as_bytes()),
+                        )?;
                         let sql = concat!(
-                            "UPDATE idempotency_records SET state = 'completed', fence = nextval('idempotency_fence_seq'), \
+                            "UPDATE idempotency_records SET state = 'completed', fence = $7, \
                              response_status = $2, response_headers = $3, response_body = $4, body_stored = true, \
-                             completed_at = $5, expires_at = $6, lease_until = $5 WHERE ",
+                             completed_at = $5, expires_at = $6, lease_until = $5, response_key = $8 WHERE ",
                             key_where!()
                         );
                         let status = i32::from(status);
-                        let headers = encode_headers(&headers);
-                        let body = body.as_bytes();
+                        let body = sealed.body.as_deref();
                         let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-                        execute(tx, sql, key, &[&status, &headers, &body, &now, &expires_at]).await?;
+                        let params: [Param<'_>; 7] =
+                            [&status, &sealed.headers, &body, &now, &expires_at, &fence, &sealed.key_id];
+                        execute(tx, sql, key, &params).await?;
                         let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
                         Ok((true, noted_event(tx, key, by, reason.as_deref(), now).await?))
                     }

@@ -93,7 +93,14 @@ impl ColumnReader for Row {
 
 /// A record's columns for operators: the body's length, not the body.
 pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
-    record_list(|c| (c == "response_body").then(|| "octet_length(response_body) AS body_len".to_string()))
+    record_list(|c| {
+        (c == "response_body").then(|| {
+            format!(
+                "octet_length(response_body) - CASE WHEN response_key IS NULL THEN 0 ELSE {} END AS body_len",
+                crate::sealing::OVERHEAD
+            )
+        })
+    })
 });
 
 /// Moves the current generation of `$1` to the history: `$2` how it
@@ -129,8 +136,8 @@ fn fresh_value(column: &str, fence: &str, first: usize) -> Option<String> {
             "state" => "'in_progress'",
             "body_stored" => "false",
             "replay_count" => "0",
-            "response_status" | "response_headers" | "response_body" | "completed_at" | "expires_at"
-            | "archived_at" => "NULL",
+            "response_status" | "response_headers" | "response_body" | "response_key" | "completed_at"
+            | "expires_at" | "archived_at" => "NULL",
             _ => return None,
         }
         .to_string(),
@@ -154,11 +161,11 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
            SELECT $2, $3, $4, $5, $6, $7, fence, $12, 'claimed', $13, fence, $8, NULL, 'filter', NULL, 0, NULL FROM ins) \
          SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, \
            NULL::bigint AS ttl_ms, NULL::integer AS response_status, NULL::text AS response_headers, \
-           NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \
+           NULL::text AS response_key, NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \
            false AS archived, NULL::text AS attempt, false AS release_on_unknown FROM ins \
          UNION ALL \
          SELECT false, fence, state, fingerprint, lease_until, ttl_ms, response_status, response_headers, \
-           CASE WHEN {{replayable}} AND body_stored THEN response_body END, body_stored, completed_at, expires_at, \
+           response_key, CASE WHEN {{replayable}} AND body_stored THEN response_body END, body_stored, completed_at, expires_at, \
            archived_at IS NOT NULL, attempt, release_on_unknown \
          FROM idempotency_records WHERE {key} AND NOT EXISTS (SELECT 1 FROM ins)",
         columns = record_list(|_| None),

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use super::generation::{end_generation, event, execute, lock, set_unknown};
 use super::pool::unavailable;
 use super::rows::{pick, Param};
-use super::{log_all, Postgres};
+use super::Postgres;
 use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
 use crate::columns::{i64_from, ColumnReader, ScopeDigest};
 
@@ -125,7 +125,7 @@ impl Postgres {
         )
         .await?;
         tx.commit().await.map_err(unavailable)?;
-        log_all(&events);
+        self.log_all(&events);
         Ok(report)
     }
 }

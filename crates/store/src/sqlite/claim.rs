@@ -17,6 +17,7 @@ use super::Logged;
 use crate::backend::{actor, Answer, ClaimOutcome, Result, StoreError};
 use crate::columns::ScopeDigest;
 use crate::replays::ReplayTally;
+use crate::sealing::Seal;
 
 /// What a reader's look at a claim's record found.
 pub(super) enum Probed {
@@ -34,8 +35,7 @@ pub(super) enum Probed {
 /// changed since.
 pub(super) fn probe(
     conn: &Connection,
-    engine: &Engine,
-    replays: &Arc<ReplayTally>,
+    (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
     req: ClaimRequest,
     deadline: Option<Instant>,
     now: i64,
@@ -48,7 +48,7 @@ pub(super) fn probe(
         Ok(match record::decide_claim(Some(&loaded.view), &req, now) {
             ClaimDecision::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
             ClaimDecision::Replay { status, completed_at } => {
-                let outcome = ClaimOutcome::replay(status, loaded.headers, completed_at, body()?);
+                let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
                 Seen::Decided(outcome)
             }
@@ -60,8 +60,33 @@ pub(super) fn probe(
         Seen::Absent => true,
         Seen::Changes => false,
     };
-    let (job, pending) = write_job(req, deadline, now, absent);
+    let (job, pending) = write_job(req, seal.clone(), deadline, now, absent);
     Ok(Probed::Write(job, pending))
+}
+
+/// [`crate::backend::Backend::peek`] on a reader: the last committed
+/// state, decided by the same rules; nothing is written but a replay's count.
+pub(super) fn peek(
+    conn: &Connection,
+    (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
+    req: &ClaimRequest,
+    now: i64,
+) -> Result<Option<ClaimOutcome>> {
+    let key = ScopeDigest::of(&req.scope);
+    load_with(conn, &key, |loaded, body| {
+        let Some(loaded) = loaded else {
+            return Ok(None);
+        };
+        match record::decide_claim(Some(&loaded.view), req, now) {
+            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimDecision::Replay { status, completed_at } => {
+                let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
+                count_replay(engine, replays, key, loaded.view.fence);
+                Ok(Some(outcome))
+            }
+            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+        }
+    })
 }
 
 /// What the reader saw.
@@ -105,6 +130,7 @@ fn count_replay(engine: &Engine, replays: &Arc<ReplayTally>, key: ScopeDigest, f
 /// The writer job of a claim; `absent` when a reader saw no record.
 pub(super) fn write_job(
     req: ClaimRequest,
+    seal: Seal,
     deadline: Option<Instant>,
     now: i64,
     absent: bool,
@@ -123,7 +149,7 @@ pub(super) fn write_job(
                 return Ok((answer, journal));
             }
         }
-        let outcome = claim_on_writer(w, &req, &key, now, &mut journal)?;
+        let outcome = claim_on_writer(w, (&req, &seal), &key, now, &mut journal)?;
         Ok((Answer::Claim(outcome), journal))
     })
 }
@@ -151,7 +177,7 @@ fn claim_absent(
 /// Read, decide with the shared rules, write: only ever called on the writer.
 fn claim_on_writer(
     w: &Writer<'_>,
-    req: &ClaimRequest,
+    (req, seal): (&ClaimRequest, &Seal),
     key: &ScopeDigest,
     now: i64,
     journal: &mut Journal,
@@ -187,8 +213,10 @@ fn claim_on_writer(
                 key_where!()
             );
             super::generation::execute(w, sql, key, &[])?;
-            let headers = loaded.and_then(|l| l.headers);
-            Ok(ClaimOutcome::replay(status, headers, completed_at, body))
+            match loaded {
+                Some(l) => l.replay(seal, key, (status, completed_at), body),
+                None => Ok(ClaimOutcome::replay(status, None, completed_at, body)),
+            }
         }
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);

@@ -35,7 +35,9 @@ use crate::backend::{
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
+use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
+use crate::sealing::Seal;
 
 /// A statement about the current record: `?1` is its key (the scope
 /// digest); the statement's own parameters start at `?2`.
@@ -62,6 +64,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("migrations/0002_generations.sql")),
     (3, include_str!("migrations/0003_event_reasons.sql")),
     (4, include_str!("migrations/0004_scope_digest.sql")),
+    (5, include_str!("migrations/0005_response_keys.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.
@@ -87,6 +90,8 @@ pub struct Sqlite {
     engine: Engine,
     /// Replays served from a reader, not yet counted in `replay_count`.
     replays: Arc<ReplayTally>,
+    log_ids: LogIds,
+    seal: Seal,
 }
 
 /// A writer job's answer and the transitions it recorded, logged once the
@@ -94,10 +99,13 @@ pub struct Sqlite {
 type Logged = (Answer, Journal);
 
 impl Sqlite {
-    pub fn open(path: &str, synchronous_full: bool) -> Result<Sqlite> {
+    /// `seal`: how stored responses are sealed at rest.
+    pub fn open(path: &str, synchronous_full: bool, log_ids: LogIds, seal: Seal) -> Result<Sqlite> {
         Ok(Sqlite {
             engine: Engine::open(path, synchronous_full)?,
             replays: Arc::default(),
+            log_ids,
+            seal,
         })
     }
 
@@ -126,7 +134,7 @@ impl Sqlite {
                 f(w, &mut journal).map(|out| (out, journal))
             })
             .await?;
-        journal.iter().for_each(EventInfo::log);
+        journal.iter().for_each(|e| e.log(&self.log_ids));
         Ok(out)
     }
 
@@ -136,12 +144,12 @@ impl Sqlite {
     async fn decide_calls(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
         let n = calls.len();
         let settled: Result<Vec<Slot>> = if calls.iter().any(|c| matches!(c, Call::Claim { .. })) {
-            let (engine, replays) = (self.engine.clone(), Arc::clone(&self.replays));
+            let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
             self.engine
-                .read(move |conn| Ok(plan(conn, &engine, &replays, calls, now)))
+                .read(move |conn| Ok(plan(conn, (&engine, &replays, &seal), calls, now)))
                 .await
         } else {
-            Ok(plan_writes(&self.engine, calls, now))
+            Ok(plan_writes(&self.engine, &self.seal, calls, now))
         };
         let slots = match settled {
             Ok(slots) => slots,
@@ -152,7 +160,7 @@ impl Sqlite {
             answers.push(match slot {
                 Slot::Ready(answer) => answer,
                 Slot::Pending(pending) => pending.wait().await.map(|(answer, journal)| {
-                    journal.iter().for_each(EventInfo::log);
+                    journal.iter().for_each(|e| e.log(&self.log_ids));
                     answer
                 }),
             });
@@ -182,17 +190,20 @@ type Work = Box<dyn FnOnce(&Writer<'_>, &mut Journal) -> Result<Answer> + Send>;
 /// The writer job that carries out `call` (a claim that no reader looked at
 /// goes to [`claim::write_job`] as if its record were absent: its insert
 /// finds out).
-fn write_job(call: Call, now: i64) -> (engine::Job, engine::Pending<Logged>) {
+fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending<Logged>) {
     let (durability, work): (Durability, Work) = match call {
-        Call::Claim { req, deadline } => return claim::write_job(req, deadline, now, true),
+        Call::Claim { req, deadline } => return claim::write_job(req, seal.clone(), deadline, now, true),
         Call::Complete { req, body } => (
             // Durable after all when the record's policy frees the key on
             // an unknown outcome (see `operations::complete`).
             Durability::Relaxed,
-            Box::new(move |w, journal| {
-                let body = req.body_stored.then_some(&body[..]);
-                operations::complete(w, journal, &req, body, now).map(Answer::Fence)
-            }),
+            {
+                let seal = seal.clone();
+                Box::new(move |w, journal| {
+                    let body = req.body_stored.then_some(&body[..]);
+                    operations::complete(w, journal, (&req, &seal), body, now).map(Answer::Fence)
+                })
+            },
         ),
         Call::Release(req) => (
             Durability::Durable,
@@ -214,8 +225,8 @@ fn write_job(call: Call, now: i64) -> (engine::Job, engine::Pending<Logged>) {
 }
 
 /// Queues the writes of `calls` as one group; where each answer will come from.
-fn plan_writes(engine: &Engine, calls: Vec<Call>, now: i64) -> Vec<Slot> {
-    let (jobs, pending): (Vec<_>, Vec<_>) = calls.into_iter().map(|c| write_job(c, now)).unzip();
+fn plan_writes(engine: &Engine, seal: &Seal, calls: Vec<Call>, now: i64) -> Vec<Slot> {
+    let (jobs, pending): (Vec<_>, Vec<_>) = calls.into_iter().map(|c| write_job(c, seal, now)).unzip();
     submit(engine, jobs, pending.into_iter().map(Slot::Pending).collect())
 }
 
@@ -223,8 +234,7 @@ fn plan_writes(engine: &Engine, calls: Vec<Call>, now: i64) -> Vec<Slot> {
 /// group, from this thread.
 fn plan(
     conn: &Connection,
-    engine: &Engine,
-    replays: &Arc<ReplayTally>,
+    (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
     calls: Vec<Call>,
     now: i64,
 ) -> Vec<Slot> {
@@ -232,18 +242,20 @@ fn plan(
     let mut slots = Vec::with_capacity(calls.len());
     for call in calls {
         let job = match call {
-            Call::Claim { req, deadline } => match claim::probe(conn, engine, replays, req, deadline, now) {
-                Ok(claim::Probed::Decided(outcome)) => {
-                    slots.push(Slot::Ready(Ok(Answer::Claim(outcome))));
-                    continue;
+            Call::Claim { req, deadline } => {
+                match claim::probe(conn, (engine, replays, seal), req, deadline, now) {
+                    Ok(claim::Probed::Decided(outcome)) => {
+                        slots.push(Slot::Ready(Ok(Answer::Claim(outcome))));
+                        continue;
+                    }
+                    Ok(claim::Probed::Write(job, pending)) => (job, pending),
+                    Err(e) => {
+                        slots.push(Slot::Ready(Err(e)));
+                        continue;
+                    }
                 }
-                Ok(claim::Probed::Write(job, pending)) => (job, pending),
-                Err(e) => {
-                    slots.push(Slot::Ready(Err(e)));
-                    continue;
-                }
-            },
-            other => write_job(other, now),
+            }
+            other => write_job(other, seal, now),
         };
         jobs.push(job.0);
         slots.push(Slot::Pending(job.1));
@@ -277,6 +289,10 @@ fn fence_answer(answer: Result<Answer>) -> Result<FenceReply> {
 impl Backend for Sqlite {
     fn name(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn log_ids(&self) -> &LogIds {
+        &self.log_ids
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -316,6 +332,14 @@ impl Backend for Sqlite {
                 .map_err(unavailable)?;
                 Ok(())
             })
+            .await
+    }
+
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+        let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
+        let req = req.clone();
+        self.engine
+            .read(move |conn| claim::peek(conn, (&engine, &replays, &seal), &req, now))
             .await
     }
 
@@ -371,6 +395,7 @@ impl Backend for Sqlite {
             tracing::warn!("sqlite: replay counts not applied before a lookup: {e}");
         }
         let q = q.clone();
+        let seal = self.seal.clone();
         self.engine
             .read(move |conn| {
                 const MATCH: &str = "tenant = ?1 AND idem_key = ?2 AND (?3 IS NULL OR route = ?3) \
@@ -386,6 +411,7 @@ impl Backend for Sqlite {
                     conn,
                     &sql,
                     params![q.tenant, q.key, q.route, q.principal, ns, limit],
+                    &seal,
                 )?;
                 let sql = format!(
                     "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT ?6",
@@ -403,12 +429,13 @@ impl Backend for Sqlite {
     }
 
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
+        let seal = self.seal.clone();
         self.engine
             .read(move |conn| match which {
-                Listing::Unknown => query_infos(conn, &LIST_UNKNOWN, params![limit]),
+                Listing::Unknown => query_infos(conn, &LIST_UNKNOWN, params![limit], &seal),
                 Listing::Stuck { older_than_ms } => {
                     let before = now.saturating_sub(i64_from(older_than_ms));
-                    query_infos(conn, &LIST_STUCK, params![before, limit])
+                    query_infos(conn, &LIST_STUCK, params![before, limit], &seal)
                 }
             })
             .await
@@ -416,8 +443,9 @@ impl Backend for Sqlite {
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
         let (scope, how, reason) = (scope.clone(), how.clone(), reason.map(str::to_string));
+        let seal = self.seal.clone();
         self.write_logged(move |w, journal| {
-            operations::resolve(w, journal, &scope, (how, reason.as_deref()), now)
+            operations::resolve(w, journal, (&scope, &seal), (how, reason.as_deref()), now)
         })
         .await
     }

@@ -20,11 +20,12 @@ use super::generation::{
 use super::rows::load;
 use crate::backend::{actor, Resolution, Result};
 use crate::columns::{encode_headers, i64_from, ScopeDigest};
+use crate::sealing::Seal;
 
 pub(super) fn complete(
     w: &Writer<'_>,
     journal: &mut Journal,
-    req: &CompleteRequest,
+    (req, seal): (&CompleteRequest, &Seal),
     body: Option<&[u8]>,
     now: i64,
 ) -> Result<FenceReply> {
@@ -38,17 +39,21 @@ pub(super) fn complete(
     }
     let sql = concat!(
         "UPDATE idempotency_records SET state = 'completed', response_status = ?2, response_headers = ?3, \
-         response_body = ?4, body_stored = ?5, completed_at = ?6, expires_at = ?7, lease_until = ?6 WHERE ",
+         response_body = ?4, body_stored = ?5, completed_at = ?6, expires_at = ?7, lease_until = ?6, \
+         response_key = ?8 WHERE ",
         key_where!()
     );
     let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-    let params: [&dyn rusqlite::ToSql; 6] = [
+    // Sealed under the fence the record holds (the completion's own).
+    let sealed = seal.seal(&key, loaded.view.fence, encode_headers(&req.headers), body)?;
+    let params: [&dyn rusqlite::ToSql; 7] = [
         &req.status,
-        &encode_headers(&req.headers),
-        &body,
+        &sealed.headers,
+        &sealed.body.as_deref(),
         &req.body_stored,
         &now,
         &expires_at,
+        &sealed.key_id,
     ];
     execute(conn, sql, &key, &params)?;
     event(
@@ -130,7 +135,7 @@ pub(super) fn mark_unknown(
 pub(super) fn resolve(
     w: &Writer<'_>,
     journal: &mut Journal,
-    scope: &Scope,
+    (scope, seal): (&Scope, &Seal),
     (how, reason): (Resolution, Option<&str>),
     now: i64,
 ) -> Result<bool> {
@@ -158,17 +163,19 @@ pub(super) fn resolve(
             let sql = concat!(
                 "UPDATE idempotency_records SET state = 'completed', fence = ?2, response_status = ?3, \
                  response_headers = ?4, response_body = ?5, body_stored = 1, completed_at = ?6, expires_at = ?7, \
-                 lease_until = ?6 WHERE ",
+                 lease_until = ?6, response_key = ?8 WHERE ",
                 key_where!()
             );
             let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-            let params: [&dyn rusqlite::ToSql; 6] = [
+            let sealed = seal.seal(&key, fence, encode_headers(&headers), Some(body.as_bytes()))?;
+            let params: [&dyn rusqlite::ToSql; 7] = [
                 &i64_from(fence),
                 &status,
-                &encode_headers(&headers),
-                &body.into_bytes(),
+                &sealed.headers,
+                &sealed.body.as_deref(),
                 &now,
                 &expires_at,
+                &sealed.key_id,
             ];
             execute(conn, sql, &key, &params)?;
             let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));

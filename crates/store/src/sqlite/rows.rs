@@ -9,6 +9,7 @@ use rusqlite::{Connection, Row, ToSql};
 use super::engine::unavailable;
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
 use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
+use crate::sealing::Seal;
 
 /// The current record's key, `?1`; a statement's own parameters start at `?2`.
 pub(super) const KEY_WHERE: &str = key_where!();
@@ -77,7 +78,14 @@ impl ColumnReader for SqliteRow<'_, '_> {
 
 /// A record's columns for operators: the body's length, not the body.
 pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
-    record_list(|c| (c == "response_body").then(|| "length(response_body) AS body_len".to_string()))
+    record_list(|c| {
+        (c == "response_body").then(|| {
+            format!(
+                "length(response_body) - CASE WHEN response_key IS NULL THEN 0 ELSE {} END AS body_len",
+                crate::sealing::OVERHEAD
+            )
+        })
+    })
 });
 
 /// Moves the current generation of `?1` to the history: `?2` how it
@@ -108,8 +116,8 @@ fn fresh_value(column: &str) -> Option<&'static str> {
         "created_at" => "?13",
         "attempt" => "?14",
         "body_stored" | "replay_count" => "0",
-        "response_status" | "response_headers" | "response_body" | "completed_at" | "expires_at"
-        | "archived_at" => "NULL",
+        "response_status" | "response_headers" | "response_body" | "response_key" | "completed_at"
+        | "expires_at" | "archived_at" => "NULL",
         _ => return None,
     })
 }
@@ -151,6 +159,7 @@ const LOADED: &[&str] = &[
     "ttl_ms",
     "response_status",
     "response_headers",
+    "response_key",
     "body_stored",
     "completed_at",
     "expires_at",
@@ -205,8 +214,13 @@ pub(super) fn load_with<T>(
 }
 
 /// Runs a statement that selects [`INFO_COLUMNS`] and `ended_at`.
-pub(super) fn query_infos(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<RecordInfo>> {
-    query_all(conn, sql, params, |row| RecordInfo::read(row))
+pub(super) fn query_infos(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+    seal: &Seal,
+) -> Result<Vec<RecordInfo>> {
+    query_all(conn, sql, params, |row| RecordInfo::read(row, seal))
 }
 
 /// Runs a statement that selects (or returns) [`crate::columns::EVENT_COLUMNS`].

@@ -16,6 +16,7 @@ use idemgate_core::key::Key;
 use idemgate_core::protocol::{ClaimRequest, CompleteRequest, FenceRequest};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+use idemgate_store::sealing::Seal;
 pub use idemgate_testkit::{eventually, Proc};
 
 pub const API: &str = "api-token";
@@ -73,10 +74,33 @@ pub fn fence(scope: &Scope, fence: u64) -> FenceRequest {
 
 /// A fresh SQLite backend in its own directory, migrated.
 pub async fn sqlite_backend(dir: &tempfile::TempDir) -> Arc<dyn Backend> {
+    sqlite_backend_sealed(dir, Seal::off()).await
+}
+
+/// [`sqlite_backend`] sealing stored responses with `seal`.
+pub async fn sqlite_backend_sealed(dir: &tempfile::TempDir, seal: Seal) -> Arc<dyn Backend> {
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    let b = open_backend(&url, &BackendOptions::default()).await.unwrap();
+    backend_at(&url, seal).await
+}
+
+/// A migrated backend at `url`, sealing stored responses with `seal`.
+pub async fn backend_at(url: &str, seal: Seal) -> Arc<dyn Backend> {
+    let opts = BackendOptions {
+        seal,
+        ..BackendOptions::default()
+    };
+    let b = open_backend(url, &opts).await.unwrap();
     b.migrate().await.unwrap();
     b
+}
+
+/// Two response keys, `a` and `b` (32 bytes each, base64).
+pub const KEY_A: &str = "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+pub const KEY_B: &str = "b:HxweHRwbGhkYFxYVFBMSERAPDg0MCwoJCAcGBQQDAgE=";
+
+/// Sealing with the key file `text`.
+pub fn seal(text: &str) -> Seal {
+    Seal::parse(text).unwrap()
 }
 
 /// A throwaway PostgreSQL cluster shared by the tests that run at the same
@@ -142,14 +166,21 @@ impl StoreProcess {
 
     /// Started with `RUST_LOG=rust_log`; [`StoreProcess::log`] reads what it wrote.
     pub async fn start_logging(database_url: &str, rust_log: &str) -> StoreProcess {
+        StoreProcess::start_with(database_url, rust_log, |_| {}).await
+    }
+
+    /// [`StoreProcess::start_logging`] with more on the command line.
+    pub async fn start_with(
+        database_url: &str,
+        rust_log: &str,
+        more: impl FnOnce(&mut std::process::Command),
+    ) -> StoreProcess {
         let port = free_port();
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
         let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
-        let proc = Proc::spawn(
-            "store",
-            &mut idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, rust_log),
-            log,
-        );
+        let mut cmd = idemgate_testkit::store::serve(bin, port, database_url, API, ADMIN, rust_log);
+        more(&mut cmd);
+        let proc = Proc::spawn("store", &mut cmd, log);
         let p = StoreProcess {
             proc,
             addr: format!("127.0.0.1:{port}"),

@@ -1,0 +1,148 @@
+//! Records are named in logs by a keyed hash (semantics §9): the name in an
+//! event's log line is the one the admin API shows, it is the same in every
+//! replica given the same key file, and it is not a bare digest.
+
+use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
+use sha2::{Digest, Sha256};
+
+use crate::support::*;
+
+/// Claims and completes `s` through the API.
+async fn claim_and_complete(p: &StoreProcess, s: &idemgate_core::scope::Scope) {
+    let c = client();
+    let r = request(
+        &c,
+        "POST",
+        &p.url("/v1/claim"),
+        Some(API),
+        encode_frame(&claim(s, Some(1)), b""),
+    )
+    .await;
+    let ClaimReply::Owned { fence } = decode_frame::<ClaimReply>(&r.body).unwrap().0 else {
+        panic!("not owned: {:?}", String::from_utf8_lossy(&r.body));
+    };
+    let r = request(
+        &c,
+        "POST",
+        &p.url("/v1/complete"),
+        Some(API),
+        encode_frame(&complete(s, fence, 201), b"{}"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+/// The `record=` of every `idemgate::events` line of `log`.
+fn logged_records(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("idemgate::events"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("record=")))
+        .map(String::from)
+        .collect()
+}
+
+/// The `log_id` the admin API gives the record of tenant `acme` and `key`.
+async fn admin_log_id(p: &StoreProcess, key: &str) -> String {
+    let body = format!(r#"{{"tenant": "acme", "key": "{key}"}}"#).into_bytes();
+    let r = request(
+        &client(),
+        "POST",
+        &p.url("/admin/v1/records/lookup"),
+        Some(ADMIN),
+        body,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let history: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let id = history["records"][0]["log_id"].as_str().unwrap().to_string();
+    assert_eq!(history["events"][0]["log_id"], id.as_str());
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_log_key_file_name_a_low_entropy_key_alike_and_never_by_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let key_file = dir.path().join("log.key");
+    std::fs::write(&key_file, "bG9nLWtleS1zaGFyZWQtYnktcmVwbGljYXM=\n").unwrap();
+    let other_file = dir.path().join("other.key");
+    std::fs::write(&other_file, "YW5vdGhlci1zZWNyZXQtZm9yLWxvZy1pZHM=\n").unwrap();
+    let with_key = |path: std::path::PathBuf| {
+        move |cmd: &mut std::process::Command| {
+            cmd.arg("--log-key-file").arg(path);
+        }
+    };
+    // A low-entropy key: an order number.
+    let s = scope("1042");
+
+    let first = StoreProcess::start_with(&db, "info", with_key(key_file.clone())).await;
+    claim_and_complete(&first, &s).await;
+    let logged = logged_records(&first.log());
+    assert_eq!(logged.len(), 2, "claimed and completed:\n{}", first.log());
+    assert_eq!(logged[0], logged[1]);
+    let id = logged[0].clone();
+    assert_eq!(id.len(), 12);
+    // The admin API names the record as the log line does, so an operator
+    // who has the line's tenant and the key finds it.
+    assert_eq!(admin_log_id(&first, "1042").await, id);
+    // Not the truncated SHA-256 of the scope, nor of the key.
+    let bare: String = Sha256::digest(s.encode())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_ne!(id, bare);
+    let of_key: String = Sha256::digest(b"1042")
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_ne!(id, of_key);
+    drop(first);
+
+    // Another process (a restart, or another replica) with the same key file.
+    let second = StoreProcess::start_with(&db, "info", with_key(key_file.clone())).await;
+    assert_eq!(admin_log_id(&second, "1042").await, id);
+    drop(second);
+
+    // Another secret, another name.
+    let third = StoreProcess::start_with(&db, "info", with_key(other_file)).await;
+    assert_ne!(admin_log_id(&third, "1042").await, id);
+    drop(third);
+
+    // Without a key file the name derives from the admin credential, which
+    // replicas share: stable across restarts, and still not a bare digest.
+    let a = StoreProcess::start_with(&db, "info", |_| {}).await;
+    let derived = admin_log_id(&a, "1042").await;
+    drop(a);
+    let b = StoreProcess::start_with(&db, "info", |_| {}).await;
+    assert_eq!(admin_log_id(&b, "1042").await, derived);
+    assert_ne!(derived, bare);
+    assert_ne!(derived, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_log_key_file_stops_the_store_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("short.key");
+    std::fs::write(&key_file, "too-short\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args([
+            "serve",
+            "--api-token",
+            API,
+            "--admin-token",
+            ADMIN,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.path().join("store.db").display()))
+        .arg("--log-key-file")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("log key") && err.contains("at least 16"), "{err}");
+}
