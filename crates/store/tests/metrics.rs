@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use idemgate_store::backend::{Backend, Call};
-use idemgate_store::postgres::Postgres;
+use idemgate_store::backend::{open_backend, Backend, BackendOptions, Call};
 use idemgate_store::{Clock, Store};
 
 use crate::support::*;
@@ -20,7 +19,11 @@ fn value(text: &str, series: &str) -> f64 {
 async fn calls_the_database_fails_are_counted_by_call() {
     // Nothing listens on this port: every connection is refused.
     let url = format!("postgres://idem@127.0.0.1:{}/idem", free_port());
-    let backend: Arc<dyn Backend> = Arc::new(Postgres::connect(&url, 3).unwrap());
+    let opts = BackendOptions {
+        pg_pool_size: Some(3),
+        ..BackendOptions::default()
+    };
+    let backend: Arc<dyn Backend> = open_backend(&url, &opts).await.unwrap();
     let store = Store::new(backend, Clock::System);
     let s = scope("k-outage");
     assert!(store.complete(&complete(&s, 1, 201), b"{}").await.is_err());

@@ -30,8 +30,8 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, PoolStats, RecordInfo,
-    Resolution, Result, StoreError, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, PoolStats, RecordInfo, Resolution,
+    Result, StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
