@@ -126,23 +126,7 @@ async fn a_short_log_key_file_stops_the_store_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("short.key");
     std::fs::write(&key_file, "too-short\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-        .args([
-            "serve",
-            "--api-token",
-            API,
-            "--admin-token",
-            ADMIN,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--database-url")
-        .arg(format!("sqlite://{}", dir.path().join("store.db").display()))
-        .arg("--log-key-file")
-        .arg(&key_file)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let err = serve_refused(&db, &["--log-key-file".as_ref(), key_file.as_os_str()]);
     assert!(err.contains("log key") && err.contains("at least 16"), "{err}");
 }

@@ -4,16 +4,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request;
-use http_body_util::BodyExt;
 use idemgate_core::protocol::{
     decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, BATCH_PATH,
 };
 use idemgate_store::backend::Backend;
 use idemgate_store::budget::Budgets;
-use idemgate_store::{app, AppState, Clock, Store};
-use tower::ServiceExt;
+use idemgate_store::{AppState, Clock, Store};
 
 use crate::support::*;
 
@@ -60,19 +56,10 @@ impl Api {
     }
 
     async fn post(&self, path: &str, token: &str, body: Vec<u8>) -> Answer {
-        let req = Request::builder()
-            .method("POST")
-            .uri(path)
-            .header("authorization", format!("Bearer {token}"))
-            .body(Body::from(body))
-            .unwrap();
-        let resp = app(self.state.clone()).oneshot(req).await.unwrap();
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
+        let (status, headers, body) = post_in_process(&self.state, path, token, body).await;
+        let retry_after = headers
             .get("retry-after")
             .map(|v| v.to_str().unwrap().to_string());
-        let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
         Answer {
             status,
             retry_after,

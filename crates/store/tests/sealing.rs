@@ -6,15 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request;
-use http_body_util::BodyExt;
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, CompleteRequest};
 use idemgate_store::admin::ResolveRequest;
 use idemgate_store::backend::{Backend, Resolution, SweepPolicy};
 use idemgate_store::sealing::Seal;
-use idemgate_store::{app, AppState, Clock, Store};
-use tower::ServiceExt;
+use idemgate_store::{AppState, Clock, Store};
 
 use crate::support::*;
 
@@ -41,18 +37,8 @@ impl Api {
     }
 
     async fn send(&self, path: &str, token: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
-        let req = Request::builder()
-            .method("POST")
-            .uri(path)
-            .header("authorization", format!("Bearer {token}"))
-            .body(Body::from(body))
-            .unwrap();
-        let resp = app(self.state.clone()).oneshot(req).await.unwrap();
-        let status = resp.status().as_u16();
-        (
-            status,
-            resp.into_body().collect().await.unwrap().to_bytes().to_vec(),
-        )
+        let (status, _, body) = post_in_process(&self.state, path, token, body).await;
+        (status, body)
     }
 
     async fn claim(&self, key: &str, ttl_ms: u64) -> (u16, Vec<u8>) {
@@ -295,23 +281,7 @@ async fn the_store_says_whether_it_seals_and_refuses_a_bad_key_file() {
         "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\nb:c2hvcnQ=\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-        .args([
-            "serve",
-            "--api-token",
-            API,
-            "--admin-token",
-            ADMIN,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--database-url", &db])
-        .arg("--response-key-file")
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_refused(&db, &["--response-key-file".as_ref(), bad.as_os_str()]);
     assert!(err.contains("line 2") && err.contains("32"), "{err}");
     assert!(!err.contains("c2hvcnQ"), "a key in the error: {err}");
 }

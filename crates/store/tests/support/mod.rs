@@ -208,3 +208,47 @@ impl StoreProcess {
         self.proc.kill();
     }
 }
+
+/// A POST to the in-process app as `token`: status, headers and body.
+pub async fn post_in_process(
+    state: &idemgate_store::AppState,
+    path: &str,
+    token: &str,
+    body: Vec<u8>,
+) -> (u16, axum::http::HeaderMap, Vec<u8>) {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("authorization", format!("Bearer {token}"))
+        .body(axum::body::Body::from(body))
+        .unwrap();
+    let resp = idemgate_store::app(state.clone()).oneshot(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        body.collect().await.unwrap().to_bytes().to_vec(),
+    )
+}
+
+/// `idempotency-store serve` with the test credentials, `database_url` and
+/// `args`, for a start that must fail: its standard error.
+pub fn serve_refused(database_url: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args([
+            "serve",
+            "--api-token",
+            API,
+            "--admin-token",
+            ADMIN,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--database-url", database_url])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the store started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
