@@ -108,7 +108,11 @@ python3 -c 'import yaml' 2>/dev/null || need_debs "PyYAML" python3-yaml
 command -v promtool >/dev/null && [[ -x /usr/bin/prometheus ]] ||
     need_debs "Prometheus and promtool (the monitoring test)" prometheus
 
-# (i) wrk, for benchmarks only.
+# (i) libfaketime: store replicas whose clocks disagree (the clock test).
+[[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 ||
+    need_debs "faketime (store replicas with skewed clocks)" faketime
+
+# (j) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi

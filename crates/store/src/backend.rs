@@ -336,6 +336,11 @@ pub trait Backend: Send + Sync {
     async fn migrate(&self) -> Result<()>;
     /// Succeeds when the database answers and the schema is in place.
     async fn ping(&self) -> Result<()>;
+    /// The database server's clock (ms since the Unix epoch), when replicas
+    /// share one; `None` when the store's own clock is the only one.
+    async fn database_now(&self) -> Result<Option<i64>> {
+        Ok(None)
+    }
     /// `deadline`: the caller stops waiting then; a claim that would commit
     /// later fails with [`StoreError::Late`] instead.
     async fn claim(

@@ -330,7 +330,8 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     backend.migrate().await.map_err(|e| e.to_string())?;
-    let store = Store::new(backend, Clock::System);
+    let clock = Clock::follow(&backend).await.map_err(|e| e.to_string())?;
+    let store = Store::new(backend, clock);
     let now = store.clock.now();
     match cli.command {
         Command::Migrate => {

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cli;
+mod clock;
 mod concurrency;
 mod console;
 mod crash;

@@ -241,6 +241,17 @@ impl Backend for Postgres {
         tx.commit().await.map_err(unavailable)
     }
 
+    async fn database_now(&self) -> Result<Option<i64>> {
+        let rows = self
+            .connections
+            .query(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            )
+            .await?;
+        Ok(rows.first().map(|r| r.get::<_, i64>(0)))
+    }
+
     async fn ping(&self) -> Result<()> {
         self.connections
             .query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
