@@ -319,6 +319,53 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
         .unwrap());
 }
 
+/// A duplicate in the lease's last millisecond waits; one at the lease's end
+/// finds it run out, under both `on_unknown` modes, on the claim path and
+/// for the sweeper alike; the owner's completion after a takeover is stale.
+async fn a_lease_ends_at_its_last_millisecond(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    for on_unknown in [OnUnknown::Conflict, OnUnknown::Release] {
+        let s = scope(&format!("k-edge-{on_unknown:?}"));
+        let mut req = claim(&s, Some(1));
+        req.on_unknown = on_unknown;
+        let first = cx.owned(&req).await;
+        cx.clock.advance(999);
+        assert_eq!(cx.reply(&req).await, ClaimReply::InProgress { retry_after_ms: 1 });
+        let early = cx.sweep(u64::MAX / 4).await;
+        assert_eq!((early.marked_unknown, early.released), (0, 0));
+        cx.clock.advance(1);
+        match on_unknown {
+            OnUnknown::Conflict => assert_eq!(cx.reply(&req).await, ClaimReply::Unknown),
+            OnUnknown::Release => {
+                let taken = cx.owned(&req).await;
+                assert!(taken > first);
+                assert_eq!(
+                    cx.store
+                        .complete(&complete(&s, first, 201), b"late")
+                        .await
+                        .unwrap(),
+                    FenceReply::Stale
+                );
+                assert_eq!(
+                    cx.store.complete(&complete(&s, taken, 201), b"ok").await.unwrap(),
+                    FenceReply::Done
+                );
+                assert!(matches!(
+                    cx.reply(&req).await,
+                    ClaimReply::Replay { status: 201, .. }
+                ));
+            }
+        }
+    }
+    // The sweeper at the same edge.
+    let s = scope("k-edge-sweep");
+    cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(999);
+    assert_eq!(cx.sweep(u64::MAX / 4).await.marked_unknown, 0);
+    cx.clock.advance(1);
+    assert_eq!(cx.sweep(u64::MAX / 4).await.marked_unknown, 1);
+}
+
 async fn a_superseded_token_is_refused(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let s = scope("k-fence");
@@ -986,6 +1033,7 @@ stories!(
     in_progress_answers_the_remaining_lease,
     waiting_claim_returns_the_result,
     lease_expiry_turns_the_record_unknown,
+    a_lease_ends_at_its_last_millisecond,
     late_completion_with_the_current_token_resolves_unknown,
     a_superseded_token_is_refused,
     release_frees_the_key,
