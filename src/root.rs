@@ -38,6 +38,9 @@ impl RootContext for Root {
         // The VM's environment: what vm_config.environment_variables passes.
         match Config::parse_with_env(&bytes, &|name| std::env::var(name).ok()) {
             Ok(config) => {
+                for warning in config.warnings() {
+                    host::log(LogLevel::Warn, &warning);
+                }
                 let Some(prefix) = host::random_hex() else {
                     host::log(LogLevel::Error, "no random source for claim attempt ids");
                     return false;

@@ -165,3 +165,37 @@ async fn a_body_with_no_length_over_the_limit_is_refused_and_burns_nothing() {
         assert_eq!(h.upstream.executions(&key), 1);
     }
 }
+
+/// A response larger than Envoy's buffer (1 MiB by default) and than the
+/// policy keeps (512 KiB by default) streams to the client whole; the
+/// outcome is recorded without its body, so a retry learns it succeeded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_response_larger_than_envoys_buffer_streams_whole_and_is_recorded() {
+    let h = Harness::start().await;
+    for size in [1_200_000usize, 3_000_000] {
+        let key = fresh_key("large");
+        let first = e2e::send(
+            h.post("/pay", Some(&key), "{}")
+                .header("x-test-body-size", size.to_string()),
+        )
+        .await;
+        assert_eq!(
+            first.status,
+            201,
+            "{size}: {:?}",
+            String::from_utf8_lossy(&first.body[..first.body.len().min(200)])
+        );
+        assert_eq!(first.body.len(), size);
+        let settled = e2e::eventually(
+            "the outcome to be recorded",
+            std::time::Duration::from_secs(10),
+            || async {
+                let again = e2e::send(h.post("/pay", Some(&key), "{}")).await;
+                again.problem().as_deref() == Some("result-unavailable")
+                    && again.json()["original_status"] == 201
+            },
+        );
+        settled.await;
+        assert_eq!(h.upstream.executions(&key), 1);
+    }
+}

@@ -369,8 +369,9 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 512 * 1024;
 pub const DEFAULT_MAX_STORED_BODY: usize = 512 * 1024;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_DETACHED_TIMEOUT_MS: u64 = 30_000;
-/// Envoy's default buffer limit.
-pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
+/// Envoy's default buffer limit (a listener's `per_connection_buffer_limit_bytes`).
+pub const ENVOY_DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = ENVOY_DEFAULT_BUFFER_LIMIT;
 
 impl Config {
     /// Parses and validates the plugin configuration.
@@ -382,6 +383,30 @@ impl Config {
     /// environment of Envoy's VM (for `store.token_env`).
     pub fn parse_with_env(bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         raw::parse(bytes, env)
+    }
+
+    /// What the configuration asks of Envoy that Envoy's defaults do not
+    /// give, for the filter to log when it loads: a policy holding more of a
+    /// body than Envoy's default buffer limit works only on a listener whose
+    /// `per_connection_buffer_limit_bytes` is raised to match (else Envoy
+    /// answers 413 or 500 itself). The filter cannot read that limit.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in &self.policies {
+            for (field, bytes) in [
+                ("max_request_body", p.max_request_body()),
+                ("max_stored_body", p.max_stored_body()),
+            ] {
+                if bytes > ENVOY_DEFAULT_BUFFER_LIMIT {
+                    out.push(format!(
+                        "policy {:?}: {field} is {bytes} bytes, above Envoy's default buffer limit ({ENVOY_DEFAULT_BUFFER_LIMIT}); \
+                         set the listener's per_connection_buffer_limit_bytes to at least {bytes}, or bodies between the two get Envoy's own 413 or 500",
+                        p.name()
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// The first policy whose match covers the request.

@@ -475,3 +475,20 @@ proptest! {
         }));
     }
 }
+
+#[test]
+fn bodies_above_envoys_default_buffer_are_warned_about_by_field() {
+    let quiet = parse_with(json!({}), json!({"max_stored_body": ENVOY_DEFAULT_BUFFER_LIMIT})).unwrap();
+    assert!(quiet.warnings().is_empty());
+    let loud = parse_with(
+        json!({}),
+        json!({"max_stored_body": ENVOY_DEFAULT_BUFFER_LIMIT + 1, "max_request_body": 2 * ENVOY_DEFAULT_BUFFER_LIMIT}),
+    )
+    .unwrap();
+    let warnings = loud.warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings
+        .iter()
+        .any(|w| w.contains("max_stored_body") && w.contains("per_connection_buffer_limit_bytes")));
+    assert!(warnings.iter().any(|w| w.contains("max_request_body")));
+}

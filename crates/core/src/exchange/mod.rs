@@ -499,8 +499,8 @@ impl Exchange {
             Phase::Settling { .. } => return Step::Pause,
             _ => return Step::Continue,
         };
-        // Too large to keep: record the outcome without the body now, while
-        // this chunk is held, and let the rest stream once that is done.
+        // Too large to keep: record the outcome without the body, and let
+        // the response stream on.
         if kept.len() + chunk.len() > self.policy.max_stored_body() {
             return self.complete(false);
         }
@@ -534,6 +534,16 @@ impl Exchange {
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
         let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);
+        if !body_stored && self.policy.forwarding() == &Forwarding::Streaming {
+            // A streamed body too large to keep is not held while the
+            // outcome is recorded: Envoy would buffer the rest of it
+            // meanwhile, and past its buffer limit answer the client 500 for
+            // a request the upstream carried out. The worker's store client
+            // delivers it.
+            self.settlement = Some(Settlement::Completed);
+            self.phase = Phase::Done;
+            return Step::Deliver(call, Box::new(Step::Continue));
+        }
         self.settling(call, Settlement::Completed)
     }
 
