@@ -370,6 +370,8 @@ pub struct BackendOptions {
     pub sqlite_synchronous_full: Option<bool>,
     /// PostgreSQL: connections in the pool.
     pub pg_pool_size: Option<usize>,
+    /// PostgreSQL: how long to wait at each step (pool, connect, statement).
+    pub pg_timeouts: crate::postgres::PgTimeouts,
 }
 
 /// Opens the backend named by the URL's scheme. Does not migrate.
@@ -385,7 +387,8 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
         let backend = crate::sqlite::Sqlite::open(path, opts.sqlite_synchronous_full.unwrap_or(true))?;
         Ok(Arc::new(backend))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let backend = crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16))?;
+        let backend =
+            crate::postgres::Postgres::connect(url, opts.pg_pool_size.unwrap_or(16), opts.pg_timeouts)?;
         Ok(Arc::new(backend))
     } else {
         Err(StoreError::Config(

@@ -8,6 +8,7 @@ use idemgate_core::scope::Scope;
 
 use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
 use crate::clock::Clock;
+use crate::postgres::PgTimeouts;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 
@@ -47,6 +48,45 @@ pub struct Cli {
     /// PostgreSQL connection pool size.
     #[arg(long, global = true, env = "IDEMGATE_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,
+
+    /// PostgreSQL: how long a call waits for a pooled connection when all
+    /// are in use, in milliseconds (then 503).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_WAIT_TIMEOUT_MS",
+        default_value_t = 250
+    )]
+    pub pg_wait_timeout_ms: u64,
+
+    /// PostgreSQL: how long opening a connection may take, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_CONNECT_TIMEOUT_MS",
+        default_value_t = 500
+    )]
+    pub pg_connect_timeout_ms: u64,
+
+    /// PostgreSQL: how long checking a pooled connection before reuse may take, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_RECYCLE_TIMEOUT_MS",
+        default_value_t = 250
+    )]
+    pub pg_recycle_timeout_ms: u64,
+
+    /// PostgreSQL `statement_timeout` for the store's connections, in
+    /// milliseconds; keep it below the filter's store timeout (default 1000).
+    /// Migrations run without it.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_STATEMENT_TIMEOUT_MS",
+        default_value_t = 750
+    )]
+    pub pg_statement_timeout_ms: u64,
 
     #[command(subcommand)]
     pub command: Command,
@@ -267,6 +307,12 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
     let opts = BackendOptions {
         sqlite_synchronous_full: Some(matches!(cli.sqlite_synchronous, Synchronous::Full)),
         pg_pool_size: Some(cli.pg_pool_size),
+        pg_timeouts: PgTimeouts {
+            wait: Duration::from_millis(cli.pg_wait_timeout_ms.max(1)),
+            connect: Duration::from_millis(cli.pg_connect_timeout_ms.max(1)),
+            recycle: Duration::from_millis(cli.pg_recycle_timeout_ms.max(1)),
+            statement: Duration::from_millis(cli.pg_statement_timeout_ms.max(1)),
+        },
     };
     let database_url = match &cli.database_url_file {
         Some(path) => read_token(&None, &Some(path.clone()), "database url")?,

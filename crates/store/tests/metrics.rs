@@ -20,7 +20,7 @@ fn value(text: &str, series: &str) -> f64 {
 async fn calls_the_database_fails_are_counted_by_call() {
     // Nothing listens on this port: every connection is refused.
     let url = format!("postgres://idem@127.0.0.1:{}/idem", free_port());
-    let backend: Arc<dyn Backend> = Arc::new(Postgres::connect(&url, 3).unwrap());
+    let backend: Arc<dyn Backend> = Arc::new(Postgres::connect(&url, 3, Default::default()).unwrap());
     let store = Store::new(backend, Clock::System);
     let s = scope("k-outage");
     assert!(store.complete(&complete(&s, 1, 201), b"{}").await.is_err());

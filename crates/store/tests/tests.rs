@@ -5,6 +5,7 @@ mod cli;
 mod concurrency;
 mod console;
 mod crash;
+mod faults;
 mod http;
 mod metrics;
 mod migration;

@@ -45,6 +45,7 @@ mod rows;
 mod sweep;
 mod tls;
 
+pub use pool::PgTimeouts;
 use pool::{unavailable, Connections, Tx};
 use rows::{Param, INFO_COLUMNS};
 
@@ -133,8 +134,8 @@ fn log_all(events: &[EventInfo]) {
 }
 
 impl Postgres {
-    pub fn connect(url: &str, pool_size: usize) -> Result<Postgres> {
-        let connections = Connections::open(url, pool_size)?;
+    pub fn connect(url: &str, pool_size: usize, timeouts: PgTimeouts) -> Result<Postgres> {
+        let connections = Connections::open(url, pool_size, timeouts)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
             tally: ReplayTally::default(),
@@ -189,6 +190,11 @@ impl Backend for Postgres {
         let mut client = self.connections.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         // Replicas starting together take turns; the lock ends with the transaction.
+        // A migration may rewrite a large table: the per-statement bound is
+        // for the request path.
+        tx.batch_execute("SET LOCAL statement_timeout = 0")
+            .await
+            .map_err(unavailable)?;
         tx.execute("SELECT pg_advisory_xact_lock(7201865443)", &[])
             .await
             .map_err(unavailable)?;
@@ -226,30 +232,34 @@ impl Backend for Postgres {
     }
 
     async fn ping(&self) -> Result<()> {
-        self.connections
-            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
-            .await
-            .map(drop)
+        let ping = self
+            .connections
+            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[]);
+        self.connections.bounded(ping).await.map(drop)
     }
 
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
-        self.claim_record(req, now, deadline).await
+        self.connections
+            .bounded(self.claim_record(req, now, deadline))
+            .await
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
-        self.complete_record(req, body, now).await
+        self.connections
+            .bounded(self.complete_record(req, body, now))
+            .await
     }
 
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.release_record(req, now).await
+        self.connections.bounded(self.release_record(req, now)).await
     }
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.mark_record_unknown(req, now).await
+        self.connections.bounded(self.mark_record_unknown(req, now)).await
     }
 
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        self.abandon_record(req, now).await
+        self.connections.bounded(self.abandon_record(req, now)).await
     }
 
     async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
