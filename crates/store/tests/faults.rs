@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemgate_core::protocol::{ClaimReply, ClaimRequest, FenceReply};
+use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, FenceReply};
+use idemgate_core::scope::Scope;
 use idemgate_store::backend::{open_backend, Backend, BackendOptions, StoreError};
 use idemgate_store::clock::system_now;
 use idemgate_store::postgres::PgTimeouts;
@@ -331,4 +332,208 @@ async fn a_restarted_postgres_loses_nothing_acknowledged_and_the_store_recovers(
         restarted_at.elapsed()
     );
     nothing_acknowledged_is_lost(&*b, &all, true).await;
+}
+
+/// A small tmpfs of its own, unmounted when dropped; `None` where mounting
+/// is not permitted (not root).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        mounted.then_some(SmallDisk { dir })
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes `name` until the disk is full.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path(name)).unwrap();
+        let chunk = vec![0xa5u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        // Less than a chunk may be left: take that too.
+        while f.write_all(&chunk[..512]).is_ok() {}
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// A claim over HTTP: the store's status and, on 200, its reply.
+async fn http_claim(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> (u16, Option<ClaimReply>) {
+    let r = request(c, "POST", &p.url("/v1/claim"), Some(API), encode_frame(req, b"")).await;
+    let reply = (r.status == 200).then(|| decode_frame::<ClaimReply>(&r.body).unwrap().0);
+    (r.status, reply)
+}
+
+async fn http_complete(
+    c: &HttpClient,
+    p: &StoreProcess,
+    s: &Scope,
+    fence: u64,
+    body: &[u8],
+) -> (u16, Option<FenceReply>) {
+    let r = request(
+        c,
+        "POST",
+        &p.url("/v1/complete"),
+        Some(API),
+        encode_frame(&complete(s, fence, 201), body),
+    )
+    .await;
+    let reply = (r.status == 200).then(|| decode_frame::<FenceReply>(&r.body).unwrap().0);
+    (r.status, reply)
+}
+
+/// Claims and completes `key` over HTTP, noting what was acknowledged.
+/// Every answer is 200 or 503: a failure is never anything but "unavailable".
+async fn http_traffic(
+    c: &HttpClient,
+    p: &StoreProcess,
+    key: &str,
+    body: &[u8],
+    acked: &mut Acknowledged,
+) -> bool {
+    let s = scope(key);
+    let (status, reply) = http_claim(c, p, &claim(&s, Some(1))).await;
+    assert!(status == 200 || status == 503, "claim {key}: {status}");
+    let Some(ClaimReply::Owned { fence }) = reply else {
+        assert!(reply.is_none(), "claim {key}: {reply:?}");
+        return false;
+    };
+    acked.claimed.push(key.to_string());
+    let (status, reply) = http_complete(c, p, &s, fence, body).await;
+    assert!(status == 200 || status == 503, "complete {key}: {status}");
+    if reply == Some(FenceReply::Done) {
+        acked.completed.push(key.to_string());
+        return true;
+    }
+    false
+}
+
+/// Over HTTP: see [`nothing_acknowledged_is_lost`].
+async fn http_nothing_acknowledged_is_lost(c: &HttpClient, p: &StoreProcess, acked: &Acknowledged) {
+    for key in &acked.claimed {
+        let (status, reply) = http_claim(c, p, &claim(&scope(key), Some(1))).await;
+        assert_eq!(status, 200, "{key}");
+        let reply = reply.unwrap();
+        if acked.completed.contains(key) {
+            assert!(
+                matches!(reply, ClaimReply::Replay { status: 201, .. }),
+                "{key}: {reply:?}"
+            );
+        } else {
+            assert!(
+                matches!(
+                    reply,
+                    ClaimReply::Replay { .. } | ClaimReply::InProgress { .. } | ClaimReply::Unknown
+                ),
+                "{key}: an acknowledged claim was lost: {reply:?}"
+            );
+        }
+    }
+}
+
+/// Claims fresh keys over HTTP until one is owned; how long that took.
+async fn http_until_claimed(c: &HttpClient, p: &StoreProcess, prefix: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    for i in 0.. {
+        let (status, reply) = http_claim(c, p, &claim(&scope(&format!("{prefix}-{i}")), Some(1))).await;
+        if status == 200 {
+            assert!(matches!(reply, Some(ClaimReply::Owned { .. })), "{reply:?}");
+            return started.elapsed();
+        }
+        assert_eq!(status, 503);
+        assert!(
+            started.elapsed() < within,
+            "the store did not recover within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_space_is_freed() {
+    let Some(disk) = SmallDisk::mount("6m") else {
+        eprintln!("skipped: mounting a tmpfs is not permitted here (run as root)");
+        return;
+    };
+    let c = client();
+    let p = StoreProcess::start(&format!("sqlite://{}", disk.path("store.db").display())).await;
+    let body = vec![b'x'; 48 * 1024];
+    let mut acked = Acknowledged::default();
+    assert!(http_traffic(&c, &p, "k-full-before", &body, &mut acked).await);
+
+    disk.fill("filler");
+    let mut failed = 0;
+    for i in 0..300 {
+        if !http_traffic(&c, &p, &format!("k-full-{i}"), &body, &mut acked).await {
+            failed += 1;
+        }
+        if failed >= 10 {
+            break;
+        }
+    }
+    assert!(failed >= 10, "the full disk never refused a write");
+    // Reads go on: a completed record still replays.
+    let (status, reply) = http_claim(&c, &p, &claim(&scope("k-full-before"), Some(1))).await;
+    assert_eq!(status, 200);
+    assert!(
+        matches!(reply, Some(ClaimReply::Replay { status: 201, .. })),
+        "{reply:?}"
+    );
+
+    std::fs::remove_file(disk.path("filler")).unwrap();
+    let took = http_until_claimed(&c, &p, "k-full-after", Duration::from_secs(5)).await;
+    eprintln!("disk full: recovered {took:?} after space was freed ({failed} calls refused)");
+    http_nothing_acknowledged_is_lost(&c, &p, &acked).await;
+    assert!(http_traffic(&c, &p, "k-full-later", &body, &mut acked).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sqlite_writer_holding_the_lock_gets_503_within_the_busy_timeout_then_the_store_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let c = client();
+    let p = StoreProcess::start(&format!("sqlite://{}", path.display())).await;
+    let mut acked = Acknowledged::default();
+    assert!(http_traffic(&c, &p, "k-busy-before", b"kept", &mut acked).await);
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = Instant::now();
+    let (status, _) = http_claim(&c, &p, &claim(&scope("k-busy-0"), Some(1))).await;
+    let took = started.elapsed();
+    assert_eq!(status, 503);
+    // The writer's busy timeout is 5 s.
+    assert!(took < Duration::from_secs(7), "answered only after {took:?}");
+    eprintln!("second writer: 503 after {took:?}");
+    // Reads are not blocked by it.
+    let (status, reply) = http_claim(&c, &p, &claim(&scope("k-busy-before"), Some(1))).await;
+    assert_eq!(status, 200);
+    assert!(matches!(reply, Some(ClaimReply::Replay { .. })), "{reply:?}");
+
+    other.execute_batch("ROLLBACK").unwrap();
+    let took = http_until_claimed(&c, &p, "k-busy-after", Duration::from_secs(2)).await;
+    eprintln!("second writer: recovered {took:?} after it let go");
+    http_nothing_acknowledged_is_lost(&c, &p, &acked).await;
 }
