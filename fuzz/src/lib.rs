@@ -148,6 +148,7 @@ fn store() -> &'static StoreUnderTest {
             let opts = idemgate_store::backend::BackendOptions {
                 sqlite_synchronous_full: Some(false),
                 pg_pool_size: None,
+                ..Default::default()
             };
             let backend = idemgate_store::open_backend(&url, &opts)
                 .await

@@ -372,6 +372,7 @@ async fn main() -> Result<(), String> {
     let opts = BackendOptions {
         sqlite_synchronous_full: Some(!args.sqlite_normal),
         pg_pool_size: Some(args.concurrency.max(4)),
+        ..BackendOptions::default()
     };
     let backend = open_backend(&url, &opts).await.map_err(|e| e.to_string())?;
     backend.migrate().await.map_err(|e| e.to_string())?;
