@@ -605,15 +605,16 @@ mod tests {
         }
     }
 
-    /// A job whose statement failed with SQLITE_FULL; `rolled_back` says
-    /// whether SQLite rolled the whole transaction back as it did so (it may).
-    fn disk_full(rolled_back: bool) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
+    /// A job whose statement failed with `code` (SQLITE_FULL, ...);
+    /// `rolled_back` says whether SQLite rolled the whole transaction back
+    /// as it did so (it may).
+    fn failing(code: i32, rolled_back: bool) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
         move |w| {
             if rolled_back {
                 w.execute_batch("ROLLBACK").unwrap();
             }
-            let full = rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL);
-            Err(unavailable(rusqlite::Error::SqliteFailure(full, None)))
+            let e = rusqlite::ffi::Error::new(code);
+            Err(unavailable(rusqlite::Error::SqliteFailure(e, None)))
         }
     }
 
@@ -628,7 +629,7 @@ mod tests {
             .unwrap()
     }
 
-    async fn batch_with_a_full_disk(rolled_back: bool) -> (Vec<bool>, Vec<i64>) {
+    async fn batch_with_a_failure(code: i32, rolled_back: bool) -> (Vec<bool>, Vec<i64>) {
         let (_dir, engine) = engine();
         engine
             .write(Durability::Durable, |w| {
@@ -637,7 +638,7 @@ mod tests {
             .await
             .unwrap();
         let (a, pa) = Engine::job(Durability::Durable, insert(1));
-        let (b, pb) = Engine::job(Durability::Durable, disk_full(rolled_back));
+        let (b, pb) = Engine::job(Durability::Durable, failing(code, rolled_back));
         let (c, pc) = Engine::job(Durability::Durable, insert(3));
         engine.submit(vec![a, b, c]).unwrap();
         let answered = vec![
@@ -652,15 +653,33 @@ mod tests {
 
     #[tokio::test]
     async fn a_disk_full_that_ended_the_transaction_fails_the_whole_batch_and_commits_none_of_it() {
-        let (answered, rows) = batch_with_a_full_disk(true).await;
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, true).await;
         assert_eq!(answered, [false, false, false]);
         assert_eq!(rows, [4], "a job ran outside the batch's transaction");
     }
 
     #[tokio::test]
     async fn a_disk_full_inside_a_batch_fails_the_whole_batch_even_if_the_transaction_survived() {
-        let (answered, rows) = batch_with_a_full_disk(false).await;
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, false).await;
         assert_eq!(answered, [false, false, false]);
         assert_eq!(rows, [4]);
+    }
+
+    #[tokio::test]
+    async fn io_errors_a_read_only_file_and_busy_fail_the_whole_batch_too() {
+        use rusqlite::ffi::{SQLITE_BUSY, SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY};
+        for code in [SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY, SQLITE_BUSY] {
+            let (answered, rows) = batch_with_a_failure(code, false).await;
+            assert_eq!(answered, [false, false, false], "code {code}");
+            assert_eq!(rows, [4], "code {code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_that_fails_on_its_own_is_undone_alone() {
+        // A constraint violation ends the statement, never the transaction.
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_CONSTRAINT, false).await;
+        assert_eq!(answered, [true, false, true]);
+        assert_eq!(rows, [1, 3, 4]);
     }
 }
