@@ -546,3 +546,57 @@ async fn a_second_sqlite_writer_holding_the_lock_gets_503_within_the_busy_timeou
     eprintln!("second writer: recovered {took:?} after it let go");
     http_nothing_acknowledged_is_lost(&c, &p, &acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_timeout_flags_reach_the_pool_and_the_server() {
+    let cluster = shared_cluster();
+    let url = cluster.fresh_database().await;
+    let port = free_port();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
+    let mut serve = idemgate_testkit::store::serve(bin, port, &url, API, ADMIN, "warn");
+    serve.args(["--pg-statement-timeout-ms", "100", "--pg-wait-timeout-ms", "50"]);
+    serve.args(["--pg-connect-timeout-ms", "200", "--pg-pool-size", "1"]);
+    let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
+    let store = Proc::spawn("store", &mut serve, log);
+    let c = client();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    eventually("the store to be ready", Duration::from_secs(30), || {
+        let (c, ready) = (c.clone(), ready.clone());
+        async move { matches!(c.get(ready.parse().unwrap()).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+
+    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let claim_url = format!("http://127.0.0.1:{port}/v1/claim");
+    let started = Instant::now();
+    let r = request(
+        &c,
+        "POST",
+        &claim_url,
+        Some(API),
+        encode_frame(&claim(&scope("k-flags"), Some(1)), b""),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 503);
+    // The defaults (750 ms statement timeout) would take far longer.
+    assert!(took < Duration::from_millis(500), "answered after {took:?}");
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let r = request(
+        &c,
+        "POST",
+        &claim_url,
+        Some(API),
+        encode_frame(&claim(&scope("k-flags"), Some(1)), b""),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(store.log().contains("statement timeout"), "{}", store.log());
+}
