@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, FenceReply};
 use idemgate_core::scope::Scope;
-use idemgate_store::backend::{open_backend, Backend, BackendOptions, StoreError};
+use idemgate_store::backend::{open_backend, Backend, BackendOptions, Listing, StoreError, SweepPolicy};
 use idemgate_store::clock::system_now;
 use idemgate_store::postgres::PgTimeouts;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -209,6 +209,20 @@ async fn a_blackholed_postgres_fails_within_the_bound_and_recovers_when_it_forwa
     .await
     .expect("a release hung behind the blackhole");
     assert!(fenced.is_err());
+    // An operator's listing too.
+    let started = Instant::now();
+    let listed = tokio::time::timeout(
+        Duration::from_secs(10),
+        b.list(Listing::Unknown, system_now(), 10),
+    )
+    .await
+    .expect("a listing hung behind the blackhole");
+    assert!(listed.is_err());
+    assert!(
+        started.elapsed() < bound(),
+        "failed only after {:?}",
+        started.elapsed()
+    );
 
     proxy.set_forwarding(true);
     let took = until_claimed(&*b, "k-hole-after", bound() * 2).await;
@@ -218,6 +232,11 @@ async fn a_blackholed_postgres_fails_within_the_bound_and_recovers_when_it_forwa
         matches!(reply, ClaimReply::Replay { status: 201, .. }),
         "{reply:?}"
     );
+    let policy = SweepPolicy {
+        batch: 100,
+        audit_retention_ms: 1_000,
+    };
+    b.sweep(system_now(), &policy).await.unwrap();
 }
 
 fn fence_req(s: &idemgate_core::scope::Scope, f: u64) -> idemgate_core::protocol::FenceRequest {
@@ -555,7 +574,13 @@ async fn the_postgres_timeout_flags_reach_the_pool_and_the_server() {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
     let mut serve = idemgate_testkit::store::serve(bin, port, &url, API, ADMIN, "warn");
     serve.args(["--pg-statement-timeout-ms", "100", "--pg-wait-timeout-ms", "50"]);
-    serve.args(["--pg-connect-timeout-ms", "200", "--pg-pool-size", "1"]);
+    serve.args([
+        "--pg-connect-timeout-ms",
+        "200",
+        "--pg-pool-size",
+        "2",
+        "--no-sweeper",
+    ]);
     let log = std::env::temp_dir().join(format!("idempotency-store-test-{port}.log"));
     let store = Proc::spawn("store", &mut serve, log);
     let c = client();

@@ -86,6 +86,9 @@ static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
 static OLDEST_IN_PROGRESS: LazyLock<String> =
     LazyLock::new(|| expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}"));
 
+/// The longest one sweep pass may take, client side.
+const SWEEP_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Postgres {
     connections: Connections,
     replays: Arc<ReplayCounts>,
@@ -314,15 +317,21 @@ impl Backend for Postgres {
     }
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
-        self.resolve_record(scope, how, reason, now).await
+        self.connections
+            .bounded(self.resolve_record(scope, how, reason, now))
+            .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.purge_record(scope, now).await
+        self.connections.bounded(self.purge_record(scope, now)).await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        self.sweep_once(now, policy).await
+        // Many statements, each bounded by the server; this bounds a sweep
+        // stuck behind a network that stopped answering, so the next one runs.
+        self.connections
+            .within(SWEEP_BOUND, self.sweep_once(now, policy))
+            .await
     }
 
     async fn oldest_in_progress(&self) -> Result<Option<i64>> {

@@ -203,7 +203,15 @@ impl Connections {
     /// `work` (one call of the request path), given up on once it has taken
     /// longer than [`PgTimeouts::call`].
     pub(super) async fn bounded<T>(&self, work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        let limit = self.timeouts.call();
+        self.within(self.timeouts.call(), work).await
+    }
+
+    /// `work`, given up on after `limit`.
+    pub(super) async fn within<T>(
+        &self,
+        limit: Duration,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
             Err(StoreError::Unavailable(format!(
                 "postgres did not answer within {} ms",
@@ -214,8 +222,11 @@ impl Connections {
 
     /// One statement on a pooled connection, prepared once per connection.
     pub(super) async fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
-        client.query(&stmt, params).await.map_err(unavailable)
+        self.bounded(async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(sql).await.map_err(unavailable)?;
+            client.query(&stmt, params).await.map_err(unavailable)
+        })
+        .await
     }
 }
