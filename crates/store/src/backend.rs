@@ -424,6 +424,8 @@ pub struct BackendOptions {
     pub log_ids: Option<LogIds>,
     /// The keys stored responses are sealed with; off: plaintext.
     pub seal: Seal,
+    /// PostgreSQL: how long to wait at each step (pool, connect, statement).
+    pub pg_timeouts: crate::postgres::PgTimeouts,
 }
 
 /// Opens the backend named by the URL's scheme. Does not migrate.
@@ -451,6 +453,7 @@ pub async fn open_backend(url: &str, opts: &BackendOptions) -> Result<Arc<dyn Ba
         let backend = crate::postgres::Postgres::connect(
             url,
             opts.pg_pool_size.unwrap_or(16),
+            opts.pg_timeouts,
             log_ids,
             opts.seal.clone(),
         )?;

@@ -11,6 +11,7 @@ use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
 use crate::sealing::Seal;
+use crate::postgres::PgTimeouts;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 
@@ -77,6 +78,45 @@ pub struct Cli {
     /// every one opens. Without it responses are stored in plaintext.
     #[arg(long, global = true, env = "IDEMGATE_RESPONSE_KEY_FILE")]
     pub response_key_file: Option<PathBuf>,
+
+    /// PostgreSQL: how long a call waits for a pooled connection when all
+    /// are in use, in milliseconds (then 503).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_WAIT_TIMEOUT_MS",
+        default_value_t = 250
+    )]
+    pub pg_wait_timeout_ms: u64,
+
+    /// PostgreSQL: how long opening a connection may take, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_CONNECT_TIMEOUT_MS",
+        default_value_t = 500
+    )]
+    pub pg_connect_timeout_ms: u64,
+
+    /// PostgreSQL: how long checking a pooled connection before reuse may take, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_RECYCLE_TIMEOUT_MS",
+        default_value_t = 250
+    )]
+    pub pg_recycle_timeout_ms: u64,
+
+    /// PostgreSQL `statement_timeout` for the store's connections, in
+    /// milliseconds; keep it below the filter's store timeout (default 1000).
+    /// Migrations run without it.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_STATEMENT_TIMEOUT_MS",
+        default_value_t = 750
+    )]
+    pub pg_statement_timeout_ms: u64,
 
     #[command(subcommand)]
     pub command: Command,
@@ -319,6 +359,12 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         seal: match &cli.response_key_file {
             Some(path) => Seal::from_file(path)?,
             None => Seal::off(),
+        },
+        pg_timeouts: PgTimeouts {
+            wait: Duration::from_millis(cli.pg_wait_timeout_ms.max(1)),
+            connect: Duration::from_millis(cli.pg_connect_timeout_ms.max(1)),
+            recycle: Duration::from_millis(cli.pg_recycle_timeout_ms.max(1)),
+            statement: Duration::from_millis(cli.pg_statement_timeout_ms.max(1)),
         },
     };
     let sealing = opts.seal.current_id().map(str::to_string);

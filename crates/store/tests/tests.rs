@@ -6,6 +6,7 @@ mod clock;
 mod concurrency;
 mod console;
 mod crash;
+mod faults;
 mod http;
 mod log_ids;
 mod metrics;

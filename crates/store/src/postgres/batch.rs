@@ -14,13 +14,25 @@ use super::operations::COMPLETE;
 use super::pool::unavailable;
 use super::rows::CLAIM;
 use super::Postgres;
-use crate::backend::{Answer, Backend, Call, Result};
+use crate::backend::{Answer, Backend, Call, Result, StoreError};
 
 impl Postgres {
     pub(super) async fn decide_batch(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
         let one_statement = |c: &Call| matches!(c, Call::Claim { .. } | Call::Complete { .. });
         let pipelined = if calls.iter().filter(|c| one_statement(c)).count() > 1 {
-            self.pipelined(&calls, now).await
+            let limit = self.connections.timeouts.call();
+            match tokio::time::timeout(limit, self.pipelined(&calls, now)).await {
+                Ok(answers) => answers,
+                Err(_) => calls
+                    .iter()
+                    .map(|_| {
+                        Some(Err(StoreError::Unavailable(format!(
+                            "postgres did not answer within {} ms",
+                            limit.as_millis()
+                        ))))
+                    })
+                    .collect(),
+            }
         } else {
             calls.iter().map(|_| None).collect()
         };

@@ -126,9 +126,14 @@ impl Postgres {
                         // land later. One that lands anyway is abandoned.
                         let cancel = client.cancel_token();
                         let transport = self.connections.transport.clone();
+                        let limit = self.connections.timeouts.connect;
                         tokio::spawn(async move {
-                            if let Err(e) = transport.cancel(cancel).await {
-                                tracing::warn!("postgres: could not cancel a late claim: {e}");
+                            match tokio::time::timeout(limit, transport.cancel(cancel)).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => tracing::warn!("postgres: could not cancel a late claim: {e}"),
+                                Err(_) => {
+                                    tracing::warn!("postgres: could not cancel a late claim: no answer")
+                                }
                             }
                         });
                         return Err(StoreError::Late);

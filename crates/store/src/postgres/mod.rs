@@ -47,6 +47,7 @@ mod rows;
 mod sweep;
 mod tls;
 
+pub use pool::PgTimeouts;
 use pool::{unavailable, Connections, Tx};
 use rows::{Param, INFO_COLUMNS};
 
@@ -87,6 +88,9 @@ static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
 });
 static OLDEST_IN_PROGRESS: LazyLock<String> =
     LazyLock::new(|| expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}"));
+
+/// The longest one sweep pass may take, client side.
+const SWEEP_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub struct Postgres {
     connections: Connections,
@@ -135,8 +139,8 @@ type TxWork<'t, T> =
 
 impl Postgres {
     /// `seal`: how stored responses are sealed at rest.
-    pub fn connect(url: &str, pool_size: usize, log_ids: LogIds, seal: Seal) -> Result<Postgres> {
-        let connections = Connections::open(url, pool_size)?;
+    pub fn connect(url: &str, pool_size: usize, timeouts: PgTimeouts, log_ids: LogIds, seal: Seal) -> Result<Postgres> {
+        let connections = Connections::open(url, pool_size, timeouts)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
             tally: ReplayTally::default(),
@@ -205,6 +209,11 @@ impl Backend for Postgres {
         let mut client = self.connections.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         // Replicas starting together take turns; the lock ends with the transaction.
+        // A migration may rewrite a large table: the per-statement bound is
+        // for the request path.
+        tx.batch_execute("SET LOCAL statement_timeout = 0")
+            .await
+            .map_err(unavailable)?;
         tx.execute("SELECT pg_advisory_xact_lock(7201865443)", &[])
             .await
             .map_err(unavailable)?;
@@ -253,14 +262,16 @@ impl Backend for Postgres {
     }
 
     async fn ping(&self) -> Result<()> {
-        self.connections
-            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
-            .await
-            .map(drop)
+        let ping = self
+            .connections
+            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[]);
+        self.connections.bounded(ping).await.map(drop)
     }
 
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
-        self.claim_record(req, now, deadline).await
+        self.connections
+            .bounded(self.claim_record(req, now, deadline))
+            .await
     }
 
     async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
@@ -268,19 +279,21 @@ impl Backend for Postgres {
     }
 
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
-        self.complete_record(req, body, now).await
+        self.connections
+            .bounded(self.complete_record(req, body, now))
+            .await
     }
 
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.release_record(req, now).await
+        self.connections.bounded(self.release_record(req, now)).await
     }
 
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.mark_record_unknown(req, now).await
+        self.connections.bounded(self.mark_record_unknown(req, now)).await
     }
 
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        self.abandon_record(req, now).await
+        self.connections.bounded(self.abandon_record(req, now)).await
     }
 
     async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
@@ -335,15 +348,21 @@ impl Backend for Postgres {
     }
 
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
-        self.resolve_record(scope, how, reason, now).await
+        self.connections
+            .bounded(self.resolve_record(scope, how, reason, now))
+            .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.purge_record(scope, now).await
+        self.connections.bounded(self.purge_record(scope, now)).await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        self.sweep_once(now, policy).await
+        // Many statements, each bounded by the server; this bounds a sweep
+        // stuck behind a network that stopped answering, so the next one runs.
+        self.connections
+            .within(SWEEP_BOUND, self.sweep_once(now, policy))
+            .await
     }
 
     async fn oldest_in_progress(&self) -> Result<Option<i64>> {

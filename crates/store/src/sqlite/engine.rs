@@ -160,7 +160,44 @@ fn durable_commit(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 pub(crate) fn unavailable(e: rusqlite::Error) -> StoreError {
+    if ends_transaction(&e) {
+        TRANSACTION_IN_DOUBT.with(|doubt| doubt.set(true));
+    }
     StoreError::Unavailable(e.to_string())
+}
+
+thread_local! {
+    /// Set when a statement on this thread failed in a way that may have
+    /// rolled back the whole transaction, not just the statement. Only the
+    /// writer thread reads it ([`run_job`]), once per job: jobs see errors as
+    /// [`StoreError`]s and cannot tell the writer themselves.
+    static TRANSACTION_IN_DOUBT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Errors after which SQLite may have rolled back the transaction on its
+/// own (<https://sqlite.org/lang_transaction.html>, "Response To Errors
+/// Within A Transaction"): disk full, I/O error, out of memory, busy; and
+/// those that say the file cannot be written at all. After one of them a
+/// savepoint cannot be trusted to keep the batch's other jobs: if the
+/// transaction is gone, statements after it run in autocommit mode, each
+/// committed on its own.
+fn ends_transaction(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            DiskFull
+                | SystemIoFailure
+                | OutOfMemory
+                | DatabaseBusy
+                | DatabaseLocked
+                | ReadOnly
+                | DatabaseCorrupt
+                | NotADatabase
+                | CannotOpen
+                | FileLockingProtocolFailed
+        )
+    )
 }
 
 struct Shared {
@@ -405,16 +442,35 @@ fn set_synchronous(conn: &Connection, full: bool, current: &mut bool) -> rusqlit
     Ok(())
 }
 
+/// What running one job inside the batch's transaction left behind.
+struct Ran {
+    /// Its changes are kept (it succeeded).
+    kept: bool,
+    /// It needs a durable commit.
+    durable: bool,
+    /// The transaction may be gone, or its state cannot be trusted: the
+    /// whole batch must be rolled back and every job in it fail.
+    lost: bool,
+    deliver: Deliver,
+}
+
 /// Runs `job` inside the open transaction; `savepoint` keeps a failure from
-/// undoing the batch's other jobs. Whether its changes were kept, whether it
-/// needs a durable commit, and its delivery.
-fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> (bool, bool, Deliver) {
+/// undoing the batch's other jobs, as long as the failure was the job's own
+/// (a refused change, a bad row). A failure that may have ended the
+/// transaction ([`ends_transaction`]) or broken the savepoint loses the
+/// whole batch instead.
+fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran {
     let durable = Cell::new(job.durability == Durability::Durable);
+    TRANSACTION_IN_DOUBT.with(|doubt| doubt.set(false));
     if savepoint {
         if let Err(e) = control(conn, "SAVEPOINT job") {
             tracing::error!("sqlite: savepoint: {e}");
-            let deliver: Deliver = Box::new(move |_| drop(job));
-            return (false, false, deliver);
+            return Ran {
+                kept: false,
+                durable: false,
+                lost: true,
+                deliver: Box::new(move |_| drop(job)),
+            };
         }
     }
     let w = Writer {
@@ -423,7 +479,8 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> (bo
         durable: &durable,
     };
     let (ok, deliver) = (job.run)(&w);
-    if savepoint {
+    let mut lost = TRANSACTION_IN_DOUBT.with(Cell::take);
+    if savepoint && !lost {
         let end = if ok {
             control(conn, "RELEASE job")
         } else {
@@ -431,9 +488,17 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> (bo
         };
         if let Err(e) = end {
             tracing::error!("sqlite: savepoint: {e}");
+            lost = true;
         }
     }
-    (ok, ok && durable.get(), deliver)
+    // Whatever the errors said: no transaction open means it was rolled back.
+    lost |= conn.is_autocommit();
+    Ran {
+        kept: ok && !lost,
+        durable: ok && durable.get(),
+        lost,
+        deliver,
+    }
 }
 
 fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full: bool, shared: &Shared) {
@@ -461,14 +526,31 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
         let fences = Fences::default();
         let lone = batch.len() == 1;
         let mut delivers = Vec::with_capacity(batch.len());
-        let (mut kept, mut need_durable) = (0usize, false);
+        let (mut kept, mut need_durable, mut lost) = (0usize, false, false);
         for job in batch {
-            let (ok, durable, deliver) = run_job(&conn, &fences, job, !lone);
-            kept += usize::from(ok);
-            need_durable |= durable;
-            delivers.push(deliver);
+            if lost {
+                // Not run: outside a transaction its writes would commit one
+                // by one. Dropping it drops its reply channel: its caller
+                // sees an error.
+                continue;
+            }
+            let ran = run_job(&conn, &fences, job, !lone);
+            kept += usize::from(ran.kept);
+            need_durable |= ran.durable;
+            lost |= ran.lost;
+            delivers.push(ran.deliver);
         }
-        let commit = if kept == 0 {
+        let commit = if lost {
+            // The transaction is gone or cannot be trusted: nothing of the
+            // batch is kept, and nobody is told otherwise. The ROLLBACK
+            // fails harmlessly if SQLite already rolled back.
+            let _ = control(&conn, "ROLLBACK");
+            tracing::error!(
+                "sqlite: a batch of {} jobs was rolled back: the database refused a write",
+                delivers.len()
+            );
+            Err("the database refused a write; the transaction was rolled back".to_string())
+        } else if kept == 0 {
             // Nothing to keep (a lone job failed): its writes are undone.
             control(&conn, "ROLLBACK").map_err(|e| e.to_string())
         } else {
@@ -501,5 +583,103 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
         for deliver in delivers {
             deliver(commit.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> (tempfile::TempDir, Engine) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("engine.db");
+        let engine = Engine::open(path.to_str().unwrap(), true).unwrap();
+        (dir, engine)
+    }
+
+    fn insert(n: i64) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
+        move |w| {
+            w.execute("INSERT INTO t (x) VALUES (?1)", [n])
+                .map(drop)
+                .map_err(unavailable)
+        }
+    }
+
+    /// A job whose statement failed with `code` (SQLITE_FULL, ...);
+    /// `rolled_back` says whether SQLite rolled the whole transaction back
+    /// as it did so (it may).
+    fn failing(code: i32, rolled_back: bool) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
+        move |w| {
+            if rolled_back {
+                w.execute_batch("ROLLBACK").unwrap();
+            }
+            let e = rusqlite::ffi::Error::new(code);
+            Err(unavailable(rusqlite::Error::SqliteFailure(e, None)))
+        }
+    }
+
+    async fn rows(engine: &Engine) -> Vec<i64> {
+        engine
+            .read(|c| {
+                let mut stmt = c.prepare("SELECT x FROM t ORDER BY x").map_err(unavailable)?;
+                let rows = stmt.query_map([], |r| r.get(0)).map_err(unavailable)?;
+                rows.collect::<rusqlite::Result<Vec<i64>>>().map_err(unavailable)
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn batch_with_a_failure(code: i32, rolled_back: bool) -> (Vec<bool>, Vec<i64>) {
+        let (_dir, engine) = engine();
+        engine
+            .write(Durability::Durable, |w| {
+                w.execute_batch("CREATE TABLE t (x INTEGER)").map_err(unavailable)
+            })
+            .await
+            .unwrap();
+        let (a, pa) = Engine::job(Durability::Durable, insert(1));
+        let (b, pb) = Engine::job(Durability::Durable, failing(code, rolled_back));
+        let (c, pc) = Engine::job(Durability::Durable, insert(3));
+        engine.submit(vec![a, b, c]).unwrap();
+        let answered = vec![
+            pa.wait().await.is_ok(),
+            pb.wait().await.is_ok(),
+            pc.wait().await.is_ok(),
+        ];
+        let after = engine.write(Durability::Durable, insert(4)).await;
+        assert!(after.is_ok(), "the writer did not recover: {after:?}");
+        (answered, rows(&engine).await)
+    }
+
+    #[tokio::test]
+    async fn a_disk_full_that_ended_the_transaction_fails_the_whole_batch_and_commits_none_of_it() {
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, true).await;
+        assert_eq!(answered, [false, false, false]);
+        assert_eq!(rows, [4], "a job ran outside the batch's transaction");
+    }
+
+    #[tokio::test]
+    async fn a_disk_full_inside_a_batch_fails_the_whole_batch_even_if_the_transaction_survived() {
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, false).await;
+        assert_eq!(answered, [false, false, false]);
+        assert_eq!(rows, [4]);
+    }
+
+    #[tokio::test]
+    async fn io_errors_a_read_only_file_and_busy_fail_the_whole_batch_too() {
+        use rusqlite::ffi::{SQLITE_BUSY, SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY};
+        for code in [SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY, SQLITE_BUSY] {
+            let (answered, rows) = batch_with_a_failure(code, false).await;
+            assert_eq!(answered, [false, false, false], "code {code}");
+            assert_eq!(rows, [4], "code {code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_that_fails_on_its_own_is_undone_alone() {
+        // A constraint violation ends the statement, never the transaction.
+        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_CONSTRAINT, false).await;
+        assert_eq!(answered, [true, false, true]);
+        assert_eq!(rows, [1, 3, 4]);
     }
 }
