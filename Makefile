@@ -53,6 +53,8 @@ test: setup lint wasm
 	$(VENV)/bin/python scripts/validate-plugin-configs.py
 	scripts/validate-manifests.sh
 	scripts/oci-roundtrip.sh $(WASM)
+	d=$$(mktemp -d) && RELEASE_OUT=$$d RELEASE_STORE=target/debug/idempotency-store RELEASE_PIN=no \
+	    scripts/release.sh && rm -rf $$d
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(ENVOY) \

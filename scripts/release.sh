@@ -7,16 +7,35 @@
 #   LICENSE, CHANGELOG.md
 # and pins the Istio examples (examples/istio/*.yaml) to the compat image's
 # manifest digest, so the manifests name exactly the image built here.
+#
+# `make test` runs it as a check: RELEASE_OUT a scratch directory,
+# RELEASE_STORE the debug store, RELEASE_PIN=no (the examples stay as they
+# are); the artefacts are then checked against each other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-out=target/release-artefacts
+out=${RELEASE_OUT:-target/release-artefacts}
+store=${RELEASE_STORE:-target/release/idempotency-store}
 mkdir -p "$out"
 cp target/idemgate.wasm "$out/idemgate.wasm"
 (cd "$out" && sha256sum idemgate.wasm >idemgate.wasm.sha256)
 scripts/oci.sh "$out/idemgate.wasm" "$out" >/dev/null
-install -m 0755 target/release/idempotency-store "$out/idempotency-store"
+install -m 0755 "$store" "$out/idempotency-store"
 cp LICENSE CHANGELOG.md "$out/"
+
+if [[ ${RELEASE_PIN:-yes} == no ]]; then
+    (cd "$out" && sha256sum --check --quiet idemgate.wasm.sha256)
+    for variant in compat wasm; do
+        digest=$(cat "$out/oci-$variant.digest")
+        [[ $digest =~ ^sha256:[0-9a-f]{64}$ ]] || { echo "release: oci-$variant.digest is $digest" >&2; exit 1; }
+        blob=$out/oci-$variant/blobs/sha256/${digest#sha256:}
+        [[ $(sha256sum "$blob" | cut -d' ' -f1) == "${digest#sha256:}" ]] ||
+            { echo "release: the oci-$variant manifest does not have its digest" >&2; exit 1; }
+    done
+    "$out/idempotency-store" --help >/dev/null
+    echo "release artefacts check out in $out: $(cd "$out" && ls -1 | tr '\n' ' ')"
+    exit 0
+fi
 
 digest=$(cat "$out/oci-compat.digest")
 hex=${digest#sha256:}

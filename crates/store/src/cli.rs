@@ -10,8 +10,8 @@ use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, 
 use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
-use crate::sealing::Seal;
 use crate::postgres::PgTimeouts;
+use crate::sealing::Seal;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
 

@@ -139,7 +139,13 @@ type TxWork<'t, T> =
 
 impl Postgres {
     /// `seal`: how stored responses are sealed at rest.
-    pub fn connect(url: &str, pool_size: usize, timeouts: PgTimeouts, log_ids: LogIds, seal: Seal) -> Result<Postgres> {
+    pub fn connect(
+        url: &str,
+        pool_size: usize,
+        timeouts: PgTimeouts,
+        log_ids: LogIds,
+        seal: Seal,
+    ) -> Result<Postgres> {
         let connections = Connections::open(url, pool_size, timeouts)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
