@@ -336,9 +336,9 @@ pub trait Backend: Send + Sync {
     async fn migrate(&self) -> Result<()>;
     /// Succeeds when the database answers and the schema is in place.
     async fn ping(&self) -> Result<()>;
-    /// The database server's clock (ms since the Unix epoch), when replicas
+    /// The database server's clock (µs since the Unix epoch), when replicas
     /// share one; `None` when the store's own clock is the only one.
-    async fn database_now(&self) -> Result<Option<i64>> {
+    async fn database_now_us(&self) -> Result<Option<i64>> {
         Ok(None)
     }
     /// `deadline`: the caller stops waiting then; a claim that would commit

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::backend::{Backend, Result};
 
@@ -52,19 +52,33 @@ impl Clock {
     /// step; else the system clock. Followed to within half a round trip,
     /// compared again every [`FOLLOW_EVERY`] until the store stops.
     pub async fn follow(backend: &Arc<dyn Backend>) -> Result<Clock> {
-        let Some(offset) = offset_to(backend.as_ref()).await? else {
+        // The quickest of a few readings: the least room for error.
+        let mut best: Option<Reading> = None;
+        for _ in 0..FIRST_READINGS {
+            let Some(reading) = Reading::take(backend.as_ref()).await? else {
+                return Ok(Clock::System);
+            };
+            if best.is_none_or(|b| reading.round_trip < b.round_trip) {
+                best = Some(reading);
+            }
+        }
+        let Some(first) = best else {
             return Ok(Clock::System);
         };
-        let shared = Arc::new(AtomicI64::new(offset));
+        let shared = Arc::new(AtomicI64::new(first.correction_ms()));
         let (backend, followed) = (Arc::clone(backend), Arc::downgrade(&shared));
         tokio::spawn(async move {
+            let mut trusted = Trust::new(first.round_trip);
             let mut every = tokio::time::interval(FOLLOW_EVERY);
             every.tick().await;
             loop {
                 every.tick().await;
                 let Some(shared) = followed.upgrade() else { return };
-                match offset_to(backend.as_ref()).await {
-                    Ok(Some(offset)) => shared.store(offset, Ordering::Relaxed),
+                match Reading::take(backend.as_ref()).await {
+                    Ok(Some(reading)) if trusted.admits(reading.round_trip) => {
+                        shared.store(reading.correction_ms(), Ordering::Relaxed)
+                    }
+                    Ok(Some(_)) => {}
                     Ok(None) => return,
                     // Keep the last offset: the database is unreachable, and
                     // so is everything the clock would be used for.
@@ -76,15 +90,82 @@ impl Clock {
     }
 }
 
+const FIRST_READINGS: usize = 5;
+
 /// The database's clock minus the system clock, taken at the middle of the
-/// round trip that read it.
-async fn offset_to(backend: &dyn Backend) -> Result<Option<i64>> {
-    let before = system_now();
-    let Some(database) = backend.database_now().await? else {
-        return Ok(None);
-    };
-    let after = system_now();
-    Ok(Some(database - before - (after - before) / 2))
+/// round trip that read it, and how long that round trip took: the reading
+/// is off by at most half of it.
+#[derive(Clone, Copy)]
+struct Reading {
+    offset_us: i64,
+    round_trip: Duration,
+}
+
+/// Clocks this close to the database's are left alone: NTP keeps a fleet
+/// within it, and a correction smaller than a reading's own error would
+/// only add noise to every timestamp.
+const WITHIN_US: i64 = 5_000;
+
+impl Reading {
+    async fn take(backend: &dyn Backend) -> Result<Option<Reading>> {
+        let (wall, started) = (system_now_us(), Instant::now());
+        let Some(database) = backend.database_now_us().await? else {
+            return Ok(None);
+        };
+        let round_trip = started.elapsed();
+        let middle = wall.saturating_add(i64::try_from(round_trip.as_micros() / 2).unwrap_or(i64::MAX));
+        Ok(Some(Reading {
+            offset_us: database.saturating_sub(middle),
+            round_trip,
+        }))
+    }
+
+    /// What to add to the system clock, in milliseconds.
+    fn correction_ms(&self) -> i64 {
+        if self.offset_us.abs() < WITHIN_US {
+            0
+        } else {
+            self.offset_us / 1_000
+        }
+    }
+}
+
+/// Which readings are worth taking: a slow one (the store paused, the
+/// database busy) could be off by hundreds of milliseconds and move every
+/// lease with it, so only readings about as quick as the quickest seen
+/// count, unless slow ones persist (the network changed).
+struct Trust {
+    quickest: Duration,
+    refused: u32,
+}
+
+impl Trust {
+    fn new(quickest: Duration) -> Trust {
+        Trust { quickest, refused: 0 }
+    }
+
+    fn admits(&mut self, round_trip: Duration) -> bool {
+        let quick = round_trip <= self.quickest * 2 + Duration::from_millis(2);
+        if quick || self.refused >= 10 {
+            self.quickest = if quick {
+                self.quickest.min(round_trip)
+            } else {
+                round_trip
+            };
+            self.refused = 0;
+            true
+        } else {
+            self.refused += 1;
+            false
+        }
+    }
+}
+
+fn system_now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 pub fn system_now() -> i64 {
@@ -92,4 +173,36 @@ pub fn system_now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_within_5_ms_of_the_databases_are_left_alone() {
+        let at = |offset_us| Reading {
+            offset_us,
+            round_trip: Duration::ZERO,
+        };
+        assert_eq!((at(4_999).correction_ms(), at(-4_999).correction_ms()), (0, 0));
+        assert_eq!(
+            (at(5_000).correction_ms(), at(-5_200_000).correction_ms()),
+            (5, -5_200)
+        );
+    }
+
+    #[test]
+    fn only_readings_about_as_quick_as_the_quickest_are_trusted_until_slow_ones_persist() {
+        let ms = Duration::from_millis;
+        let mut trust = Trust::new(ms(1));
+        assert!(trust.admits(ms(3)));
+        assert!(!trust.admits(ms(1_500)), "a reading across a pause");
+        assert!(trust.admits(ms(1)));
+        for _ in 0..10 {
+            assert!(!trust.admits(ms(40)));
+        }
+        assert!(trust.admits(ms(40)), "the network changed");
+        assert!(trust.admits(ms(60)));
+    }
 }

@@ -256,11 +256,11 @@ impl Backend for Postgres {
         tx.commit().await.map_err(unavailable)
     }
 
-    async fn database_now(&self) -> Result<Option<i64>> {
+    async fn database_now_us(&self) -> Result<Option<i64>> {
         let rows = self
             .connections
             .query(
-                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
                 &[],
             )
             .await?;
