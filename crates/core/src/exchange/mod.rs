@@ -11,7 +11,9 @@
 
 use std::rc::Rc;
 
-use crate::config::{Config, FailureMode, Forwarding, InFlight, Mode, Policy, Settle};
+use crate::config::{
+    Config, FailureMode, Forwarding, InFlight, Mode, Policy, Settle, ENVOY_DEFAULT_BUFFER_LIMIT,
+};
 use crate::fingerprint::Fingerprinter;
 use crate::headers::{self, Control, KEY_HEADER};
 use crate::identity::client_scope;
@@ -60,6 +62,8 @@ enum Phase {
         status: u16,
         headers: Vec<(String, String)>,
         body: Vec<u8>,
+        /// The response's `Content-Length`, when it announced one.
+        announced: Option<u64>,
     },
     /// A complete / release / mark-unknown call is in flight.
     Settling {
@@ -476,6 +480,7 @@ impl Exchange {
             status: head.status,
             headers: if keepable { headers } else { Vec::new() },
             body: Vec::new(),
+            announced: head.content_length,
         };
         if !keepable
             || head
@@ -518,6 +523,7 @@ impl Exchange {
             status,
             headers,
             body,
+            announced,
         } = std::mem::replace(&mut self.phase, Phase::Done)
         else {
             return Step::Continue;
@@ -534,12 +540,14 @@ impl Exchange {
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
         let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);
-        if !body_stored && self.policy.forwarding() == &Forwarding::Streaming {
-            // A streamed body too large to keep is not held while the
-            // outcome is recorded: Envoy would buffer the rest of it
-            // meanwhile, and past its buffer limit answer the client 500 for
-            // a request the upstream carried out. The worker's store client
-            // delivers it.
+        let fits_envoys_buffer = announced.is_some_and(|n| n <= ENVOY_DEFAULT_BUFFER_LIMIT as u64);
+        if !body_stored && !fits_envoys_buffer && self.policy.forwarding() == &Forwarding::Streaming {
+            // A streamed body too large to keep, and maybe too large for
+            // Envoy's buffer, is not held while the outcome is recorded:
+            // past its buffer limit Envoy would answer the client 500 for a
+            // request the upstream carried out. The worker's store client
+            // delivers the outcome; a retry in the meantime is told the
+            // request is in progress.
             self.settlement = Some(Settlement::Completed);
             self.phase = Phase::Done;
             return Step::Deliver(call, Box::new(Step::Continue));
