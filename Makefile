@@ -72,9 +72,10 @@ chaos: setup wasm
 	cargo build -p idemgate-store
 	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
 
+# The soak runs the store's release build, as deployed.
 soak: setup wasm
-	cargo build -p idemgate-store
-	$(E2E_ENV) SOAK_SECONDS=$(SOAK_SECONDS) \
+	cargo build --release -p idemgate-store
+	$(E2E_ENV) IDEMGATE_STORE_BIN=$(CURDIR)/target/release/idempotency-store SOAK_SECONDS=$(SOAK_SECONDS) \
 	    cargo test -p e2e --test chaos -- --ignored soak --nocapture
 
 demo: wasm

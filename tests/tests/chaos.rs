@@ -196,7 +196,7 @@ async fn soak_holds_memory_flat_with_zero_errors() {
     let measured = envoy_warm > 0 && store_warm > 0;
     let memory_flat = flat(envoy_warm, envoy_end) && flat(store_warm, store_end);
     write(&Row {
-        run: &format!("soak ({secs} s, not in CI)"),
+        run: &format!("soak ({secs} s, release store, not in CI)"),
         load: format!(
             "{secs} s, 4 clients: {} requests ({:.0}/s); {memory}",
             report.requests,
