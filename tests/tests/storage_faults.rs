@@ -10,24 +10,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use e2e::stack::{Database, Options, Stack};
-use e2e::{fresh_key, Answer};
+use e2e::{fresh_key, send};
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
-
-fn pay(stack: &Stack, key: &str) -> reqwest::RequestBuilder {
-    stack
-        .client
-        .post(stack.url("/pay"))
-        .header("content-type", "application/json")
-        .header("x-tenant-id", "tenant-a")
-        .header("x-user-id", "alice")
-        .header("idempotency-key", key)
-        .body(PAYMENT)
-}
-
-async fn send(req: reqwest::RequestBuilder) -> Answer {
-    Answer::of(req.send().await.unwrap()).await
-}
 
 /// A tmpfs of `size`, unmounted when dropped.
 struct SmallDisk(tempfile::TempDir);
@@ -79,7 +64,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
     stack.wait_store(0).await;
 
     let before = fresh_key("full-before");
-    assert_eq!(send(pay(&stack, &before)).await.status, 201);
+    assert_eq!(send(stack.post("/pay", Some(&before), PAYMENT)).await.status, 201);
 
     // Four clients send payments throughout; the disk fills under them.
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -92,7 +77,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
                     break;
                 }
                 let key = fresh_key(&format!("full-{c}-{i}"));
-                let a = send(pay(stack, &key)).await;
+                let a = send(stack.post("/pay", Some(&key), PAYMENT)).await;
                 match (a.status, a.problem().as_deref()) {
                     (201, _) => executed.push(key),
                     (503, Some("store-unavailable")) => {
@@ -140,7 +125,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
     for key in &refused {
         // Each refused request, retried with its key, executes exactly once.
         loop {
-            let a = send(pay(&stack, key)).await;
+            let a = send(stack.post("/pay", Some(key), PAYMENT)).await;
             match (a.status, a.problem().as_deref()) {
                 (201, _) => break,
                 (503, Some("store-unavailable")) if freed.elapsed() < Duration::from_secs(10) => {
@@ -164,7 +149,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
     // until its lease turns it unknown (docs/contract.md §5).
     let mut unrecorded = 0;
     for key in executed.iter().chain([&before]) {
-        let a = send(pay(&stack, key)).await;
+        let a = send(stack.post("/pay", Some(key), PAYMENT)).await;
         match (a.status, a.problem().as_deref()) {
             (201, _) => assert_eq!(a.header("idempotent-replayed"), Some("true"), "{key}: {a:?}"),
             (409, Some("request-in-progress" | "outcome-unknown")) => unrecorded += 1,

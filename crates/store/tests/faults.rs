@@ -277,20 +277,7 @@ async fn traffic(b: Arc<dyn Backend>, prefix: String, n: usize) -> Acknowledged 
 async fn nothing_acknowledged_is_lost(b: &dyn Backend, acked: &Acknowledged, crashed: bool) {
     for key in &acked.claimed {
         let reply = try_claim(b, &claim(&scope(key), Some(1))).await.unwrap();
-        if acked.completed.contains(key) && !crashed {
-            assert!(
-                matches!(reply, ClaimReply::Replay { status: 201, .. }),
-                "{key}: {reply:?}"
-            );
-        } else {
-            assert!(
-                matches!(
-                    reply,
-                    ClaimReply::Replay { .. } | ClaimReply::InProgress { .. } | ClaimReply::Unknown
-                ),
-                "{key}: an acknowledged claim was lost: {reply:?}"
-            );
-        }
+        assert_kept(key, &reply, acked.completed.contains(key) && !crashed);
     }
 }
 
@@ -457,26 +444,31 @@ async fn http_traffic(
     false
 }
 
+/// What a claim of an acknowledged key finds: its replay when its completion
+/// was acknowledged (and kept), else at least the claim.
+fn assert_kept(key: &str, reply: &ClaimReply, completed: bool) {
+    if completed {
+        assert!(
+            matches!(reply, ClaimReply::Replay { status: 201, .. }),
+            "{key}: {reply:?}"
+        );
+    } else {
+        assert!(
+            matches!(
+                reply,
+                ClaimReply::Replay { .. } | ClaimReply::InProgress { .. } | ClaimReply::Unknown
+            ),
+            "{key}: an acknowledged claim was lost: {reply:?}"
+        );
+    }
+}
+
 /// Over HTTP: see [`nothing_acknowledged_is_lost`].
 async fn http_nothing_acknowledged_is_lost(c: &HttpClient, p: &StoreProcess, acked: &Acknowledged) {
     for key in &acked.claimed {
         let (status, reply) = http_claim(c, p, &claim(&scope(key), Some(1))).await;
         assert_eq!(status, 200, "{key}");
-        let reply = reply.unwrap();
-        if acked.completed.contains(key) {
-            assert!(
-                matches!(reply, ClaimReply::Replay { status: 201, .. }),
-                "{key}: {reply:?}"
-            );
-        } else {
-            assert!(
-                matches!(
-                    reply,
-                    ClaimReply::Replay { .. } | ClaimReply::InProgress { .. } | ClaimReply::Unknown
-                ),
-                "{key}: an acknowledged claim was lost: {reply:?}"
-            );
-        }
+        assert_kept(key, &reply.unwrap(), acked.completed.contains(key));
     }
 }
 
