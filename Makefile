@@ -6,7 +6,8 @@
 #   make chaos   the chaos runs for CHAOS_SECONDS (60) each
 #   make release target/release-artefacts/: the module and its sha256, the module
 #                as OCI image layouts, the release store binary; pins examples/istio
-#   make soak    10 minutes at moderate load; memory and errors (not in CI)
+#   make soak    10 minutes at moderate load, then 30 minutes on millions of
+#                records with the sweeper at work; memory, WAL, errors (not in CI)
 # test, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at any Envoy >= 1.35 to use it instead of the pinned wheel.
 
@@ -20,6 +21,7 @@ E2E_ENV = IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 FUZZ_SECONDS ?= 300
 CHAOS_SECONDS ?= 60
 SOAK_SECONDS ?= 600
+GROWTH_SECONDS ?= 1800
 
 .PHONY: setup wasm build lint test demo bench clean fuzz chaos soak release
 .NOTPARALLEL:
@@ -72,11 +74,12 @@ chaos: setup wasm
 	cargo build -p idemgate-store
 	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
 
-# The soak runs the store's release build, as deployed.
+# The soaks run the store's release build, as deployed.
 soak: setup wasm
 	cargo build --release -p idemgate-store
 	$(E2E_ENV) IDEMGATE_STORE_BIN=$(CURDIR)/target/release/idempotency-store SOAK_SECONDS=$(SOAK_SECONDS) \
-	    cargo test -p e2e --test chaos -- --ignored soak --nocapture
+	    GROWTH_SECONDS=$(GROWTH_SECONDS) IDEMGATE_PYTHON=$(VENV)/bin/python \
+	    cargo test -p e2e --test chaos --test growth -- --ignored soak --nocapture --test-threads 1
 
 demo: wasm
 	@if [ -x scripts/demo.sh ]; then \
