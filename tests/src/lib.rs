@@ -22,11 +22,10 @@ pub mod browser;
 pub mod chaos;
 pub use idemgate_testkit::pg;
 pub mod proxy;
-pub mod report;
 pub mod stack;
 mod upstream;
 
-pub use idemgate_testkit::{eventually, free_port, internals, poll, Proc, INTERNALS};
+pub use idemgate_testkit::{eventually, free_port, internals, poll, report, Proc, INTERNALS};
 pub use stack::{bootstrap, Ports};
 pub use upstream::{Execution, ExecutionLog, Upstream};
 

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use e2e::report::verdict;
 use e2e::{fresh_key, Harness};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
@@ -94,6 +95,11 @@ fn trailers() -> HeaderMap {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn h2c_requests_with_trailers_execute_once_and_replay() {
+    let _verdict = verdict(
+        "protocol edge: h2c with request trailers",
+        "HTTP/2 prior-knowledge clients, chunked bodies with trailers, on a streaming and a detached route",
+        "—",
+    );
     let h = Harness::start().await;
     for path in ["/pay", "/detached/pay"] {
         let key = fresh_key("h2c");
@@ -129,6 +135,11 @@ async fn h2c_requests_with_trailers_execute_once_and_replay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_body_with_no_length_over_the_limit_is_refused_and_burns_nothing() {
+    let _verdict = verdict(
+        "protocol edge: a body with no length over the limit",
+        "chunked HTTP/1.1 and HTTP/2 bodies that outgrow the policy's 64-byte limit",
+        "—",
+    );
     let h = Harness::start().await;
     // The policy of /small takes at most 64 bytes of request body.
     let pad = "x".repeat(40);
@@ -171,6 +182,11 @@ async fn a_body_with_no_length_over_the_limit_is_refused_and_burns_nothing() {
 /// outcome is recorded without its body, so a retry learns it succeeded.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_response_larger_than_envoys_buffer_streams_whole_and_is_recorded() {
+    let _verdict = verdict(
+        "protocol edge: a response larger than Envoy's buffer",
+        "responses of 1.2 and 3 MB, with and without a length",
+        "—",
+    );
     let h = Harness::start().await;
     for size in [1_200_000usize, 3_000_000] {
         let key = fresh_key("large");

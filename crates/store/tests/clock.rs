@@ -5,6 +5,7 @@
 
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
+use idemgate_testkit::report::verdict;
 
 use crate::support::*;
 
@@ -55,6 +56,11 @@ async fn claim_on(store: &StoreProcess, req: &idemgate_core::protocol::ClaimRequ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_whose_clocks_disagree_judge_leases_by_the_databases_clock() {
+    let _verdict = verdict(
+        "time: replicas whose clocks differ",
+        "two store replicas on one PostgreSQL database, a claim on each and its duplicate on the other while the lease runs, under both on_unknown modes",
+        "one replica's clock 5 s ahead (faketime); leases judged by the database's clock",
+    );
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     let on_time = StoreProcess::start(&url).await;

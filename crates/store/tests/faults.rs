@@ -3,6 +3,7 @@
 //! answers 503 `store-unavailable`), nothing that was acknowledged is lost,
 //! and the store recovers on its own once the database is back.
 
+use idemgate_testkit::report::verdict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,6 +125,11 @@ fn port_of(url: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pool_exhaustion_fails_promptly_instead_of_hanging() {
+    let _verdict = verdict(
+        "storage fault: PostgreSQL pool exhausted",
+        "the store on PostgreSQL, a pool of 2, claims while another session locks the records table",
+        "every pooled connection waits on a lock; calls fail within the bound, then recover once it is released",
+    );
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     let b = pg_store(&url, 2).await;
@@ -171,6 +177,11 @@ async fn postgres_pool_exhaustion_fails_promptly_instead_of_hanging() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_postgres_fails_within_the_bound_and_recovers_when_it_forwards_again() {
+    let _verdict = verdict(
+        "storage fault: PostgreSQL blackholed",
+        "the store on PostgreSQL through a TCP proxy, claims and completions before, during and after",
+        "the proxy stops forwarding (no reset, no answer); calls fail within the bound, nothing acknowledged is lost, recovery once it forwards again",
+    );
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     let proxy = Blackhole::start(port_of(&url)).await;
@@ -283,6 +294,11 @@ async fn nothing_acknowledged_is_lost(b: &dyn Backend, acked: &Acknowledged, cra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_postgres_connections_lose_nothing_acknowledged() {
+    let _verdict = verdict(
+        "storage fault: PostgreSQL connections terminated",
+        "4 clients, 600 claims and completions on PostgreSQL",
+        "pg_terminate_backend of the store's connections 5 times mid-traffic; nothing acknowledged is lost",
+    );
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     let b = pg_store(&url, 4).await;
@@ -322,6 +338,11 @@ async fn terminated_postgres_connections_lose_nothing_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_postgres_loses_nothing_acknowledged_and_the_store_recovers() {
+    let _verdict = verdict(
+        "storage fault: PostgreSQL crashed and restarted",
+        "2 clients, 300 claims and completions on PostgreSQL",
+        "an immediate stop and restart of the server mid-traffic; nothing acknowledged is lost, the store recovers without a restart",
+    );
     let cluster = Arc::new(pg::PgCluster::start());
     let url = cluster.fresh_database().await;
     let b = pg_store(&url, 4).await;
@@ -497,6 +518,12 @@ async fn a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_spac
         eprintln!("skipped: mounting a tmpfs is not permitted here (run as root)");
         return;
     };
+    // Only a run that happened has a row.
+    let _verdict = verdict(
+        "storage fault: SQLite disk full (store)",
+        "the store on SQLite on a 6 MiB tmpfs, claims with 48 KiB bodies",
+        "the disk filled mid-traffic; writes fail closed (503) without undoing another job of the batch, nothing acknowledged is lost, recovery once space is freed",
+    );
     let c = client();
     let p = StoreProcess::start(&format!("sqlite://{}", disk.path("store.db").display())).await;
     let body = vec![b'x'; 48 * 1024];
@@ -531,6 +558,11 @@ async fn a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_spac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sqlite_writer_holding_the_lock_gets_503_within_the_busy_timeout_then_the_store_recovers() {
+    let _verdict = verdict(
+        "storage fault: a second SQLite writer holds the lock",
+        "the store on SQLite, claims while another connection holds BEGIN IMMEDIATE",
+        "the write lock held by another process; 503 within the busy timeout, recovery once it lets go, nothing acknowledged is lost",
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
     let c = client();
@@ -560,6 +592,11 @@ async fn a_second_sqlite_writer_holding_the_lock_gets_503_within_the_busy_timeou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_postgres_timeout_flags_reach_the_pool_and_the_server() {
+    let _verdict = verdict(
+        "storage fault: PostgreSQL timeouts configured",
+        "the store process with --pg-statement-timeout-ms, --pg-wait-timeout-ms, --pg-connect-timeout-ms",
+        "a statement longer than the timeout is cancelled by the server; the pool gives up waiting",
+    );
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     let port = free_port();

@@ -1,0 +1,130 @@
+//! Rows of the results table in docs/reliability.md, written after the run's
+//! own checks with their verdict. A run writes its row only when
+//! `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
+//! `soak` targets set it), through scripts/reliability-row.sh, the same
+//! script scripts/fuzz.sh uses.
+
+pub struct Row<'a> {
+    pub run: &'a str,
+    pub load: String,
+    pub faults: String,
+    pub hostile: String,
+    pub fuzz_execs: String,
+    pub violations: String,
+    /// Whether every assertion of the run held.
+    pub passed: bool,
+    /// `results`, or `oracles` for a run built to break a promise.
+    pub table: &'static str,
+}
+
+pub fn write(row: &Row<'_>) {
+    if let Some(file) = std::env::var_os("IDEMGATE_REPORT") {
+        write_to(&file, row);
+    }
+}
+
+fn write_to(file: &std::ffi::OsStr, row: &Row<'_>) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reliability-row.sh");
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .arg(file)
+        .args([
+            row.run,
+            &row.load,
+            &row.faults,
+            &row.hostile,
+            &row.fuzz_execs,
+            &row.violations,
+            if row.passed { "passed" } else { "FAILED" },
+            row.table,
+        ])
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        eprintln!("could not write the results row {:?}: {status:?}", row.run);
+    }
+}
+
+/// The row of a run that has no counts to report: written when the run
+/// ends, `passed` unless it ends in a failed assertion.
+pub struct Verdict {
+    file: Option<std::ffi::OsString>,
+    run: String,
+    load: String,
+    faults: String,
+}
+
+/// Call first thing in a test: `let _verdict = verdict(run, load, faults);`.
+pub fn verdict(run: &str, load: &str, faults: &str) -> Verdict {
+    Verdict {
+        file: std::env::var_os("IDEMGATE_REPORT"),
+        run: run.into(),
+        load: load.into(),
+        faults: faults.into(),
+    }
+}
+
+impl Drop for Verdict {
+    fn drop(&mut self) {
+        let Some(file) = &self.file else { return };
+        let passed = !std::thread::panicking();
+        write_to(
+            file,
+            &Row {
+                run: &self.run,
+                load: self.load.clone(),
+                faults: self.faults.clone(),
+                hostile: "—".into(),
+                fuzz_execs: "—".into(),
+                violations: if passed {
+                    "0"
+                } else {
+                    "an assertion failed (see the test's log)"
+                }
+                .into(),
+                passed,
+                table: "results",
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLES: &str = "<!-- results:begin -->\n| run |\n|---|\n<!-- results:end -->\n\
+                          <!-- earlier:begin -->\n| run |\n|---|\n<!-- earlier:end -->\n";
+
+    fn verdict_in(file: &std::path::Path, run: &str) -> Verdict {
+        Verdict {
+            file: Some(file.into()),
+            run: run.into(),
+            load: "load".into(),
+            faults: "faults".into(),
+        }
+    }
+
+    #[test]
+    fn a_run_that_fails_an_assertion_writes_a_failed_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reliability.md");
+        std::fs::write(&file, TABLES).unwrap();
+        drop(verdict_in(&file, "holds"));
+        let failing = file.clone();
+        let run = std::thread::spawn(move || {
+            let _verdict = verdict_in(&failing, "breaks");
+            panic!("the run's assertion");
+        });
+        assert!(run.join().is_err());
+        let table = std::fs::read_to_string(&file).unwrap();
+        let verdict_of = |run: &str| {
+            let row = table
+                .lines()
+                .find(|l| l.starts_with(&format!("| {run} |")))
+                .unwrap();
+            row.split(" | ").nth(6).unwrap().to_string()
+        };
+        assert_eq!(verdict_of("holds"), "passed");
+        assert_eq!(verdict_of("breaks"), "FAILED");
+    }
+}
