@@ -11,9 +11,10 @@ use crate::backend::{Backend, Result};
 #[derive(Clone, Debug)]
 pub enum Clock {
     System,
-    /// The system clock corrected by this many milliseconds: the offset to
-    /// the database server's clock, which every replica sharing a database
-    /// follows (see [`Clock::follow`]).
+    /// The database server's clock, which every replica sharing a database
+    /// follows (see [`Clock::follow`]): the microseconds to add to
+    /// [`monotonic_us`], so that between readings time moves with the
+    /// monotonic clock and a step of the replica's own clock never counts.
     Followed(Arc<AtomicI64>),
     /// Milliseconds since the epoch, moved by hand.
     Manual(Arc<AtomicI64>),
@@ -28,7 +29,7 @@ impl Clock {
     pub fn now(&self) -> i64 {
         match self {
             Clock::System => system_now(),
-            Clock::Followed(offset) => system_now().saturating_add(offset.load(Ordering::Relaxed)),
+            Clock::Followed(base) => monotonic_us().saturating_add(base.load(Ordering::Relaxed)) / 1_000,
             Clock::Manual(ms) => ms.load(Ordering::SeqCst),
         }
     }
@@ -41,8 +42,8 @@ impl Clock {
     }
 }
 
-/// How often a followed clock is compared with the database's again: a
-/// replica's own clock stepping counts for at most this long.
+/// How often a followed clock is compared with the database's again, to
+/// correct the drift between the two.
 pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 impl Clock {
@@ -50,7 +51,8 @@ impl Clock {
     /// replicas share one (PostgreSQL), so that leases, expiry and retention
     /// are judged by one clock however the replicas' own clocks drift or
     /// step; else the system clock. Followed to within half a round trip,
-    /// compared again every [`FOLLOW_EVERY`] until the store stops.
+    /// compared again every [`FOLLOW_EVERY`] until the store stops, and
+    /// corrected when a reading is [`WITHIN_US`] or more off.
     pub async fn follow(backend: &Arc<dyn Backend>) -> Result<Clock> {
         // The quickest of a few readings: the least room for error.
         let mut best: Option<Reading> = None;
@@ -65,7 +67,7 @@ impl Clock {
         let Some(first) = best else {
             return Ok(Clock::System);
         };
-        let shared = Arc::new(AtomicI64::new(first.correction_ms()));
+        let shared = Arc::new(AtomicI64::new(first.base_us));
         let (backend, followed) = (Arc::clone(backend), Arc::downgrade(&shared));
         tokio::spawn(async move {
             let mut trusted = Trust::new(first.round_trip);
@@ -76,7 +78,9 @@ impl Clock {
                 let Some(shared) = followed.upgrade() else { return };
                 match Reading::take(backend.as_ref()).await {
                     Ok(Some(reading)) if trusted.admits(reading.round_trip) => {
-                        shared.store(reading.correction_ms(), Ordering::Relaxed)
+                        if reading.corrects(shared.load(Ordering::Relaxed)) {
+                            shared.store(reading.base_us, Ordering::Relaxed)
+                        }
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => return,
@@ -92,41 +96,37 @@ impl Clock {
 
 const FIRST_READINGS: usize = 5;
 
-/// The database's clock minus the system clock, taken at the middle of the
-/// round trip that read it, and how long that round trip took: the reading
-/// is off by at most half of it.
+/// The database's clock minus the monotonic clock, taken at the middle of
+/// the round trip that read it, and how long that round trip took: the
+/// reading is off by at most half of it.
 #[derive(Clone, Copy)]
 struct Reading {
-    offset_us: i64,
+    base_us: i64,
     round_trip: Duration,
 }
 
-/// Clocks this close to the database's are left alone: NTP keeps a fleet
-/// within it, and a correction smaller than a reading's own error would
-/// only add noise to every timestamp.
+/// Readings this close to the clock followed so far are left alone: a
+/// correction smaller than a reading's own error would only add noise to
+/// every timestamp.
 const WITHIN_US: i64 = 5_000;
 
 impl Reading {
     async fn take(backend: &dyn Backend) -> Result<Option<Reading>> {
-        let (wall, started) = (system_now_us(), Instant::now());
+        let (monotonic, started) = (monotonic_us(), Instant::now());
         let Some(database) = backend.database_now_us().await? else {
             return Ok(None);
         };
         let round_trip = started.elapsed();
-        let middle = wall.saturating_add(i64::try_from(round_trip.as_micros() / 2).unwrap_or(i64::MAX));
+        let middle = monotonic.saturating_add(i64::try_from(round_trip.as_micros() / 2).unwrap_or(i64::MAX));
         Ok(Some(Reading {
-            offset_us: database.saturating_sub(middle),
+            base_us: database.saturating_sub(middle),
             round_trip,
         }))
     }
 
-    /// What to add to the system clock, in milliseconds.
-    fn correction_ms(&self) -> i64 {
-        if self.offset_us.abs() < WITHIN_US {
-            0
-        } else {
-            self.offset_us / 1_000
-        }
+    /// Whether the clock followed so far (`base_us`) is off enough to move.
+    fn corrects(&self, base_us: i64) -> bool {
+        self.base_us.saturating_sub(base_us).abs() >= WITHIN_US
     }
 }
 
@@ -161,11 +161,11 @@ impl Trust {
     }
 }
 
-fn system_now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+/// Microseconds on the monotonic clock (since this process first asked),
+/// which no setting of the system clock moves.
+fn monotonic_us() -> i64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    i64::try_from(START.get_or_init(Instant::now).elapsed().as_micros()).unwrap_or(i64::MAX)
 }
 
 pub fn system_now() -> i64 {
@@ -180,16 +180,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clocks_within_5_ms_of_the_databases_are_left_alone() {
-        let at = |offset_us| Reading {
-            offset_us,
+    fn readings_within_5_ms_of_the_clock_followed_are_left_alone() {
+        let at = |base_us| Reading {
+            base_us,
             round_trip: Duration::ZERO,
         };
-        assert_eq!((at(4_999).correction_ms(), at(-4_999).correction_ms()), (0, 0));
-        assert_eq!(
-            (at(5_000).correction_ms(), at(-5_200_000).correction_ms()),
-            (5, -5_200)
-        );
+        assert!(!at(1_004_999).corrects(1_000_000) && !at(995_001).corrects(1_000_000));
+        assert!(at(1_005_000).corrects(1_000_000) && at(-4_200_000).corrects(1_000_000));
     }
 
     #[test]
