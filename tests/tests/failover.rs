@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use e2e::chaos::{audit, now_ms, policy, route_of, worker, Traffic};
+use e2e::chaos::{at_full_speed, audit, now_ms, policy, route_of, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use idemgate_testkit::pg::PgCluster;
@@ -100,18 +100,7 @@ async fn failover_run(run: &str, synchronous: bool) {
     let traffic = Traffic::new(stack.url(""));
     let started = Instant::now();
     let deadline = started + TRAFFIC;
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|id| {
-            tokio::spawn(worker(
-                traffic.clone(),
-                id,
-                deadline,
-                100_000,
-                Duration::ZERO,
-                100,
-            ))
-        })
-        .collect();
+    let workers = at_full_speed(&traffic, WORKERS, deadline);
 
     tokio::time::sleep(LAG_FROM).await;
     let frozen_at = now_ms();
