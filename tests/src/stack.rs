@@ -16,6 +16,9 @@ use idemgate_testkit::pg::PgCluster;
 pub enum Database {
     Sqlite,
     Postgres,
+    /// A database the test runs itself, e.g. a primary and its standby
+    /// behind one multi-host URL.
+    Url(String),
 }
 
 /// A change to the bootstrap text, made after its ports are rewritten.
@@ -133,7 +136,7 @@ impl Stack {
     pub async fn start(mut options: Options) -> Stack {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let upstream = Upstream::start().await;
-        let (pg, database_url) = match options.database {
+        let (pg, database_url) = match &options.database {
             Database::Sqlite => (
                 None,
                 format!("sqlite://{}", dir.path().join("store.db").display()),
@@ -143,6 +146,7 @@ impl Stack {
                 let url = pg.url("postgres");
                 (Some(pg), url)
             }
+            Database::Url(url) => (None, url.clone()),
         };
         let stores: Vec<Replica> = (0..options.replicas.max(1))
             .map(|_| Replica {

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::chaos::{audit, inject_faults, worker, Traffic};
+use e2e::chaos::{at_full_speed, audit, inject_faults, worker, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::Proc;
@@ -34,18 +34,7 @@ fn seconds(var: &str, default: u64) -> u64 {
 
 /// The chaos run's clients: every scenario at full speed until `deadline`.
 fn chaos_workers(traffic: &Arc<Traffic>, deadline: Instant) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..WORKERS)
-        .map(|id| {
-            tokio::spawn(worker(
-                traffic.clone(),
-                id,
-                deadline,
-                100_000,
-                Duration::ZERO,
-                100,
-            ))
-        })
-        .collect()
+    at_full_speed(traffic, WORKERS, deadline)
 }
 
 async fn join(workers: Vec<tokio::task::JoinHandle<()>>) {

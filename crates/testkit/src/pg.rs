@@ -71,6 +71,66 @@ impl PgCluster {
     /// (mode 0600, as it wants for a key); `$DIR` in a setting's value is
     /// that directory.
     pub fn start_with_files(settings: &[(&str, &str)], files: &[(&str, &[u8])]) -> PgCluster {
+        let c = PgCluster::unstarted(settings, files);
+        let data = c.data_dir();
+        let out = c.run(
+            "initdb",
+            &["-D", path(&data), "-A", "trust", "-U", "idem", "--no-sync"],
+        );
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c.start_server();
+        c
+    }
+
+    /// A hot standby of `primary` with these server settings: a base backup
+    /// of it (`pg_basebackup -R`, so it starts in recovery and streams the
+    /// primary's WAL), started and streaming. `cluster_name` in `settings`
+    /// names it in the primary's `synchronous_standby_names`.
+    pub fn standby_of(primary: &PgCluster, settings: &[(&str, &str)]) -> PgCluster {
+        let c = PgCluster::unstarted(settings, &[]);
+        let data = c.data_dir();
+        let port = primary.port.to_string();
+        let out = c.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                path(&data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "idem",
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c.start_server();
+        let streaming = (0..500).any(|_| {
+            let n = primary.query("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'");
+            n != "0" || {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }
+        });
+        assert!(streaming, "the standby never streamed from its primary");
+        c
+    }
+
+    /// A cluster not yet created: its directory (owned by the server's
+    /// user), port, options and files.
+    fn unstarted(settings: &[(&str, &str)], files: &[(&str, &[u8])]) -> PgCluster {
         let bin = find_bin();
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
@@ -83,7 +143,6 @@ impl PgCluster {
                 .success();
             assert!(ok, "cannot chown the cluster directory to the postgres user");
         }
-        let data = dir.path().join("data");
         let port = crate::free_port();
         let mut opts = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
@@ -107,25 +166,14 @@ impl PgCluster {
             let value = value.replace("$DIR", path(dir.path()));
             opts.push_str(&format!(" -c {name}={value}"));
         }
-        let c = PgCluster {
+        PgCluster {
             dir,
             bin,
             port,
             as_root,
             next_db: AtomicU32::new(0),
             opts,
-        };
-        let out = c.run(
-            "initdb",
-            &["-D", path(&data), "-A", "trust", "-U", "idem", "--no-sync"],
-        );
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c.start_server();
-        c
+        }
     }
 
     fn start_server(&self) {
@@ -154,16 +202,18 @@ impl PgCluster {
     }
 
     /// Kills every server process at once (SIGKILL: what shared memory held,
-    /// such as WAL not yet written out, is gone), then starts the server
-    /// again on the same data, which recovers from the WAL on disk.
+    /// such as WAL not yet written out or sent to a standby, is gone), then
+    /// starts the server again on the same data, which recovers from the WAL
+    /// on disk.
     pub fn crash_and_restart(&self) {
-        let pidfile = self.dir.path().join("data").join("postmaster.pid");
-        let postmaster: u32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .unwrap();
+        self.kill();
+        self.start_server();
+    }
+
+    /// Kills every server process at once (SIGKILL), as a machine that dies
+    /// would; the server stays down.
+    pub fn kill(&self) {
+        let postmaster = self.postmaster();
         let mut pids = children_of(postmaster);
         pids.push(postmaster);
         let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
@@ -174,7 +224,14 @@ impl PgCluster {
             .args(&pids)
             .stderr(Stdio::null())
             .status();
-        let gone = |pid: &String| !Path::new(&format!("/proc/{pid}")).exists();
+        // A zombie holds no socket, file or memory any more.
+        let gone = |pid: &String| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+            })
+        };
         for _ in 0..500 {
             if pids.iter().all(gone) {
                 break;
@@ -182,7 +239,82 @@ impl PgCluster {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(pids.iter().all(gone), "the server's processes outlived kill -9");
-        self.start_server();
+    }
+
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the processes that send this
+    /// server's WAL to its standbys: a standby falling behind, as over a
+    /// congested link. Commits that wait for a synchronous standby wait
+    /// meanwhile.
+    pub fn freeze_replication(&self, frozen: bool) {
+        let senders: Vec<String> = children_of(self.postmaster())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("walsender"))
+            })
+            .map(|pid| pid.to_string())
+            .collect();
+        assert!(
+            !senders.is_empty(),
+            "no WAL sender to freeze: is a standby streaming?"
+        );
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .arg(signal)
+            .args(&senders)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {signal} {senders:?} failed");
+    }
+
+    /// Ends a standby's recovery: it takes writes from now on.
+    pub fn promote(&self) {
+        let data = self.data_dir();
+        let out = self.run("pg_ctl", &["-D", path(&data), "-w", "-t", "60", "promote"]);
+        assert!(
+            out.status.success(),
+            "pg_ctl promote failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// One query's result as `psql -At` prints it (fields `|`-separated,
+    /// one row a line), trimmed.
+    pub fn query(&self, sql: &str) -> String {
+        let port = self.port.to_string();
+        let out = self.run(
+            "psql",
+            &[
+                "-h",
+                path(self.dir.path()),
+                "-p",
+                &port,
+                "-U",
+                "idem",
+                "-d",
+                "postgres",
+                "-At",
+                "-c",
+                sql,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn postmaster(&self) -> u32 {
+        let pidfile = self.data_dir().join("postmaster.pid");
+        std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap()
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {

@@ -56,7 +56,7 @@ pub use audit::audit;
 pub use faults::{inject_faults, Faults, STALL_MS};
 pub use judge::{judge, Generation, ScopeVerdict};
 pub use report::Audit;
-pub use traffic::{worker, Sent, Traffic};
+pub use traffic::{at_full_speed, worker, Sent, Traffic};
 
 /// `(tenant, principal, route, key)`: what a record is scoped to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -246,3 +246,23 @@ pub async fn worker(
         }
     }
 }
+
+/// `count` workers sending every scenario at full speed until `deadline`.
+pub fn at_full_speed(
+    traffic: &Arc<Traffic>,
+    count: u64,
+    deadline: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..count)
+        .map(|id| {
+            tokio::spawn(worker(
+                traffic.clone(),
+                id,
+                deadline,
+                100_000,
+                Duration::ZERO,
+                100,
+            ))
+        })
+        .collect()
+}

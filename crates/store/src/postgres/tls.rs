@@ -137,6 +137,22 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_host_url_keeps_every_host_and_asks_for_a_writable_session() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let (config, _) =
+            target("postgres://idem@10.0.0.1:5432,10.0.0.2:5433/db?target_session_attrs=read-write").unwrap();
+        let hosts = [Host::Tcp("10.0.0.1".into()), Host::Tcp("10.0.0.2".into())];
+        assert_eq!(config.get_hosts(), hosts);
+        assert_eq!(config.get_ports(), [5432, 5433]);
+        assert_eq!(config.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+        let (config, _) =
+            target("host=10.0.0.1,10.0.0.2 port=5432,5433 dbname=db target_session_attrs=read-write")
+                .unwrap();
+        assert_eq!(config.get_hosts(), hosts);
+        assert_eq!(config.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
+
+    #[test]
     fn libpq_modes_that_would_skip_verification_are_refused() {
         for mode in ["verify-ca", "allow", "bogus"] {
             let Err(StoreError::Config(detail)) = target(&format!("postgres://h/db?sslmode={mode}")) else {

@@ -1,0 +1,292 @@
+//! PostgreSQL failover under traffic: a primary streaming to a hot standby
+//! (built-in replication, both real clusters), two store replicas reaching
+//! them through one multi-host URL (`target_session_attrs=read-write`), the
+//! chaos traffic through Envoy. Mid-run the standby falls behind (the
+//! primary's WAL sender frozen for 1 s, a congested link), the primary dies
+//! (SIGKILL), and half a second later, as a failover manager would, the
+//! standby is promoted. The stores must find it on their own.
+//!
+//! Then the chaos audit (double executions, executions without a claim,
+//! burnt keys, every answer) and one more count: the transitions the stores
+//! logged as committed that the promoted database does not hold. With a
+//! synchronous standby no claim may be lost; a completion may, where the
+//! store commits it without waiting (`on_unknown: conflict` routes; the
+//! record turns unknown, never runs twice). With asynchronous replication
+//! the run measures what the lag cost.
+
+// Test support: failing loudly is how a helper reports a broken run.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use e2e::chaos::{at_full_speed, audit, now_ms, policy, route_of, Traffic};
+use e2e::report::{write, Row};
+use e2e::stack::{Database, Options, Stack};
+use idemgate_testkit::pg::PgCluster;
+
+/// One run at a time: they share two cores, and their timing matters.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const WORKERS: u64 = 12;
+const TRAFFIC: Duration = Duration::from_secs(12);
+/// When the standby starts falling behind, after the traffic started.
+const LAG_FROM: Duration = Duration::from_secs(4);
+/// How far behind it falls before the primary dies.
+const LAG: Duration = Duration::from_secs(1);
+/// From the primary's death to the standby's promotion: a failover manager
+/// noticing.
+const DETECTION: Duration = Duration::from_millis(500);
+/// The longest the stores may take, after the promotion, to claim through
+/// it again: Envoy's health check (0.5 s) on top of a new connection, with
+/// room for a loaded two-core machine.
+const RECOVERY_BOUND_MS: i64 = 5_000;
+
+/// What the failover did to the traffic, from the answers.
+struct Window {
+    frozen_at: i64,
+    killed_at: i64,
+    /// When the standby was told to promote, and when `pg_ctl` saw it done.
+    promoting_at: i64,
+    promoted_at: i64,
+    /// When the first request claimed through the promoted standby reached
+    /// the upstream.
+    first_owned: Option<i64>,
+    unavailable: usize,
+}
+
+impl Window {
+    fn summary(&self) -> String {
+        let after = |t: i64| {
+            self.first_owned
+                .map_or("never".to_string(), |f| format!("{} ms", f - t))
+        };
+        format!(
+            "primary killed {} ms into the lag, standby promoted {} ms later (pg_ctl promote: {} ms); \
+             first claim executed {} after the kill ({} after the promotion began); \
+             {} answers 503 store-unavailable",
+            self.killed_at - self.frozen_at,
+            self.promoting_at - self.killed_at,
+            self.promoted_at - self.promoting_at,
+            after(self.killed_at),
+            after(self.promoting_at),
+            self.unavailable
+        )
+    }
+}
+
+async fn failover_run(run: &str, synchronous: bool) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let primary = if synchronous {
+        PgCluster::start_with(&[("synchronous_standby_names", "standby")])
+    } else {
+        PgCluster::start()
+    };
+    let standby = PgCluster::standby_of(&primary, &[("cluster_name", "standby")]);
+    // The standby counts as synchronous once it has reported its position.
+    let mode = if synchronous { "sync" } else { "async" };
+    let replicating = (0..500).any(|_| {
+        primary.query("SELECT sync_state FROM pg_stat_replication") == mode || {
+            std::thread::sleep(Duration::from_millis(20));
+            false
+        }
+    });
+    assert!(replicating, "the standby never became {mode}");
+    let url = format!(
+        "postgres://idem@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port, standby.port
+    );
+    let stack = Stack::start(Options::new("envoy/chaos.yaml", Database::Url(url), 2)).await;
+    let traffic = Traffic::new(stack.url(""));
+    let started = Instant::now();
+    let deadline = started + TRAFFIC;
+    let workers = at_full_speed(&traffic, WORKERS, deadline);
+
+    tokio::time::sleep(LAG_FROM).await;
+    let frozen_at = now_ms();
+    primary.freeze_replication(true);
+    tokio::time::sleep(LAG).await;
+    let (killed_at, killed) = (now_ms(), Instant::now());
+    tokio::task::block_in_place(|| primary.kill());
+    tokio::time::sleep_until((killed + DETECTION).into()).await;
+    let promoting_at = now_ms();
+    tokio::task::block_in_place(|| standby.promote());
+    let promoted_at = now_ms();
+    for w in workers {
+        w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let window = Window {
+        frozen_at,
+        killed_at,
+        promoting_at,
+        promoted_at,
+        // No claim can be made between the kill and the promotion, and a
+        // claimed request reaches the upstream within milliseconds.
+        first_owned: (stack.upstream.log().iter())
+            .map(|e| e.at_ms)
+            .filter(|at| *at >= promoting_at)
+            .min(),
+        unavailable: (traffic.sent.lock().unwrap().iter())
+            .filter_map(|s| s.outcome.as_ref().ok())
+            .filter(|a| a.problem().as_deref() == Some("store-unavailable"))
+            .count(),
+    };
+    stack.wait_envoy().await;
+    let mut report = audit(&stack, &traffic).await;
+    report.bound_unavailable(&[("failover", frozen_at, window.first_owned.unwrap_or(i64::MAX))]);
+    let lost = committed_but_lost(&stack, &standby);
+    println!(
+        "{run}: {}; lost: {lost:?}; {}",
+        window.summary(),
+        report.summary()
+    );
+
+    // What must hold however the standby replicates; a synchronous one must
+    // also keep every claim and every transition committed synchronously.
+    // A completion the store did not wait for may be gone, and with it the
+    // replays it served: the record turns unknown instead.
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, what: &str| {
+        if !ok {
+            failed.push(what.to_string());
+        }
+    };
+    check(
+        window
+            .first_owned
+            .is_some_and(|f| f - window.promoting_at <= RECOVERY_BOUND_MS),
+        "the stores claimed through the promoted standby in time",
+    );
+    check(
+        report.executions > 0 && report.replays_checked > 0 && window.unavailable > 0,
+        "the failover met traffic",
+    );
+    // An asynchronous standby may lack the claims made while it lagged: a
+    // retry then claims and executes the key again.
+    let lagging = lagging_scopes(&stack, frozen_at, killed_at);
+    check(
+        report
+            .double_executions
+            .iter()
+            .all(|d| !synchronous && lagging.iter().any(|scope| d.starts_with(scope.as_str()))),
+        "no double execution (asynchronous: none of a key first executed outside the lag)",
+    );
+    check(
+        report.abandoned_executed.is_empty(),
+        "no execution of an abandoned claim",
+    );
+    if synchronous {
+        check(report.burnt_keys.is_empty(), "no burnt key");
+        check(!lost.contains_key("claimed"), "no acknowledged claim lost");
+        check(
+            lost.keys().all(|what| what == UNWAITED),
+            "no transition lost that the store waited for",
+        );
+        check(
+            report.violations.iter().all(|v| v.contains(REPLAY_OF_LOST)),
+            "no contract violation but replays of completions that were lost",
+        );
+    }
+    let lost_text = if lost.is_empty() {
+        "nothing committed lost".to_string()
+    } else {
+        format!("committed but lost: {lost:?}")
+    };
+    write(&Row {
+        run: &format!("{run} ({} s)", TRAFFIC.as_secs()),
+        load: format!(
+            "{} s, {WORKERS} clients, 2 store replicas: {} requests ({:.0}/s), {} upstream executions",
+            TRAFFIC.as_secs(),
+            report.requests,
+            report.requests as f64 / elapsed,
+            report.executions
+        ),
+        faults: format!(
+            "standby {} ms behind (WAL sender frozen), primary SIGKILLed, standby promoted: {}",
+            LAG.as_millis(),
+            window.summary()
+        ),
+        hostile: report.hostile(),
+        fuzz_execs: "—".into(),
+        violations: format!("{}; {lost_text}", report.verdict()),
+        passed: failed.is_empty(),
+        table: "results",
+    });
+    assert!(
+        failed.is_empty(),
+        "failed: {failed:?}\n{}; lost: {lost:?}\n{}",
+        window.summary(),
+        report.summary()
+    );
+}
+
+/// How [`committed_but_lost`] names completions the store commits without
+/// waiting for the WAL (routes that keep unknown outcomes).
+const UNWAITED: &str = "completed, not waited for";
+
+/// The audit's finding for a replay whose completion the store no longer has.
+const REPLAY_OF_LOST: &str = "a replay, but nothing was stored";
+
+/// The scopes (as the audit names them) executed while the standby lagged,
+/// or just before: their claims may not have reached it.
+fn lagging_scopes(stack: &Stack, frozen_at: i64, killed_at: i64) -> Vec<String> {
+    // Claims are shipped within milliseconds when nothing holds them up.
+    const SHIPPING_MS: i64 = 100;
+    stack
+        .upstream
+        .log()
+        .iter()
+        .filter(|e| (frozen_at - SHIPPING_MS..=killed_at).contains(&e.at_ms))
+        .map(|e| format!("{} {} {}:", e.tenant, route_of(&e.path), e.key))
+        .collect()
+}
+
+/// The transitions any store replica logged as committed (`idemgate::events`
+/// lines) that the promoted database does not hold, counted by kind;
+/// completions apart by whether their route keeps unknown outcomes (the
+/// store commits those without waiting for the WAL, so for the standby).
+fn committed_but_lost(stack: &Stack, promoted: &PgCluster) -> BTreeMap<String, usize> {
+    // A fence is drawn once per claim (a sequence, which may hand a lost
+    // claim's fence out again after an asynchronous failover), so it is
+    // named together with the body's fingerprint.
+    let held: HashSet<String> = promoted
+        .query(
+            "SELECT transition || ' ' || fence || ' ' || coalesce(fingerprint, '-') FROM idempotency_events",
+        )
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mut lost = BTreeMap::new();
+    for (_, line) in stack.log_lines() {
+        if !line.contains("idemgate::events") {
+            continue;
+        }
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                .map_or("?", |v| v.trim_matches('"'))
+        };
+        let event = field("event");
+        if held.contains(&format!("{event} {} {}", field("fence"), field("fingerprint"))) {
+            continue;
+        }
+        let kind = match event {
+            "completed" if !policy(field("route")).release_on_unknown => UNWAITED.to_string(),
+            other => other.to_string(),
+        };
+        *lost.entry(kind).or_default() += 1;
+    }
+    lost
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_to_a_synchronous_standby_loses_no_acknowledged_claim_and_executes_nothing_twice() {
+    failover_run("PostgreSQL failover, synchronous standby", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_to_an_asynchronous_standby_executes_nothing_twice_whose_claim_survived() {
+    failover_run("PostgreSQL failover, asynchronous standby", false).await;
+}
