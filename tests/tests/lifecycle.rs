@@ -356,7 +356,9 @@ async fn envoy_stopped_at_once_leaves_owned_requests_unknown_and_runs_nothing_tw
 async fn a_hot_restart_lets_the_old_epoch_finish_or_leave_its_requests_unknown() {
     let mut options = options();
     options.hot_restart = true;
-    options.envoy_args = ["--drain-time-s", "1", "--parent-shutdown-time-s", "3"]
+    // The old epoch exits 2 s after the new one started: well after the
+    // quick request (1 s), well before the slow one (4.5 s, within its lease).
+    options.envoy_args = ["--drain-time-s", "1", "--parent-shutdown-time-s", "2"]
         .map(String::from)
         .to_vec();
     let mut stack = Stack::start(options).await;
@@ -367,7 +369,7 @@ async fn a_hot_restart_lets_the_old_epoch_finish_or_leave_its_requests_unknown()
         fresh_key("hot-later"),
     );
     let claimed_at = Instant::now();
-    let first_quick = tokio::spawn(pay(&stack, &quick, 1_500).send());
+    let first_quick = tokio::spawn(pay(&stack, &quick, 1_000).send());
     let first_slow = tokio::spawn(pay(&stack, &slow, 4_500).send());
     eventually(
         "the upstream to get both requests",
@@ -433,7 +435,7 @@ async fn a_hot_restart_lets_the_old_epoch_finish_or_leave_its_requests_unknown()
         "lifecycle: Envoy hot restart",
         "2 requests in flight in epoch 0, 1 new in epoch 1".into(),
         "—".into(),
-        "--restart-epoch 1 (drain 1 s, parent shutdown 3 s) with a 1.5 s and a 4.5 s request".into(),
+        "--restart-epoch 1 (drain 1 s, parent shutdown 2 s) with a 1 s and a 4.5 s request".into(),
     );
 }
 
