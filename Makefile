@@ -46,6 +46,7 @@ lint: setup
 # their idempotency-store in target/debug/.
 test: setup lint wasm
 	scripts/previous-release.sh
+	scripts/wasm.sh faulty
 	cargo build -p idemgate-store
 	@for f in envoy/*.yaml; do \
 	    case $$f in envoy/_*|'envoy/*.yaml') continue;; esac; \

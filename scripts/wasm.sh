@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the filter for wasm32-wasip1 (release), copies it to target/idemgate.wasm
-# and prints that path.  `scripts/wasm.sh clippy` lints the filter and the core
-# for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
+# and prints that path.  `scripts/wasm.sh clippy` lints the filter (with its
+# test-only code) and the core for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
 # microbenchmark's filter (bench/callout, for `make bench`) the same way, in its
-# own target dir, to target/callout.wasm.  `scripts/wasm.sh source DIR OUT`
+# own target dir, to target/callout.wasm.  `scripts/wasm.sh faulty` builds the
+# filter with its `fault-injection` feature (a request can kill the VM; for the
+# lifecycle tests only) to target/idemgate-faulty.wasm.  `scripts/wasm.sh source DIR OUT`
 # builds the filter of another source tree (an earlier release) to OUT, in the
 # same target dir: std and the dependencies are shared, the tree's own crates
 # are built apart.
@@ -41,6 +43,12 @@ build)
     cp "$target_dir/$TARGET/wasm/idemgate_filter.wasm" "$OUT"
     echo "$OUT"
     ;;
+faulty)
+    "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
+        -p idemgate-filter --features fault-injection --target-dir "$target_dir"
+    cp "$target_dir/$TARGET/wasm/idemgate_filter.wasm" target/idemgate-faulty.wasm
+    echo target/idemgate-faulty.wasm
+    ;;
 callout)
     "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
         -p idemgate-bench-callout --target-dir "$target_dir/bench-callout"
@@ -56,10 +64,11 @@ source)
     ;;
 clippy)
     "$cargo" clippy "${build_std[@]}" --target "$TARGET" \
-        -p idemgate-filter -p idemgate-core --target-dir "$target_dir" -- -D warnings
+        -p idemgate-filter -p idemgate-core --features idemgate-filter/fault-injection \
+        --target-dir "$target_dir" -- -D warnings
     ;;
 *)
-    echo "usage: scripts/wasm.sh [build|callout|clippy|source DIR OUT]" >&2
+    echo "usage: scripts/wasm.sh [build|callout|faulty|clippy|source DIR OUT]" >&2
     exit 2
     ;;
 esac

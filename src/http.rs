@@ -31,6 +31,9 @@ pub struct Filter {
     carrier: Option<Rc<RefCell<Carrier>>>,
     /// Response body bytes already handed to the exchange.
     response_seen: usize,
+    /// The request asked for the VM to fail in the response phase.
+    #[cfg(feature = "fault-injection")]
+    fail_on_response: bool,
 }
 
 impl Filter {
@@ -41,6 +44,8 @@ impl Filter {
             attempt,
             carrier: None,
             response_seen: 0,
+            #[cfg(feature = "fault-injection")]
+            fail_on_response: false,
         }
     }
 
@@ -86,6 +91,13 @@ impl Filter {
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "fault-injection")]
+        {
+            if crate::fault::asked("request") {
+                crate::fault::fail_vm();
+            }
+            self.fail_on_response = crate::fault::asked("response");
+        }
         let (Some(shared), Some(attempt)) = (self.shared.clone(), self.attempt.take()) else {
             return Action::Continue;
         };
@@ -142,6 +154,10 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "fault-injection")]
+        if self.fail_on_response {
+            crate::fault::fail_vm();
+        }
         let Some((owns, echo)) = self.exchange(|ex| (ex.owns_response(), ex.key_echo().map(str::to_string)))
         else {
             return Action::Continue;

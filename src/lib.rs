@@ -12,6 +12,8 @@
 
 mod carrier;
 mod client;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod host;
 mod http;
 mod metrics;

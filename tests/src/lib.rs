@@ -160,6 +160,25 @@ pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     }
 }
 
+/// Sends the request until it is answered with something other than `409
+/// request-in-progress` (which must carry a short retry hint meanwhile).
+pub async fn retry_until_settled(
+    req: impl Fn() -> reqwest::RequestBuilder,
+    within: std::time::Duration,
+) -> Answer {
+    poll("the retry to be answered", within, || async {
+        let a = send(req()).await;
+        if a.status == 409 && a.problem().as_deref() == Some("request-in-progress") {
+            let hint: u64 = a.header("retry-after-ms").unwrap().parse().unwrap();
+            assert!(hint <= 1_000, "{a:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            return None;
+        }
+        Some(a)
+    })
+    .await
+}
+
 /// Shared execution counts per Idempotency-Key value seen by the upstream.
 pub type Executions = Arc<Mutex<HashMap<String, u64>>>;
 

@@ -50,6 +50,9 @@ pub struct Options {
     pub store_bin: Option<PathBuf>,
     /// Extra arguments of `idempotency-store serve`.
     pub store_args: Vec<String>,
+    /// Envoy may be hot restarted ([`Stack::hot_restart`]); otherwise it
+    /// runs with `--disable-hot-restart`.
+    pub hot_restart: bool,
 }
 
 impl Options {
@@ -68,6 +71,7 @@ impl Options {
             wasm: None,
             store_bin: None,
             store_args: Vec::new(),
+            hot_restart: false,
         }
     }
 }
@@ -130,6 +134,8 @@ pub struct Stack {
     /// Every log file any process of this stack ever wrote.
     logs: Vec<PathBuf>,
     starts: usize,
+    /// The running Envoy's hot restart epoch.
+    epoch: u32,
 }
 
 impl Stack {
@@ -186,6 +192,7 @@ impl Stack {
             config_path,
             logs: Vec::new(),
             starts: 0,
+            epoch: 0,
         };
         for i in 0..stack.stores.len() {
             stack.start_store(i);
@@ -260,13 +267,8 @@ impl Stack {
     /// that holds every connection and answers nothing, as an fsync stall, a
     /// checkpoint or a lock wait would, on either backend.
     pub fn signal_store(&self, i: usize, stop: bool) {
-        let Some(pid) = self.stores[i].proc.as_ref().and_then(Proc::pid) else {
-            return;
-        };
-        let signal = if stop { "-STOP" } else { "-CONT" };
-        let status = Command::new("kill").args([signal, &pid.to_string()]).status();
-        if !matches!(status, Ok(s) if s.success()) {
-            panic!("kill {signal} {pid}: {status:?}");
+        if let Some(proc) = &self.stores[i].proc {
+            signal(proc, if stop { "-STOP" } else { "-CONT" });
         }
     }
 
@@ -289,12 +291,35 @@ impl Stack {
     pub fn start_envoy(&mut self) {
         let log = self.next_log("envoy");
         let envoy_bin = crate::envoy_bin();
+        let base_id_path = self.dir.path().join("envoy-base-id");
+        let restart: Vec<String> = match (self.options.hot_restart, self.epoch) {
+            (false, _) => vec!["--disable-hot-restart".into()],
+            // A base id of its own, so tests running side by side never
+            // share hot restart shared memory.
+            (true, 0) => vec![
+                "--use-dynamic-base-id".into(),
+                "--base-id-path".into(),
+                base_id_path.display().to_string(),
+            ],
+            (true, epoch) => {
+                let base_id = std::fs::read_to_string(&base_id_path)
+                    .unwrap_or_else(|e| panic!("{base_id_path:?}: {e}"));
+                let base_id = base_id.trim().to_string();
+                vec![
+                    "--base-id".into(),
+                    base_id,
+                    "--restart-epoch".into(),
+                    epoch.to_string(),
+                ]
+            }
+        };
         let proc = Proc::spawn(
             "envoy",
             Command::new(&envoy_bin)
                 .arg("-c")
                 .arg(&self.config_path)
-                .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
+                .args(["--concurrency", "2", "-l", "info"])
+                .args(&restart)
                 .args(&self.options.envoy_args)
                 .envs(self.options.envoy_env.iter().copied())
                 .args(["--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]),
@@ -307,6 +332,31 @@ impl Stack {
         if let Some(mut p) = self.envoy.take() {
             p.kill();
         }
+    }
+
+    /// SIGTERM, as a container runtime stops Envoy; returns once it exited.
+    pub async fn terminate_envoy(&mut self) {
+        if let Some(p) = self.envoy.take() {
+            signal(&p, "-TERM");
+            eventually("envoy to exit", Duration::from_secs(30), || async { !p.alive() }).await;
+        }
+    }
+
+    /// Starts Envoy's next hot restart epoch on the same config (needs
+    /// [`Options::hot_restart`]) and waits until it is ready; the new epoch
+    /// takes the listeners over and the returned one drains, then exits
+    /// (`--drain-time-s`, `--parent-shutdown-time-s` among
+    /// [`Options::envoy_args`]).
+    pub async fn hot_restart(&mut self) -> Option<Proc> {
+        assert!(
+            self.options.hot_restart,
+            "the stack was started without hot restart"
+        );
+        let parent = self.envoy.take();
+        self.epoch += 1;
+        self.start_envoy();
+        self.wait_envoy().await;
+        parent
     }
 
     /// What the running Envoy wrote so far.
@@ -508,6 +558,15 @@ impl Stack {
             }
         }
         out
+    }
+}
+
+/// Sends `sig` (`-STOP`, `-TERM`...) to a process of the stack.
+fn signal(proc: &Proc, sig: &str) {
+    let Some(pid) = proc.pid() else { return };
+    let status = Command::new("kill").args([sig, &pid.to_string()]).status();
+    if !matches!(status, Ok(s) if s.success()) {
+        panic!("kill {sig} {pid}: {status:?}");
     }
 }
 

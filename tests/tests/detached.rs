@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use e2e::stack::{Database, Options, Stack};
-use e2e::{fresh_key, poll, Answer};
+use e2e::{fresh_key, retry_until_settled, Answer};
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
 const ROUTE: &str = "payments.detached";
@@ -26,22 +26,6 @@ fn pay(stack: &Stack, key: &str, delay_ms: u64) -> reqwest::RequestBuilder {
 
 async fn send(req: reqwest::RequestBuilder) -> Answer {
     Answer::of(req.send().await.unwrap()).await
-}
-
-/// Sends the request until it is answered with something other than `409
-/// request-in-progress` (which must carry a short retry hint meanwhile).
-async fn retry_until_settled(req: impl Fn() -> reqwest::RequestBuilder, within: Duration) -> Answer {
-    poll("the retry to be answered", within, || async {
-        let a = send(req()).await;
-        if a.status == 409 && a.problem().as_deref() == Some("request-in-progress") {
-            let hint: u64 = a.header("retry-after-ms").unwrap().parse().unwrap();
-            assert!(hint <= 1_000, "{a:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return None;
-        }
-        Some(a)
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -44,6 +44,38 @@ fn write_to(file: &std::ffi::OsStr, row: &Row<'_>) {
     }
 }
 
+/// Failed checks, collected so the run's row is written before the test fails.
+#[derive(Default)]
+pub struct Checks {
+    tried: usize,
+    failed: Vec<String>,
+}
+
+impl Checks {
+    pub fn check(&mut self, ok: bool, what: impl Into<String>) {
+        self.tried += 1;
+        if !ok {
+            self.failed.push(what.into());
+        }
+    }
+
+    /// Writes the run's row of the results table with its verdict, then
+    /// fails the test if a check failed.
+    pub fn finish(self, run: &str, load: String, hostile: String, faults: String) {
+        write(&Row {
+            run,
+            load,
+            faults,
+            hostile: format!("{hostile} ({} checks)", self.tried),
+            fuzz_execs: "—".into(),
+            violations: self.failed.len().to_string(),
+            passed: self.failed.is_empty(),
+            table: "results",
+        });
+        assert!(self.failed.is_empty(), "{run}:\n  {}", self.failed.join("\n  "));
+    }
+}
+
 /// The row of a run that has no counts to report: written when the run
 /// ends, `passed` unless it ends in a failed assertion.
 pub struct Verdict {
