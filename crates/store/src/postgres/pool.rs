@@ -153,6 +153,16 @@ impl Connections {
         );
         config.options(options.trim_start());
         config.connect_timeout(timeouts.connect);
+        // tokio-postgres bounds each host's TCP connect by it and tries a
+        // multi-host URL's hosts in turn: a primary that is gone (its
+        // packets dropped) takes that long before the next host is tried.
+        let hosts = config.get_hosts().len().max(config.get_hostaddrs().len()).max(1);
+        let timeouts = PgTimeouts {
+            connect: timeouts
+                .connect
+                .saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX)),
+            ..timeouts
+        };
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
