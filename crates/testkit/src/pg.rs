@@ -206,7 +206,17 @@ impl PgCluster {
     /// starts the server again on the same data, which recovers from the WAL
     /// on disk.
     pub fn crash_and_restart(&self) {
+        let postmaster = self.postmaster();
         self.kill();
+        // A new postmaster refuses the lock files of one whose PID still
+        // exists, and a killed one lingers as a zombie until it is reaped.
+        let reaped = (0..1000).any(|_| {
+            !Path::new(&format!("/proc/{postmaster}")).exists() || {
+                std::thread::sleep(Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(reaped, "the killed postmaster was never reaped");
         self.start_server();
     }
 
