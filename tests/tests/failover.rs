@@ -210,7 +210,15 @@ async fn failover_run(run: &str, synchronous: bool) {
         ),
         hostile: report.hostile(),
         fuzz_execs: "—".into(),
-        violations: format!("{}; {lost_text}", report.verdict()),
+        violations: if synchronous {
+            format!("{}; {lost_text}", report.verdict())
+        } else {
+            // What an asynchronous standby loses is measured, not promised.
+            format!(
+                "within the replication lag, measured: {}; {lost_text}",
+                report.verdict()
+            )
+        },
         passed: failed.is_empty(),
         table: "results",
     });
@@ -288,5 +296,9 @@ async fn failover_to_a_synchronous_standby_loses_no_acknowledged_claim_and_execu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failover_to_an_asynchronous_standby_executes_nothing_twice_whose_claim_survived() {
-    failover_run("PostgreSQL failover, asynchronous standby", false).await;
+    failover_run(
+        "PostgreSQL failover, asynchronous standby, the loss window measured",
+        false,
+    )
+    .await;
 }
