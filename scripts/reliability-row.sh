@@ -19,7 +19,9 @@ commit=$(git -C "$repo" rev-parse --short=10 HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git -C "$repo" status --porcelain -- . ':!docs/reliability.md' 2>/dev/null) ]]; then
     commit="$commit+changes"
 fi
-exec 9>"$1.lock"
+# The table file itself is the lock: a lock file beside it would show as an
+# uncommitted change to a concurrent writer's check above.
+exec 9<"$1"
 flock 9
 python3 - "$commit" "$(date -u +%Y-%m-%d)" "$table" "$@" <<'PY'
 import sys
@@ -57,4 +59,3 @@ erows = stale + [r for r in erows if r.startswith("| ") and run_of(r) not in mov
 out = lines[: rb + 1] + head + current + [row] + lines[re_:eb + 1] + eh + erows + lines[ee:]
 open(path, "w").write("\n".join(out))
 PY
-rm -f "$1.lock"
