@@ -4,7 +4,7 @@
 //! over a claim whose lease the database's clock says is still running.
 
 use idemgate_core::config::OnUnknown;
-use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
+use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_testkit::report::verdict;
 
 use crate::support::*;
@@ -41,17 +41,8 @@ async fn date_of(store: &StoreProcess) -> i64 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
-async fn claim_on(store: &StoreProcess, req: &idemgate_core::protocol::ClaimRequest) -> ClaimReply {
-    let r = request(
-        &client(),
-        "POST",
-        &store.url("/v1/claim"),
-        Some(API),
-        encode_frame(req, b""),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    decode_frame::<ClaimReply>(&r.body).unwrap().0
+async fn claim_on(store: &StoreProcess, req: &ClaimRequest) -> ClaimReply {
+    claim_over_http(&client(), store, req).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

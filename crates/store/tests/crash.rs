@@ -13,18 +13,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use idemgate_core::config::OnUnknown;
-use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, FenceReply};
+use idemgate_core::protocol::{encode_frame, ClaimReply, ClaimRequest, FenceReply};
 use idemgate_core::scope::Scope;
 use idemgate_store::backend::KeyHistory;
 
 use crate::support::*;
-
-async fn claim_over_http(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> (ClaimReply, Vec<u8>) {
-    let r = request(c, "POST", &p.url("/v1/claim"), Some(API), encode_frame(req, b"")).await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    let (reply, bytes) = decode_frame::<ClaimReply>(&r.body).unwrap();
-    (reply, bytes.to_vec())
-}
 
 async fn crash_and_restart(url: &str) {
     let c = client();
@@ -89,17 +82,10 @@ async fn a_killed_store_keeps_its_records_on_postgres() {
 }
 
 async fn complete_over_http(c: &HttpClient, p: &StoreProcess, s: &Scope, fence: u64, body: &[u8]) {
-    let r = request(
-        c,
-        "POST",
-        &p.url("/v1/complete"),
-        Some(API),
-        encode_frame(&complete(s, fence, 201), body),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    let (reply, _) = decode_frame::<FenceReply>(&r.body).unwrap();
-    assert_eq!(reply, FenceReply::Done);
+    assert_eq!(
+        http_complete(c, p, s, fence, body).await,
+        (200, Some(FenceReply::Done))
+    );
 }
 
 async fn owned(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> u64 {

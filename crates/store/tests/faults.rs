@@ -3,16 +3,15 @@
 //! answers 503 `store-unavailable`), nothing that was acknowledged is lost,
 //! and the store recovers on its own once the database is back.
 
-use idemgate_testkit::report::verdict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, ClaimRequest, FenceReply};
-use idemgate_core::scope::Scope;
+use idemgate_core::protocol::{encode_frame, ClaimReply, ClaimRequest, FenceReply};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions, Listing, StoreError, SweepPolicy};
 use idemgate_store::clock::system_now;
 use idemgate_store::postgres::PgTimeouts;
+use idemgate_testkit::report::verdict;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -243,7 +242,7 @@ async fn a_blackholed_postgres_fails_within_the_bound_and_recovers_when_it_forwa
     }
     let fenced = tokio::time::timeout(
         Duration::from_secs(10),
-        b.release(&fence_req(&scope("k-hole-x"), 1), system_now()),
+        b.release(&crate::support::fence(&scope("k-hole-x"), 1), system_now()),
     )
     .await
     .expect("a release hung behind the blackhole");
@@ -276,10 +275,6 @@ async fn a_blackholed_postgres_fails_within_the_bound_and_recovers_when_it_forwa
         audit_retention_ms: 1_000,
     };
     b.sweep(system_now(), &policy).await.unwrap();
-}
-
-fn fence_req(s: &idemgate_core::scope::Scope, f: u64) -> idemgate_core::protocol::FenceRequest {
-    fence(s, f)
 }
 
 /// What traffic was told: claims acknowledged as owned, and of those the
@@ -439,32 +434,6 @@ impl Drop for SmallDisk {
             .arg(self.dir.path())
             .status();
     }
-}
-
-/// A claim over HTTP: the store's status and, on 200, its reply.
-async fn http_claim(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> (u16, Option<ClaimReply>) {
-    let r = request(c, "POST", &p.url("/v1/claim"), Some(API), encode_frame(req, b"")).await;
-    let reply = (r.status == 200).then(|| decode_frame::<ClaimReply>(&r.body).unwrap().0);
-    (r.status, reply)
-}
-
-async fn http_complete(
-    c: &HttpClient,
-    p: &StoreProcess,
-    s: &Scope,
-    fence: u64,
-    body: &[u8],
-) -> (u16, Option<FenceReply>) {
-    let r = request(
-        c,
-        "POST",
-        &p.url("/v1/complete"),
-        Some(API),
-        encode_frame(&complete(s, fence, 201), body),
-    )
-    .await;
-    let reply = (r.status == 200).then(|| decode_frame::<FenceReply>(&r.body).unwrap().0);
-    (r.status, reply)
 }
 
 /// Claims and completes `key` over HTTP, noting what was acknowledged.

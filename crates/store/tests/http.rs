@@ -312,7 +312,12 @@ async fn claim_complete_and_replay_over_http() {
     assert_eq!(bytes, b"\x00binary\nbody");
     for path in ["/v1/release", "/v1/mark-unknown"] {
         let r = h
-            .send("POST", path, Some(API), encode_frame(&fence_req(&s, fence), b""))
+            .send(
+                "POST",
+                path,
+                Some(API),
+                encode_frame(&crate::support::fence(&s, fence), b""),
+            )
             .await;
         assert_eq!(r.status, 409, "{path}: a completed record is not open");
     }
@@ -325,10 +330,6 @@ async fn claim_complete_and_replay_over_http() {
         )
         .await;
     assert_eq!(admin.json()["records"][0]["replay_count"], 1);
-}
-
-fn fence_req(s: &idemgate_core::scope::Scope, f: u64) -> idemgate_core::protocol::FenceRequest {
-    fence(s, f)
 }
 
 #[tokio::test]

@@ -268,10 +268,10 @@ impl Backend for Postgres {
     }
 
     async fn ping(&self) -> Result<()> {
-        let ping = self
-            .connections
-            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[]);
-        self.connections.bounded(ping).await.map(drop)
+        self.connections
+            .query("SELECT 1 FROM idempotency_records LIMIT 1", &[])
+            .await
+            .map(drop)
     }
 
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {

@@ -13,7 +13,9 @@ use hyper_util::rt::TokioExecutor;
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::Key;
-use idemgate_core::protocol::{ClaimRequest, CompleteRequest, FenceRequest};
+use idemgate_core::protocol::{
+    decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
+};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{open_backend, Backend, BackendOptions};
 use idemgate_store::sealing::Seal;
@@ -251,4 +253,39 @@ pub fn serve_refused(database_url: &str, args: &[&std::ffi::OsStr]) -> String {
         .unwrap();
     assert!(!out.status.success(), "the store started");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A claim over HTTP answered 200: the reply and the stored response body.
+pub async fn claim_over_http(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> (ClaimReply, Vec<u8>) {
+    let r = request(c, "POST", &p.url("/v1/claim"), Some(API), encode_frame(req, b"")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let (reply, bytes) = decode_frame::<ClaimReply>(&r.body).unwrap();
+    (reply, bytes.to_vec())
+}
+
+/// A claim over HTTP: the store's status and, on 200, its reply.
+pub async fn http_claim(c: &HttpClient, p: &StoreProcess, req: &ClaimRequest) -> (u16, Option<ClaimReply>) {
+    let r = request(c, "POST", &p.url("/v1/claim"), Some(API), encode_frame(req, b"")).await;
+    let reply = (r.status == 200).then(|| decode_frame::<ClaimReply>(&r.body).unwrap().0);
+    (r.status, reply)
+}
+
+/// A completion over HTTP: the store's status and, on 200, its reply.
+pub async fn http_complete(
+    c: &HttpClient,
+    p: &StoreProcess,
+    s: &Scope,
+    fence: u64,
+    body: &[u8],
+) -> (u16, Option<FenceReply>) {
+    let r = request(
+        c,
+        "POST",
+        &p.url("/v1/complete"),
+        Some(API),
+        encode_frame(&complete(s, fence, 201), body),
+    )
+    .await;
+    let reply = (r.status == 200).then(|| decode_frame::<FenceReply>(&r.body).unwrap().0);
+    (r.status, reply)
 }
