@@ -136,8 +136,10 @@ def fill_sqlite(path, n, now):
         db.execute(sql)
     db.executescript("PRAGMA journal_mode=WAL;")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    # Where the bytes go: every table and index, pages and all.
+    objects = dict(db.execute("SELECT name, pgsize FROM dbstat WHERE aggregate = TRUE").fetchall())
     db.close()
-    return counts, {"bytes": os.path.getsize(path)}
+    return counts, {"bytes": os.path.getsize(path), "objects": objects}
 
 
 def psql(conninfo, sql, stdin=None):
@@ -181,7 +183,14 @@ def fill_postgres(conninfo, n, now):
     psql(conninfo, "VACUUM ANALYZE idempotency_events")
     size = psql(conninfo, "SELECT pg_total_relation_size('idempotency_records'), "
                           "pg_total_relation_size('idempotency_events')").strip().split("|")
-    return counts, {"bytes": int(size[0]), "events_bytes": int(size[1])}
+    # Where the bytes go: each table (with its TOAST) and each index.
+    objects = dict(
+        (name, int(b)) for name, b in (line.split("|") for line in psql(conninfo, (
+            "SELECT c.relname, CASE c.relkind WHEN 'i' THEN pg_relation_size(c.oid) "
+            "ELSE pg_total_relation_size(c.oid) - pg_indexes_size(c.oid) END FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' "
+            "AND c.relkind IN ('r', 'i') AND c.relname LIKE 'idempotency%'")).splitlines() if line))
+    return counts, {"bytes": int(size[0]), "events_bytes": int(size[1]), "objects": objects}
 
 
 def arm_sql(due):

@@ -15,6 +15,8 @@
 #   3a             3 with detached forwarding (/pay-detached: the filter makes
 #                  the upstream call itself), on a fresh SQLite file
 #   3b             3 with SQLite synchronous=normal (what the fsync costs)
+#   3c             3 with `settle: background` (/pay-background: the response
+#                  goes out at once, the record is completed right after)
 #   4 postgres     the same with the store on PostgreSQL
 #   5 replay       retries of completed keys (store on SQLite)
 #   7 scale        for SQLite, then PostgreSQL: the store empty and pre-filled
@@ -112,6 +114,7 @@ W=$(mktemp -d /tmp/idemgate-bench.XXXXXX)
 chmod 755 "$W"
 pids=()
 pg_data=
+store_db_cpu=
 cleanup() {
     local p
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -187,7 +190,9 @@ start_envoy() { # with|without
     read -r rss _ < <(mem "$last_pid")
     record "{\"envoy_idle\":{\"$1\":$rss}}"
 }
-start_store() { # database-url [flags]
+start_store() { # database-url [flags]; the server's CPU is counted for PostgreSQL
+    store_db_cpu=
+    [[ $1 == postgres://* ]] && store_db_cpu=" postgres=pg:$(head -1 "$pg_data/postmaster.pid")"
     start store env RUST_LOG=warn "$STORE_BIN" serve --listen "127.0.0.1:$STORE_PORT" --database-url "$1" \
         --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
     store_pid=$last_pid
@@ -231,7 +236,15 @@ per = f" ({rq / covered:.3f} and {cx / covered:.4f} per covered request; {covere
 print(f"callouts: {rq} requests, {cx} connections{per}")'
 
 TICK=$(getconf CLK_TCK)
-cpu_ms() { # pid -> user+system CPU time so far, ms
+cpu_ms() { # pid, or pg:postmaster-pid -> user+system CPU time so far, ms
+    if [[ $1 == pg:* ]]; then
+        # The whole PostgreSQL server: the postmaster with the children it has
+        # reaped (fields 16-17), and the live ones (backends, walwriter, ...).
+        local pm=${1#pg:}
+        awk -v t="$TICK" '{s += $14 + $15} FILENAME ~ "/" pm "/" {s += $16 + $17} END {printf "%d\n", s * 1000 / t}' \
+            pm="$pm" "/proc/$pm/stat" $(pgrep -P "$pm" | sed 's|.*|/proc/&/stat|') 2>/dev/null || echo 0
+        return
+    fi
     awk -v t="$TICK" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 cpu_json() { # "before" and "after" arrays of cpu_ms over $cpu_pids -> {"name": ms, ...}
@@ -267,7 +280,7 @@ scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memo
     stat_admin= stat_cluster=
     case $envoy in
     with)
-        [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid"
+        [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid$store_db_cpu"
         stat_admin=${admin[with]} stat_cluster=idempotency_store
         ;;
     callout-*)
@@ -378,6 +391,16 @@ start_store "sqlite://$W/store-normal.db" --sqlite-synchronous normal
 paired sqlite-normal with /pay unique sn
 stop "$store_pid"
 
+# 3c. 3 with `settle: background`: the response is not held for the
+# completion's round trip (and its commit); a new key waits for the claim only.
+start_store "sqlite://$W/store-background.db"
+paired sqlite-background with /pay-background unique sg
+stop "$store_pid"
+
+# What one durable commit costs on this disk: a small write and its fsync, the
+# floor under a claim's latency at one connection (SQLite synchronous=full).
+record "{\"fsync\":$(python3 bench/fsync.py "$W")}"
+
 # 4. The store on PostgreSQL (same Envoy; the store's cluster points at the same port).
 say "PostgreSQL: throwaway cluster on port $PG_PORT"
 mkdir -p "$W/pg"
@@ -428,7 +451,7 @@ sweep_under_load() { # name db count url where due_archive due_purge
     read -r a0 p0 _ < <(sweep_rows)
     wait_ms=$((due - 1000 - $(date +%s%3N)))
     ((wait_ms <= 0)) || sleep "$((wait_ms / 1000)).$(printf %03d $((wait_ms % 1000)))"
-    cpu_pids="envoy=${pid_of[with]} upstream=$up_pid store=$store_pid"
+    cpu_pids="envoy=${pid_of[with]} upstream=$up_pid store=$store_pid$store_db_cpu"
     stat_admin=${admin[with]} stat_cluster=idempotency_store
     s0=$(measured_stats)
     for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
