@@ -166,14 +166,16 @@ def paired_ratio(x, b, w, field, diff=False):
 
 
 def counters(s):
+    """The filter's request outcomes over the run, summed over its policies
+    (`requests.outcome.<outcome>.policy.<policy>`)."""
     before, after = s.get("stats_before") or {}, s.get("stats_after") or {}
     out = {}
-    for name in COUNTERS:
-        key = f"wasmcustom.idemgate.requests.{name}"
-        delta = after.get(key, 0) - before.get(key, 0)
-        if delta:
-            out[name] = delta
-    return out
+    for key, value in after.items():
+        rest = key.removeprefix(HANDLED + "outcome.")
+        outcome = rest.split(".policy.")[0]
+        if rest != key and outcome in COUNTERS:
+            out[outcome] = out.get(outcome, 0) + value - before.get(key, 0)
+    return {k: v for k, v in out.items() if v}
 
 
 def build_row(name, label, scen, refs):
