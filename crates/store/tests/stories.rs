@@ -44,16 +44,33 @@ impl Ctx {
         self.store.claim(req).await.unwrap().reply
     }
     async fn sweep(&self, retention_ms: u64) -> idemgate_store::backend::SweepReport {
+        self.sweep_batch(retention_ms, 100).await
+    }
+    async fn sweep_batch(&self, retention_ms: u64, batch: u32) -> idemgate_store::backend::SweepReport {
         self.backend()
             .sweep(
                 self.now(),
                 &SweepPolicy {
-                    batch: 100,
+                    batch,
                     audit_retention_ms: retention_ms,
                 },
             )
             .await
             .unwrap()
+    }
+    async fn current(&self, key: &str) -> Option<idemgate_store::backend::RecordInfo> {
+        let lookup = Lookup {
+            tenant: "acme".into(),
+            key: key.into(),
+            ..Default::default()
+        };
+        self.backend()
+            .lookup(&lookup, 1)
+            .await
+            .unwrap()
+            .records
+            .into_iter()
+            .next()
     }
 }
 
@@ -502,6 +519,55 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
     assert_eq!(cx.sweep(60_000).await.purged, 1);
     assert!(cx.backend().lookup(&lookup, 1).await.unwrap().records.is_empty());
     cx.owned(&claim(&s, Some(1))).await;
+}
+
+/// A sweeper behind on its work takes the oldest first in every phase: the
+/// records that expired first, the archived ones past retention longest, the
+/// leases that ran out first. The keys are named so that their order by key
+/// is not their order by age.
+async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let keys: Vec<String> = (0..12).map(|i| format!("k-age-{}", (i * 7) % 12)).collect();
+    let retention = 60_000;
+
+    // Expiry: completed 10 ms apart, all expired; 4 archived per pass.
+    for k in &keys {
+        let s = scope(k);
+        let f = cx.owned(&claim(&s, Some(1))).await;
+        cx.store.complete(&complete(&s, f, 201), b"body").await.unwrap();
+        cx.clock.advance(10);
+    }
+    cx.clock.advance(10_000);
+    let mut last_archived = 0;
+    for pass in 0..3 {
+        assert_eq!(cx.sweep_batch(retention, 4).await.archived, 4);
+        for (i, k) in keys.iter().enumerate() {
+            let archived = cx.current(k).await.and_then(|r| r.archived_at);
+            assert_eq!(archived.is_some(), i < 4 * (pass + 1), "{k} after pass {pass}");
+        }
+        last_archived = cx.now();
+        cx.clock.advance(100);
+    }
+
+    // Past retention, all of them: the first archived are purged first.
+    cx.clock.advance(last_archived + retention as i64 - cx.now());
+    assert_eq!(cx.sweep_batch(retention, 4).await.purged, 4);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(cx.current(k).await.is_none(), i < 4, "{k}");
+    }
+
+    // Leases: claimed 10 ms apart, all run out; the 4 oldest turn unknown.
+    for k in &keys {
+        cx.owned(&claim(&scope(&format!("{k}-lease")), Some(1))).await;
+        cx.clock.advance(10);
+    }
+    cx.clock.advance(1_000);
+    assert_eq!(cx.sweep_batch(retention, 4).await.marked_unknown, 4);
+    for (i, k) in keys.iter().enumerate() {
+        let state = cx.current(&format!("{k}-lease")).await.map(|r| r.state);
+        let expected = if i < 4 { "unknown" } else { "in_progress" };
+        assert_eq!(state.as_deref(), Some(expected), "{k}");
+    }
 }
 
 async fn after_expiry_reject_or_new(b: Arc<dyn Backend>) {
@@ -1039,6 +1105,7 @@ stories!(
     release_frees_the_key,
     mark_unknown_and_result_unavailable,
     expiry_archives_then_purges,
+    the_sweeper_takes_the_oldest_due_first,
     after_expiry_reject_or_new,
     the_same_key_in_another_scope_is_another_record,
     operators_resolve_list_and_purge,

@@ -197,10 +197,14 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Rows picked for a sweeper phase by `condition` (`$1` now or the cutoff,
-/// `$2` the batch), locked; rows another replica holds are skipped.
-pub(super) fn pick(condition: &str) -> String {
+/// `$2` the batch), locked; rows another replica holds are skipped. Taken in
+/// the order of `by`, the column the phase's partial index is sorted on: the
+/// scan stops after `$2` entries of that index, oldest due first. (In key
+/// order, each pass walked the primary key past every record the passes
+/// before had already swept: slower with every pass, and with the table.)
+pub(super) fn pick(condition: &str, by: &str) -> String {
     crate::conditions::expand(&format!(
-        "SELECT scope_digest, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY scope_digest \
+        "SELECT scope_digest, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY {by} \
          LIMIT $2 FOR UPDATE SKIP LOCKED"
     ))
 }

@@ -14,21 +14,31 @@ use super::Postgres;
 use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
 use crate::columns::{i64_from, ColumnReader, ScopeDigest};
 
-static RELEASED_ON_EXPIRY: LazyLock<String> =
-    LazyLock::new(|| pick("{leased} AND lease_until <= $1 AND release_on_unknown"));
-static UNKNOWN_ON_EXPIRY: LazyLock<String> =
-    LazyLock::new(|| pick("{leased} AND lease_until <= $1 AND NOT release_on_unknown"));
+static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
+    pick(
+        "{leased} AND lease_until <= $1 AND release_on_unknown",
+        "lease_until",
+    )
+});
+static UNKNOWN_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
+    pick(
+        "{leased} AND lease_until <= $1 AND NOT release_on_unknown",
+        "lease_until",
+    )
+});
 /// Claims that landed under an attempt their filter had abandoned.
 static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
     pick(
         "{abandonable} AND EXISTS (SELECT 1 FROM idempotency_abandoned a \
          WHERE a.scope_digest = idempotency_records.scope_digest AND a.attempt = idempotency_records.attempt \
          AND a.at <= $1)",
+        "scope_digest",
     )
 });
-static EXPIRED: LazyLock<String> = LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1"));
+static EXPIRED: LazyLock<String> =
+    LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1", "expires_at"));
 const PURGE_ARCHIVED: &str = "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest \
-     FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY scope_digest LIMIT $2 \
+     FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY archived_at LIMIT $2 \
      FOR UPDATE SKIP LOCKED)";
 
 /// A picked row: its key, and the fence and ttl it was locked with.

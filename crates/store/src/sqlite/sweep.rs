@@ -13,11 +13,12 @@ use crate::columns::{i64_from, ColumnReader};
 use crate::conditions::expand;
 
 /// Rows picked by a phase: `?1` now, `?2` the batch, `?3` the claim's
-/// `on_unknown` (released or not).
+/// `on_unknown` (released or not). Each phase takes the oldest due first, in
+/// the order of its partial index.
 static LEASE_RAN_OUT: LazyLock<String> = LazyLock::new(|| {
     expand(
         "SELECT scope_digest, ttl_ms FROM idempotency_records \
-         WHERE {leased} AND lease_until <= ?1 AND release_on_unknown = ?3 LIMIT ?2",
+         WHERE {leased} AND lease_until <= ?1 AND release_on_unknown = ?3 ORDER BY lease_until LIMIT ?2",
     )
 });
 /// `state` and `archived_at` are the record's: the abandoned table has neither.
@@ -29,7 +30,7 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
     )
 });
 const EXPIRED: &str = "SELECT scope_digest FROM idempotency_records \
-                       WHERE archived_at IS NULL AND expires_at <= ?1 LIMIT ?2";
+                       WHERE archived_at IS NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2";
 
 fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
@@ -100,7 +101,7 @@ pub(super) fn sweep(
     };
     report.purged = delete(
         "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest FROM idempotency_records \
-         WHERE archived_at IS NOT NULL AND archived_at <= ?1 LIMIT ?2)",
+         WHERE archived_at IS NOT NULL AND archived_at <= ?1 ORDER BY archived_at LIMIT ?2)",
     )? + delete(
         "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \
          WHERE ended_at <= ?1 LIMIT ?2)",
