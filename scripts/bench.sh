@@ -48,10 +48,10 @@
 #
 # Duration with the defaults, on 2 cores: about 70 minutes (longer when the
 # machine is busy). Scenarios 1-6 take about 11; 7 about 60: 16 paired
-# measurements of a minute each, filling the stores (10^7 records: about 5
-# minutes on SQLite, 8 on PostgreSQL) and the sweeps (10^7 records: about 3
-# minutes on SQLite; on PostgreSQL the sweeper does about 600 records a second,
-# so it stops at BENCH_SWEEP_MAX_SECONDS). 10^7 records take about 12 GB of
+# measurements of a minute each, filling the stores (10^7 records: about 12
+# minutes on SQLite, 7 on PostgreSQL) and the sweeps (10^7 records: about 3
+# minutes on SQLite, about 6 on PostgreSQL, where it stops at
+# BENCH_SWEEP_MAX_SECONDS if it is not done). 10^7 records take about 12 GB of
 # disk on SQLite and 15 GB on PostgreSQL, one after the other; a size the free
 # disk cannot hold is skipped. BENCH_SCALE="1e5 1e6" takes about 30 minutes.
 set -euo pipefail

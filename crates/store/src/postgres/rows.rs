@@ -200,8 +200,8 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
 /// `$2` the batch), locked; rows another replica holds are skipped. Taken in
 /// the order of `by`, the column the phase's partial index is sorted on: the
 /// scan stops after `$2` entries of that index, oldest due first. (In key
-/// order, each pass walked the primary key past every record the passes
-/// before had already swept: slower with every pass, and with the table.)
+/// order a pick had to sort every due row, or walk the key past the rows
+/// already swept: it grew with the table and the sweeper fell behind.)
 pub(super) fn pick(condition: &str, by: &str) -> String {
     crate::conditions::expand(&format!(
         "SELECT scope_digest, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY {by} \
