@@ -58,7 +58,8 @@ impl Ctx {
             .await
             .unwrap()
     }
-    async fn current(&self, key: &str) -> Option<idemgate_store::backend::RecordInfo> {
+    /// The newest generation of `key` (tenant `acme`), current or ended.
+    async fn newest(&self, key: &str) -> Option<idemgate_store::backend::RecordInfo> {
         let lookup = Lookup {
             tenant: "acme".into(),
             key: key.into(),
@@ -139,15 +140,7 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
         assert!(matches!(out.reply, ClaimReply::Replay { status: 201, .. }));
         assert_eq!(out.body, b"v1");
     }
-    let lookup = Lookup {
-        tenant: "acme".into(),
-        key: "k-count".into(),
-        ..Default::default()
-    };
-    assert_eq!(
-        cx.backend().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
-        40
-    );
+    assert_eq!(cx.newest("k-count").await.unwrap().replay_count, 40);
     // Replays of the old record, then the key is claimed afresh after expiry.
     cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     cx.clock.advance(10_000);
@@ -157,10 +150,7 @@ async fn replay_counts_reach_the_record(b: Arc<dyn Backend>) {
     cx.store.complete(&complete(&s, f2, 200), b"v2").await.unwrap();
     let out = cx.store.claim(&claim(&s, Some(1))).await.unwrap();
     assert_eq!(out.body, b"v2");
-    assert_eq!(
-        cx.backend().lookup(&lookup, 10).await.unwrap().records[0].replay_count,
-        1
-    );
+    assert_eq!(cx.newest("k-count").await.unwrap().replay_count, 1);
 }
 
 async fn fingerprint_mismatch_in_every_state(b: Arc<dyn Backend>) {
@@ -497,12 +487,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
         }
     );
     assert_eq!(cx.sweep(60_000).await.archived, 1);
-    let lookup = Lookup {
-        tenant: "acme".into(),
-        key: "k-expiry".into(),
-        ..Default::default()
-    };
-    let rec = &cx.backend().lookup(&lookup, 1).await.unwrap().records[0];
+    let rec = cx.newest("k-expiry").await.unwrap();
     assert_eq!(rec.archived_at, Some(cx.now()));
     assert_eq!(rec.body_len, None, "body dropped");
     assert_eq!(rec.status, Some(201), "metadata kept");
@@ -517,7 +502,7 @@ async fn expiry_archives_then_purges(b: Arc<dyn Backend>) {
     assert_eq!(cx.sweep(60_000).await.purged, 0);
     cx.clock.advance(1);
     assert_eq!(cx.sweep(60_000).await.purged, 1);
-    assert!(cx.backend().lookup(&lookup, 1).await.unwrap().records.is_empty());
+    assert!(cx.newest("k-expiry").await.is_none());
     cx.owned(&claim(&s, Some(1))).await;
 }
 
@@ -542,7 +527,7 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     for pass in 0..3 {
         assert_eq!(cx.sweep_batch(retention, 4).await.archived, 4);
         for (i, k) in keys.iter().enumerate() {
-            let archived = cx.current(k).await.and_then(|r| r.archived_at);
+            let archived = cx.newest(k).await.and_then(|r| r.archived_at);
             assert_eq!(archived.is_some(), i < 4 * (pass + 1), "{k} after pass {pass}");
         }
         last_archived = cx.now();
@@ -553,7 +538,7 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     cx.clock.advance(last_archived + retention as i64 - cx.now());
     assert_eq!(cx.sweep_batch(retention, 4).await.purged, 4);
     for (i, k) in keys.iter().enumerate() {
-        assert_eq!(cx.current(k).await.is_none(), i < 4, "{k}");
+        assert_eq!(cx.newest(k).await.is_none(), i < 4, "{k}");
     }
 
     // Leases: claimed 10 ms apart, all run out; the 4 oldest turn unknown.
@@ -564,7 +549,7 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     cx.clock.advance(1_000);
     assert_eq!(cx.sweep_batch(retention, 4).await.marked_unknown, 4);
     for (i, k) in keys.iter().enumerate() {
-        let state = cx.current(&format!("{k}-lease")).await.map(|r| r.state);
+        let state = cx.newest(&format!("{k}-lease")).await.map(|r| r.state);
         let expected = if i < 4 { "unknown" } else { "in_progress" };
         assert_eq!(state.as_deref(), Some(expected), "{k}");
     }
