@@ -83,11 +83,19 @@ const RESET_BEFORE_SENDING: [&str; 8] = [
 
 const EARLY_RESET: &str = "upstream_reset_before_response_started";
 
-/// Classifies a response by its `response.code_details`. An empty value (the
-/// property could not be read) is taken as the upstream's own answer, which
-/// is what Envoy reports for every response it merely relays.
+/// Classifies a response by its `response.code_details`.
+///
+/// An empty value is what the filter (src/http.rs) hands over when it could
+/// not read the property, so it means "can't tell": the response may be a
+/// local reply given after forwarding as much as the upstream's own answer,
+/// and it is never stored as the upstream's ([`Origin::LostAfterForwarding`],
+/// the record turns unknown). A response Envoy relays from the upstream
+/// says so explicitly, with [`VIA_UPSTREAM`].
 pub fn classify(details: &str) -> Origin {
-    if details.is_empty() || details == VIA_UPSTREAM {
+    if details.is_empty() {
+        return Origin::LostAfterForwarding;
+    }
+    if details == VIA_UPSTREAM {
         return Origin::Upstream;
     }
     if NEVER_REACHED.contains(&details) || NEVER_REACHED_PREFIXES.iter().any(|p| details.starts_with(p)) {
@@ -175,7 +183,8 @@ mod tests {
         "upstream connect error or disconnect/reset before headers. reset reason: connection termination" => LostAfterForwarding);
     callout!(a_callout_timeout_may_have_run, false, "upstream request timeout" => LostAfterForwarding);
     callout!(an_unmarked_unknown_answer_may_have_run, false, "" => LostAfterForwarding);
-    origin!(unreadable_details_count_as_the_upstreams, "" => Upstream);
+    // src/http.rs hands over "" when it cannot read the property.
+    origin!(unreadable_details_cannot_tell, "" => LostAfterForwarding);
     // Never reached (each seen from Envoy 1.40.0 or listed in its sources).
     origin!(a_direct_response_never_reached, "direct_response" => NeverReached);
     origin!(no_route_never_reached, "route_not_found" => NeverReached);
