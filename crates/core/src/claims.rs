@@ -9,7 +9,8 @@
 //! `metadata` property is one (`envoy.config.core.v3.Metadata`): the filter
 //! reads it whole and this module finds the claim in it. A string claim is its
 //! text; a number or boolean claim is its JSON text (`12345`, `true`); null,
-//! objects and lists are no identity.
+//! objects and lists are no identity, and neither is a number whose JSON text
+//! the double has lost (an integer from 2^53 on, or one with a fraction).
 //!
 //! The few protobuf fields needed are read by hand rather than with a
 //! protobuf crate: the module runs in every Envoy worker, and its size is
@@ -84,18 +85,27 @@ fn value_text(value: &[u8]) -> Option<Vec<u8>> {
     text
 }
 
-/// A JSON number's text: integers without a fraction, others in Rust's
-/// shortest round-trip form.
+/// 2^53: from here on, neighbouring JSON integers become one double
+/// (`9007199254740992` and `9007199254740993` both read as 2^53).
+const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+
+/// A number claim's JSON text, or `None` (no identity) when the double
+/// cannot give that text back. Only integers of magnitude below 2^53 can:
+/// each is exactly one double and back. From 2^53 on, several integers share
+/// a double, so two tenants would share a scope. A number with a fraction is
+/// refused too: many JSON texts give one double (`0.1` and
+/// `0.10000000000000001`; `1.5` and `1.50`), so no text written from it is
+/// surely the token's. A refused claim counts as absent, so the request is
+/// answered `identity-missing` rather than scoped by a rounded number. (An
+/// integer written with a fraction or exponent, `1.0` or `1e0`, cannot be told
+/// from `1` either, and reads as `1`, the text JSON encoders give integers.)
 fn number_text(n: f64) -> Option<Vec<u8>> {
-    if !n.is_finite() {
-        return None;
-    }
-    // 2^53: beyond it a JSON integer was already rounded when it became a double.
-    if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 {
+    // NaN and the infinities fail both tests.
+    if n.fract() == 0.0 && n.abs() < EXACT_INTEGERS {
         #[allow(clippy::cast_possible_truncation)]
         return Some(format!("{}", n as i64).into_bytes());
     }
-    Some(format!("{n}").into_bytes())
+    None
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -243,9 +253,67 @@ mod tests {
         assert_eq!(text(&[("tenant", V::Num(0.0))], "tenant").as_deref(), Some("0"));
     }
 
+    /// The double that a JSON number in a token becomes in the `Struct`.
+    fn json_number(json: &str) -> f64 {
+        json.parse().unwrap()
+    }
+
+    fn number_claim(json: &str) -> Option<String> {
+        text(&[("tenant", V::Num(json_number(json)))], "tenant")
+    }
+
     #[test]
-    fn a_fractional_claim_is_its_shortest_text() {
-        assert_eq!(text(&[("tier", V::Num(1.5))], "tier").as_deref(), Some("1.5"));
+    fn two_integers_from_2_pow_53_on_never_share_an_identity() {
+        // 2^53 and 2^53 + 1 are two tenants but one double.
+        let (a, b) = ("9007199254740992", "9007199254740993");
+        assert_eq!(json_number(a).to_bits(), json_number(b).to_bits());
+        let (a, b) = (number_claim(a), number_claim(b));
+        assert!(a.is_none() || a != b, "two tenants share the identity {a:?}");
+    }
+
+    #[test]
+    fn an_integer_from_2_pow_53_on_is_no_identity() {
+        for json in [
+            "9007199254740992",
+            "9007199254740993",
+            "-9007199254740992",
+            "-9007199254740993",
+            "18446744073709551616",
+            "1e300",
+        ] {
+            assert_eq!(number_claim(json), None, "{json}");
+        }
+    }
+
+    #[test]
+    fn an_integer_below_2_pow_53_is_its_json_text() {
+        for json in ["9007199254740991", "-9007199254740991", "4294967296"] {
+            assert_eq!(number_claim(json).as_deref(), Some(json));
+        }
+    }
+
+    #[test]
+    fn a_fractional_claim_is_no_identity() {
+        // "0.1" and "0.10000000000000001" are one double; "1.5" may have been "1.50".
+        assert_eq!(
+            json_number("0.1").to_bits(),
+            json_number("0.10000000000000001").to_bits()
+        );
+        for json in ["1.5", "0.1", "-2.25", "0.10000000000000001", "1e-7"] {
+            assert_eq!(number_claim(json), None, "{json}");
+        }
+    }
+
+    #[test]
+    fn a_large_claim_in_the_metadata_is_missing() {
+        let m = metadata(
+            "jwt_payload",
+            &[("tenant", V::Num(json_number("9007199254740993")))],
+        );
+        assert_eq!(
+            claim_in_metadata(&m, "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"),
+            None
+        );
     }
 
     #[test]
@@ -323,6 +391,22 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        #[allow(clippy::cast_precision_loss)]
+        fn a_number_claim_is_exact_or_none(
+            n in prop_oneof![
+                any::<f64>(),
+                any::<i64>().prop_map(|i| i as f64),
+                (-(1i64 << 54)..(1i64 << 54)).prop_map(|i| i as f64),
+            ],
+        ) {
+            if let Some(t) = text(&[("tenant", V::Num(n))], "tenant") {
+                let i: i64 = t.parse().unwrap();
+                prop_assert!(i.unsigned_abs() < 1 << 53);
+                prop_assert_eq!(i as f64, n);
+            }
+        }
+
         #[test]
         fn claim_text_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = claim_text(&bytes, "tenant");
