@@ -129,6 +129,10 @@ pub struct RecordView {
     pub body_stored: bool,
     pub completed_at: Option<i64>,
     pub expires_at: Option<i64>,
+    /// Archived by the sweeper: history, whatever the clock of whoever reads it.
+    pub archived: bool,
+    /// The claim attempt that opened the generation.
+    pub attempt: Option<String>,
 }
 
 /// What a backend must do with a claim.
@@ -184,8 +188,11 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
     let Some(rec) = existing else {
         return ClaimDecision::Claim;
     };
-    let expired =
-        matches!(rec.state, State::Completed | State::Unknown) && rec.expires_at.is_some_and(|at| now >= at);
+    // An archived record has lost its body: it is expired even to a replica
+    // whose clock has not reached its expiry yet.
+    let expired = rec.archived
+        || matches!(rec.state, State::Completed | State::Unknown)
+            && rec.expires_at.is_some_and(|at| now >= at);
     // Under `after_expiry: new` an expired key is forgotten: whatever the
     // request, it is a first one.
     if expired && req.after_expiry == AfterExpiry::New {
@@ -235,6 +242,35 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
 /// never touched.
 pub fn may_abandon(state: State, stored: Option<&str>, offered: &str) -> bool {
     matches!(state, State::InProgress | State::Unknown) && stored == Some(offered)
+}
+
+/// What an abandon of claim attempt `offered` does to the record it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonDecision {
+    /// The record is open under that attempt: its generation ends, abandoned.
+    End,
+    /// No record of that attempt: its claim may still be on its way (queued
+    /// in the filter, or waiting in the store for another attempt's outcome).
+    /// The abandon is remembered, so a claim of that attempt that lands later
+    /// is released, never left owned by nobody.
+    Remember,
+    /// That attempt's record, settled (completed, or archived): its claim
+    /// landed and its outcome is known; nothing changes.
+    Settled,
+}
+
+/// The abandon rule; see [`AbandonDecision`].
+pub fn decide_abandon(existing: Option<&RecordView>, offered: &str) -> AbandonDecision {
+    match existing {
+        Some(rec) if rec.attempt.as_deref() == Some(offered) => {
+            if !rec.archived && may_abandon(rec.state, rec.attempt.as_deref(), offered) {
+                AbandonDecision::End
+            } else {
+                AbandonDecision::Settled
+            }
+        }
+        _ => AbandonDecision::Remember,
+    }
 }
 
 /// Whether `complete`, `release` or `mark-unknown` may act: the record must be
@@ -294,6 +330,8 @@ mod tests {
             } else {
                 Some(11_500)
             },
+            archived: false,
+            attempt: Some("a".into()),
         }
     }
 
@@ -402,6 +440,36 @@ mod tests {
             decide_claim(Some(&r), &req(Some(fp(1))), 11_500),
             ClaimDecision::Answer(ClaimReply::Expired { completed_at: None })
         );
+    }
+
+    #[test]
+    fn an_archived_record_never_replays_whatever_the_clock() {
+        let mut r = rec(State::Completed);
+        r.archived = true;
+        assert_eq!(
+            decide_claim(Some(&r), &req(Some(fp(1))), 1_600),
+            ClaimDecision::Answer(ClaimReply::Expired {
+                completed_at: Some(1_500)
+            })
+        );
+        let mut new = req(Some(fp(1)));
+        new.after_expiry = AfterExpiry::New;
+        assert_eq!(decide_claim(Some(&r), &new, 1_600), ClaimDecision::Claim);
+    }
+
+    #[test]
+    fn an_abandon_is_remembered_unless_its_attempt_holds_the_record() {
+        use AbandonDecision::*;
+        assert_eq!(decide_abandon(None, "a"), Remember);
+        let open = rec(State::InProgress);
+        assert_eq!(decide_abandon(Some(&open), "a"), End);
+        assert_eq!(decide_abandon(Some(&open), "b"), Remember);
+        assert_eq!(decide_abandon(Some(&rec(State::Unknown)), "a"), End);
+        assert_eq!(decide_abandon(Some(&rec(State::Completed)), "a"), Settled);
+        assert_eq!(decide_abandon(Some(&rec(State::Completed)), "b"), Remember);
+        let mut archived = rec(State::Unknown);
+        archived.archived = true;
+        assert_eq!(decide_abandon(Some(&archived), "a"), Settled);
     }
 
     #[test]

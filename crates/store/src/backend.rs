@@ -357,9 +357,9 @@ pub trait Backend: Send + Sync {
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
-    /// Releases the record if it is still open under this attempt
-    /// (`record::may_abandon`); if there is none yet, remembers the attempt so
-    /// the sweeper releases a claim of it that lands later.
+    /// Releases the record if it is still open under this attempt; if the
+    /// attempt holds no record, remembers it so the sweeper releases a claim
+    /// of it that lands later (`record::decide_abandon`).
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply>;
     /// Decides several calls at once, each on its own: the answer of one
     /// never depends on whether another failed, and one call's failure never

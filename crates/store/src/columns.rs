@@ -169,10 +169,6 @@ pub struct LoadedRecord {
     pub headers_column: Option<String>,
     /// The key that sealed the stored response; `None`: plaintext.
     pub response_key: Option<String>,
-    /// Archived records are history: no fence opens them again.
-    pub archived: bool,
-    /// The claim attempt that opened the generation.
-    pub attempt: Option<String>,
     /// The claim's `on_unknown` was `release`: an unknown outcome frees the key.
     pub release_on_unknown: bool,
 }
@@ -181,13 +177,7 @@ impl LoadedRecord {
     /// Whether `complete`, `release` or `mark-unknown` with `fence` may act:
     /// [`record::may_fence`], and archived records are history.
     pub fn may_fence(&self, fence: u64) -> bool {
-        !self.archived && record::may_fence(self.view.state, self.view.fence, fence)
-    }
-
-    /// Whether an abandon of `attempt` may release it: [`record::may_abandon`],
-    /// and archived records are history.
-    pub fn may_abandon(&self, attempt: &str) -> bool {
-        !self.archived && record::may_abandon(self.view.state, self.attempt.as_deref(), attempt)
+        !self.view.archived && record::may_fence(self.view.state, self.view.fence, fence)
     }
 
     /// Whether an operator may resolve it: in progress or unknown (the states
@@ -232,12 +222,12 @@ impl LoadedRecord {
                 body_stored: row.flag("body_stored")?,
                 completed_at: row.optional_int("completed_at")?,
                 expires_at: row.optional_int("expires_at")?,
+                archived: row.flag("archived")?,
+                attempt: row.optional_text("attempt")?,
             },
             ttl_ms: row.unsigned("ttl_ms")?,
             headers_column: row.optional_text("response_headers")?,
             response_key: row.optional_text("response_key")?,
-            archived: row.flag("archived")?,
-            attempt: row.optional_text("attempt")?,
             release_on_unknown: row.flag("release_on_unknown")?,
         })
     }

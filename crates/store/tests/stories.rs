@@ -760,11 +760,8 @@ async fn an_abandoned_claim_frees_the_key_and_nothing_else(b: Arc<dyn Backend>) 
     let mut first = claim(&s, Some(1));
     first.attempt = attempt("a1");
     cx.owned(&first).await;
-    // Another attempt's abandon is refused.
-    assert_eq!(
-        cx.store.abandon(&abandon(&s, "a2")).await.unwrap(),
-        FenceReply::Stale
-    );
+    // Another attempt's abandon leaves this one's record alone.
+    cx.store.abandon(&abandon(&s, "a2")).await.unwrap();
     assert!(matches!(cx.reply(&first).await, ClaimReply::InProgress { .. }));
     assert_eq!(
         cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
@@ -810,6 +807,62 @@ async fn an_abandon_that_arrives_first_releases_the_claim_when_it_lands(b: Arc<d
         transitions(&history(&cx, "k-abandon-early").await),
         ["claimed", "abandoned", "claimed"]
     );
+}
+
+/// A waiting retry whose client left while another attempt held the key:
+/// its abandon meets the other attempt's record, and its claim lands only
+/// once that attempt released the key. The claim is then released, never
+/// left owned by nobody (which would answer the next retry
+/// `outcome-unknown` although nothing ran).
+async fn an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands(
+    b: Arc<dyn Backend>,
+) {
+    let cx = Ctx::new(b);
+    let s = scope("k-abandon-other");
+    let mut a = claim(&s, Some(1));
+    a.attempt = attempt("a1");
+    let held = cx.owned(&a).await;
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a2")).await.unwrap(),
+        FenceReply::Done,
+        "remembered"
+    );
+    cx.store.release(&fence(&s, held)).await.unwrap();
+    let mut waiting = claim(&s, Some(1));
+    waiting.attempt = attempt("a2");
+    cx.owned(&waiting).await;
+    assert_eq!(cx.sweep(60_000).await.abandoned, 1);
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt("a3");
+    cx.owned(&retry).await;
+    assert_eq!(
+        transitions(&history(&cx, "k-abandon-other").await),
+        ["claimed", "released", "claimed", "abandoned", "claimed"]
+    );
+}
+
+/// A replica whose clock is behind sees an archived record before its
+/// expiry: archived is history, and it never replays (the body is gone).
+async fn an_archived_record_never_replays(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-archived");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, f, 201), b"body").await.unwrap();
+    let completed_at = cx.now();
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    let behind = completed_at + 5_000;
+    let out = cx.backend().claim(&claim(&s, Some(1)), behind, None).await.unwrap();
+    assert_eq!(
+        out.reply,
+        ClaimReply::Expired {
+            completed_at: Some(completed_at)
+        }
+    );
+    let mut new = claim(&s, Some(1));
+    new.after_expiry = AfterExpiry::New;
+    let out = cx.backend().claim(&new, behind, None).await.unwrap();
+    assert!(matches!(out.reply, ClaimReply::Owned { .. }), "{:?}", out.reply);
 }
 
 async fn a_claim_past_its_callers_deadline_is_not_committed(b: Arc<dyn Backend>) {
@@ -1097,6 +1150,8 @@ stories!(
     sweeper_releases_when_the_policy_says_so,
     an_abandoned_claim_frees_the_key_and_nothing_else,
     an_abandon_that_arrives_first_releases_the_claim_when_it_lands,
+    an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands,
+    an_archived_record_never_replays,
     a_claim_past_its_callers_deadline_is_not_committed,
     a_new_generation_keeps_the_old_one_and_its_events,
     purge_removes_only_what_is_past_retention,

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, State, Transition};
+use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
 use tokio_postgres::Statement;
 
@@ -144,16 +144,13 @@ impl Postgres {
         self.in_tx(&req.scope, move |tx, key, locked| {
             Box::pin(async move {
                 let attempt = attempt.as_str();
-                match locked {
-                    Some(l) if l.may_abandon(attempt) => {
+                match (record::decide_abandon(locked.as_ref().map(|l| &l.view), attempt), locked) {
+                    (AbandonDecision::End, Some(l)) => {
                         let by = (Transition::Abandoned, actor::FILTER, None);
-                        Ok((
-                            FenceReply::Done,
-                            end_generation(tx, key, l.view.state, by, now).await?,
-                        ))
+                        Ok((FenceReply::Done, end_generation(tx, key, l.view.state, by, now).await?))
                     }
-                    Some(_) => Ok((FenceReply::Stale, Vec::new())),
-                    None => {
+                    (AbandonDecision::Settled, _) => Ok((FenceReply::Stale, Vec::new())),
+                    _ => {
                         // The claim may still be on its way: the sweeper
                         // releases it if it lands under this attempt.
                         let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, \

@@ -9,7 +9,7 @@
 //! second execution, so such a completion asks for a durable commit.
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, State, Transition};
+use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
 use rusqlite::Connection;
 
@@ -89,14 +89,15 @@ pub(super) fn abandon(
 ) -> Result<FenceReply> {
     let key = ScopeDigest::of(&req.scope);
     let attempt = req.attempt.as_str();
-    match load(conn, &key)? {
-        Some(l) if l.may_abandon(attempt) => {
+    let loaded = load(conn, &key)?;
+    match (record::decide_abandon(loaded.as_ref().map(|l| &l.view), attempt), loaded) {
+        (AbandonDecision::End, Some(l)) => {
             let by = (Transition::Abandoned, actor::FILTER, None);
             end_generation(conn, &key, l.view.state, by, now, journal)?;
             Ok(FenceReply::Done)
         }
-        Some(_) => Ok(FenceReply::Stale),
-        None => {
+        (AbandonDecision::Settled, _) => Ok(FenceReply::Stale),
+        _ => {
             let sql =
                 "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, route, \
                        namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
