@@ -18,16 +18,90 @@ const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
 /// A tmpfs of `size`, unmounted when dropped.
 struct SmallDisk(tempfile::TempDir);
 
+/// Set in the environment of a test run again in a user namespace.
+const IN_USER_NAMESPACE: &str = "IDEMGATE_IN_USER_NAMESPACE";
+
+/// Where the test can have its tmpfs.
+enum Tmpfs {
+    Here(SmallDisk),
+    /// The test ran again, with its tmpfs, in a user namespace of its own,
+    /// and passed there.
+    RanInUserNamespace,
+    /// Why the test cannot run here.
+    Unavailable(String),
+}
+
 impl SmallDisk {
-    fn mount(size: &str) -> Option<SmallDisk> {
+    /// Mounts a tmpfs of `size` for `test` (its name in this test binary).
+    /// Not root, the test runs again in a user namespace of its own
+    /// (`unshare --user --map-root-user --mount`), where it is root of its
+    /// own mounts and the store it starts sees its tmpfs; if it fails there,
+    /// this panics with its output.
+    fn mount(size: &str, test: &str) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
-        let ok = std::process::Command::new("mount")
+        let mount = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then_some(SmallDisk(dir))
+            .output();
+        let refused = match mount {
+            Ok(m) if m.status.success() => return Tmpfs::Here(SmallDisk(dir)),
+            Ok(m) => String::from_utf8_lossy(&m.stderr).trim().to_string(),
+            Err(e) => format!("mount: {e}"),
+        };
+        // In the namespace, where a tmpfs was just mounted, this is a failure.
+        assert!(
+            std::env::var_os(IN_USER_NAMESPACE).is_none(),
+            "mounting a tmpfs in a user namespace failed: {refused}"
+        );
+        eprintln!("{refused}: trying a user namespace");
+        let namespace = ["--user", "--map-root-user", "--mount"];
+        let probe = std::process::Command::new("unshare")
+            .args(namespace)
+            .args(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match probe {
+            Ok(p) if p.status.success() => {}
+            Ok(p) => {
+                let why = String::from_utf8_lossy(&p.stderr).trim().to_string();
+                return Tmpfs::Unavailable(format!(
+                    "mounting a tmpfs needs root or a user namespace, and this user may not create one: {why}"
+                ));
+            }
+            Err(e) => {
+                return Tmpfs::Unavailable(format!(
+                    "mounting a tmpfs needs root or a user namespace, and unshare cannot be run: {e}"
+                ));
+            }
+        }
+        let run = std::process::Command::new("unshare")
+            .args(namespace)
+            .arg("--")
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                test,
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+                "--color=never",
+            ])
+            .env(IN_USER_NAMESPACE, "1")
+            // The row is this process's to write.
+            .env_remove("IDEMGATE_REPORT")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        // A test that did not run is not a pass either.
+        assert!(
+            run.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "{test} in a user namespace: {}\n{stdout}\n{stderr}",
+            run.status
+        );
+        eprintln!("{test} ran in a user namespace:\n{stdout}{stderr}");
+        Tmpfs::RanInUserNamespace
     }
 
     fn fill(&self) {
@@ -53,16 +127,18 @@ impl Drop for SmallDisk {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is_freed() {
-    let Some(disk) = SmallDisk::mount("32m") else {
-        eprintln!("skipped: mounting a tmpfs is not permitted here (run as root)");
-        return;
-    };
-    // Only a run that happened has a row.
-    let _verdict = verdict(
+    let verdict = verdict(
         "storage fault: SQLite disk full (through Envoy)",
         "Envoy and the store on a 32 MiB tmpfs, payments before, during and after",
         "the disk filled mid-traffic; 503 store-unavailable with Retry-After, nothing executes twice, service resumes without restarts",
     );
+    let test = "a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is_freed";
+    let disk = match SmallDisk::mount("32m", test) {
+        Tmpfs::Here(disk) => disk,
+        // It passed there (had it failed, so would this run): `passed`.
+        Tmpfs::RanInUserNamespace => return,
+        Tmpfs::Unavailable(why) => return verdict.skip(&why),
+    };
     let mut stack = Stack::start(Options::new("envoy/e2e.yaml", Database::Sqlite, 1)).await;
     // The store again, on the small disk; Envoy stays up throughout.
     stack.kill_store(0);

@@ -393,22 +393,95 @@ async fn a_restarted_postgres_loses_nothing_acknowledged_and_the_store_recovers(
     nothing_acknowledged_is_lost(&*b, &all, true).await;
 }
 
-/// A small tmpfs of its own, unmounted when dropped; `None` where mounting
-/// is not permitted (not root).
+/// A small tmpfs of its own, unmounted when dropped.
 struct SmallDisk {
     dir: tempfile::TempDir,
 }
 
+/// Set in the environment of a test run again in a user namespace.
+const IN_USER_NAMESPACE: &str = "IDEMGATE_IN_USER_NAMESPACE";
+
+/// Where the test can have its tmpfs.
+enum Tmpfs {
+    Here(SmallDisk),
+    /// The test ran again, with its tmpfs, in a user namespace of its own,
+    /// and passed there.
+    RanInUserNamespace,
+    /// Why the test cannot run here.
+    Unavailable(String),
+}
+
 impl SmallDisk {
-    fn mount(size: &str) -> Option<SmallDisk> {
+    /// Mounts a tmpfs of `size` for `test` (its name in this test binary).
+    /// Not root, the test runs again in a user namespace of its own
+    /// (`unshare --user --map-root-user --mount`), where it is root of its
+    /// own mounts and the store it starts sees its tmpfs; if it fails there,
+    /// this panics with its output.
+    fn mount(size: &str, test: &str) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
-        let mounted = std::process::Command::new("mount")
+        let mount = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        mounted.then_some(SmallDisk { dir })
+            .output();
+        let refused = match mount {
+            Ok(m) if m.status.success() => return Tmpfs::Here(SmallDisk { dir }),
+            Ok(m) => String::from_utf8_lossy(&m.stderr).trim().to_string(),
+            Err(e) => format!("mount: {e}"),
+        };
+        // In the namespace, where a tmpfs was just mounted, this is a failure.
+        assert!(
+            std::env::var_os(IN_USER_NAMESPACE).is_none(),
+            "mounting a tmpfs in a user namespace failed: {refused}"
+        );
+        eprintln!("{refused}: trying a user namespace");
+        let namespace = ["--user", "--map-root-user", "--mount"];
+        let probe = std::process::Command::new("unshare")
+            .args(namespace)
+            .args(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match probe {
+            Ok(p) if p.status.success() => {}
+            Ok(p) => {
+                let why = String::from_utf8_lossy(&p.stderr).trim().to_string();
+                return Tmpfs::Unavailable(format!(
+                    "mounting a tmpfs needs root or a user namespace, and this user may not create one: {why}"
+                ));
+            }
+            Err(e) => {
+                return Tmpfs::Unavailable(format!(
+                    "mounting a tmpfs needs root or a user namespace, and unshare cannot be run: {e}"
+                ));
+            }
+        }
+        let run = std::process::Command::new("unshare")
+            .args(namespace)
+            .arg("--")
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                test,
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+                "--color=never",
+            ])
+            .env(IN_USER_NAMESPACE, "1")
+            // The row is this process's to write.
+            .env_remove("IDEMGATE_REPORT")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        // A test that did not run is not a pass either.
+        assert!(
+            run.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "{test} in a user namespace: {}\n{stdout}\n{stderr}",
+            run.status
+        );
+        eprintln!("{test} ran in a user namespace:\n{stdout}{stderr}");
+        Tmpfs::RanInUserNamespace
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -511,16 +584,18 @@ async fn http_until_claimed(c: &HttpClient, p: &StoreProcess, prefix: &str, with
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_space_is_freed() {
-    let Some(disk) = SmallDisk::mount("6m") else {
-        eprintln!("skipped: mounting a tmpfs is not permitted here (run as root)");
-        return;
-    };
-    // Only a run that happened has a row.
-    let _verdict = verdict(
+    let verdict = verdict(
         "storage fault: SQLite disk full (store)",
         "the store on SQLite on a 6 MiB tmpfs, claims with 48 KiB bodies",
         "the disk filled mid-traffic; writes fail closed (503) without undoing another job of the batch, nothing acknowledged is lost, recovery once space is freed",
     );
+    let test = "faults::a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_space_is_freed";
+    let disk = match SmallDisk::mount("6m", test) {
+        Tmpfs::Here(disk) => disk,
+        // It passed there (had it failed, so would this run): `passed`.
+        Tmpfs::RanInUserNamespace => return,
+        Tmpfs::Unavailable(why) => return verdict.skip(&why),
+    };
     let c = client();
     let p = StoreProcess::start(&format!("sqlite://{}", disk.path("store.db").display())).await;
     let body = vec![b'x'; 48 * 1024];

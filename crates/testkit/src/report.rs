@@ -1,5 +1,6 @@
 //! Rows of the results table in docs/reliability.md, written after the run's
-//! own checks with their verdict. A run writes its row only when
+//! own checks with their verdict: `passed`, `FAILED`, or `skipped (why)` for
+//! a run that could not happen here. A run writes its row only when
 //! `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
 //! `soak` targets set it), through scripts/reliability-row.sh, the same
 //! script scripts/fuzz.sh uses.
@@ -24,6 +25,12 @@ pub fn write(row: &Row<'_>) {
 }
 
 fn write_to(file: &std::ffi::OsStr, row: &Row<'_>) {
+    write_with_verdict(file, row, if row.passed { "passed" } else { "FAILED" });
+}
+
+/// `verdict` is `passed`, `FAILED`, or `skipped (why)` for a run that did
+/// not happen.
+fn write_with_verdict(file: &std::ffi::OsStr, row: &Row<'_>, verdict: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reliability-row.sh");
     let status = std::process::Command::new("bash")
         .arg(script)
@@ -35,7 +42,7 @@ fn write_to(file: &std::ffi::OsStr, row: &Row<'_>) {
             &row.hostile,
             &row.fuzz_execs,
             &row.violations,
-            if row.passed { "passed" } else { "FAILED" },
+            verdict,
             row.table,
         ])
         .status();
@@ -77,7 +84,8 @@ impl Checks {
 }
 
 /// The row of a run that has no counts to report: written when the run
-/// ends, `passed` unless it ends in a failed assertion.
+/// ends, `passed` unless it ends in a failed assertion, or `skipped (why)`
+/// through [`Verdict::skip`].
 pub struct Verdict {
     file: Option<std::ffi::OsString>,
     run: String,
@@ -93,6 +101,48 @@ pub fn verdict(run: &str, load: &str, faults: &str) -> Verdict {
         load: load.into(),
         faults: faults.into(),
     }
+}
+
+impl Verdict {
+    /// For a run that cannot happen here (what it needs is missing): its row
+    /// says `skipped (reason)`, never `passed`, and `skipped: reason` goes to
+    /// the test's stderr past libtest's capture, so that it shows even though
+    /// libtest, which knows no skipped tests, reports the test `ok`. Call it
+    /// as the test's last word: `return verdict.skip("...")`.
+    pub fn skip(mut self, reason: &str) {
+        use std::io::Write;
+        let reason = one_cell(reason);
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {reason} ({:?} did not run)",
+            self.run
+        );
+        self.write_skipped(&reason);
+    }
+
+    /// Writes the skipped row, and no other when dropped.
+    fn write_skipped(&mut self, reason: &str) {
+        let Some(file) = self.file.take() else { return };
+        write_with_verdict(
+            &file,
+            &Row {
+                run: &self.run,
+                load: self.load.clone(),
+                faults: self.faults.clone(),
+                hostile: "—".into(),
+                fuzz_execs: "—".into(),
+                violations: "— (did not run)".into(),
+                passed: false,
+                table: "results",
+            },
+            &format!("skipped ({})", one_cell(reason)),
+        );
+    }
+}
+
+/// `text` on one line, without cell separators: a cell of the table.
+fn one_cell(text: &str) -> String {
+    text.replace(['\n', '\r'], " ").replace('|', "/")
 }
 
 impl Drop for Verdict {
@@ -158,5 +208,32 @@ mod tests {
         };
         assert_eq!(verdict_of("holds"), "passed");
         assert_eq!(verdict_of("breaks"), "FAILED");
+    }
+
+    #[test]
+    fn a_run_that_is_skipped_writes_a_skipped_row_with_its_reason_not_a_passed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reliability.md");
+        std::fs::write(&file, TABLES).unwrap();
+        // The same run passed before on this commit: the skip replaces its row.
+        drop(verdict_in(&file, "needs root"));
+        let mut skipped = verdict_in(&file, "needs root");
+        skipped.write_skipped("mounting a tmpfs needs root | or a\nuser namespace");
+        drop(skipped);
+        let table = std::fs::read_to_string(&file).unwrap();
+        let rows: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with("| needs root |"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{table}");
+        let cells: Vec<&str> = rows[0].split(" | ").collect();
+        // run, load, faults, hostile, fuzz executions, violations, verdict, commit, date
+        assert_eq!(cells.len(), 9, "{}", rows[0]);
+        assert_eq!(cells[5], "— (did not run)");
+        assert_eq!(
+            cells[6],
+            "skipped (mounting a tmpfs needs root / or a user namespace)"
+        );
+        assert!(!rows[0].contains("passed"), "{}", rows[0]);
     }
 }
