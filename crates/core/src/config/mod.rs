@@ -326,7 +326,12 @@ impl Detached {
     pub fn cluster(&self) -> Option<&str> {
         self.cluster.as_deref()
     }
-    /// How long the upstream has to answer; always shorter than the lease.
+    /// How long the upstream has to answer. It ends at least one store call
+    /// (`store.timeout_ms`) before the lease does: the lease runs from the
+    /// store's commit of the claim, the upstream call starts only once the
+    /// claim's answer is back, and the outcome must still reach the store
+    /// while the lease holds, so no other request can claim the key (or find
+    /// it unknown) while the upstream may still act.
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms
     }

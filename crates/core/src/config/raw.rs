@@ -133,7 +133,16 @@ struct RawForwarding {
 }
 
 impl RawForwarding {
-    fn validate(self, at: &str, lease_ms: u64, max_stored_body: usize) -> Result<Forwarding, ConfigError> {
+    /// `store_timeout_ms`: how long one call to the store may take
+    /// (`store.timeout_ms`), the margin the lease keeps beyond the upstream
+    /// call; see [`Detached::timeout_ms`].
+    fn validate(
+        self,
+        at: &str,
+        lease_ms: u64,
+        store_timeout_ms: u64,
+        max_stored_body: usize,
+    ) -> Result<Forwarding, ConfigError> {
         let f = |name: &str| format!("{at}.forwarding.{name}");
         match self.mode.as_str() {
             "streaming" => {
@@ -159,13 +168,24 @@ impl RawForwarding {
                 "name an Envoy cluster, or leave it out to use the route's",
             ));
         }
-        let timeout_ms = self
-            .timeout_ms
-            .unwrap_or(DEFAULT_DETACHED_TIMEOUT_MS.min(lease_ms / 2));
-        if timeout_ms == 0 || timeout_ms >= lease_ms {
+        // The lease runs from the store's commit of the claim; the upstream
+        // call starts once the claim's answer is back, and its outcome must
+        // still reach the store before the lease ends. One store call
+        // (`store.timeout_ms`) is the margin for both.
+        let room_ms = lease_ms.saturating_sub(store_timeout_ms);
+        if room_ms == 0 {
             return Err(err(
                 f("timeout_ms"),
-                format!("must be at least 1 and shorter than the lease ({lease_ms} ms), so that no other request can claim the key while the upstream may still act; raise `lease_seconds` or lower the timeout"),
+                format!("no upstream timeout fits: the lease ({lease_ms} ms) must last the upstream call plus `store.timeout_ms` ({store_timeout_ms} ms), the time the claim's answer and the outcome take to travel between the filter and the store; raise `lease_seconds` or lower `store.timeout_ms`"),
+            ));
+        }
+        let timeout_ms = self
+            .timeout_ms
+            .unwrap_or(DEFAULT_DETACHED_TIMEOUT_MS.min(lease_ms / 2).min(room_ms));
+        if timeout_ms == 0 || timeout_ms > room_ms {
+            return Err(err(
+                f("timeout_ms"),
+                format!("must be between 1 and {room_ms}: the lease ({lease_ms} ms) must last the upstream call plus `store.timeout_ms` ({store_timeout_ms} ms), the time the claim's answer and the outcome take to travel between the filter and the store, so that no other request can claim the key while the upstream may still act; lower `timeout_ms`, raise `lease_seconds` or lower `store.timeout_ms`"),
             ));
         }
         let max_response_body = self
@@ -262,7 +282,7 @@ fn validate_source(source: Source, field: &str) -> Result<Source, ConfigError> {
 }
 
 impl RawPolicy {
-    fn validate(self, at: &str) -> Result<Policy, ConfigError> {
+    fn validate(self, at: &str, store: &StoreConfig) -> Result<Policy, ConfigError> {
         let f = |name: &str| format!("{at}.{name}");
         if self.name.is_empty()
             || self.name.len() > 128
@@ -423,7 +443,7 @@ impl RawPolicy {
         let lease_ms = lease_s.saturating_mul(1000);
         let forwarding = match self.forwarding {
             None => Forwarding::Streaming,
-            Some(raw) => raw.validate(at, lease_ms, max_stored_body)?,
+            Some(raw) => raw.validate(at, lease_ms, store.timeout_ms, max_stored_body)?,
         };
         Ok(Policy {
             name: self.name,
@@ -496,7 +516,7 @@ pub(super) fn parse(bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Resul
     }
     let mut policies = Vec::with_capacity(raw.policies.len());
     for (i, p) in raw.policies.into_iter().enumerate() {
-        let policy = p.validate(&format!("policies[{i}]"))?;
+        let policy = p.validate(&format!("policies[{i}]"), &store)?;
         if policies.iter().any(|q: &Rc<Policy>| q.name == policy.name) {
             return Err(err(
                 format!("policies[{i}].name"),

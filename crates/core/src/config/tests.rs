@@ -172,6 +172,80 @@ fn detached_forwarding_defaults_to_the_routes_cluster_and_half_the_lease() {
     );
 }
 
+/// The detached upstream call starts only after the claim's answer came back,
+/// and its outcome must reach the store afterwards: the lease (counted from
+/// the claim's commit) must cover `forwarding.timeout_ms` plus one store call
+/// (`store.timeout_ms`).
+#[test]
+fn a_detached_timeout_leaves_the_lease_a_store_call_to_spare() {
+    let detached = |store_timeout: u64, policy: Value| {
+        parse_with(
+            json!({"store": {"cluster": "c", "token": "t", "timeout_ms": store_timeout}}),
+            policy,
+        )
+    };
+    // Exactly the margin: accepted.
+    let c = detached(
+        1000,
+        json!({"lease_seconds": 5, "forwarding": {"mode": "detached", "timeout_ms": 4000}}),
+    )
+    .unwrap();
+    let Forwarding::Detached(d) = &c.policies[0].forwarding else {
+        panic!("{:?}", c.policies[0].forwarding)
+    };
+    assert_eq!(d.timeout_ms(), 4000);
+    // Shorter than the lease, but without a store call's margin: refused,
+    // saying what to change.
+    for (store_timeout, timeout) in [(1000, 4001), (1000, 4500), (1500, 4000)] {
+        let e = detached(
+            store_timeout,
+            json!({"lease_seconds": 5, "forwarding": {"mode": "detached", "timeout_ms": timeout}}),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "policies[0].forwarding.timeout_ms", "{e}");
+        for names in [
+            "store.timeout_ms",
+            "lease_seconds",
+            &(5000 - store_timeout).to_string(),
+        ] {
+            assert!(e.message.contains(names), "{e}");
+        }
+    }
+    // A lease no longer than the store call leaves no room for any timeout,
+    // the default included.
+    let e = detached(
+        1000,
+        json!({"lease_seconds": 1, "forwarding": {"mode": "detached"}}),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "policies[0].forwarding.timeout_ms", "{e}");
+    assert!(e.message.contains("store.timeout_ms"), "{e}");
+}
+
+#[test]
+fn the_default_detached_timeout_leaves_the_lease_a_store_call_to_spare() {
+    for (lease_s, store_timeout, want) in [
+        (60, 1000, 30_000),
+        (2, 1500, 500),
+        (3, 1000, 1500),
+        (60, 45_000, 15_000),
+    ] {
+        let c = parse_with(
+            json!({"store": {"cluster": "c", "token": "t", "timeout_ms": store_timeout}}),
+            json!({"lease_seconds": lease_s, "forwarding": {"mode": "detached"}}),
+        )
+        .unwrap();
+        let Forwarding::Detached(d) = &c.policies[0].forwarding else {
+            panic!("{:?}", c.policies[0].forwarding)
+        };
+        assert_eq!(
+            d.timeout_ms(),
+            want,
+            "lease {lease_s} s, store timeout {store_timeout} ms"
+        );
+    }
+}
+
 #[test]
 fn the_store_token_may_come_from_the_environment() {
     let doc = |store: &str| {
@@ -452,6 +526,34 @@ releases!(a_201_keeps_the_key, [], 201 => false);
 releases!(a_listed_503_releases_the_key, [503], 503 => true);
 
 proptest! {
+    #[test]
+    fn an_accepted_detached_timeout_always_fits_the_lease_with_a_store_call(
+        lease_s in 1u64..=120,
+        store_timeout in 1u64..=20_000,
+        timeout in proptest::option::of(1u64..=130_000),
+    ) {
+        let mut forwarding = json!({"mode": "detached"});
+        if let Some(t) = timeout {
+            forwarding["timeout_ms"] = json!(t);
+        }
+        let parsed = parse_with(
+            json!({"store": {"cluster": "c", "token": "t", "timeout_ms": store_timeout}}),
+            json!({"lease_seconds": lease_s, "forwarding": forwarding}),
+        );
+        let fits = |t: u64| t >= 1 && t + store_timeout <= lease_s * 1000;
+        match (parsed, timeout) {
+            (Ok(c), _) => {
+                let Forwarding::Detached(d) = &c.policies[0].forwarding else {
+                    panic!("{:?}", c.policies[0].forwarding)
+                };
+                prop_assert!(fits(d.timeout_ms()), "{} ms", d.timeout_ms());
+            }
+            (Err(e), Some(t)) => prop_assert!(!fits(t), "{e}"),
+            // The default is refused only when nothing fits.
+            (Err(e), None) => prop_assert!(store_timeout >= lease_s * 1000, "{e}"),
+        }
+    }
+
     #[test]
     fn parse_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = Config::parse(&bytes);
