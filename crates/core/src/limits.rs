@@ -11,6 +11,10 @@ pub const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
 pub const MAX_TTL_MS: u64 = 366 * 24 * 60 * 60 * 1000;
 /// Longest the store holds a claim waiting for a result (`wait_max_ms`).
 pub const MAX_WAIT_MS: u64 = 60 * 1000;
+/// Longest a claim's caller may say it waits for the answer (`deadline_ms`).
+/// The filter sends its claim call's timeout: `store.timeout_ms`, plus
+/// `wait_max_ms` under `in_flight: wait`.
+pub const MAX_DEADLINE_MS: u64 = 2 * MAX_WAIT_MS;
 /// Most response header lines a completion may store.
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEADER_NAME: usize = 256;

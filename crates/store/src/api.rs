@@ -68,8 +68,8 @@ pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
     if req.wait_ms > limits::MAX_WAIT_MS {
         return Err(format!("wait_ms must be at most {}", limits::MAX_WAIT_MS));
     }
-    if req.deadline_ms > limits::MAX_WAIT_MS * 2 {
-        return Err(format!("deadline_ms must be at most {}", limits::MAX_WAIT_MS * 2));
+    if req.deadline_ms > limits::MAX_DEADLINE_MS {
+        return Err(format!("deadline_ms must be at most {}", limits::MAX_DEADLINE_MS));
     }
     Ok(())
 }

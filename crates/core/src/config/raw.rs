@@ -220,6 +220,17 @@ impl RawStore {
                 "must be at least 1; 0 would mean no timeout at all",
             ));
         }
+        // Every claim tells the store how long its caller waits for the
+        // answer (`deadline_ms`): this timeout, plus `wait_max_ms` when waiting.
+        if timeout_ms > limits::MAX_DEADLINE_MS {
+            return Err(err(
+                "store.timeout_ms",
+                format!(
+                    "must be at most {}: every claim tells the store it waits this long for the answer, and the store refuses a claim whose caller waits longer",
+                    limits::MAX_DEADLINE_MS
+                ),
+            ));
+        }
         let (field, token) = match (self.token, self.token_env) {
             (Some(token), None) => ("store.token", token),
             (None, Some(var)) => {
@@ -384,6 +395,18 @@ impl RawPolicy {
                         format!(
                             "must be at most {} (the store holds a claim no longer)",
                             limits::MAX_WAIT_MS
+                        ),
+                    ));
+                }
+                // The claim's deadline is the call's timeout: both together.
+                w if w + store.timeout_ms > limits::MAX_DEADLINE_MS => {
+                    return Err(err(
+                        f("wait_max_ms"),
+                        format!(
+                            "`wait_max_ms` ({w}) plus `store.timeout_ms` ({}) is how long a claim's caller waits for the answer, and the store refuses a claim whose caller waits longer than {} ms; lower `wait_max_ms` to at most {} or lower `store.timeout_ms`",
+                            store.timeout_ms,
+                            limits::MAX_DEADLINE_MS,
+                            limits::MAX_DEADLINE_MS - store.timeout_ms
                         ),
                     ));
                 }

@@ -331,6 +331,11 @@ rejects!(a_zero_ttl_is_rejected, {}, {"ttl_seconds": 0} => "policies[0].ttl_seco
 rejects!(a_ttl_the_store_refuses_is_rejected, {}, {"ttl_seconds": limits::MAX_TTL_MS / 1000 + 1} => "policies[0].ttl_seconds");
 rejects!(a_lease_the_store_refuses_is_rejected, {}, {"lease_seconds": limits::MAX_LEASE_MS / 1000 + 1} => "policies[0].lease_seconds");
 rejects!(a_wait_the_store_refuses_is_rejected, {}, {"in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS + 1} => "policies[0].wait_max_ms");
+rejects!(a_store_timeout_the_store_refuses_as_a_claims_deadline_is_rejected,
+    {"store": {"cluster": "c", "token": "t", "timeout_ms": limits::MAX_DEADLINE_MS + 1}}, {} => "store.timeout_ms");
+rejects!(a_wait_that_with_the_store_timeout_passes_the_stores_deadline_is_rejected,
+    {"store": {"cluster": "c", "token": "t", "timeout_ms": limits::MAX_DEADLINE_MS - limits::MAX_WAIT_MS + 1}},
+    {"in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS} => "policies[0].wait_max_ms");
 rejects!(a_stored_body_the_store_refuses_is_rejected, {}, {"max_stored_body": limits::MAX_STORED_BODY + 1} => "policies[0].max_stored_body");
 rejects!(more_replay_headers_than_the_store_keeps_are_rejected, {},
     {"replay_headers": (0..=limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len()).map(|i| format!("x-h{i}")).collect::<Vec<_>>()}
@@ -525,7 +530,62 @@ releases!(a_409_keeps_the_key, [], 409 => false);
 releases!(a_201_keeps_the_key, [], 201 => false);
 releases!(a_listed_503_releases_the_key, [503], 503 => true);
 
+/// The filter's claim says `wait_ms` = `wait_max_ms` (0 without waiting) and
+/// `deadline_ms` = `store.timeout_ms` + `wait_ms`: a configuration is
+/// accepted exactly when the store accepts both.
+fn the_store_accepts_the_claims_of(store_timeout: u64, wait: Option<u64>) -> bool {
+    let wait_ms = wait.unwrap_or(0);
+    wait_ms <= limits::MAX_WAIT_MS && store_timeout + wait_ms <= limits::MAX_DEADLINE_MS
+}
+
+#[test]
+fn the_longest_store_timeout_and_wait_the_store_accepts_are_accepted() {
+    let store = |timeout_ms: u64| json!({"store": {"cluster": "c", "token": "t", "timeout_ms": timeout_ms}});
+    let c = parse_with(store(limits::MAX_DEADLINE_MS), json!({})).unwrap();
+    assert_eq!(c.store().timeout_ms(), limits::MAX_DEADLINE_MS);
+    let c = parse_with(
+        store(limits::MAX_DEADLINE_MS - limits::MAX_WAIT_MS),
+        json!({"in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS}),
+    )
+    .unwrap();
+    assert_eq!(
+        c.policies[0].in_flight,
+        InFlight::Wait {
+            max_ms: limits::MAX_WAIT_MS
+        }
+    );
+    // One more millisecond of either, and the error says what to change.
+    let e = parse_with(
+        store(limits::MAX_DEADLINE_MS - limits::MAX_WAIT_MS + 1),
+        json!({"in_flight": "wait", "wait_max_ms": limits::MAX_WAIT_MS}),
+    )
+    .unwrap_err();
+    for names in [
+        "store.timeout_ms",
+        "wait_max_ms",
+        &limits::MAX_DEADLINE_MS.to_string(),
+    ] {
+        assert!(e.message.contains(names), "{e}");
+    }
+    // The default wait counts too.
+    let e = parse_with(store(limits::MAX_DEADLINE_MS), json!({"in_flight": "wait"})).unwrap_err();
+    assert_eq!(e.field, "policies[0].wait_max_ms", "{e}");
+}
+
 proptest! {
+    #[test]
+    fn a_config_is_accepted_exactly_when_the_store_accepts_its_claims(
+        store_timeout in 1u64..=200_000,
+        wait in proptest::option::of(1u64..=70_000),
+    ) {
+        let mut policy = json!({});
+        if let Some(w) = wait {
+            policy = json!({"in_flight": "wait", "wait_max_ms": w});
+        }
+        let parsed = parse_with(json!({"store": {"cluster": "c", "token": "t", "timeout_ms": store_timeout}}), policy);
+        prop_assert_eq!(parsed.is_ok(), the_store_accepts_the_claims_of(store_timeout, wait), "{:?}", parsed.err());
+    }
+
     #[test]
     fn an_accepted_detached_timeout_always_fits_the_lease_with_a_store_call(
         lease_s in 1u64..=120,
