@@ -7,123 +7,13 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use e2e::report::verdict;
-use std::io::Write;
+use idemgate_testkit::tmpfs::{SmallDisk, Tmpfs};
 use std::time::{Duration, Instant};
 
 use e2e::stack::{Database, Options, Stack};
 use e2e::{fresh_key, send};
 
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
-
-/// A tmpfs of `size`, unmounted when dropped.
-struct SmallDisk(tempfile::TempDir);
-
-/// Set in the environment of a test run again in a user namespace.
-const IN_USER_NAMESPACE: &str = "IDEMGATE_IN_USER_NAMESPACE";
-
-/// Where the test can have its tmpfs.
-enum Tmpfs {
-    Here(SmallDisk),
-    /// The test ran again, with its tmpfs, in a user namespace of its own,
-    /// and passed there.
-    RanInUserNamespace,
-    /// Why the test cannot run here.
-    Unavailable(String),
-}
-
-impl SmallDisk {
-    /// Mounts a tmpfs of `size` for `test` (its name in this test binary).
-    /// Not root, the test runs again in a user namespace of its own
-    /// (`unshare --user --map-root-user --mount`), where it is root of its
-    /// own mounts and the store it starts sees its tmpfs; if it fails there,
-    /// this panics with its output.
-    fn mount(size: &str, test: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        let refused = match mount {
-            Ok(m) if m.status.success() => return Tmpfs::Here(SmallDisk(dir)),
-            Ok(m) => String::from_utf8_lossy(&m.stderr).trim().to_string(),
-            Err(e) => format!("mount: {e}"),
-        };
-        // In the namespace, where a tmpfs was just mounted, this is a failure.
-        assert!(
-            std::env::var_os(IN_USER_NAMESPACE).is_none(),
-            "mounting a tmpfs in a user namespace failed: {refused}"
-        );
-        eprintln!("{refused}: trying a user namespace");
-        let namespace = ["--user", "--map-root-user", "--mount"];
-        let probe = std::process::Command::new("unshare")
-            .args(namespace)
-            .args(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match probe {
-            Ok(p) if p.status.success() => {}
-            Ok(p) => {
-                let why = String::from_utf8_lossy(&p.stderr).trim().to_string();
-                return Tmpfs::Unavailable(format!(
-                    "mounting a tmpfs needs root or a user namespace, and this user may not create one: {why}"
-                ));
-            }
-            Err(e) => {
-                return Tmpfs::Unavailable(format!(
-                    "mounting a tmpfs needs root or a user namespace, and unshare cannot be run: {e}"
-                ));
-            }
-        }
-        let run = std::process::Command::new("unshare")
-            .args(namespace)
-            .arg("--")
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                test,
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-                "--color=never",
-            ])
-            .env(IN_USER_NAMESPACE, "1")
-            // The row is this process's to write.
-            .env_remove("IDEMGATE_REPORT")
-            .output()
-            .unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&run.stdout),
-            String::from_utf8_lossy(&run.stderr),
-        );
-        // A test that did not run is not a pass either.
-        assert!(
-            run.status.success() && stdout.contains("test result: ok. 1 passed"),
-            "{test} in a user namespace: {}\n{stdout}\n{stderr}",
-            run.status
-        );
-        eprintln!("{test} ran in a user namespace:\n{stdout}{stderr}");
-        Tmpfs::RanInUserNamespace
-    }
-
-    fn fill(&self) {
-        let mut f = std::fs::File::create(self.0.path().join("filler")).unwrap();
-        let chunk = vec![0x5au8; 64 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        while f.write_all(&chunk[..512]).is_ok() {}
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.0.path().join("filler")).unwrap();
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.0.path())
-            .status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is_freed() {
@@ -142,7 +32,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
     let mut stack = Stack::start(Options::new("envoy/e2e.yaml", Database::Sqlite, 1)).await;
     // The store again, on the small disk; Envoy stays up throughout.
     stack.kill_store(0);
-    stack.database_url = format!("sqlite://{}", disk.0.path().join("store.db").display());
+    stack.database_url = format!("sqlite://{}", disk.path("store.db").display());
     stack.start_store(0);
     stack.wait_store(0).await;
 
@@ -179,7 +69,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
     };
     let filling = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        disk.fill();
+        disk.fill("filler");
         tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
@@ -202,7 +92,7 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
         );
     }
 
-    disk.free();
+    disk.free("filler");
     let freed = Instant::now();
     let mut recovered = None;
     for key in &refused {

@@ -12,6 +12,7 @@ use idemgate_store::backend::{open_backend, Backend, BackendOptions, Listing, St
 use idemgate_store::clock::system_now;
 use idemgate_store::postgres::PgTimeouts;
 use idemgate_testkit::report::verdict;
+use idemgate_testkit::tmpfs::{SmallDisk, Tmpfs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -393,122 +394,6 @@ async fn a_restarted_postgres_loses_nothing_acknowledged_and_the_store_recovers(
     nothing_acknowledged_is_lost(&*b, &all, true).await;
 }
 
-/// A small tmpfs of its own, unmounted when dropped.
-struct SmallDisk {
-    dir: tempfile::TempDir,
-}
-
-/// Set in the environment of a test run again in a user namespace.
-const IN_USER_NAMESPACE: &str = "IDEMGATE_IN_USER_NAMESPACE";
-
-/// Where the test can have its tmpfs.
-enum Tmpfs {
-    Here(SmallDisk),
-    /// The test ran again, with its tmpfs, in a user namespace of its own,
-    /// and passed there.
-    RanInUserNamespace,
-    /// Why the test cannot run here.
-    Unavailable(String),
-}
-
-impl SmallDisk {
-    /// Mounts a tmpfs of `size` for `test` (its name in this test binary).
-    /// Not root, the test runs again in a user namespace of its own
-    /// (`unshare --user --map-root-user --mount`), where it is root of its
-    /// own mounts and the store it starts sees its tmpfs; if it fails there,
-    /// this panics with its output.
-    fn mount(size: &str, test: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        let refused = match mount {
-            Ok(m) if m.status.success() => return Tmpfs::Here(SmallDisk { dir }),
-            Ok(m) => String::from_utf8_lossy(&m.stderr).trim().to_string(),
-            Err(e) => format!("mount: {e}"),
-        };
-        // In the namespace, where a tmpfs was just mounted, this is a failure.
-        assert!(
-            std::env::var_os(IN_USER_NAMESPACE).is_none(),
-            "mounting a tmpfs in a user namespace failed: {refused}"
-        );
-        eprintln!("{refused}: trying a user namespace");
-        let namespace = ["--user", "--map-root-user", "--mount"];
-        let probe = std::process::Command::new("unshare")
-            .args(namespace)
-            .args(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match probe {
-            Ok(p) if p.status.success() => {}
-            Ok(p) => {
-                let why = String::from_utf8_lossy(&p.stderr).trim().to_string();
-                return Tmpfs::Unavailable(format!(
-                    "mounting a tmpfs needs root or a user namespace, and this user may not create one: {why}"
-                ));
-            }
-            Err(e) => {
-                return Tmpfs::Unavailable(format!(
-                    "mounting a tmpfs needs root or a user namespace, and unshare cannot be run: {e}"
-                ));
-            }
-        }
-        let run = std::process::Command::new("unshare")
-            .args(namespace)
-            .arg("--")
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                test,
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-                "--color=never",
-            ])
-            .env(IN_USER_NAMESPACE, "1")
-            // The row is this process's to write.
-            .env_remove("IDEMGATE_REPORT")
-            .output()
-            .unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&run.stdout),
-            String::from_utf8_lossy(&run.stderr),
-        );
-        // A test that did not run is not a pass either.
-        assert!(
-            run.status.success() && stdout.contains("test result: ok. 1 passed"),
-            "{test} in a user namespace: {}\n{stdout}\n{stderr}",
-            run.status
-        );
-        eprintln!("{test} ran in a user namespace:\n{stdout}{stderr}");
-        Tmpfs::RanInUserNamespace
-    }
-
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// Writes `name` until the disk is full.
-    fn fill(&self, name: &str) {
-        use std::io::Write;
-        let mut f = std::fs::File::create(self.path(name)).unwrap();
-        let chunk = vec![0xa5u8; 64 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        // Less than a chunk may be left: take that too.
-        while f.write_all(&chunk[..512]).is_ok() {}
-        let _ = f.sync_all();
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 /// Claims and completes `key` over HTTP, noting what was acknowledged.
 /// Every answer is 200 or 503: a failure is never anything but "unavailable".
 async fn http_traffic(
@@ -621,7 +506,7 @@ async fn a_full_disk_fails_sqlite_writes_closed_and_the_store_recovers_once_spac
         "{reply:?}"
     );
 
-    std::fs::remove_file(disk.path("filler")).unwrap();
+    disk.free("filler");
     let took = http_until_claimed(&c, &p, "k-full-after", Duration::from_secs(5)).await;
     eprintln!("disk full: recovered {took:?} after space was freed ({failed} calls refused)");
     http_nothing_acknowledged_is_lost(&c, &p, &acked).await;
