@@ -10,7 +10,8 @@
 //! Request headers turn the knobs the walkthrough needs:
 //!
 //! - `x-demo-delay-ms: N`    work slowly (at most 60 s), to show 409 in progress
-//! - `x-demo-status: S`      answer with status S (e.g. 500, 429) instead of 201
+//! - `x-demo-status: S`      answer with status S (e.g. 500, 429) instead of 201;
+//!   a 204 or 304 comes without a body or `content-length`
 //! - `x-demo-outcome: O`     add `Idempotency-Control: O` (`no-store`, `uncertain`)
 //! - `x-demo-body-bytes: N`  pad the answer to about N bytes (at most 4 MiB)
 //!
@@ -157,6 +158,11 @@ fn tenant_of(headers: &HeaderMap) -> String {
 }
 
 fn error(kind: Kind, status: StatusCode, detail: &str) -> Response {
+    if carries_no_content(status) {
+        // No body, and so no `content-length` either (RFC 9110 §8.6, §15.3.5,
+        // §15.4.5): Envoy refuses such a response as a protocol error.
+        return status.into_response();
+    }
     let body = if kind == Kind::PaymentIntent {
         // Stripe's error shape, which its SDKs turn into their exceptions.
         let kind = if status.is_server_error() {
@@ -169,6 +175,12 @@ fn error(kind: Kind, status: StatusCode, detail: &str) -> Response {
         json!({"status": status.as_u16(), "detail": detail})
     };
     (status, Json(body)).into_response()
+}
+
+/// Statuses whose response has no content: 1xx, `204 No Content` and
+/// `304 Not Modified`.
+fn carries_no_content(status: StatusCode) -> bool {
+    status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED
 }
 
 /// How long to work: `x-demo-delay-ms`, or a payment intent's
@@ -514,6 +526,46 @@ mod tests {
         .await;
         assert_eq!(status, StatusCode::OK);
         assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    /// Sends `request` to [`serve`] over a real connection and returns the
+    /// raw response: what hyper writes on the wire, which the router alone
+    /// does not show (it adds `content-length` from the body).
+    async fn on_the_wire(request: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Ledger::default(), std::future::pending()));
+        let response = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).unwrap();
+            String::from_utf8(response).unwrap()
+        })
+        .await
+        .unwrap();
+        server.abort();
+        response
+    }
+
+    #[tokio::test]
+    async fn a_forced_204_has_neither_a_body_nor_a_content_length() {
+        // RFC 9110 §8.6: no Content-Length in a 204; Envoy refuses one that
+        // has it as a protocol error.
+        let response = on_the_wire(
+            "POST /v1/payments HTTP/1.1\r\nhost: payments\r\nx-tenant-id: a\r\n\
+             x-demo-status: 204\r\nx-demo-outcome: no-store\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        )
+        .await;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 204"), "{response}");
+        let head = head.to_ascii_lowercase();
+        assert!(!head.contains("content-length"), "{response}");
+        assert!(!head.contains("transfer-encoding"), "{response}");
+        assert!(head.contains("idempotency-control: no-store"), "{response}");
+        assert_eq!(body, "");
     }
 
     #[tokio::test]
