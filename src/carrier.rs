@@ -6,10 +6,10 @@
 
 use std::rc::Rc;
 
+use idemgate_core::client::{Letter, Owner};
 use idemgate_core::exchange::{Exchange, Settlement, Step, StoreAnswer, StoreCall, UpstreamAnswer};
 use proxy_wasm::types::{Action, LogLevel};
 
-use crate::client::Owner;
 use crate::host;
 use crate::shared::Shared;
 
@@ -31,7 +31,7 @@ pub struct Carrier {
     /// The request's HTTP context.
     owner: Owner,
     shared: Rc<Shared>,
-    /// A call was handed to the root's store client, which counts its
+    /// A call was handed to the worker's letters, which count its
     /// settlement once the store confirms it.
     delivered: bool,
     /// Request body bytes Envoy holds for us (all of them, while we pause).
@@ -70,9 +70,7 @@ impl Carrier {
                 self.act(*next, direction)
             }
             Step::Call(call) => {
-                let store = self.shared.config.store();
-                let sent = self.shared.client.borrow_mut().submit(store, self.owner, call);
-                if !sent {
+                if !self.shared.submit(self.owner, call) {
                     let next = self.exchange.store_reply(None);
                     return self.act(next, direction);
                 }
@@ -95,12 +93,14 @@ impl Carrier {
         Action::Pause
     }
 
-    /// Hands a call to the root's store client, to be counted as the
+    /// Hands a call to the worker's letters, to be counted as the
     /// exchange's settlement once the store confirms it.
     fn deliver(&mut self, call: StoreCall) {
-        let settles = self.exchange.settlement().unwrap_or(Settlement::Failed);
-        let policy = self.exchange.policy_name();
-        self.shared.outbox.borrow_mut().post(call, settles, policy);
+        self.shared.post(Letter {
+            call,
+            settles: self.exchange.settlement().unwrap_or(Settlement::Failed),
+            policy: self.exchange.policy_name().to_string(),
+        });
         self.delivered = true;
     }
 
@@ -187,15 +187,6 @@ impl Carrier {
             .metrics
             .count(ex.policy_name(), ex.handling(), settlement);
         false
-    }
-
-    /// Nobody can take this exchange over: it ends as if streaming (the
-    /// record is marked unknown).
-    pub fn give_up(&mut self) {
-        if let Some(call) = self.exchange.finish() {
-            self.deliver(call);
-        }
-        self.close();
     }
 
     /// An exchange whose client has left has no callout left in flight:

@@ -36,6 +36,22 @@ pub fn random_hex() -> Option<String> {
     Some(seed.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// 64 random bits, for the store client's backoff jitter.
+pub fn random_u64() -> u64 {
+    let mut seed = [0u8; 8];
+    let _ = getrandom::getrandom(&mut seed);
+    u64::from_le_bytes(seed)
+}
+
+/// Envoy's clock, in milliseconds since the Unix epoch (0 if unreadable).
+pub fn now_ms() -> i64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
 pub fn counter(name: &str) -> Option<u32> {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }
@@ -54,6 +70,17 @@ pub fn request_header(name: &str) -> Option<Bytes> {
     hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
         .ok()
         .flatten()
+}
+
+/// Removes every line of a request header; an error (Envoy never refuses
+/// this in the request-headers callback) is logged.
+pub fn remove_request_header(name: &str) {
+    if hostcalls::remove_map_value(MapType::HttpRequestHeaders, name).is_err() {
+        log(
+            LogLevel::Error,
+            &format!("could not remove request header {name}"),
+        );
+    }
 }
 
 pub fn response_headers() -> Vec<(String, Bytes)> {
@@ -184,14 +211,6 @@ pub fn call_response_headers(num_headers: usize) -> Option<Vec<(String, Bytes)>>
 
 pub fn call_response_body(size: usize) -> Bytes {
     read_buffer(BufferType::HttpCallResponseBody, 0, size)
-}
-
-/// Dispatches one call, or several as one batch.
-pub fn dispatch_together(store: &StoreConfig, calls: &[&StoreCall]) -> Option<u32> {
-    match calls {
-        [one] => dispatch(store, one),
-        _ => dispatch(store, &StoreCall::batch(calls)),
-    }
 }
 
 /// Reads the store's reply inside `on_http_call_response`. No headers means

@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use idemgate_core::claims::claim_in_metadata;
+use idemgate_core::client::Owner;
 use idemgate_core::config::Forwarding;
 use idemgate_core::exchange::{Exchange, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
@@ -13,7 +14,6 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use crate::carrier::{Carrier, Direction};
-use crate::client::Owner;
 use crate::host;
 use crate::shared::Shared;
 
@@ -54,9 +54,15 @@ impl Filter {
         let Some(carrier) = &self.carrier else {
             return Action::Continue;
         };
-        let mut carrier = carrier.borrow_mut();
-        let step = feed(&mut carrier);
-        carrier.act(step, direction)
+        let action = {
+            let mut carrier = carrier.borrow_mut();
+            let step = feed(&mut carrier);
+            carrier.act(step, direction)
+        };
+        if let Some(shared) = &self.shared {
+            shared.pump();
+        }
+        action
     }
 
     /// Reads something of the exchange (`None` when the request is not covered).
@@ -111,6 +117,10 @@ impl HttpContext for Filter {
             return Action::Continue;
         };
         let lines = host::request_headers();
+        // No caller has Envoy retry a covered request behind the filter.
+        for name in headers::router_steering(&lines) {
+            host::remove_request_header(name);
+        }
         // JWT claims are read from the whole dynamic metadata, the one
         // property Envoy hands over with its types; once per request.
         let mut metadata: Option<Option<Vec<u8>>> = None;

@@ -1,9 +1,10 @@
 //! The idemgate Envoy filter: thin proxy-wasm glue over `idemgate_core`.
 //!
 //! [`root`] parses the plugin configuration and sets up what the worker's
-//! requests share ([`shared`]): the [`metrics`], the group-committing store
-//! [`client`] for their claims and settlements, the [`outbox`] for calls that
-//! outlive a request, and every request's [`carrier`], which carries out the
+//! requests share ([`shared`]): the [`metrics`], the store [`client`] (the
+//! core's group-committing queue for their claims and settlements, and its
+//! letters for calls that outlive a request), and every request's
+//! [`carrier`], which carries out the
 //! steps of its [`idemgate_core::exchange::Exchange`] (and outlives the
 //! client of a detached one). [`http`] reads a request for its exchange;
 //! [`host`] is the only module that talks to Envoy, and it handles every host
@@ -17,7 +18,6 @@ mod fault;
 mod host;
 mod http;
 mod metrics;
-mod outbox;
 mod root;
 mod shared;
 

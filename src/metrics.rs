@@ -30,6 +30,7 @@ struct PolicyCounters {
 pub struct Metrics {
     policies: Vec<PolicyCounters>,
     config_errors: Option<u32>,
+    store_queue_full: Option<u32>,
 }
 
 /// The stat name of one request counter.
@@ -62,6 +63,7 @@ impl Metrics {
         Metrics {
             policies,
             config_errors: host::counter("idemgate.config_errors"),
+            store_queue_full: host::counter("idemgate.store_queue_full"),
         }
     }
 
@@ -84,6 +86,12 @@ impl Metrics {
         if let (Some(counters), Some(i)) = (self.of(policy), i) {
             host::increment(counters.settlements.get(i).copied().flatten());
         }
+    }
+
+    /// A store call found the worker's queue full and was failed closed
+    /// (`503` with `Retry-After`): the store is slower than the traffic.
+    pub fn store_queue_full(&self) {
+        host::increment(self.store_queue_full);
     }
 
     /// The store refused a frame (4xx): filter and store disagree on a limit

@@ -1,12 +1,11 @@
 //! The root context: parses the configuration and sets up what every request
 //! on this worker's VM shares ([`Shared`]); hears the answers to callouts
-//! whose request context is gone, and drives the outbox's timer.
+//! whose request context is gone, and drives the store client's timer.
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use idemgate_core::config::Config;
-use idemgate_core::exchange::Settlement;
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
@@ -58,10 +57,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(shared) = &self.shared {
-            let given_up = shared.outbox.borrow_mut().tick(shared.config.store());
-            for policy in given_up {
-                shared.metrics.count_settlement(&policy, Settlement::Failed);
-            }
+            shared.pump();
         }
     }
 

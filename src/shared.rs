@@ -1,42 +1,34 @@
 //! What every request on this worker's VM shares: the metrics, the store
-//! clients, and the requests' carriers, so that the answer to any callout,
+//! client, and the requests' carriers, so that the answer to any callout,
 //! whichever context Envoy hands it to, reaches the request it belongs to.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use idemgate_core::client::{Delivery, Letter, Owner};
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{refusal, settled, Settlement};
+use idemgate_core::exchange::{refusal, settled, Settlement, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
 use crate::carrier::Carrier;
-use crate::client::{Answers, Owner, StoreClient};
+use crate::client::{Pumped, Queue, StoreClient};
 use crate::host;
 use crate::metrics::Metrics;
-use crate::outbox::Outbox;
-
-/// Detached exchanges held at most once their client has left; beyond that
-/// a client that leaves gets the streaming outcome (the record turns unknown).
-const MAX_ORPHANS: usize = 4_096;
 
 pub struct Shared {
     pub config: Rc<Config>,
     pub metrics: Metrics,
-    /// The requests' claims and settlements, group-committed.
-    pub client: RefCell<StoreClient>,
-    /// Calls that must outlive their request (abandoned claims, unknown
-    /// outcomes): sent from the root, so that the store's answer arrives
-    /// while someone is still there to count it, and sent again until the
-    /// store has answered.
-    pub outbox: RefCell<Outbox>,
+    client: RefCell<StoreClient>,
     /// Every covered request waiting on a callout, or still attached to its
-    /// client, by HTTP context id.
+    /// client, by HTTP context id. A carrier whose client has left stays
+    /// until its last callout is answered: a detached upstream request
+    /// (bounded by its timeout, and in number by the cluster's circuit
+    /// breakers) or the call recording its outcome (bounded by the store
+    /// call's timeout). It is never cut short while the upstream may act.
     carriers: RefCell<HashMap<Owner, Rc<RefCell<Carrier>>>>,
     /// Detached upstream requests in flight, by callout token.
     upstream_calls: RefCell<HashMap<u32, Owner>>,
-    /// Carriers whose client has left.
-    orphans: Cell<usize>,
 }
 
 impl Shared {
@@ -44,11 +36,9 @@ impl Shared {
         Shared {
             metrics: Metrics::define(&config),
             config,
-            client: RefCell::default(),
-            outbox: RefCell::default(),
+            client: RefCell::new(StoreClient::new()),
             carriers: RefCell::default(),
             upstream_calls: RefCell::default(),
-            orphans: Cell::new(0),
         }
     }
 
@@ -56,27 +46,42 @@ impl Shared {
         self.carriers.borrow_mut().insert(owner, carrier);
     }
 
+    /// Queues a call `owner` waits for; `false` when the queue is full (the
+    /// request fails closed at once).
+    pub fn submit(&self, owner: Owner, call: StoreCall) -> bool {
+        let taken = self
+            .client
+            .borrow_mut()
+            .attached
+            .submit(owner, call, host::now_ms());
+        if taken.is_err() {
+            self.metrics.store_queue_full();
+        }
+        taken.is_ok()
+    }
+
+    /// Posts a call that outlives its request.
+    pub fn post(&self, letter: Letter) {
+        let pushed_out = self.client.borrow_mut().letters.post(letter, host::now_ms());
+        if let Some(letter) = pushed_out {
+            self.letter_ended(letter, Delivery::GaveUp);
+        }
+    }
+
     /// The request's client has left. An exchange that must go on stays
-    /// here until its last callout is answered.
+    /// here until its last callout is answered; any other's calls not yet
+    /// sent are dropped.
     pub fn client_left(&self, owner: Owner) {
         let Some(carrier) = self.carriers.borrow_mut().remove(&owner) else {
             return;
         };
-        let mut c = carrier.borrow_mut();
-        if !c.client_left() {
-            return;
+        let goes_on = carrier.borrow_mut().client_left();
+        if goes_on {
+            self.carriers.borrow_mut().insert(owner, carrier);
+        } else {
+            self.client.borrow_mut().attached.left(owner);
         }
-        if self.orphans.get() >= MAX_ORPHANS {
-            host::log(
-                LogLevel::Warn,
-                "too many detached requests without a client; this one's record will be unknown",
-            );
-            c.give_up();
-            return;
-        }
-        drop(c);
-        self.orphans.set(self.orphans.get() + 1);
-        self.carriers.borrow_mut().insert(owner, carrier);
+        self.pump();
     }
 
     pub fn upstream_sent(&self, token: u32, owner: Owner) {
@@ -86,38 +91,53 @@ impl Shared {
     /// The answer to one of this worker's callouts, whichever context Envoy
     /// handed it to.
     pub fn answer(&self, token: u32, num_headers: usize, body_size: usize) {
-        let answered = self
-            .client
-            .borrow_mut()
-            .answered(token, || host::store_answer(num_headers, body_size));
-        if let Some((answers, group)) = answered {
-            self.hand_out(answers);
-            if group {
-                self.flush();
+        let taken = self.client.borrow_mut().take(token);
+        match taken {
+            Some((Queue::Attached, flight)) => {
+                let answer = host::store_answer(num_headers, body_size);
+                let answers = self.client.borrow_mut().attached.answered(flight, answer);
+                self.hand_out(answers);
             }
-            return;
+            Some((Queue::Letters, flight)) => {
+                let answer = host::store_answer(num_headers, body_size);
+                let ended = self
+                    .client
+                    .borrow_mut()
+                    .letters
+                    .answered(flight, answer, host::now_ms());
+                for (letter, delivery) in ended {
+                    self.letter_ended(letter, delivery);
+                }
+            }
+            None => {
+                let owner = self.upstream_calls.borrow_mut().remove(&token);
+                if let Some(owner) = owner {
+                    self.with_carrier(owner, |c| c.upstream_answered(num_headers, body_size));
+                }
+            }
         }
-        let owner = self.upstream_calls.borrow_mut().remove(&token);
-        if let Some(owner) = owner {
-            self.with_carrier(owner, |c| c.upstream_answered(num_headers, body_size));
-            return;
-        }
-        self.outbox_answer(token, num_headers, body_size);
+        self.pump();
     }
 
-    /// Sends what queued up while the group's callout was in flight; calls
-    /// Envoy refused to send are answered with nothing, which may queue more.
-    fn flush(&self) {
+    /// Sends what the store client has ready, and hands out what came back
+    /// at once (calls Envoy refused, callers that stopped waiting), which
+    /// may queue more. Called at the end of every event, when no carrier is
+    /// borrowed.
+    pub fn pump(&self) {
         loop {
-            let refused = self.client.borrow_mut().flush(self.config.store());
-            if refused.is_empty() {
+            let Pumped { answers, ended } =
+                self.client.borrow_mut().pump(self.config.store(), host::now_ms());
+            if answers.is_empty() && ended.is_empty() {
                 return;
             }
-            self.hand_out(refused);
+            self.hand_out(answers);
+            for (letter, delivery) in ended {
+                self.letter_ended(letter, delivery);
+            }
         }
     }
 
-    fn hand_out(&self, answers: Answers) {
+    fn hand_out(&self, answers: Vec<(Owner, StoreAnswer)>) {
         for (owner, answer) in answers {
             self.with_carrier(owner, |c| c.store_answered(answer));
         }
@@ -134,31 +154,38 @@ impl Shared {
         if !c.attached() && !c.pending() {
             c.close();
             self.carriers.borrow_mut().remove(&owner);
-            self.orphans.set(self.orphans.get().saturating_sub(1));
         }
     }
 
-    fn outbox_answer(&self, token: u32, num_headers: usize, body_size: usize) {
-        let answer = host::store_answer(num_headers, body_size);
-        let Some(ended) = self.outbox.borrow_mut().answered(token, answer) else {
-            return;
-        };
-        for (settles, policy, answer) in ended {
-            if settled(&answer) {
+    /// Counts what a letter settled once the store decided it; one the store
+    /// refused or never heard is logged and counted as failed.
+    fn letter_ended(&self, letter: Letter, delivery: Delivery) {
+        let Letter {
+            call,
+            settles,
+            policy,
+        } = letter;
+        if let Delivery::Decided(answer) = &delivery {
+            if settled(answer) {
                 self.metrics.count_settlement(&policy, settles);
-                continue;
+                return;
             }
-            if let Some((status, detail)) = refusal(&answer) {
+            if let Some((status, detail)) = refusal(answer) {
                 self.metrics.config_error(status, &detail);
             }
-            host::log(
-                LogLevel::Warn,
-                &format!(
-                    "the store did not confirm a record {}; its lease will settle it",
-                    settles.as_str()
-                ),
-            );
-            self.metrics.count_settlement(&policy, Settlement::Failed);
         }
+        let why = match delivery {
+            Delivery::Decided(_) => "the store did not confirm",
+            Delivery::GaveUp => "the store could not be reached in time for",
+        };
+        host::log(
+            LogLevel::Warn,
+            &format!(
+                "{why} {} (a record {}); its lease will settle it",
+                call.path,
+                settles.as_str()
+            ),
+        );
+        self.metrics.count_settlement(&policy, Settlement::Failed);
     }
 }

@@ -114,8 +114,38 @@ fn passes_on(name: &str) -> bool {
     !HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// The router's request headers that steer how Envoy forwards a request:
+/// its retries, their conditions and count, its timeouts and hedging. Envoy
+/// keeps them from callers it counts as internal (`internal_address_config`
+/// of the connection manager) and acts on them, so a caller could have a
+/// covered request retried behind the filter and executed twice. The filter
+/// removes them from every request a policy covers, in observe mode too
+/// (a retry there would run the request twice just the same), and its own
+/// upstream call never carries them.
+pub const ROUTER_STEERING: [&str; 6] = [
+    "x-envoy-retry-on",
+    "x-envoy-retry-grpc-on",
+    "x-envoy-max-retries",
+    "x-envoy-upstream-rq-timeout-ms",
+    "x-envoy-upstream-rq-per-try-timeout-ms",
+    "x-envoy-hedge-on-per-try-timeout",
+];
+
+fn is_router_steering(name: &str) -> bool {
+    ROUTER_STEERING.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The [`ROUTER_STEERING`] headers `lines` carries, each name once: the ones
+/// to remove from a covered request.
+pub fn router_steering(lines: &Lines) -> impl Iterator<Item = &'static str> + '_ {
+    ROUTER_STEERING
+        .into_iter()
+        .filter(|h| lines.iter().any(|(name, _)| name.eq_ignore_ascii_case(h)))
+}
+
 /// The filter's own upstream request under detached forwarding: every
-/// request header but the hop-by-hop ones, to the policy's cluster or else
+/// request header but the hop-by-hop and [`ROUTER_STEERING`] ones, to the
+/// policy's cluster or else
 /// the route's. `None` (the request goes through Envoy's router instead)
 /// when there is no cluster to call (a route without one, such as a direct
 /// response) or a header value is not UTF-8 (the host API sends text only);
@@ -130,7 +160,7 @@ pub fn upstream_call(policy: &Policy, route_cluster: Option<&str>, lines: &Lines
     let cluster = detached.cluster().or(route_cluster).filter(|c| !c.is_empty())?;
     let headers = lines
         .iter()
-        .filter(|(name, _)| passes_on(name))
+        .filter(|(name, _)| passes_on(name) && !is_router_steering(name))
         .map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
         .collect::<Option<Vec<_>>>()?;
     Some(UpstreamCall {
@@ -340,6 +370,59 @@ mod tests {
         assert_eq!(upstream_call(&observed, Some("route"), &l), None);
         let streaming = policy(r#"{"mode": "streaming"}"#, "enforce");
         assert_eq!(upstream_call(&streaming, Some("route"), &l), None);
+    }
+
+    #[test]
+    fn the_detached_call_never_carries_the_routers_steering_headers() {
+        let json = r#"{"store": {"cluster": "s", "token": "t"}, "policies": [{"name": "p",
+            "match": {"path": {"prefix": "/"}}, "anonymous": true,
+            "forwarding": {"mode": "detached"}}]}"#;
+        let detached = Config::parse(json.as_bytes()).unwrap().policies()[0].clone();
+        let mut l = lines(&[(":path", "/p"), ("x-a", "1")]);
+        for (i, name) in ROUTER_STEERING.iter().enumerate() {
+            // Any case, repeated, with a value Envoy would act on.
+            l.push((name.to_string(), b"5xx".to_vec()));
+            l.push((name.to_ascii_uppercase(), b"3".to_vec()));
+            l.push((format!("x-other-{i}"), b"kept".to_vec()));
+        }
+        // Look-alikes are not the router's.
+        l.push(("x-envoy-retry-on-x".to_string(), b"kept".to_vec()));
+        l.push(("x-envoy-retriable-status-codes".to_string(), b"500".to_vec()));
+        let call = upstream_call(&detached, Some("route"), &l).unwrap();
+        let names: Vec<&str> = call.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                ":path",
+                "x-a",
+                "x-other-0",
+                "x-other-1",
+                "x-other-2",
+                "x-other-3",
+                "x-other-4",
+                "x-other-5",
+                "x-envoy-retry-on-x",
+                "x-envoy-retriable-status-codes"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_covered_request_names_each_steering_header_it_carries_once() {
+        let l = lines(&[
+            ("X-Envoy-Max-Retries", "3"),
+            ("x-a", "1"),
+            ("x-envoy-retry-on", "5xx"),
+            ("x-envoy-retry-on", "reset"),
+        ]);
+        assert_eq!(
+            router_steering(&l).collect::<Vec<_>>(),
+            ["x-envoy-retry-on", "x-envoy-max-retries"]
+        );
+        assert_eq!(router_steering(&lines(&[("x-a", "1")])).count(), 0);
+        assert!(ROUTER_STEERING
+            .iter()
+            .all(|h| is_header_name(h) && *h == h.to_ascii_lowercase()));
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! parsed, which header lines count, where a response came from, how paths
 //! are normalized, which limits hold, how a record is scoped, how a request is fingerprinted, what each
 //! problem looks like on the wire, how the plugin is configured, how the filter
-//! talks to the store, and the per-request state machine the filter carries out.
+//! talks to the store (and batches and redelivers its calls), and the per-request state machine the filter carries out.
 //! Nothing in this crate does I/O or reads a clock; time is always an argument,
 //! so every rule is tested with plain values.
 
 pub mod claims;
+pub mod client;
 pub mod config;
 pub mod exchange;
 pub mod fingerprint;

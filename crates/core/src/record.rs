@@ -229,7 +229,14 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
                 }),
             }
         }
+        // Marked unknown before its lease ran out (the client left a
+        // streaming request, the upstream was cut off): the upstream may
+        // still be acting, so even a policy that runs unknown outcomes again
+        // waits for the lease, which bounds every forwarded request.
         State::Unknown => match req.on_unknown {
+            OnUnknown::Release if now < rec.lease_until => ClaimDecision::Answer(ClaimReply::InProgress {
+                retry_after_ms: remaining_ms(rec.lease_until, now),
+            }),
             OnUnknown::Release => ClaimDecision::Claim,
             OnUnknown::Conflict => ClaimDecision::Answer(ClaimReply::Unknown),
         },
@@ -436,6 +443,11 @@ mod tests {
         let mut release = req(Some(fp(1)));
         release.on_unknown = OnUnknown::Release;
         assert_eq!(decide_claim(Some(&r), &release, 3_000), ClaimDecision::Claim);
+        // Marked unknown early, the upstream may still act until the lease ends.
+        assert_eq!(
+            decide_claim(Some(&r), &release, 1_500),
+            ClaimDecision::Answer(ClaimReply::InProgress { retry_after_ms: 500 })
+        );
         assert_eq!(
             decide_claim(Some(&r), &req(Some(fp(1))), 11_500),
             ClaimDecision::Answer(ClaimReply::Expired { completed_at: None })

@@ -814,9 +814,7 @@ async fn an_abandon_that_arrives_first_releases_the_claim_when_it_lands(b: Arc<d
 /// once that attempt released the key. The claim is then released, never
 /// left owned by nobody (which would answer the next retry
 /// `outcome-unknown` although nothing ran).
-async fn an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands(
-    b: Arc<dyn Backend>,
-) {
+async fn an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let s = scope("k-abandon-other");
     let mut a = claim(&s, Some(1));
@@ -852,7 +850,11 @@ async fn an_archived_record_never_replays(b: Arc<dyn Backend>) {
     cx.clock.advance(10_000);
     assert_eq!(cx.sweep(60_000).await.archived, 1);
     let behind = completed_at + 5_000;
-    let out = cx.backend().claim(&claim(&s, Some(1)), behind, None).await.unwrap();
+    let out = cx
+        .backend()
+        .claim(&claim(&s, Some(1)), behind, None)
+        .await
+        .unwrap();
     assert_eq!(
         out.reply,
         ClaimReply::Expired {

@@ -62,6 +62,7 @@ fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
         control: None,
         response: bytes::Bytes::from(format!("{{\"execution\":{n}}}")),
         reset: false,
+        header_names: Vec::new(),
     }
 }
 

@@ -90,8 +90,9 @@ pub struct Exchange {
     /// Detached forwarding: the answer for the client, sent once the store
     /// has settled the record.
     relay: Option<Reply>,
-    /// Detached forwarding: the settling call, handed to the worker's store
-    /// client if the store does not confirm it, since the outcome is known.
+    /// The settling call in flight, handed to the worker's letters if the
+    /// store does not decide it (no answer, or unavailable): the outcome is
+    /// known, so it is delivered rather than left to the lease.
     redeliver: Option<StoreCall>,
 }
 
@@ -155,14 +156,10 @@ impl Exchange {
     }
 
     /// Whether the exchange must go on when the client leaves: the filter's
-    /// own upstream request, or the store call recording its answer, is in
-    /// flight, and its outcome must still reach the store.
+    /// own upstream request, or the store call recording its outcome, is in
+    /// flight, and that outcome must still reach the store.
     pub fn outlives_client(&self) -> bool {
-        match self.phase {
-            Phase::Detached { .. } => true,
-            Phase::Settling { .. } => self.redeliver.is_some(),
-            _ => false,
-        }
+        matches!(self.phase, Phase::Detached { .. } | Phase::Settling { .. })
     }
 
     /// Whether the response path should run at all (and strip `Idempotency-Control`).
@@ -433,10 +430,7 @@ impl Exchange {
         };
         let relay = |ex: &mut Exchange| ex.relay.take().map_or(Step::Continue, Step::Respond);
         match step {
-            Step::Call(call) => {
-                self.redeliver = Some(call.clone());
-                Step::Call(call)
-            }
+            call @ Step::Call(_) => call,
             // settle: background
             Step::Deliver(call, _) => Step::Deliver(call, Box::new(relay(self))),
             _ => relay(self),
@@ -572,6 +566,7 @@ impl Exchange {
             return Step::Deliver(call, Box::new(Step::Continue));
         }
         self.phase = Phase::Settling { settles };
+        self.redeliver = Some(call.clone());
         Step::Call(call)
     }
 

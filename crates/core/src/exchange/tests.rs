@@ -804,10 +804,33 @@ fn a_detached_answer_too_large_to_keep_still_reaches_the_client() {
 }
 
 #[test]
-fn a_streaming_settlement_does_not_outlive_its_client() {
+fn a_settlement_the_store_did_not_decide_is_delivered_in_every_mode() {
+    for path in ["/pay", "/background"] {
+        let mut ex = owned(path);
+        let call = match ex.response_headers(upstream(201, &[], true)) {
+            Step::Call(call) => {
+                assert!(ex.outlives_client(), "the completion outlives its client");
+                for lost in [None, Some((503, Vec::new()))] {
+                    let mut again = owned(path);
+                    again.response_headers(upstream(201, &[], true));
+                    let Step::Deliver(redelivered, next) = again.store_reply(lost) else {
+                        panic!("{path}: not delivered")
+                    };
+                    assert_eq!((&redelivered, *next), (&call, Step::Continue));
+                    assert_eq!(again.settlement(), Some(Settlement::Completed));
+                }
+                call
+            }
+            Step::Deliver(call, _) => call,
+            step => panic!("{path}: {step:?}"),
+        };
+        assert_eq!(call.path, COMPLETE_PATH);
+    }
+    // A stale fence is the store's decision: nothing to deliver again.
     let mut ex = owned("/pay");
     ex.response_headers(upstream(201, &[], true));
-    assert!(!ex.outlives_client());
+    assert_eq!(ex.store_reply(Some((409, Vec::new()))), Step::Continue);
+    assert_eq!(ex.settlement(), Some(Settlement::Failed));
     // With the client gone mid-request, a detached exchange is marked unknown
     // only when nobody can take it over.
     let mut ex = forwarded();

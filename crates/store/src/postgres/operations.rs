@@ -144,10 +144,16 @@ impl Postgres {
         self.in_tx(&req.scope, move |tx, key, locked| {
             Box::pin(async move {
                 let attempt = attempt.as_str();
-                match (record::decide_abandon(locked.as_ref().map(|l| &l.view), attempt), locked) {
+                match (
+                    record::decide_abandon(locked.as_ref().map(|l| &l.view), attempt),
+                    locked,
+                ) {
                     (AbandonDecision::End, Some(l)) => {
                         let by = (Transition::Abandoned, actor::FILTER, None);
-                        Ok((FenceReply::Done, end_generation(tx, key, l.view.state, by, now).await?))
+                        Ok((
+                            FenceReply::Done,
+                            end_generation(tx, key, l.view.state, by, now).await?,
+                        ))
                     }
                     (AbandonDecision::Settled, _) => Ok((FenceReply::Stale, Vec::new())),
                     _ => {

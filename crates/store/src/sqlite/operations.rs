@@ -90,7 +90,10 @@ pub(super) fn abandon(
     let key = ScopeDigest::of(&req.scope);
     let attempt = req.attempt.as_str();
     let loaded = load(conn, &key)?;
-    match (record::decide_abandon(loaded.as_ref().map(|l| &l.view), attempt), loaded) {
+    match (
+        record::decide_abandon(loaded.as_ref().map(|l| &l.view), attempt),
+        loaded,
+    ) {
         (AbandonDecision::End, Some(l)) => {
             let by = (Transition::Abandoned, actor::FILTER, None);
             end_generation(conn, &key, l.view.state, by, now, journal)?;
