@@ -47,6 +47,8 @@ pub struct Execution {
     /// The response body it sent; empty when it reset instead.
     pub response: Bytes,
     pub reset: bool,
+    /// The names of the request's header fields, lower-case, in order.
+    pub header_names: Vec<String>,
 }
 
 pub type ExecutionLog = Arc<Mutex<Vec<Execution>>>;
@@ -151,6 +153,7 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
+    let header_names = req.headers().keys().map(|n| n.as_str().to_string()).collect();
     let key = header("idempotency-key").unwrap_or_default();
     let delay: u64 = header("x-test-delay-ms")
         .and_then(|v| v.parse().ok())
@@ -202,6 +205,7 @@ async fn handle(
             control: control.clone(),
             response: if reset { Bytes::new() } else { payload.clone() },
             reset,
+            header_names,
         });
     }
     if delay > 0 {
