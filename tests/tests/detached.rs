@@ -100,7 +100,8 @@ async fn a_refusal_before_acting_releases_the_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn envoys_own_answers_are_told_apart() {
     let stack = start(Database::Sqlite).await;
-    // No upstream to reach: Envoy's 503 is relayed and the key released.
+    // No upstream to reach: Envoy's 503 is relayed in the form of Envoy's own
+    // local replies (an about:blank problem, never cached) and the key released.
     let k = fresh_key("unreachable");
     let unreachable = || {
         stack
@@ -112,7 +113,8 @@ async fn envoys_own_answers_are_told_apart() {
     for _ in 0..2 {
         let a = send(unreachable()).await;
         assert_eq!(a.status, 503, "{a:?}");
-        assert!(a.problem().is_none(), "{a:?}");
+        assert_eq!(a.problem().as_deref(), Some("about:blank"), "{a:?}");
+        assert_eq!(a.header("cache-control"), Some("no-store"), "{a:?}");
     }
     // The upstream reset after the request was sent: it may have acted.
     let k = fresh_key("reset");
@@ -136,6 +138,11 @@ async fn envoys_own_answers_are_told_apart() {
     };
     let timed_out = send(slow()).await;
     assert_eq!(timed_out.status, 504, "{timed_out:?}");
+    assert_eq!(
+        timed_out.header("cache-control"),
+        Some("no-store"),
+        "{timed_out:?}"
+    );
     let retry = send(slow()).await;
     assert_eq!(
         (retry.status, retry.problem().as_deref()),

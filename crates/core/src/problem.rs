@@ -323,6 +323,29 @@ impl Problem {
     }
 }
 
+/// A reply of Envoy's own (or a refusal the filter gives in its place) as
+/// the reference bootstraps' `local_reply_config` renders Envoy's local
+/// replies: an `about:blank` problem with `Cache-Control: no-store`, so a
+/// client sees one form whether the router or the filter's own upstream call
+/// met the failure. `title` is Envoy's one-line text.
+pub fn envoy_reply(status: u16, title: &str, detail: &str) -> Reply {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+    });
+    Reply {
+        status,
+        headers: vec![
+            ("content-type".to_string(), "application/problem+json".to_string()),
+            ("cache-control".to_string(), "no-store".to_string()),
+        ],
+        // Serializing strings and integers cannot fail.
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
 /// Milliseconds since the epoch as `YYYY-MM-DDThh:mm:ss.sssZ`.
 pub fn rfc3339_utc(ms: i64) -> String {
     let days = ms.div_euclid(86_400_000);

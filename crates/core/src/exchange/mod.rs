@@ -20,7 +20,7 @@ use crate::identity::client_scope;
 use crate::key::parse_key;
 use crate::limits;
 use crate::origin;
-use crate::problem::Problem;
+use crate::problem::{envoy_reply, Problem};
 use crate::protocol::{
     decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
     FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
@@ -389,11 +389,13 @@ impl Exchange {
         };
         let step = match answer {
             UpstreamAnswer::Refused => {
-                self.relay = Some(Reply {
-                    status: 503,
-                    headers: vec![("content-type".into(), "text/plain".into())],
-                    body: b"no healthy upstream".to_vec(),
-                });
+                // Envoy refuses a callout for more than an unhealthy cluster
+                // (an unknown one, a full pending queue): say only what is sure.
+                self.relay = Some(self.with_key(envoy_reply(
+                    503,
+                    "upstream unavailable",
+                    "the request could not be sent to the upstream; nothing was executed, retry with the same key",
+                )));
                 self.settle(fence, Settlement::Released)
             }
             UpstreamAnswer::Lost => {
@@ -417,12 +419,25 @@ impl Exchange {
                     Step::Pause => self.response_body(body.as_deref().unwrap_or_default(), true),
                     step => step,
                 };
+                let released = self.settling_as() == Some(Settlement::Released);
                 self.relay = Some(match body {
+                    // Envoy's own reply (no healthy host, timeout, reset),
+                    // in the form its local replies take on the router's path.
+                    Some(body) if !marked => {
+                        let text = String::from_utf8_lossy(&body);
+                        let title: String = text.trim().chars().take(200).collect();
+                        self.with_key(envoy_reply(status, &title, &title))
+                    }
                     Some(body) => Reply {
                         status,
                         headers: relayed,
                         body,
                     },
+                    None if released => self.with_key(envoy_reply(
+                        status,
+                        "response too large to relay",
+                        &format!("the upstream answered {status} without acting on the request, and its response was larger than the {max} bytes this route relays; nothing was stored, retry with the same key"),
+                    )),
                     None => self.problem(Problem::response_too_large(status, max)),
                 });
                 step
@@ -639,11 +654,23 @@ impl Exchange {
 
     /// A problem as this request's answer, with the key echoed.
     fn problem(&self, problem: Problem) -> Reply {
-        let mut reply = problem.render(self.config.doc_base());
+        self.with_key(problem.render(self.config.doc_base()))
+    }
+
+    /// `reply` with the key echoed.
+    fn with_key(&self, mut reply: Reply) -> Reply {
         reply
             .headers
             .extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
         reply
+    }
+
+    /// What the settling call in flight (or handed to the store client) settles.
+    fn settling_as(&self) -> Option<Settlement> {
+        match self.phase {
+            Phase::Settling { settles } => Some(settles),
+            _ => self.settlement,
+        }
     }
 
     fn pass(&mut self, handling: Handling) -> Step {

@@ -870,3 +870,50 @@ fn with_settle_background_the_response_goes_on_while_the_store_client_records_it
     };
     assert_eq!(call.path, RELEASE_PATH);
 }
+
+/// The relayed answer once the store confirmed the settling call.
+fn relayed_after(ex: &mut Exchange, step: Step) -> (Step, Reply) {
+    assert!(matches!(step, Step::Call(_)), "{step:?}");
+    match ex.store_reply(Some((200, DONE.to_vec()))) {
+        Step::Respond(reply) => (Step::Respond(reply.clone()), reply),
+        step => panic!("{step:?}"),
+    }
+}
+
+#[test]
+fn envoys_own_replies_on_a_detached_route_are_problems_that_are_never_cached() {
+    // Envoy refused to send the call: nothing ran, and the answer says no more.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(UpstreamAnswer::Refused, Vec::new);
+    let (relayed, reply) = relayed_after(&mut ex, step);
+    assert_eq!(reply.status, 503);
+    assert_eq!(header(&relayed, "content-type"), Some("application/problem+json"));
+    assert_eq!(header(&relayed, "cache-control"), Some("no-store"));
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(body["type"], "about:blank");
+    assert!(!String::from_utf8_lossy(&reply.body).contains("no healthy upstream"));
+    // Envoy's own timeout: unknown, answered like a local reply of the router.
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("504", &[], 24), || b"upstream request timeout".to_vec());
+    let (relayed, reply) = relayed_after(&mut ex, step);
+    assert_eq!(reply.status, 504);
+    assert_eq!(header(&relayed, "cache-control"), Some("no-store"));
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(
+        (body["type"].as_str(), body["title"].as_str()),
+        (Some("about:blank"), Some("upstream request timeout"))
+    );
+    assert_eq!(header(&relayed, KEY_HEADER), Some("\"k1\""));
+}
+
+#[test]
+fn a_refusal_too_large_to_relay_is_not_called_executed() {
+    let mut ex = forwarded();
+    let step = ex.upstream_reply(answer("422", &[MARK], 17), || panic!("the body must not be read"));
+    assert_eq!(called_path(&step), RELEASE_PATH);
+    let (_, reply) = relayed_after(&mut ex, step);
+    assert_eq!(reply.status, 422);
+    let text = String::from_utf8_lossy(&reply.body);
+    assert!(!text.contains("was executed"), "{text}");
+    assert!(text.contains("retry with the same key"), "{text}");
+}
