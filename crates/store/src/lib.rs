@@ -37,6 +37,7 @@ pub mod console;
 pub mod log_ids;
 pub mod metrics;
 pub mod openapi;
+pub mod plan;
 pub mod postgres;
 pub mod problem;
 mod replays;

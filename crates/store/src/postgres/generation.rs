@@ -3,6 +3,8 @@
 //! Statements address the current record by its key, `$1`; their own
 //! parameters start at `$2`.
 
+use std::sync::LazyLock;
+
 use idemgate_core::record::{self, State, Transition};
 
 use super::pool::{unavailable, Tx};
@@ -56,20 +58,9 @@ pub(super) async fn to_history(tx: &Tx<'_>, key: &ScopeDigest, ended: &str, now:
     execute(tx, &TO_HISTORY, key, &[&ended, &now]).await.map(drop)
 }
 
-/// Ends the current generation (state `last`): its event, its move to the
-/// history, and the key is free.
+/// Ends the current generation (state `last`): its event (with an
+/// operator's reason), its move to the history, and the key is free.
 pub(super) async fn end_generation(
-    tx: &Tx<'_>,
-    key: &ScopeDigest,
-    last: State,
-    by: By<'_>,
-    now: i64,
-) -> Result<Vec<EventInfo>> {
-    end_noted_generation(tx, key, last, (by, None), now).await
-}
-
-/// [`end_generation`] with an operator's reason in its event.
-pub(super) async fn end_noted_generation(
     tx: &Tx<'_>,
     key: &ScopeDigest,
     last: State,
@@ -88,16 +79,20 @@ pub(super) async fn end_noted_generation(
     Ok(events)
 }
 
+/// What [`LoadedRecord::read`] reads, for a select list.
+pub(super) const LOADED: &str = "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
+     response_key, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
+     release_on_unknown";
+
 /// The current record, locked for the rest of `tx`, and its stored body.
 pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(LoadedRecord, Vec<u8>)>> {
-    const SQL: &str = concat!(
-        "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_key, \
-         response_body, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, release_on_unknown \
-         FROM idempotency_records WHERE ",
-        key_where!(),
-        " FOR UPDATE"
-    );
-    let stmt = tx.prepare_cached(SQL).await.map_err(unavailable)?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {LOADED}, response_body FROM idempotency_records WHERE {} FOR UPDATE",
+            key_where!()
+        )
+    });
+    let stmt = tx.prepare_cached(&SQL).await.map_err(unavailable)?;
     let Some(row) = tx.query_opt(&stmt, &key.bind(&[])).await.map_err(unavailable)? else {
         return Ok(None);
     };

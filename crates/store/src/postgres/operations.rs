@@ -1,24 +1,30 @@
-//! The fence calls, abandon and the operators' changes. Completion is one
-//! statement; the others lock the record, ask the rules, and write.
+//! The fence calls, abandon and the operators' changes: each locks the
+//! record, plans ([`crate::plan`]) and carries the plan out in one
+//! transaction. The filter's completion is the exception: one statement,
+//! [`COMPLETE`], which states [`plan::complete`] in SQL.
 
 use std::sync::LazyLock;
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
 use tokio_postgres::Statement;
 
-use super::generation::{end_generation, end_noted_generation, event, execute, noted_event, set_unknown};
-use super::pool::{unavailable, Client};
+use super::generation::{end_generation, execute, noted_event, set_unknown};
+use super::pool::{unavailable, Client, Tx};
 use super::rows::{bind_with_columns, Bind, Param};
 use super::Postgres;
-use crate::backend::{actor, EventInfo, Resolution, Result};
-use crate::columns::{encode_headers, i64_from, KeyColumns, LoadedRecord, ScopeDigest};
+use crate::backend::{EventInfo, Resolution, Result};
+use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, ScopeDigest};
 use crate::conditions;
+use crate::plan::{self, Fence, Plan, Write};
+use crate::sealing::Seal;
 
 /// Completes the record of `$1` if `$2` is its fence and it is open
-/// (`{fenceable}`: [`record::may_fence`]), and records the event; no row
-/// back means stale. `$3` status, `$4` headers, `$5` body, `$6` whether it
+/// (`{fenceable}`: [`idemgate_core::record::may_fence`]), and records the
+/// event; no row back means stale. This is [`plan::complete`] in one
+/// statement, with no read before it, so a batch of completions is one
+/// round trip; the story suite checks that both come to the same in every
+/// state a completion meets (`a_completion_comes_to_what_its_plan_says`). `$3` status, `$4` headers, `$5` body, `$6` whether it
 /// is stored, `$7` now, `$8` the id of the key that sealed headers and body
 /// (NULL: plaintext).
 ///
@@ -46,9 +52,84 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     ))
 });
 
-/// Whether a fence call with `fence` may act on `locked`: [`record::may_fence`].
-fn fenced(locked: Option<LoadedRecord>, fence: u64) -> Option<LoadedRecord> {
-    locked.filter(|l| l.may_fence(fence))
+/// Carries out `plan` on the record of `key`, locked in `tx`: its reply and
+/// the events it recorded.
+pub(super) async fn carry_out<R>(
+    tx: &Tx<'_>,
+    (key, seal): (&ScopeDigest, &Seal),
+    plan: Plan<'_, R>,
+    now: i64,
+) -> Result<(R, Vec<EventInfo>)> {
+    let mut events = Vec::new();
+    for write in plan.writes {
+        match write {
+            Write::Event { by, note } => events.extend(noted_event(tx, key, by, note, now).await?),
+            Write::EndGeneration { last, by, note } => {
+                events.extend(end_generation(tx, key, last, (by, note), now).await?)
+            }
+            Write::SetUnknown {
+                read_with,
+                expires_at,
+            } => set_unknown(tx, key, read_with, expires_at).await?,
+            // Durable whatever `durable` says: only [`COMPLETE`] commits
+            // without waiting for the WAL flush.
+            Write::Complete {
+                response,
+                fence,
+                expires_at,
+                durable: _,
+            } => {
+                let fence = match fence {
+                    Fence::Held(f) => f,
+                    Fence::New => {
+                        let next = tx
+                            .query_one("SELECT nextval('idempotency_fence_seq') AS fence", &[])
+                            .await
+                            .map_err(unavailable)?;
+                        u64_from(next.try_get("fence").map_err(unavailable)?, "fence")?
+                    }
+                };
+                // Sealed under the fence the record holds from now on.
+                let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
+                let sql = concat!(
+                    "UPDATE idempotency_records SET state = 'completed', fence = $2, response_status = $3, \
+                     response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, \
+                     expires_at = $8, lease_until = $7, response_key = $9 WHERE ",
+                    key_where!()
+                );
+                let (fence, status, body) = (i64_from(fence), i32::from(response.status), sealed.body.as_deref());
+                let params: [Param<'_>; 8] = [
+                    &fence,
+                    &status,
+                    &sealed.headers,
+                    &body,
+                    &response.body_stored,
+                    &now,
+                    &expires_at,
+                    &sealed.key_id,
+                ];
+                execute(tx, sql, key, &params).await?;
+            }
+            Write::Archive => {
+                let sql = concat!(
+                    "UPDATE idempotency_records SET archived_at = $2, response_body = NULL WHERE ",
+                    key_where!()
+                );
+                execute(tx, sql, key, &[&now]).await?;
+            }
+            Write::RememberAbandon { scope, attempt } => {
+                let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, \
+                           route, namespace, idem_key, attempt, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                           ON CONFLICT DO NOTHING";
+                let columns = KeyColumns::of(scope);
+                let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
+                tx.execute(&stmt, &bind_with_columns(key, &columns, &[&attempt, &now]))
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+    }
+    Ok((plan.reply, events))
 }
 
 impl Postgres {
@@ -102,74 +183,34 @@ impl Postgres {
     }
 
     pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let fence = req.fence;
+        let (fence, seal) = (req.fence, self.seal.clone());
         self.in_tx(&req.scope, move |tx, key, locked| {
             Box::pin(async move {
-                let Some(loaded) = fenced(locked, fence) else {
-                    return Ok((FenceReply::Stale, Vec::new()));
-                };
-                let by = (Transition::Released, actor::FILTER, None);
-                Ok((
-                    FenceReply::Done,
-                    end_generation(tx, key, loaded.view.state, by, now).await?,
-                ))
+                let plan = plan::release(locked.as_ref(), fence);
+                carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await
     }
 
     pub(super) async fn mark_record_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let fence = req.fence;
+        let (fence, seal) = (req.fence, self.seal.clone());
         self.in_tx(&req.scope, move |tx, key, locked| {
             Box::pin(async move {
-                let Some(loaded) = fenced(locked, fence) else {
-                    return Ok((FenceReply::Stale, Vec::new()));
-                };
-                let view = &loaded.view;
-                if view.state == State::Unknown {
-                    return Ok((FenceReply::Done, Vec::new()));
-                }
-                let expires_at = record::unknown_expiry(now, loaded.ttl_ms);
-                set_unknown(tx, key, (view.fence, view.state), expires_at).await?;
-                let by = (Transition::MarkedUnknown, actor::FILTER, None);
-                Ok((FenceReply::Done, event(tx, key, by, now).await?))
+                let plan = plan::mark_unknown(locked.as_ref(), fence, now);
+                carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await
     }
 
     pub(super) async fn abandon_record(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        let attempt = req.attempt.clone();
+        let (req, seal) = (req.clone(), self.seal.clone());
         let scope = req.scope.clone();
-        self.in_tx(&req.scope, move |tx, key, locked| {
+        self.in_tx(&scope, move |tx, key, locked| {
             Box::pin(async move {
-                let attempt = attempt.as_str();
-                match (
-                    record::decide_abandon(locked.as_ref().map(|l| &l.view), attempt),
-                    locked,
-                ) {
-                    (AbandonDecision::End, Some(l)) => {
-                        let by = (Transition::Abandoned, actor::FILTER, None);
-                        Ok((
-                            FenceReply::Done,
-                            end_generation(tx, key, l.view.state, by, now).await?,
-                        ))
-                    }
-                    (AbandonDecision::Settled, _) => Ok((FenceReply::Stale, Vec::new())),
-                    _ => {
-                        // The claim may still be on its way: the sweeper
-                        // releases it if it lands under this attempt.
-                        let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, \
-                                   principal, route, namespace, idem_key, attempt, at) \
-                                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING";
-                        let columns = KeyColumns::of(&scope);
-                        let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
-                        tx.execute(&stmt, &bind_with_columns(key, &columns, &[&attempt, &now]))
-                            .await
-                            .map_err(unavailable)?;
-                        Ok((FenceReply::Done, Vec::new()))
-                    }
-                }
+                let plan = plan::abandon(locked.as_ref(), &req.scope, req.attempt.as_str());
+                carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await
@@ -182,66 +223,22 @@ impl Postgres {
         reason: Option<&str>,
         now: i64,
     ) -> Result<bool> {
-        let (how, reason) = (how.clone(), reason.map(str::to_string));
-        let seal = self.seal.clone();
+        let (how, reason, seal) = (how.clone(), reason.map(str::to_string), self.seal.clone());
         self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
-                let Some(loaded) = locked else {
-                    return Ok((false, Vec::new()));
-                };
-                if !loaded.is_open() {
-                    return Ok((false, Vec::new()));
-                }
-                match how {
-                    Resolution::Release => {
-                        let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
-                        let noted = (by, reason.as_deref());
-                        Ok((true, end_noted_generation(tx, key, loaded.view.state, noted, now).await?))
-                    }
-                    Resolution::Complete { status, headers, body } => {
-                        // A new fence: the old owner's late completion must not
-                        // overwrite what the operator decided.
-                        // Taken first: the response is sealed under it.
-                        let next = tx
-                            .query_one("SELECT nextval('idempotency_fence_seq') AS fence", &[])
-                            .await
-                            .map_err(unavailable)?;
-                        let fence: i64 = next.try_get("fence").map_err(unavailable)?;
-                        let sealed = seal.seal(
-                            key,
-                            crate::columns::u64_from(fence, "fence")?,
-                            encode_headers(&headers),
-                            Some(body.as_bytes()),
-                        )?;
-                        let sql = concat!(
-                            "UPDATE idempotency_records SET state = 'completed', fence = $7, \
-                             response_status = $2, response_headers = $3, response_body = $4, body_stored = true, \
-                             completed_at = $5, expires_at = $6, lease_until = $5, response_key = $8 WHERE ",
-                            key_where!()
-                        );
-                        let status = i32::from(status);
-                        let body = sealed.body.as_deref();
-                        let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-                        let params: [Param<'_>; 7] =
-                            [&status, &sealed.headers, &body, &now, &expires_at, &fence, &sealed.key_id];
-                        execute(tx, sql, key, &params).await?;
-                        let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
-                        Ok((true, noted_event(tx, key, by, reason.as_deref(), now).await?))
-                    }
-                }
+                let plan = plan::resolve(locked.as_ref(), &how, reason.as_deref(), now);
+                carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await
     }
 
     pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
+        let seal = self.seal.clone();
         self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
-                let Some(loaded) = locked else {
-                    return Ok((false, Vec::new()));
-                };
-                let by = (Transition::Purged, actor::OPERATOR, None);
-                Ok((true, end_generation(tx, key, loaded.view.state, by, now).await?))
+                let plan = plan::purge(locked.as_ref());
+                carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await

@@ -197,14 +197,16 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Rows picked for a sweeper phase by `condition` (`$1` now or the cutoff,
-/// `$2` the batch), locked; rows another replica holds are skipped. Taken in
-/// the order of `by`, the column the phase's partial index is sorted on: the
+/// `$2` the batch), locked, each its key and what
+/// [`crate::columns::LoadedRecord`] reads; rows another replica holds are
+/// skipped. Taken in the order of `by`, the column the phase's partial index is sorted on: the
 /// scan stops after `$2` entries of that index, oldest due first. (In key
 /// order a pick had to sort every due row, or walk the key past the rows
 /// already swept: it grew with the table and the sweeper fell behind.)
 pub(super) fn pick(condition: &str, by: &str) -> String {
     crate::conditions::expand(&format!(
-        "SELECT scope_digest, fence, ttl_ms FROM idempotency_records WHERE {condition} ORDER BY {by} \
-         LIMIT $2 FOR UPDATE SKIP LOCKED"
+        "SELECT scope_digest, {} FROM idempotency_records WHERE {condition} ORDER BY {by} \
+         LIMIT $2 FOR UPDATE SKIP LOCKED",
+        super::generation::LOADED
     ))
 }

@@ -1,18 +1,17 @@
 //! One sweeper pass in one transaction: expired leases, abandoned attempts,
 //! archiving, and what is past the audit retention. Rows are picked with
-//! `FOR UPDATE SKIP LOCKED`, so replicas sweeping at once share the work.
+//! `FOR UPDATE SKIP LOCKED`, so replicas sweeping at once share the work;
+//! each picked record is planned ([`plan::sweep`]) and the plan carried out.
 
 use std::sync::LazyLock;
 
-use idemgate_core::record::{self, State, Transition};
-use tokio_postgres::Row;
-
-use super::generation::{end_generation, event, execute, lock, set_unknown};
+use super::operations::carry_out;
 use super::pool::unavailable;
 use super::rows::{pick, Param};
 use super::Postgres;
-use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader, ScopeDigest};
+use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
+use crate::columns::{i64_from, ColumnReader, LoadedRecord};
+use crate::plan::{self, Due};
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
     pick(
@@ -41,25 +40,6 @@ const PURGE_ARCHIVED: &str = "DELETE FROM idempotency_records WHERE scope_digest
      FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY archived_at LIMIT $2 \
      FOR UPDATE SKIP LOCKED)";
 
-/// A picked row: its key, and the fence and ttl it was locked with.
-struct Picked {
-    key: ScopeDigest,
-    fence: u64,
-    ttl_ms: u64,
-}
-
-fn picked(rows: Vec<Row>) -> Result<Vec<Picked>> {
-    rows.iter()
-        .map(|row| {
-            Ok(Picked {
-                key: row.scope_digest()?,
-                fence: row.unsigned("fence")?,
-                ttl_ms: row.unsigned("ttl_ms")?,
-            })
-        })
-        .collect()
-}
-
 impl Postgres {
     pub(super) async fn sweep_once(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         let batch = i64::from(policy.batch);
@@ -67,56 +47,31 @@ impl Postgres {
         let mut client = self.connections.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         let mut events = Vec::new();
-        let select = |sql: &'static LazyLock<String>| {
-            let tx = &tx;
-            async move {
-                picked(
-                    tx.query(sql.as_str(), &[&now, &batch])
-                        .await
-                        .map_err(unavailable)?,
-                )
+        let phases: [(&LazyLock<String>, Due); 4] = [
+            // Leases that ran out: released or turned unknown, as the claim's policy said.
+            (&RELEASED_ON_EXPIRY, Due::LeaseRanOut),
+            (&UNKNOWN_ON_EXPIRY, Due::LeaseRanOut),
+            // Claims that landed after their filter had abandoned them.
+            (&LANDED_ABANDONED, Due::LandedAbandoned),
+            // Expired records: body dropped, metadata kept.
+            (&EXPIRED, Due::Expired),
+        ];
+        for (sql, due) in phases {
+            for row in tx.query(sql.as_str(), &[&now, &batch]).await.map_err(unavailable)? {
+                let (key, loaded) = (row.scope_digest()?, LoadedRecord::read(&row)?);
+                let plan = plan::sweep(Some(&loaded), due, now);
+                let (swept, written) = carry_out(&tx, (&key, &self.seal), plan, now).await?;
+                events.extend(written);
+                if let Some(swept) = swept {
+                    swept.count(&mut report);
+                }
             }
-        };
-        // Leases that ran out: released or turned unknown, as the claim's policy said.
-        for row in select(&RELEASED_ON_EXPIRY).await? {
-            let key = row.key;
-            let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
-            events.extend(end_generation(&tx, &key, State::InProgress, by, now).await?);
-            report.released += 1;
         }
-        for row in select(&UNKNOWN_ON_EXPIRY).await? {
-            let key = row.key;
-            let expires_at = record::unknown_expiry(now, row.ttl_ms);
-            set_unknown(&tx, &key, (row.fence, State::InProgress), expires_at).await?;
-            let by = (Transition::LeaseExpired, actor::SWEEPER, Some("unknown"));
-            events.extend(event(&tx, &key, by, now).await?);
-            report.marked_unknown += 1;
-        }
-        // Claims that landed after their filter had abandoned them.
-        for row in select(&LANDED_ABANDONED).await? {
-            let key = row.key;
-            let Some((loaded, _)) = lock(&tx, &key).await? else {
-                continue;
-            };
-            let by = (Transition::Abandoned, actor::SWEEPER, None);
-            events.extend(end_generation(&tx, &key, loaded.view.state, by, now).await?);
-            report.abandoned += 1;
-        }
+        // Abandoned attempts whose claims can no longer land.
         let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
         tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
             .await
             .map_err(unavailable)?;
-        // Expired records: body dropped, metadata kept.
-        for row in select(&EXPIRED).await? {
-            let key = row.key;
-            let sql = concat!(
-                "UPDATE idempotency_records SET archived_at = $2, response_body = NULL WHERE ",
-                key_where!()
-            );
-            execute(&tx, sql, &key, &[&now]).await?;
-            events.extend(event(&tx, &key, (Transition::Archived, actor::SWEEPER, None), now).await?);
-            report.archived += 1;
-        }
         // Past the audit retention: archived generations, history, events.
         let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
         let params: [Param<'_>; 2] = [&cutoff, &batch];

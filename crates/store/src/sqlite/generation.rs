@@ -11,9 +11,9 @@ use idemgate_core::record::{self, State, Transition};
 use rusqlite::Connection;
 
 use super::engine::unavailable;
-use super::rows::{load, query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
+use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
 use crate::backend::{EventInfo, Result};
-use crate::columns::{i64_from, KeyColumns, LoadedRecord, ScopeDigest};
+use crate::columns::{i64_from, KeyColumns, ScopeDigest};
 use crate::conditions;
 use crate::replays::ReplayTally;
 
@@ -71,21 +71,9 @@ pub(super) fn to_history(conn: &Connection, key: &ScopeDigest, ended: &str, now:
     Ok(())
 }
 
-/// Ends the current generation of `key` (state `last`): its event, its move
-/// to the history, and the key is free.
+/// Ends the current generation of `key` (state `last`): its event (with an
+/// operator's reason), its move to the history, and the key is free.
 pub(super) fn end_generation(
-    conn: &Connection,
-    key: &ScopeDigest,
-    last: State,
-    by: By<'_>,
-    now: i64,
-    journal: &mut Journal,
-) -> Result<()> {
-    end_noted_generation(conn, key, last, (by, None), now, journal)
-}
-
-/// [`end_generation`] with an operator's reason in its event.
-pub(super) fn end_noted_generation(
     conn: &Connection,
     key: &ScopeDigest,
     last: State,
@@ -163,18 +151,14 @@ pub(super) fn insert_generation(
 }
 
 /// Turns the record unknown until `expires_at` ([`record::unknown_expiry`]).
+/// No guard: the writer is the only one that changes records, so the record
+/// is as its job read it.
 pub(super) fn set_unknown(conn: &Connection, key: &ScopeDigest, expires_at: i64) -> Result<()> {
     let sql = concat!(
         "UPDATE idempotency_records SET state = 'unknown', expires_at = ?2 WHERE ",
         key_where!()
     );
     execute(conn, sql, key, &[&expires_at])
-}
-
-/// The record, if the caller holds its current fence and it is still open:
-/// `record::may_fence`, checked on the writer.
-pub(super) fn fenced(conn: &Connection, key: &ScopeDigest, fence: u64) -> Result<Option<LoadedRecord>> {
-    Ok(load(conn, key)?.filter(|l| l.may_fence(fence)))
 }
 
 /// Adds the pending replay counts; only ever called on the writer. The fence

@@ -191,31 +191,31 @@ type Work = Box<dyn FnOnce(&Writer<'_>, &mut Journal) -> Result<Answer> + Send>;
 /// goes to [`claim::write_job`] as if its record were absent: its insert
 /// finds out).
 fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending<Logged>) {
+    let seal = seal.clone();
     let (durability, work): (Durability, Work) = match call {
-        Call::Claim { req, deadline } => return claim::write_job(req, seal.clone(), deadline, now, true),
+        Call::Claim { req, deadline } => return claim::write_job(req, seal, deadline, now, true),
         Call::Complete { req, body } => (
             // Durable after all when the record's policy frees the key on
             // an unknown outcome (see `operations::complete`).
             Durability::Relaxed,
-            {
-                let seal = seal.clone();
-                Box::new(move |w, journal| {
-                    let body = req.body_stored.then_some(&body[..]);
-                    operations::complete(w, journal, (&req, &seal), body, now).map(Answer::Fence)
-                })
-            },
+            Box::new(move |w, journal| {
+                let body = req.body_stored.then_some(&body[..]);
+                operations::complete(w, journal, (&req, &seal), body, now).map(Answer::Fence)
+            }),
         ),
         Call::Release(req) => (
             Durability::Durable,
-            Box::new(move |w, journal| operations::release(w, journal, &req, now).map(Answer::Fence)),
+            Box::new(move |w, journal| operations::release(w, journal, (&req, &seal), now).map(Answer::Fence)),
         ),
         Call::MarkUnknown(req) => (
             Durability::Durable,
-            Box::new(move |w, journal| operations::mark_unknown(w, journal, &req, now).map(Answer::Fence)),
+            Box::new(move |w, journal| {
+                operations::mark_unknown(w, journal, (&req, &seal), now).map(Answer::Fence)
+            }),
         ),
         Call::Abandon(req) => (
             Durability::Durable,
-            Box::new(move |w, journal| operations::abandon(w, journal, &req, now).map(Answer::Fence)),
+            Box::new(move |w, journal| operations::abandon(w, journal, (&req, &seal), now).map(Answer::Fence)),
         ),
     };
     Engine::job(durability, move |w| {
@@ -451,14 +451,14 @@ impl Backend for Sqlite {
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        let scope = scope.clone();
-        self.write_logged(move |w, journal| operations::purge(w, journal, &scope, now))
+        let (scope, seal) = (scope.clone(), self.seal.clone());
+        self.write_logged(move |w, journal| operations::purge(w, journal, (&scope, &seal), now))
             .await
     }
 
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        let policy = *policy;
-        self.write_logged(move |w, journal| sweep::sweep(w, journal, now, policy))
+        let (policy, seal) = (*policy, self.seal.clone());
+        self.write_logged(move |w, journal| sweep::sweep(w, journal, &seal, now, policy))
             .await
     }
 

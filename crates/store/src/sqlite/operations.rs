@@ -1,26 +1,94 @@
 //! The fence calls, abandon and the operators' changes, each one job on the
-//! writer: load, ask the rules, write.
+//! writer: load the record, plan ([`crate::plan`]), carry the plan out.
 //!
 //! A completion is queued as a relaxed job (no fsync of its own): if its
 //! commit is lost on power loss, the record is still in progress under the
 //! owner's lease, turns unknown when the lease runs out, and is never run
 //! again. Unless the claim's policy releases unknown outcomes
 //! (`on_unknown: release`): then a lost completion would free the key for a
-//! second execution, so such a completion asks for a durable commit.
+//! second execution, so such a completion asks for a durable commit (the
+//! plan's `durable`).
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
-use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
-use rusqlite::Connection;
 
 use super::engine::Writer;
-use super::generation::{
-    end_generation, end_noted_generation, event, execute, fenced, noted_event, set_unknown, Journal,
-};
+use super::generation::{end_generation, execute, noted_event, set_unknown, Journal};
 use super::rows::load;
-use crate::backend::{actor, Resolution, Result};
+use crate::backend::{Resolution, Result};
 use crate::columns::{encode_headers, i64_from, ScopeDigest};
+use crate::plan::{self, Fence, Plan, Write};
 use crate::sealing::Seal;
+
+/// Carries out `plan` on the record of `key`, in the writer's transaction,
+/// and returns its reply.
+pub(super) fn carry_out<R>(
+    w: &Writer<'_>,
+    journal: &mut Journal,
+    (key, seal): (&ScopeDigest, &Seal),
+    plan: Plan<'_, R>,
+    now: i64,
+) -> Result<R> {
+    for write in plan.writes {
+        match write {
+            Write::Event { by, note } => noted_event(w, key, by, note, now, journal)?,
+            Write::EndGeneration { last, by, note } => {
+                end_generation(w, key, last, (by, note), now, journal)?
+            }
+            // No guard needed: the writer is the only one that changes
+            // records, so the record is as this job read it.
+            Write::SetUnknown { expires_at, .. } => set_unknown(w, key, expires_at)?,
+            Write::Complete {
+                response,
+                fence,
+                expires_at,
+                durable,
+            } => {
+                if durable {
+                    w.require_durable();
+                }
+                let fence = match fence {
+                    Fence::Held(f) => f,
+                    Fence::New => w.next_fence()?,
+                };
+                let sql = concat!(
+                    "UPDATE idempotency_records SET state = 'completed', fence = ?2, response_status = ?3, \
+                     response_headers = ?4, response_body = ?5, body_stored = ?6, completed_at = ?7, \
+                     expires_at = ?8, lease_until = ?7, response_key = ?9 WHERE ",
+                    key_where!()
+                );
+                // Sealed under the fence the record holds from now on.
+                let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
+                let params: [&dyn rusqlite::ToSql; 8] = [
+                    &i64_from(fence),
+                    &response.status,
+                    &sealed.headers,
+                    &sealed.body.as_deref(),
+                    &response.body_stored,
+                    &now,
+                    &expires_at,
+                    &sealed.key_id,
+                ];
+                execute(w, sql, key, &params)?;
+            }
+            Write::Archive => {
+                let sql = concat!(
+                    "UPDATE idempotency_records SET archived_at = ?2, response_body = NULL WHERE ",
+                    key_where!()
+                );
+                execute(w, sql, key, &[&now])?;
+            }
+            Write::RememberAbandon { scope, attempt } => {
+                let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, \
+                           route, namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                           ON CONFLICT DO NOTHING";
+                let [v, t, p, r, n, k] = scope.parts();
+                execute(w, sql, key, &[&v, &t, &p, &r, &n, &k, &attempt, &now])?;
+            }
+        }
+    }
+    Ok(plan.reply)
+}
 
 pub(super) fn complete(
     w: &Writer<'_>,
@@ -29,111 +97,42 @@ pub(super) fn complete(
     body: Option<&[u8]>,
     now: i64,
 ) -> Result<FenceReply> {
-    let conn: &Connection = w;
     let key = ScopeDigest::of(&req.scope);
-    let Some(loaded) = fenced(conn, &key, req.fence)? else {
-        return Ok(FenceReply::Stale);
-    };
-    if loaded.release_on_unknown {
-        w.require_durable();
-    }
-    let sql = concat!(
-        "UPDATE idempotency_records SET state = 'completed', response_status = ?2, response_headers = ?3, \
-         response_body = ?4, body_stored = ?5, completed_at = ?6, expires_at = ?7, lease_until = ?6, \
-         response_key = ?8 WHERE ",
-        key_where!()
-    );
-    let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-    // Sealed under the fence the record holds (the completion's own).
-    let sealed = seal.seal(&key, loaded.view.fence, encode_headers(&req.headers), body)?;
-    let params: [&dyn rusqlite::ToSql; 7] = [
-        &req.status,
-        &sealed.headers,
-        &sealed.body.as_deref(),
-        &req.body_stored,
-        &now,
-        &expires_at,
-        &sealed.key_id,
-    ];
-    execute(conn, sql, &key, &params)?;
-    event(
-        conn,
-        &key,
-        (Transition::Completed, actor::FILTER, None),
-        now,
-        journal,
-    )?;
-    Ok(FenceReply::Done)
+    let plan = plan::complete(load(w, &key)?.as_ref(), req, body, now);
+    carry_out(w, journal, (&key, seal), plan, now)
 }
 
 pub(super) fn release(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
-    req: &FenceRequest,
+    (req, seal): (&FenceRequest, &Seal),
     now: i64,
 ) -> Result<FenceReply> {
     let key = ScopeDigest::of(&req.scope);
-    let Some(loaded) = fenced(conn, &key, req.fence)? else {
-        return Ok(FenceReply::Stale);
-    };
-    let by = (Transition::Released, actor::FILTER, None);
-    end_generation(conn, &key, loaded.view.state, by, now, journal)?;
-    Ok(FenceReply::Done)
+    let plan = plan::release(load(w, &key)?.as_ref(), req.fence);
+    carry_out(w, journal, (&key, seal), plan, now)
 }
 
 pub(super) fn abandon(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
-    req: &AbandonRequest,
+    (req, seal): (&AbandonRequest, &Seal),
     now: i64,
 ) -> Result<FenceReply> {
     let key = ScopeDigest::of(&req.scope);
-    let attempt = req.attempt.as_str();
-    let loaded = load(conn, &key)?;
-    match (
-        record::decide_abandon(loaded.as_ref().map(|l| &l.view), attempt),
-        loaded,
-    ) {
-        (AbandonDecision::End, Some(l)) => {
-            let by = (Transition::Abandoned, actor::FILTER, None);
-            end_generation(conn, &key, l.view.state, by, now, journal)?;
-            Ok(FenceReply::Done)
-        }
-        (AbandonDecision::Settled, _) => Ok(FenceReply::Stale),
-        _ => {
-            let sql =
-                "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, route, \
-                       namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-                       ON CONFLICT DO NOTHING";
-            let [v, t, p, r, n, k] = req.scope.parts();
-            execute(conn, sql, &key, &[&v, &t, &p, &r, &n, &k, &attempt, &now])?;
-            Ok(FenceReply::Done)
-        }
-    }
+    let plan = plan::abandon(load(w, &key)?.as_ref(), &req.scope, req.attempt.as_str());
+    carry_out(w, journal, (&key, seal), plan, now)
 }
 
 pub(super) fn mark_unknown(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
-    req: &FenceRequest,
+    (req, seal): (&FenceRequest, &Seal),
     now: i64,
 ) -> Result<FenceReply> {
     let key = ScopeDigest::of(&req.scope);
-    let Some(loaded) = fenced(conn, &key, req.fence)? else {
-        return Ok(FenceReply::Stale);
-    };
-    if loaded.view.state == State::Unknown {
-        return Ok(FenceReply::Done);
-    }
-    set_unknown(conn, &key, record::unknown_expiry(now, loaded.ttl_ms))?;
-    event(
-        conn,
-        &key,
-        (Transition::MarkedUnknown, actor::FILTER, None),
-        now,
-        journal,
-    )?;
-    Ok(FenceReply::Done)
+    let plan = plan::mark_unknown(load(w, &key)?.as_ref(), req.fence, now);
+    carry_out(w, journal, (&key, seal), plan, now)
 }
 
 pub(super) fn resolve(
@@ -143,58 +142,18 @@ pub(super) fn resolve(
     (how, reason): (Resolution, Option<&str>),
     now: i64,
 ) -> Result<bool> {
-    let conn: &Connection = w;
     let key = ScopeDigest::of(scope);
-    let Some(loaded) = load(conn, &key)? else {
-        return Ok(false);
-    };
-    if !loaded.is_open() {
-        return Ok(false);
-    }
-    match how {
-        Resolution::Release => {
-            let by = (Transition::Resolved, actor::OPERATOR, Some("release"));
-            end_noted_generation(conn, &key, loaded.view.state, (by, reason), now, journal)?;
-        }
-        Resolution::Complete {
-            status,
-            headers,
-            body,
-        } => {
-            // A new fence: the old owner's late completion must not
-            // overwrite what the operator decided.
-            let fence = w.next_fence()?;
-            let sql = concat!(
-                "UPDATE idempotency_records SET state = 'completed', fence = ?2, response_status = ?3, \
-                 response_headers = ?4, response_body = ?5, body_stored = 1, completed_at = ?6, expires_at = ?7, \
-                 lease_until = ?6, response_key = ?8 WHERE ",
-                key_where!()
-            );
-            let expires_at = record::completion_expiry(now, loaded.ttl_ms);
-            let sealed = seal.seal(&key, fence, encode_headers(&headers), Some(body.as_bytes()))?;
-            let params: [&dyn rusqlite::ToSql; 7] = [
-                &i64_from(fence),
-                &status,
-                &sealed.headers,
-                &sealed.body.as_deref(),
-                &now,
-                &expires_at,
-                &sealed.key_id,
-            ];
-            execute(conn, sql, &key, &params)?;
-            let by = (Transition::Resolved, actor::OPERATOR, Some("complete"));
-            noted_event(conn, &key, by, reason, now, journal)?;
-        }
-    }
-    Ok(true)
+    let plan = plan::resolve(load(w, &key)?.as_ref(), &how, reason, now);
+    carry_out(w, journal, (&key, seal), plan, now)
 }
 
-pub(super) fn purge(conn: &Connection, journal: &mut Journal, scope: &Scope, now: i64) -> Result<bool> {
+pub(super) fn purge(
+    w: &Writer<'_>,
+    journal: &mut Journal,
+    (scope, seal): (&Scope, &Seal),
+    now: i64,
+) -> Result<bool> {
     let key = ScopeDigest::of(scope);
-    let Some(loaded) = load(conn, &key)? else {
-        return Ok(false);
-    };
-    let by = (Transition::Purged, actor::OPERATOR, None);
-    end_generation(conn, &key, loaded.view.state, by, now, journal)?;
-    Ok(true)
+    let plan = plan::purge(load(w, &key)?.as_ref());
+    carry_out(w, journal, (&key, seal), plan, now)
 }

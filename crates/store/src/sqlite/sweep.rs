@@ -1,23 +1,25 @@
 //! One sweeper pass, one job on the writer: expired leases, abandoned
-//! attempts, archiving, and what is past the audit retention.
+//! attempts, archiving, and what is past the audit retention. Each picked
+//! record is planned ([`plan::sweep`]) and the plan carried out.
 
 use std::sync::LazyLock;
 
-use idemgate_core::record::{self, State, Transition};
-use rusqlite::Connection;
-
-use super::generation::{end_generation, event, execute, set_unknown, Journal};
+use super::engine::Writer;
+use super::generation::Journal;
+use super::operations::carry_out;
 use super::rows::{load, query_keys};
-use crate::backend::{actor, Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader};
+use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
+use crate::columns::i64_from;
 use crate::conditions::expand;
+use crate::plan::{self, Due};
+use crate::sealing::Seal;
 
 /// Rows picked by a phase: `?1` now, `?2` the batch, `?3` the claim's
 /// `on_unknown` (released or not). Each phase takes the oldest due first, in
 /// the order of its partial index.
 static LEASE_RAN_OUT: LazyLock<String> = LazyLock::new(|| {
     expand(
-        "SELECT scope_digest, ttl_ms FROM idempotency_records \
+        "SELECT scope_digest FROM idempotency_records \
          WHERE {leased} AND lease_until <= ?1 AND release_on_unknown = ?3 ORDER BY lease_until LIMIT ?2",
     )
 });
@@ -37,8 +39,9 @@ fn count(n: usize) -> u64 {
 }
 
 pub(super) fn sweep(
-    conn: &Connection,
+    w: &Writer<'_>,
     journal: &mut Journal,
+    seal: &Seal,
     now: i64,
     policy: SweepPolicy,
 ) -> Result<SweepReport> {
@@ -46,51 +49,33 @@ pub(super) fn sweep(
         batch,
         audit_retention_ms,
     } = policy;
+    let conn: &rusqlite::Connection = w;
     let mut report = SweepReport::default();
-    // Leases that ran out: released or turned unknown, as the claim's policy said.
-    let ran_out = |release: bool| {
-        super::rows::query_all(conn, &LEASE_RAN_OUT, &[&now, &batch, &release], |row| {
-            Ok((row.scope_digest()?, row.unsigned("ttl_ms")?))
-        })
+    let mut carry_out_all = |keys: Vec<_>, due| -> Result<()> {
+        for key in keys {
+            let plan = plan::sweep(load(conn, &key)?.as_ref(), due, now);
+            if let Some(swept) = carry_out(w, journal, (&key, seal), plan, now)? {
+                swept.count(&mut report);
+            }
+        }
+        Ok(())
     };
-    for (key, _) in ran_out(true)? {
-        let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
-        end_generation(conn, &key, State::InProgress, by, now, journal)?;
-        report.released += 1;
-    }
-    for (key, ttl_ms) in ran_out(false)? {
-        set_unknown(conn, &key, record::unknown_expiry(now, ttl_ms))?;
-        let by = (Transition::LeaseExpired, actor::SWEEPER, Some("unknown"));
-        event(conn, &key, by, now, journal)?;
-        report.marked_unknown += 1;
+    // Leases that ran out: released or turned unknown, as the claim's policy said.
+    for release in [true, false] {
+        let keys = query_keys(conn, &LEASE_RAN_OUT, &[&now, &batch, &release])?;
+        carry_out_all(keys, Due::LeaseRanOut)?;
     }
     // Claims that landed after their filter had abandoned them.
-    for key in query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])? {
-        let Some(loaded) = load(conn, &key)? else { continue };
-        let by = (Transition::Abandoned, actor::SWEEPER, None);
-        end_generation(conn, &key, loaded.view.state, by, now, journal)?;
-        report.abandoned += 1;
-    }
+    carry_out_all(
+        query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])?,
+        Due::LandedAbandoned,
+    )?;
     let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
     conn.prepare_cached("DELETE FROM idempotency_abandoned WHERE at <= ?1")
         .and_then(|mut stmt| stmt.execute([forget]))
         .map_err(super::engine::unavailable)?;
     // Expired records: body dropped, metadata kept.
-    for key in query_keys(conn, EXPIRED, &[&now, &batch])? {
-        let sql = concat!(
-            "UPDATE idempotency_records SET archived_at = ?2, response_body = NULL WHERE ",
-            key_where!()
-        );
-        execute(conn, sql, &key, &[&now])?;
-        event(
-            conn,
-            &key,
-            (Transition::Archived, actor::SWEEPER, None),
-            now,
-            journal,
-        )?;
-        report.archived += 1;
-    }
+    carry_out_all(query_keys(conn, EXPIRED, &[&now, &batch])?, Due::Expired)?;
     // Past the audit retention: archived generations, history, events.
     let cutoff = now.saturating_sub(i64_from(audit_retention_ms));
     let delete = |sql: &str| {

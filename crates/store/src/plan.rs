@@ -1,0 +1,621 @@
+//! What the fence calls, abandon, the operators' changes and the sweeper do
+//! to a record, decided once for both backends.
+//!
+//! Each operation is planned from the record as loaded (and locked, on
+//! PostgreSQL): a [`Plan`] is the reply and the [`Write`]s that make it
+//! true, in order. A backend loads, asks here, and carries the plan out with
+//! the steps it has for each write (`carry_out` in `sqlite::operations` and
+//! `postgres::operations`); neither backend decides anything of its own.
+//! The rules themselves are [`idemgate_core::record`]'s.
+//!
+//! One decision is also stated in SQL: PostgreSQL completes a record with a
+//! single statement that reads nothing first (`postgres::operations::COMPLETE`,
+//! built from [`crate::conditions`]); the story suite checks that it comes
+//! to what [`complete`] plans, in every state a completion can meet.
+
+use idemgate_core::protocol::{CompleteRequest, FenceReply};
+use idemgate_core::record::{self, AbandonDecision, State, Transition};
+use idemgate_core::scope::Scope;
+
+use crate::backend::{actor, Resolution, SweepReport};
+use crate::columns::LoadedRecord;
+
+/// A transition, who caused it, and an optional detail.
+pub type By = (Transition, &'static str, Option<&'static str>);
+
+/// A response to store in the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response<'a> {
+    pub status: u16,
+    pub headers: &'a [(String, String)],
+    /// The body to keep (`None`: not kept).
+    pub body: Option<&'a [u8]>,
+    pub body_stored: bool,
+}
+
+/// The fence a completed record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// The one it holds already (the completing owner's).
+    Held(u64),
+    /// A new one, taken when the write is carried out: an operator's
+    /// completion supersedes the owner, whose late calls are then stale.
+    New,
+}
+
+/// One change to the current record of the operation's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write<'a> {
+    /// Records the transition `by` (with an operator's `note`).
+    Event { by: By, note: Option<&'a str> },
+    /// Ends the generation, whose state was `last`: the event `by` (with
+    /// `note`), its move to the history as [`record::ended_as`], and the key
+    /// is free.
+    EndGeneration {
+        last: State,
+        by: By,
+        note: Option<&'a str>,
+    },
+    /// Turns the record unknown until `expires_at`, if it still has the
+    /// fence and state it was read with.
+    SetUnknown {
+        read_with: (u64, State),
+        expires_at: i64,
+    },
+    /// Stores `response`: the record is completed under `fence`, until
+    /// `expires_at`. `durable`: the commit must reach the disk before the
+    /// caller hears of it (a lost completion would free the key).
+    Complete {
+        response: Response<'a>,
+        fence: Fence,
+        expires_at: i64,
+        durable: bool,
+    },
+    /// Archives the record: its body is dropped, its metadata kept.
+    Archive,
+    /// Remembers that the filter abandoned `attempt` of `scope`, so the
+    /// sweeper ends its claim if it lands later.
+    RememberAbandon { scope: &'a Scope, attempt: &'a str },
+}
+
+/// The reply to an operation and the writes that carry it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan<'a, R> {
+    pub reply: R,
+    pub writes: Vec<Write<'a>>,
+}
+
+impl<'a, R> Plan<'a, R> {
+    fn only(reply: R) -> Plan<'a, R> {
+        Plan {
+            reply,
+            writes: Vec::new(),
+        }
+    }
+
+    fn of(reply: R, writes: Vec<Write<'a>>) -> Plan<'a, R> {
+        Plan { reply, writes }
+    }
+}
+
+/// The record, if a fence call with `fence` may act on it
+/// ([`LoadedRecord::may_fence`]).
+fn fenced(loaded: Option<&LoadedRecord>, fence: u64) -> Option<&LoadedRecord> {
+    loaded.filter(|l| l.may_fence(fence))
+}
+
+/// The filter stores the upstream's response under its fence (`body`: the
+/// body to keep, if `req.body_stored`).
+pub fn complete<'a>(
+    loaded: Option<&LoadedRecord>,
+    req: &'a CompleteRequest,
+    body: Option<&'a [u8]>,
+    now: i64,
+) -> Plan<'a, FenceReply> {
+    let Some(l) = fenced(loaded, req.fence) else {
+        return Plan::only(FenceReply::Stale);
+    };
+    let response = Response {
+        status: req.status,
+        headers: &req.headers,
+        body,
+        body_stored: req.body_stored,
+    };
+    Plan::of(
+        FenceReply::Done,
+        vec![
+            Write::Complete {
+                response,
+                fence: Fence::Held(l.view.fence),
+                expires_at: record::completion_expiry(now, l.ttl_ms),
+                durable: l.release_on_unknown,
+            },
+            Write::Event {
+                by: (Transition::Completed, actor::FILTER, None),
+                note: None,
+            },
+        ],
+    )
+}
+
+/// The filter gives the key back: the upstream refused before acting.
+pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Plan<'static, FenceReply> {
+    match fenced(loaded, fence) {
+        None => Plan::only(FenceReply::Stale),
+        Some(l) => Plan::of(
+            FenceReply::Done,
+            vec![Write::EndGeneration {
+                last: l.view.state,
+                by: (Transition::Released, actor::FILTER, None),
+                note: None,
+            }],
+        ),
+    }
+}
+
+/// The filter declares that nobody knows what the upstream did. An unknown
+/// record stays as it is.
+pub fn mark_unknown(loaded: Option<&LoadedRecord>, fence: u64, now: i64) -> Plan<'static, FenceReply> {
+    match fenced(loaded, fence) {
+        None => Plan::only(FenceReply::Stale),
+        Some(l) if l.view.state == State::Unknown => Plan::only(FenceReply::Done),
+        Some(l) => Plan::of(
+            FenceReply::Done,
+            vec![
+                Write::SetUnknown {
+                    read_with: (l.view.fence, l.view.state),
+                    expires_at: record::unknown_expiry(now, l.ttl_ms),
+                },
+                Write::Event {
+                    by: (Transition::MarkedUnknown, actor::FILTER, None),
+                    note: None,
+                },
+            ],
+        ),
+    }
+}
+
+/// The filter gave up on `attempt` of `scope` ([`record::decide_abandon`]).
+pub fn abandon<'a>(
+    loaded: Option<&LoadedRecord>,
+    scope: &'a Scope,
+    attempt: &'a str,
+) -> Plan<'a, FenceReply> {
+    match (record::decide_abandon(loaded.map(|l| &l.view), attempt), loaded) {
+        (AbandonDecision::End, Some(l)) => Plan::of(
+            FenceReply::Done,
+            vec![Write::EndGeneration {
+                last: l.view.state,
+                by: (Transition::Abandoned, actor::FILTER, None),
+                note: None,
+            }],
+        ),
+        (AbandonDecision::Settled, _) => Plan::only(FenceReply::Stale),
+        // The claim may still be on its way: the sweeper ends it if it
+        // lands under this attempt.
+        _ => Plan::of(FenceReply::Done, vec![Write::RememberAbandon { scope, attempt }]),
+    }
+}
+
+/// An operator decides an open record ([`LoadedRecord::is_open`]); `false`:
+/// there was none.
+pub fn resolve<'a>(
+    loaded: Option<&LoadedRecord>,
+    how: &'a Resolution,
+    reason: Option<&'a str>,
+    now: i64,
+) -> Plan<'a, bool> {
+    let Some(l) = loaded.filter(|l| l.is_open()) else {
+        return Plan::only(false);
+    };
+    let writes = match how {
+        Resolution::Release => vec![Write::EndGeneration {
+            last: l.view.state,
+            by: (Transition::Resolved, actor::OPERATOR, Some("release")),
+            note: reason,
+        }],
+        Resolution::Complete {
+            status,
+            headers,
+            body,
+        } => vec![
+            Write::Complete {
+                response: Response {
+                    status: *status,
+                    headers,
+                    body: Some(body.as_bytes()),
+                    body_stored: true,
+                },
+                fence: Fence::New,
+                expires_at: record::completion_expiry(now, l.ttl_ms),
+                durable: l.release_on_unknown,
+            },
+            Write::Event {
+                by: (Transition::Resolved, actor::OPERATOR, Some("complete")),
+                note: reason,
+            },
+        ],
+    };
+    Plan::of(true, writes)
+}
+
+/// An operator ends the current generation whatever its state; `false`:
+/// there was none.
+pub fn purge(loaded: Option<&LoadedRecord>) -> Plan<'static, bool> {
+    match loaded {
+        None => Plan::only(false),
+        Some(l) => Plan::of(
+            true,
+            vec![Write::EndGeneration {
+                last: l.view.state,
+                by: (Transition::Purged, actor::OPERATOR, None),
+                note: None,
+            }],
+        ),
+    }
+}
+
+/// Why the sweeper picked a record. The picks are the rules stated in SQL
+/// ([`crate::conditions`]); what becomes of a picked record is decided here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Its lease ran out while in progress.
+    LeaseRanOut,
+    /// Its claim landed under an attempt its filter had abandoned.
+    LandedAbandoned,
+    /// It is past its expiry.
+    Expired,
+}
+
+/// What a sweeper phase did to a record, for its [`SweepReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swept {
+    Released,
+    MarkedUnknown,
+    Abandoned,
+    Archived,
+}
+
+impl Swept {
+    pub fn count(self, report: &mut SweepReport) {
+        let n = match self {
+            Swept::Released => &mut report.released,
+            Swept::MarkedUnknown => &mut report.marked_unknown,
+            Swept::Abandoned => &mut report.abandoned,
+            Swept::Archived => &mut report.archived,
+        };
+        *n += 1;
+    }
+}
+
+/// What the sweeper does to a record it picked as `due`; a record that is
+/// gone by then is left alone (`None`).
+pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static, Option<Swept>> {
+    let Some(l) = loaded else {
+        return Plan::only(None);
+    };
+    let (swept, writes) = match due {
+        // Released or turned unknown, as the claim's `on_unknown` said.
+        Due::LeaseRanOut if l.release_on_unknown => (
+            Swept::Released,
+            vec![Write::EndGeneration {
+                last: l.view.state,
+                by: (Transition::LeaseExpired, actor::SWEEPER, Some("released")),
+                note: None,
+            }],
+        ),
+        Due::LeaseRanOut => (
+            Swept::MarkedUnknown,
+            vec![
+                Write::SetUnknown {
+                    read_with: (l.view.fence, l.view.state),
+                    expires_at: record::unknown_expiry(now, l.ttl_ms),
+                },
+                Write::Event {
+                    by: (Transition::LeaseExpired, actor::SWEEPER, Some("unknown")),
+                    note: None,
+                },
+            ],
+        ),
+        Due::LandedAbandoned => (
+            Swept::Abandoned,
+            vec![Write::EndGeneration {
+                last: l.view.state,
+                by: (Transition::Abandoned, actor::SWEEPER, None),
+                note: None,
+            }],
+        ),
+        Due::Expired => (
+            Swept::Archived,
+            vec![
+                Write::Archive,
+                Write::Event {
+                    by: (Transition::Archived, actor::SWEEPER, None),
+                    note: None,
+                },
+            ],
+        ),
+    };
+    Plan::of(Some(swept), writes)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use idemgate_core::key::Key;
+    use idemgate_core::record::RecordView;
+    use idemgate_core::scope::Namespace;
+
+    use super::*;
+
+    const NOW: i64 = 100_000;
+
+    fn loaded(state: State) -> LoadedRecord {
+        LoadedRecord {
+            view: RecordView {
+                state,
+                fingerprint: None,
+                fence: 7,
+                lease_until: 2_000,
+                status: (state == State::Completed).then_some(201),
+                body_stored: state == State::Completed,
+                completed_at: (state == State::Completed).then_some(1_000),
+                expires_at: (state != State::InProgress).then_some(50_000),
+                archived: false,
+                attempt: Some("a".into()),
+            },
+            ttl_ms: 10_000,
+            headers_column: None,
+            response_key: None,
+            release_on_unknown: false,
+        }
+    }
+
+    fn archived(state: State) -> LoadedRecord {
+        let mut l = loaded(state);
+        l.view.archived = true;
+        l
+    }
+
+    fn releasing(state: State) -> LoadedRecord {
+        let mut l = loaded(state);
+        l.release_on_unknown = true;
+        l
+    }
+
+    fn scope() -> Scope {
+        Scope::new(
+            "t",
+            "p",
+            "r",
+            Namespace::Client,
+            Key::try_from("k".to_string()).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn completion(fence: u64) -> CompleteRequest {
+        CompleteRequest {
+            scope: scope(),
+            fence,
+            status: 201,
+            headers: vec![("a".into(), "b".into())],
+            body_stored: true,
+        }
+    }
+
+    fn event(by: By) -> Write<'static> {
+        Write::Event { by, note: None }
+    }
+
+    fn end(last: State, by: By) -> Write<'static> {
+        Write::EndGeneration { last, by, note: None }
+    }
+
+    #[test]
+    fn a_completion_under_the_current_fence_stores_the_response_of_an_open_record() {
+        let req = completion(7);
+        for state in [State::InProgress, State::Unknown] {
+            let plan = complete(Some(&loaded(state)), &req, Some(b"ok"), NOW);
+            assert_eq!(plan.reply, FenceReply::Done);
+            assert_eq!(
+                plan.writes,
+                vec![
+                    Write::Complete {
+                        response: Response {
+                            status: 201,
+                            headers: &req.headers,
+                            body: Some(b"ok"),
+                            body_stored: true,
+                        },
+                        fence: Fence::Held(7),
+                        expires_at: NOW + 10_000,
+                        durable: false,
+                    },
+                    event((Transition::Completed, actor::FILTER, None)),
+                ]
+            );
+        }
+        let plan = complete(Some(&releasing(State::InProgress)), &req, None, NOW);
+        assert!(matches!(plan.writes[0], Write::Complete { durable: true, .. }));
+    }
+
+    #[test]
+    fn a_fence_call_on_a_settled_archived_superseded_or_missing_record_is_stale() {
+        let (req, other) = (completion(7), completion(8));
+        let cases = [
+            (Some(loaded(State::Completed)), &req),
+            (Some(archived(State::Unknown)), &req),
+            (Some(archived(State::InProgress)), &req),
+            (Some(loaded(State::InProgress)), &other),
+            (None, &req),
+        ];
+        for (l, req) in &cases {
+            let l = l.as_ref();
+            let stale = Plan::only(FenceReply::Stale);
+            assert_eq!(complete(l, req, Some(b"x"), NOW), stale);
+            assert_eq!(release(l, req.fence), stale);
+            assert_eq!(mark_unknown(l, req.fence, NOW), stale);
+        }
+    }
+
+    #[test]
+    fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
+        for state in [State::InProgress, State::Unknown] {
+            let by = (Transition::Released, actor::FILTER, None);
+            assert_eq!(
+                release(Some(&loaded(state)), 7),
+                Plan::of(FenceReply::Done, vec![end(state, by)])
+            );
+        }
+        assert_eq!(
+            mark_unknown(Some(&loaded(State::InProgress)), 7, NOW),
+            Plan::of(
+                FenceReply::Done,
+                vec![
+                    Write::SetUnknown {
+                        read_with: (7, State::InProgress),
+                        expires_at: NOW + 10_000,
+                    },
+                    event((Transition::MarkedUnknown, actor::FILTER, None)),
+                ]
+            )
+        );
+        assert_eq!(
+            mark_unknown(Some(&loaded(State::Unknown)), 7, NOW),
+            Plan::only(FenceReply::Done)
+        );
+    }
+
+    #[test]
+    fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
+        let s = scope();
+        let by = (Transition::Abandoned, actor::FILTER, None);
+        let open = loaded(State::InProgress);
+        assert_eq!(
+            abandon(Some(&open), &s, "a"),
+            Plan::of(FenceReply::Done, vec![end(State::InProgress, by)])
+        );
+        let remember = Plan::of(
+            FenceReply::Done,
+            vec![Write::RememberAbandon {
+                scope: &s,
+                attempt: "b",
+            }],
+        );
+        assert_eq!(abandon(Some(&open), &s, "b"), remember);
+        assert_eq!(abandon(None, &s, "b"), remember);
+        let stale = Plan::only(FenceReply::Stale);
+        assert_eq!(abandon(Some(&loaded(State::Completed)), &s, "a"), stale);
+        assert_eq!(abandon(Some(&archived(State::Unknown)), &s, "a"), stale);
+    }
+
+    #[test]
+    fn an_operator_resolves_only_an_open_record() {
+        let release_it = Resolution::Release;
+        let complete_it = Resolution::Complete {
+            status: 200,
+            headers: vec![],
+            body: "done".into(),
+        };
+        for how in [&release_it, &complete_it] {
+            assert_eq!(resolve(None, how, None, NOW), Plan::only(false));
+            for l in [loaded(State::Completed), archived(State::Unknown)] {
+                assert_eq!(resolve(Some(&l), how, None, NOW), Plan::only(false));
+            }
+        }
+        let unknown = loaded(State::Unknown);
+        assert_eq!(
+            resolve(Some(&unknown), &release_it, Some("why"), NOW),
+            Plan::of(
+                true,
+                vec![Write::EndGeneration {
+                    last: State::Unknown,
+                    by: (Transition::Resolved, actor::OPERATOR, Some("release")),
+                    note: Some("why"),
+                }]
+            )
+        );
+        let plan = resolve(Some(&unknown), &complete_it, Some("why"), NOW);
+        assert!(plan.reply);
+        assert_eq!(
+            plan.writes,
+            vec![
+                Write::Complete {
+                    response: Response {
+                        status: 200,
+                        headers: &[],
+                        body: Some(b"done"),
+                        body_stored: true,
+                    },
+                    fence: Fence::New,
+                    expires_at: NOW + 10_000,
+                    durable: false,
+                },
+                Write::Event {
+                    by: (Transition::Resolved, actor::OPERATOR, Some("complete")),
+                    note: Some("why"),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_purge_ends_whatever_is_there() {
+        assert_eq!(purge(None), Plan::only(false));
+        let by = (Transition::Purged, actor::OPERATOR, None);
+        for l in [loaded(State::Completed), archived(State::Unknown)] {
+            assert_eq!(purge(Some(&l)), Plan::of(true, vec![end(l.view.state, by)]));
+        }
+    }
+
+    #[test]
+    fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_expired() {
+        let swept = |l: &LoadedRecord, due| sweep(Some(l), due, NOW);
+        let open = loaded(State::InProgress);
+        assert_eq!(
+            swept(&open, Due::LeaseRanOut),
+            Plan::of(
+                Some(Swept::MarkedUnknown),
+                vec![
+                    Write::SetUnknown {
+                        read_with: (7, State::InProgress),
+                        expires_at: NOW + 10_000,
+                    },
+                    event((Transition::LeaseExpired, actor::SWEEPER, Some("unknown"))),
+                ]
+            )
+        );
+        let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
+        assert_eq!(
+            swept(&releasing(State::InProgress), Due::LeaseRanOut),
+            Plan::of(Some(Swept::Released), vec![end(State::InProgress, by)])
+        );
+        let by = (Transition::Abandoned, actor::SWEEPER, None);
+        assert_eq!(
+            swept(&open, Due::LandedAbandoned),
+            Plan::of(Some(Swept::Abandoned), vec![end(State::InProgress, by)])
+        );
+        assert_eq!(
+            swept(&loaded(State::Completed), Due::Expired),
+            Plan::of(
+                Some(Swept::Archived),
+                vec![
+                    Write::Archive,
+                    event((Transition::Archived, actor::SWEEPER, None))
+                ]
+            )
+        );
+        assert_eq!(sweep(None, Due::Expired, NOW), Plan::only(None));
+        let mut report = SweepReport::default();
+        for s in [
+            Swept::Released,
+            Swept::MarkedUnknown,
+            Swept::Abandoned,
+            Swept::Archived,
+        ] {
+            s.count(&mut report);
+        }
+        assert_eq!(report.total(), 4);
+    }
+}
