@@ -50,6 +50,16 @@ impl StoreClient {
         }
     }
 
+    /// Store callouts sent and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The root's timer is off: nothing queued waits for it.
+    pub fn timer_off(&self) -> bool {
+        self.period.is_zero()
+    }
+
     /// Which queue's flight callout `token` is, if it is this client's.
     pub fn take(&mut self, token: u32) -> Option<(Queue, Flight)> {
         self.tokens.remove(&token)

@@ -29,6 +29,18 @@ pub fn set_tick_period(period: Duration) -> bool {
     ok
 }
 
+/// Tells Envoy that the root context, whose deletion `on_done` deferred, is
+/// finished: Envoy deletes it once this call into the filter returns. Only
+/// call it after `on_done` returned `false`, and once: otherwise Envoy
+/// answers `NotFound`, on which the SDK panics.
+pub fn done() -> bool {
+    let ok = hostcalls::done().is_ok();
+    if !ok {
+        log(LogLevel::Warn, "could not tell Envoy the root context is done");
+    }
+    ok
+}
+
 /// 128 random bits, hex: names this worker's claim attempts.
 pub fn random_hex() -> Option<String> {
     let mut seed = [0u8; 16];

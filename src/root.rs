@@ -1,10 +1,19 @@
 //! The root context: parses the configuration and sets up what every request
 //! on this worker's VM shares ([`Shared`]); hears the answers to callouts
 //! whose request context is gone, and drives the store client's timer.
+//!
+//! When Envoy lets the configuration go (a listener or filter update brought
+//! a new plugin configuration, or the filter was removed), it asks the root
+//! whether it is done; deleting it would cancel its callouts. A root with
+//! work that outlives its requests (detached requests whose client left,
+//! letters the store has not confirmed) says no and keeps its timer and its
+//! callouts until that work drains, then tells Envoy it is done.
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::time::Duration;
 
+use idemgate_core::client::BUDGET_MS;
 use idemgate_core::config::Config;
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -21,6 +30,61 @@ pub struct Root {
     /// This worker's random prefix for attempt ids, and the last number.
     attempt_prefix: String,
     attempts: Cell<u64>,
+    /// Set once Envoy let this configuration go while work was left: until
+    /// when (ms since the epoch) the root may go on finishing it.
+    drain_until: Option<i64>,
+    /// Envoy was told the root is done.
+    finished: bool,
+}
+
+/// The most a let-go root goes on: the letters' delivery budget. Nothing it
+/// waits on lasts longer (a letter is given up after it, a detached upstream
+/// call and a store call time out well within it), so the limit never cuts
+/// real work short; it only bounds a root whose work would never end.
+fn drain_limit_ms() -> i64 {
+    i64::try_from(BUDGET_MS).unwrap_or(i64::MAX)
+}
+
+/// While draining, the timer wakes the root at least this often.
+const DRAIN_TICK: Duration = Duration::from_secs(1);
+
+impl Root {
+    /// While draining: tells Envoy the root is done once nothing is left (or
+    /// the limit passed); otherwise keeps the timer running.
+    fn drain_step(&mut self) {
+        let (Some(until), Some(shared)) = (self.drain_until, &self.shared) else {
+            return;
+        };
+        if self.finished {
+            return;
+        }
+        let drained = shared.drained();
+        if !drained && host::now_ms() < until {
+            if shared.timer_off() {
+                host::set_tick_period(DRAIN_TICK);
+            }
+            return;
+        }
+        if drained {
+            host::log(
+                LogLevel::Info,
+                "a replaced configuration finished its detached requests and letters",
+            );
+        } else {
+            let (carriers, letters, calls) = shared.outstanding();
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "a replaced configuration gave up after {}s with {carriers} requests, \
+                     {letters} letters and {calls} store calls left; their leases will settle them",
+                    drain_limit_ms() / 1000
+                ),
+            );
+        }
+        self.finished = true;
+        host::set_tick_period(Duration::ZERO);
+        host::done();
+    }
 }
 
 impl Context for Root {
@@ -28,6 +92,33 @@ impl Context for Root {
         if let Some(shared) = &self.shared {
             shared.answer(token, num_headers, body_size);
         }
+        self.drain_step();
+    }
+
+    /// Envoy lets this configuration go. Deleting the root would cancel its
+    /// callouts: with work left it stays (`false`) until [`Root::drain_step`]
+    /// finds it drained and calls `proxy_done`.
+    fn on_done(&mut self) -> bool {
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        if shared.drained() {
+            return true;
+        }
+        let (carriers, letters, calls) = shared.outstanding();
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "configuration replaced: finishing {carriers} requests, {letters} letters and \
+                 {calls} store calls first (at most {}s)",
+                drain_limit_ms() / 1000
+            ),
+        );
+        self.drain_until = Some(host::now_ms().saturating_add(drain_limit_ms()));
+        if shared.timer_off() {
+            host::set_tick_period(DRAIN_TICK);
+        }
+        false
     }
 }
 
@@ -59,6 +150,7 @@ impl RootContext for Root {
         if let Some(shared) = &self.shared {
             shared.pump();
         }
+        self.drain_step();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -119,6 +119,32 @@ impl Shared {
         self.pump();
     }
 
+    /// Nothing of this worker's is left to finish: no carrier (attached or
+    /// detached), no letter, no store call queued or in flight.
+    pub fn drained(&self) -> bool {
+        let client = self.client.borrow();
+        self.carriers.borrow().is_empty()
+            && self.upstream_calls.borrow().is_empty()
+            && client.letters.is_empty()
+            && client.attached.queued() == 0
+            && client.in_flight() == 0
+    }
+
+    /// What is left to finish: carriers, letters, store calls in flight.
+    pub fn outstanding(&self) -> (usize, usize, usize) {
+        let client = self.client.borrow();
+        (
+            self.carriers.borrow().len(),
+            client.letters.len(),
+            client.in_flight(),
+        )
+    }
+
+    /// The store client's timer is off (nothing queued waits for it).
+    pub fn timer_off(&self) -> bool {
+        self.client.borrow().timer_off()
+    }
+
     /// Sends what the store client has ready, and hands out what came back
     /// at once (calls Envoy refused, callers that stopped waiting), which
     /// may queue more. Called at the end of every event, when no carrier is
