@@ -33,7 +33,7 @@ fn push(stack: &Stack, lds: &Path, edit: impl FnOnce(String) -> String) {
         admin: stack.admin_port,
         upstream: stack.upstream.addr.port(),
     };
-    let listener = edit(e2e::bootstrap("envoy/reload-listener.yaml", &ports));
+    let listener = edit(e2e::bootstrap("envoy/_reload-listener.yaml", &ports));
     let next = lds.with_file_name("listeners.yaml.next");
     std::fs::write(&next, listener).unwrap();
     std::fs::rename(&next, lds.join("listeners.yaml")).unwrap();
