@@ -111,23 +111,18 @@ impl Attached {
         if carried.group {
             self.busy = false;
         }
-        let n = carried.calls.len();
-        let answers = if n == 1 {
-            vec![answer]
-        } else {
-            match batch_verdict(answer, n) {
-                BatchVerdict::Split(answers) => answers,
-                verdict => {
-                    if matches!(verdict, BatchVerdict::Unknown) {
-                        self.alone_only = true;
-                        self.alone.extend(self.queued.drain(..));
-                    }
-                    for q in carried.calls.into_iter().rev() {
-                        self.queued_bytes += weight(&q.call);
-                        self.alone.push_front(q);
-                    }
-                    return Vec::new();
+        let answers = match batch_verdict(answer, carried.calls.len()) {
+            BatchVerdict::Split(answers) => answers,
+            verdict => {
+                if matches!(verdict, BatchVerdict::Unknown) {
+                    self.alone_only = true;
+                    self.alone.extend(self.queued.drain(..));
                 }
+                for q in carried.calls.into_iter().rev() {
+                    self.queued_bytes += weight(&q.call);
+                    self.alone.push_front(q);
+                }
+                return Vec::new();
             }
         };
         carried.calls.into_iter().map(|q| q.owner).zip(answers).collect()

@@ -128,22 +128,17 @@ impl Letters {
         let Some(letters) = self.flights.remove(&flight) else {
             return Vec::new();
         };
-        let n = letters.len();
-        let answers = if n == 1 {
-            vec![answer]
-        } else {
-            match batch_verdict(answer, n) {
-                BatchVerdict::Split(answers) => answers,
-                verdict => {
-                    self.alone_only |= matches!(verdict, BatchVerdict::Unknown);
-                    for mut p in letters.into_iter().rev() {
-                        p.alone = true;
-                        p.due = now;
-                        self.bytes += weight(&p.letter.call);
-                        self.waiting.push_front(p);
-                    }
-                    return Vec::new();
+        let answers = match batch_verdict(answer, letters.len()) {
+            BatchVerdict::Split(answers) => answers,
+            verdict => {
+                self.alone_only |= matches!(verdict, BatchVerdict::Unknown);
+                for mut p in letters.into_iter().rev() {
+                    p.alone = true;
+                    p.due = now;
+                    self.bytes += weight(&p.letter.call);
+                    self.waiting.push_front(p);
                 }
+                return Vec::new();
             }
         };
         let mut ended = Vec::new();

@@ -91,8 +91,11 @@ pub(crate) enum BatchVerdict {
     Refused,
 }
 
+/// How to read the answer to a callout that carried `n` calls (one alone
+/// is its own answer, whatever it is).
 pub(crate) fn batch_verdict(answer: crate::exchange::StoreAnswer, n: usize) -> BatchVerdict {
     match &answer {
+        _ if n == 1 => BatchVerdict::Split(vec![answer]),
         _ if crate::exchange::batches_unknown(&answer) => BatchVerdict::Unknown,
         Some((status @ 400..=499, _)) if *status != 429 => BatchVerdict::Refused,
         _ => BatchVerdict::Split(crate::exchange::batch_answers(answer, n)),
