@@ -1079,6 +1079,127 @@ async fn a_batch_decides_each_call_on_its_own(b: Arc<dyn Backend>) {
     cx.owned(&claim(&late, Some(1))).await;
 }
 
+/// The record as the plans see it, rebuilt from what an operator sees.
+fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::columns::LoadedRecord {
+    use idemgate_core::fingerprint::Fingerprint;
+    use idemgate_core::record::{RecordView, State};
+    idemgate_store::columns::LoadedRecord {
+        view: RecordView {
+            state: State::parse(&r.state).unwrap(),
+            fingerprint: r.fingerprint.clone().map(|h| Fingerprint::try_from(h).unwrap()),
+            fence: r.fence,
+            lease_until: r.lease_until,
+            status: r.status,
+            body_stored: r.body_stored,
+            completed_at: r.completed_at,
+            expires_at: r.expires_at,
+            archived: r.archived_at.is_some(),
+            attempt: r.attempt.clone(),
+        },
+        ttl_ms: r.ttl_ms,
+        headers_column: None,
+        response_key: None,
+        release_on_unknown: r.on_unknown == OnUnknown::Release,
+    }
+}
+
+/// Completes `req` and checks that the store did what [`plan::complete`]
+/// plans for the record as it was: the same reply, and either the planned
+/// completion and its event or nothing at all.
+async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol::CompleteRequest) {
+    use idemgate_store::plan::{self, Fence, Write};
+    let body: &[u8] = b"planned";
+    let before = history(cx, key).await;
+    let loaded = as_loaded(&before.records[0]);
+    let planned = plan::complete(Some(&loaded), req, req.body_stored.then_some(body), cx.now());
+    let reply = cx.store.complete(req, body).await.unwrap();
+    assert_eq!(reply, planned.reply, "{key}");
+    let after = history(cx, key).await;
+    match planned.writes.as_slice() {
+        [] => assert_eq!(after, before, "{key}"),
+        [Write::Complete {
+            response,
+            fence: Fence::Held(fence),
+            expires_at,
+            ..
+        }, Write::Event { by, .. }] => {
+            let (was, now) = (&before.records[0], &after.records[0]);
+            assert_eq!(now.state, "completed", "{key}");
+            assert_eq!(now.fence, *fence, "{key}");
+            assert_eq!(now.status, Some(response.status), "{key}");
+            assert_eq!(now.headers.as_deref(), Some(response.headers), "{key}");
+            assert_eq!(now.body_stored, response.body_stored, "{key}");
+            assert_eq!(now.completed_at, Some(cx.now()), "{key}");
+            assert_eq!(now.lease_until, cx.now(), "{key}");
+            assert_eq!(now.expires_at, Some(*expires_at), "{key}");
+            assert_eq!((now.generation, now.archived_at), (was.generation, None), "{key}");
+            assert_eq!(after.events.len(), before.events.len() + 1, "{key}");
+            let event = after.events.last().unwrap();
+            assert_eq!(
+                (
+                    event.transition.as_str(),
+                    event.actor.as_str(),
+                    event.detail.as_deref()
+                ),
+                (by.0.as_str(), by.1, by.2),
+                "{key}"
+            );
+            assert_eq!(
+                (event.at, event.fence, event.status),
+                (cx.now(), *fence, Some(response.status))
+            );
+            if response.body_stored {
+                let replay = cx.store.claim(&claim(&req.scope, Some(1))).await.unwrap();
+                assert_eq!(replay.body, body, "{key}");
+            }
+        }
+        other => panic!("{key}: a completion planned as {other:?}"),
+    }
+}
+
+/// A completion comes to what its plan says in every state it can meet:
+/// on PostgreSQL it is one statement that reads nothing first, on SQLite
+/// the plan carried out.
+async fn a_completion_comes_to_what_its_plan_says(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    // In progress, under each `on_unknown` (release asks for a durable commit).
+    let s = scope("k-plan-open");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(5);
+    complete_as_planned(&cx, "k-plan-open", &complete(&s, f, 201)).await;
+    let s = scope("k-plan-release");
+    let mut releasing = claim(&s, Some(1));
+    releasing.on_unknown = OnUnknown::Release;
+    let f = cx.owned(&releasing).await;
+    let mut unstored = complete(&s, f, 202);
+    unstored.body_stored = false;
+    complete_as_planned(&cx, "k-plan-release", &unstored).await;
+    // Unknown: a late completion under the current fence resolves it.
+    let s = scope("k-plan-unknown");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
+    cx.clock.advance(5);
+    complete_as_planned(&cx, "k-plan-unknown", &complete(&s, f, 200)).await;
+    // Completed: its own fence again changes nothing.
+    let s = scope("k-plan-completed");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.complete(&complete(&s, f, 201), b"first").await.unwrap();
+    cx.clock.advance(5);
+    complete_as_planned(&cx, "k-plan-completed", &complete(&s, f, 500)).await;
+    // A superseded fence changes nothing.
+    let s = scope("k-plan-stale");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    complete_as_planned(&cx, "k-plan-stale", &complete(&s, f + 1_000, 201)).await;
+    complete_as_planned(&cx, "k-plan-stale", &complete(&s, f.saturating_sub(1), 201)).await;
+    // Archived (unknown, then past its expiry): history, never completed.
+    let s = scope("k-plan-archived");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
+    cx.clock.advance(10_000);
+    assert!(cx.sweep(u64::MAX / 4).await.archived >= 1);
+    complete_as_planned(&cx, "k-plan-archived", &complete(&s, f, 201)).await;
+}
+
 /// One test per story and backend, so a failing story hides none of the
 /// others: `stories::sqlite::NAME` and `stories::postgres::NAME`. The
 /// PostgreSQL ones share a throwaway cluster, each in a fresh database.
@@ -1159,4 +1280,5 @@ stories!(
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,
+    a_completion_comes_to_what_its_plan_says,
 );
