@@ -202,8 +202,13 @@ pub fn label_records(records: &mut [RecordInfo], ids: &LogIds) {
 
 impl EventInfo {
     /// The event's structured log line: what operators monitor. The record
-    /// is named by its keyed hash under `ids`.
+    /// and the request fingerprint are named by their keyed hashes under
+    /// `ids`, never by the bare digests (contract §9).
     pub fn log(&self, ids: &LogIds) {
+        let fingerprint = self
+            .fingerprint
+            .as_deref()
+            .map_or_else(|| "-".to_string(), |f| ids.of_fingerprint(f));
         tracing::info!(
             target: "idemgate::events",
             event = %self.transition,
@@ -212,7 +217,7 @@ impl EventInfo {
             record = %ids.of(&self.scope),
             generation = self.generation,
             fence = self.fence,
-            fingerprint = self.fingerprint.as_deref().unwrap_or("-"),
+            fingerprint = %fingerprint,
             replayed = false,
             status = self.status.unwrap_or(0),
             duration_ms = self.duration_ms,

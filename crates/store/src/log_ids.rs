@@ -1,10 +1,18 @@
-//! How records are named in logs (semantics §9): never by their raw key, and
+//! How records are named in logs (contract §9): never by their raw key, and
 //! not by a bare digest either. A bare SHA-256 of the scope can be reversed
 //! for low-entropy keys (order numbers, counters) by hashing guesses, since
 //! tenant and route are in the same log line. The name is instead the first
 //! 12 hex digits of an HMAC-SHA256 of the scope's encoding under a secret
 //! that only the store holds: without it, a log line says nothing about the
 //! key.
+//!
+//! Request fingerprints reach event log lines the same way: a fingerprint is
+//! a bare SHA-256 of method, route, path and body, so whoever reads the logs
+//! could confirm a guessed low-entropy body (an amount, an account id) by
+//! hashing it. A line carries instead 12 hex digits of an HMAC of the
+//! fingerprint under the same secret, with a label in front that keeps the
+//! two names apart (see [`LogIds::of_fingerprint`]). The admin API and
+//! `inspect`, which are not logs, still show the stored fingerprint.
 //!
 //! The secret comes from `--log-key-file`; without one, `serve` derives it
 //! from the admin credential, which every replica already shares and which
@@ -16,6 +24,12 @@ use idemgate_core::scope::Scope;
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// What a fingerprint's name hashes before the fingerprint. A scope's
+/// encoding starts with a zero byte (the high byte of the length of a
+/// component of at most 255 bytes); this label does not, so no fingerprint's
+/// name is ever computed over the same bytes as a record's.
+const FINGERPRINT_LABEL: &[u8] = b"idemgate log fingerprint v1\0";
 
 /// The shortest log key accepted from a file, in bytes.
 pub const MIN_KEY_LEN: usize = 16;
@@ -79,9 +93,24 @@ impl LogIds {
     pub fn of(&self, scope: &Scope) -> String {
         let mut mac = self.mac.clone();
         mac.update(&scope.encode());
-        let tag = mac.finalize().into_bytes();
-        tag.iter().take(6).map(|b| format!("{b:02x}")).collect()
+        short(&mac.finalize().into_bytes())
     }
+
+    /// The name of a request fingerprint in a log line: 12 hex digits of the
+    /// HMAC of a label and the fingerprint as stored (its 64 hex digits),
+    /// under the same secret as [`LogIds::of`]. Equal fingerprints have equal
+    /// names under one secret, so lines about one request still correlate.
+    pub fn of_fingerprint(&self, fingerprint: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(FINGERPRINT_LABEL);
+        mac.update(fingerprint.as_bytes());
+        short(&mac.finalize().into_bytes())
+    }
+}
+
+/// The first 6 bytes of a tag, in hex.
+fn short(tag: &[u8]) -> String {
+    tag.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -177,6 +206,37 @@ mod tests {
         assert!(err.contains("at least 16"), "{err}");
         let err = LogIds::from_file(&dir.path().join("absent")).unwrap_err();
         assert!(err.contains("cannot read the log key file"), "{err}");
+    }
+
+    #[test]
+    fn a_fingerprint_is_named_by_a_keyed_hash_apart_from_record_names() {
+        let ids = LogIds::new(b"0123456789abcdef0123456789abcdef").unwrap();
+        // The fingerprint of a low-entropy body.
+        let of_body =
+            |body: &str| -> String { Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect() };
+        let fingerprint = of_body(r#"{"amount":4200}"#);
+        let logged = ids.of_fingerprint(&fingerprint);
+        assert_eq!(logged.len(), 12);
+        assert!(logged.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!fingerprint.contains(&logged));
+        // Without the secret, hashing guessed amounts matches nothing.
+        for amount in 0..10_000 {
+            let guess = of_body(&format!(r#"{{"amount":{amount}}}"#));
+            assert_ne!(&guess[..12], logged, "amount {amount}");
+        }
+        // Reproducible under the secret, another under another secret.
+        assert_eq!(ids.of_fingerprint(&fingerprint), logged);
+        let other = LogIds::new(b"fedcba9876543210fedcba9876543210").unwrap();
+        assert_ne!(other.of_fingerprint(&fingerprint), logged);
+        assert_ne!(ids.of_fingerprint(&of_body("{}")), logged);
+        // Never a record's name: the label keeps the two hashes apart, even
+        // over bytes that are a scope's encoding.
+        let s = scope("1042");
+        let encoded = String::from_utf8(s.encode()).unwrap();
+        assert_ne!(ids.of_fingerprint(&encoded), ids.of(&s));
+        assert_ne!(ids.of_fingerprint(&fingerprint), ids.of(&s));
+        assert_ne!(FINGERPRINT_LABEL[0], 0);
+        assert_eq!(s.encode()[0], 0);
     }
 
     #[test]

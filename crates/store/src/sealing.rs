@@ -14,7 +14,18 @@
 //! generation or an operator's resolution has another), and which part it
 //! is (headers or body). A ciphertext copied to another record, another
 //! generation of the same key, or from the headers to the body column
-//! does not open.
+//! does not open, and neither does a sealed body blanked by someone else.
+//!
+//! What it does not cover: the rest of the row. The status, the
+//! `body_stored` flag and `response_key` itself are outside the sealed bytes
+//! and the associated data, and a record without a key id is plaintext
+//! (records stored before sealing was turned on are), so a writer with
+//! access to the database can change a sealed response's status, or clear
+//! `response_key` and write a response in clear, and it is served. Sealing
+//! gives confidentiality at rest and the integrity of the sealed bytes bound
+//! to their record and fence; it is not a signature of the record. Covering
+//! the status and the flag needs them in the associated data, under a new
+//! version label so that records sealed under `v1` still open.
 //!
 //! The key file: one key a line, `ID:BASE64`, where `ID` is 1–32 letters,
 //! digits, `.`, `_` or `-` and `BASE64` is 32 random bytes in standard
@@ -247,7 +258,10 @@ impl Seal {
             .map_err(|_| StoreError::Corrupt("opened headers are not UTF-8".into()))
     }
 
-    /// The body column as written by [`Seal::seal`], opened.
+    /// The body column of a stored body (`body_stored`) as written by
+    /// [`Seal::seal`], opened. Under a key, an empty column (or a NULL one,
+    /// read as empty) is refused: a sealed body, even an empty one, has at
+    /// least its nonce and tag, so the column was blanked by someone else.
     pub fn open_body(
         &self,
         key_id: Option<&str>,
@@ -256,8 +270,8 @@ impl Seal {
         column: Vec<u8>,
     ) -> Result<Vec<u8>> {
         match key_id {
-            Some(id) if !column.is_empty() => open_part(self.cipher(id)?, Part::Body, key, fence, &column),
-            _ => Ok(column),
+            Some(id) => open_part(self.cipher(id)?, Part::Body, key, fence, &column),
+            None => Ok(column),
         }
     }
 }
@@ -345,6 +359,39 @@ mod tests {
         let mut bad = body;
         bad[15] ^= 1;
         assert!(seal.open_body(Some("a"), &key(1), 7, bad).is_err());
+        // A blanked column under a key: no, not an empty body.
+        let err = seal.open_body(Some("a"), &key(1), 7, Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("shorter than its nonce"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_body_seals_to_its_nonce_and_tag_and_opens_empty() {
+        let seal = Seal::parse(A).unwrap();
+        let s = seal.seal(&key(1), 3, "[]".into(), Some(b"")).unwrap();
+        let body = s.body.unwrap().into_owned();
+        assert_eq!(body.len(), OVERHEAD);
+        assert_eq!(seal.open_body(Some("a"), &key(1), 3, body).unwrap(), b"");
+    }
+
+    #[test]
+    fn what_sealing_does_not_cover_the_key_column_and_what_lies_outside_the_bytes() {
+        // The associated data names the record, the fence and the column,
+        // not the status or the body-stored flag: those are the caller's
+        // columns, unauthenticated. And without a key id the column is
+        // plaintext, whatever the store's configuration: records stored
+        // before sealing was turned on are served as they are, so a writer
+        // who clears `response_key` and writes a body in clear is served too.
+        let seal = Seal::parse(A).unwrap();
+        assert_eq!(
+            seal.open_body(None, &key(1), 7, b"forged".to_vec()).unwrap(),
+            b"forged"
+        );
+        assert_eq!(
+            seal.open_headers(None, &key(1), 7, Some("[]".into()))
+                .unwrap()
+                .as_deref(),
+            Some("[]")
+        );
     }
 
     #[test]

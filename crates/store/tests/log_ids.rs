@@ -1,7 +1,9 @@
-//! Records are named in logs by a keyed hash (semantics §9): the name in an
+//! Records are named in logs by a keyed hash (contract §9): the name in an
 //! event's log line is the one the admin API shows, it is the same in every
-//! replica given the same key file, and it is not a bare digest.
+//! replica given the same key file, and it is not a bare digest. The same
+//! holds for the request fingerprint an event line carries.
 
+use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
 use sha2::{Digest, Sha256};
 
@@ -129,4 +131,115 @@ async fn a_short_log_key_file_stops_the_store_with_a_clear_error() {
     let db = format!("sqlite://{}", dir.path().join("store.db").display());
     let err = serve_refused(&db, &["--log-key-file".as_ref(), key_file.as_os_str()]);
     assert!(err.contains("log key") && err.contains("at least 16"), "{err}");
+}
+
+/// The `fingerprint=` of every `idemgate::events` line of `log`.
+fn logged_fingerprints(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("idemgate::events"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("fingerprint=")))
+        .map(|w| w.trim_matches('"').to_string())
+        .collect()
+}
+
+/// Claims `s` with `fingerprint` and completes it through the API.
+async fn claim_and_complete_with(
+    p: &StoreProcess,
+    s: &idemgate_core::scope::Scope,
+    fingerprint: Fingerprint,
+) {
+    let c = client();
+    let req = idemgate_core::protocol::ClaimRequest {
+        fingerprint: Some(fingerprint),
+        ..claim(s, None)
+    };
+    let r = request(
+        &c,
+        "POST",
+        &p.url("/v1/claim"),
+        Some(API),
+        encode_frame(&req, b""),
+    )
+    .await;
+    let ClaimReply::Owned { fence } = decode_frame::<ClaimReply>(&r.body).unwrap().0 else {
+        panic!("not owned: {:?}", String::from_utf8_lossy(&r.body));
+    };
+    let r = request(
+        &c,
+        "POST",
+        &p.url("/v1/complete"),
+        Some(API),
+        encode_frame(&complete(s, fence, 201), b"{}"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_line_names_the_fingerprint_by_a_keyed_hash_never_by_the_bare_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let key_file = dir.path().join("log.key");
+    std::fs::write(&key_file, "bG9nLWtleS1zaGFyZWQtYnktcmVwbGljYXM=\n").unwrap();
+    let other_file = dir.path().join("other.key");
+    std::fs::write(&other_file, "YW5vdGhlci1zZWNyZXQtZm9yLWxvZy1pZHM=\n").unwrap();
+    let with_key = |path: std::path::PathBuf| {
+        move |cmd: &mut std::process::Command| {
+            cmd.arg("--log-key-file").arg(path);
+        }
+    };
+    // A low-entropy body: whoever reads the logs could hash every amount
+    // until one matches a bare fingerprint.
+    let digest: [u8; 32] = Sha256::digest(br#"{"amount":4200}"#).into();
+    let fingerprint = Fingerprint::from_bytes(digest);
+    let bare = fingerprint.to_hex();
+
+    let first = StoreProcess::start_with(&db, "info", with_key(key_file.clone())).await;
+    claim_and_complete_with(&first, &scope("order-1"), fingerprint).await;
+    let log = first.log();
+    assert!(!log.contains(&bare), "the bare fingerprint in the log:\n{log}");
+    assert!(
+        !log.contains(&bare[..12]),
+        "a prefix of the bare fingerprint in the log:\n{log}"
+    );
+    let logged = logged_fingerprints(&log);
+    assert!(!logged.is_empty(), "no fingerprint in the event lines:\n{log}");
+    let named = logged[0].clone();
+    assert!(logged.iter().all(|f| *f == named), "{logged:?}");
+    assert_eq!(named.len(), 12, "{named}");
+    assert!(named.bytes().all(|b| b.is_ascii_hexdigit()), "{named}");
+    // Never the record's name: the two hashes are kept apart.
+    let records = logged_records(&log);
+    assert!(!records.is_empty());
+    assert!(records.iter().all(|r| *r != named), "{records:?} {named}");
+    // The admin API, which is not a log, still shows the stored fingerprint.
+    let body = br#"{"tenant": "acme", "key": "order-1"}"#.to_vec();
+    let r = request(
+        &client(),
+        "POST",
+        &first.url("/admin/v1/records/lookup"),
+        Some(ADMIN),
+        body,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let history: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(history["records"][0]["fingerprint"], bare.as_str());
+    drop(first);
+
+    // Another replica with the same key file names the same request alike,
+    // on another record: lines about one request body correlate.
+    let second = StoreProcess::start_with(&db, "info", with_key(key_file)).await;
+    claim_and_complete_with(&second, &scope("order-2"), fingerprint).await;
+    let again = logged_fingerprints(&second.log());
+    assert!(!again.is_empty());
+    assert!(again.iter().all(|f| *f == named), "{again:?} {named}");
+    drop(second);
+
+    // Another secret, another name.
+    let third = StoreProcess::start_with(&db, "info", with_key(other_file)).await;
+    claim_and_complete_with(&third, &scope("order-3"), fingerprint).await;
+    let other = logged_fingerprints(&third.log());
+    assert!(!other.is_empty());
+    assert!(other.iter().all(|f| *f != named && *f != bare), "{other:?}");
 }

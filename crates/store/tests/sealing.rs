@@ -285,3 +285,84 @@ async fn the_store_says_whether_it_seals_and_refuses_a_bad_key_file() {
     assert!(err.contains("line 2") && err.contains("32"), "{err}");
     assert!(!err.contains("c2hvcnQ"), "a key in the error: {err}");
 }
+
+/// Sets `assignments` on the current record of `key` in the SQLite file
+/// `path`, as a writer with access to the database would.
+fn tamper(path: &Path, key: &str, assignments: &str) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let sql = format!("UPDATE idempotency_records SET {assignments} WHERE idem_key = ?1");
+    assert_eq!(conn.execute(&sql, [key]).unwrap(), 1, "{sql}");
+}
+
+/// What sealing protects against a writer with access to the database, and
+/// what it does not (operations.md, "What sealing protects"). The sealed
+/// bytes are bound to their record, fence and column, and a sealed body that
+/// was blanked is refused; but the status, the `body_stored` flag and the
+/// `response_key` column are not authenticated, so a writer can still change
+/// the status of a sealed response, or downgrade a record to plaintext and
+/// have the store serve what they wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealing_binds_the_sealed_bytes_but_not_the_status_or_the_sealed_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let url = format!("sqlite://{}", path.display());
+    let a = Api::new(backend_at(&url, seal(KEY_A)).await);
+    for key in ["k-blank", "k-null", "k-moved", "k-status", "k-flag", "k-plain"] {
+        a.complete(key, &body_of(CANARY), 10_000).await;
+        assert_eq!(a.replay(key).await.2, body_of(CANARY));
+    }
+
+    // A sealed body blanked, or cleared, while the record still names its
+    // key: refused (503), never replayed as an empty body.
+    tamper(&path, "k-blank", "response_body = x''");
+    tamper(&path, "k-null", "response_body = NULL");
+    for key in ["k-blank", "k-null"] {
+        let (status, body) = a.claim(key, 10_000).await;
+        assert_eq!(status, 503, "{key}: {}", String::from_utf8_lossy(&body));
+    }
+    // Another record's ciphertext: does not open.
+    tamper(
+        &path,
+        "k-moved",
+        "response_body = (SELECT response_body FROM idempotency_records WHERE idem_key = 'k-status')",
+    );
+    let (status, _) = a.claim("k-moved", 10_000).await;
+    assert_eq!(status, 503);
+
+    // Not covered: the status is outside the sealed bytes, so a changed
+    // status is served with the genuine body; cleared headers, as none.
+    tamper(
+        &path,
+        "k-status",
+        "response_status = 200, response_headers = NULL",
+    );
+    let (status, headers, body) = a.replay("k-status").await;
+    assert_eq!((status, headers, body), (200, vec![], body_of(CANARY)));
+    // Nor is the `body_stored` flag: cleared, the record answers as a
+    // result too large to keep.
+    tamper(&path, "k-flag", "body_stored = 0");
+    let (status, reply) = a.claim("k-flag", 10_000).await;
+    assert_eq!(status, 200);
+    let reply = decode_frame::<ClaimReply>(&reply).unwrap().0;
+    assert!(
+        matches!(
+            reply,
+            ClaimReply::ResultUnavailable {
+                original_status: 201,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+
+    // Not covered: a record downgraded to plaintext (no `response_key`, a
+    // body and headers in clear) is served as written, since records stored
+    // before sealing was turned on are plaintext too.
+    tamper(
+        &path,
+        "k-plain",
+        "response_key = NULL, response_headers = '[]', response_body = CAST('forged' AS BLOB)",
+    );
+    let (status, headers, body) = a.replay("k-plain").await;
+    assert_eq!((status, headers, body), (201, vec![], b"forged".to_vec()));
+}
