@@ -1,5 +1,5 @@
 //! The root context: parses the configuration and sets up what every request
-//! on this worker's VM shares ([`Shared`]); hears the answers to callouts
+//! on this worker's VM shares ([`Worker`]); hears the answers to callouts
 //! whose request context is gone, and drives the store client's timer.
 //!
 //! When Envoy lets the configuration go (a listener or filter update brought
@@ -19,14 +19,14 @@ use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
+use crate::filter::Filter;
 use crate::host;
-use crate::http::Filter;
-use crate::shared::Shared;
+use crate::worker::Worker;
 
 #[derive(Default)]
 pub struct Root {
     /// `None` until a valid configuration arrived.
-    shared: Option<Rc<Shared>>,
+    worker: Option<Rc<Worker>>,
     /// This worker's random prefix for attempt ids, and the last number.
     attempt_prefix: String,
     attempts: Cell<u64>,
@@ -52,15 +52,15 @@ impl Root {
     /// While draining: tells Envoy the root is done once nothing is left (or
     /// the limit passed); otherwise keeps the timer running.
     fn drain_step(&mut self) {
-        let (Some(until), Some(shared)) = (self.drain_until, &self.shared) else {
+        let (Some(until), Some(worker)) = (self.drain_until, &self.worker) else {
             return;
         };
         if self.finished {
             return;
         }
-        let drained = shared.drained();
+        let drained = worker.drained();
         if !drained && host::now_ms() < until {
-            if shared.timer_off() {
+            if worker.timer_off() {
                 host::set_tick_period(DRAIN_TICK);
             }
             return;
@@ -71,11 +71,11 @@ impl Root {
                 "a replaced configuration finished its detached requests and letters",
             );
         } else {
-            let (carriers, letters, calls) = shared.outstanding();
+            let (drivers, letters, calls) = worker.outstanding();
             host::log(
                 LogLevel::Warn,
                 &format!(
-                    "a replaced configuration gave up after {}s with {carriers} requests, \
+                    "a replaced configuration gave up after {}s with {drivers} requests, \
                      {letters} letters and {calls} store calls left; their leases will settle them",
                     drain_limit_ms() / 1000
                 ),
@@ -89,8 +89,8 @@ impl Root {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        if let Some(shared) = &self.shared {
-            shared.answer(token, num_headers, body_size);
+        if let Some(worker) = &self.worker {
+            worker.answer(token, num_headers, body_size);
         }
         self.drain_step();
     }
@@ -99,23 +99,23 @@ impl Context for Root {
     /// callouts: with work left it stays (`false`) until [`Root::drain_step`]
     /// finds it drained and calls `proxy_done`.
     fn on_done(&mut self) -> bool {
-        let Some(shared) = &self.shared else {
+        let Some(worker) = &self.worker else {
             return true;
         };
-        if shared.drained() {
+        if worker.drained() {
             return true;
         }
-        let (carriers, letters, calls) = shared.outstanding();
+        let (drivers, letters, calls) = worker.outstanding();
         host::log(
             LogLevel::Info,
             &format!(
-                "configuration replaced: finishing {carriers} requests, {letters} letters and \
+                "configuration replaced: finishing {drivers} requests, {letters} letters and \
                  {calls} store calls first (at most {}s)",
                 drain_limit_ms() / 1000
             ),
         );
         self.drain_until = Some(host::now_ms().saturating_add(drain_limit_ms()));
-        if shared.timer_off() {
+        if worker.timer_off() {
             host::set_tick_period(DRAIN_TICK);
         }
         false
@@ -136,7 +136,7 @@ impl RootContext for Root {
                     return false;
                 };
                 self.attempt_prefix = prefix;
-                self.shared = Some(Rc::new(Shared::new(Rc::new(config))));
+                self.worker = Some(Rc::new(Worker::new(Rc::new(config))));
                 true
             }
             Err(e) => {
@@ -147,8 +147,8 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Some(shared) = &self.shared {
-            shared.pump();
+        if let Some(worker) = &self.worker {
+            worker.pump();
         }
         self.drain_step();
     }
@@ -159,7 +159,7 @@ impl RootContext for Root {
         let n = self.attempts.get().wrapping_add(1);
         self.attempts.set(n);
         let attempt = Attempt::try_from(format!("{}-{n:x}", self.attempt_prefix)).ok();
-        Some(Box::new(Filter::new(context_id, self.shared.clone(), attempt)))
+        Some(Box::new(Filter::new(context_id, self.worker.clone(), attempt)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

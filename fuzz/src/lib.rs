@@ -14,7 +14,7 @@ use idemgate_core::key::{parse_key, KeyRules, MAX_KEY_LEN};
 use idemgate_core::protocol::{decode_frame, ClaimReply, ClaimRequest};
 use idemgate_testkit::INTERNALS;
 
-/// `Idempotency-Key` parsing (semantics §1). The first byte picks the rules
+/// `Idempotency-Key` parsing (contract §1). The first byte picks the rules
 /// and how many field lines the rest is split into (at `\n`).
 pub fn key(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {

@@ -1,4 +1,4 @@
-//! One test per row of the contract's answer table (semantics §4) and stored
+//! One test per row of the contract's answer table (contract §4) and stored
 //! outcomes (§5), plus concurrency, hostile input and store failure, all
 //! through the real Envoy with the real store behind it.
 

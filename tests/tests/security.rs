@@ -1,4 +1,4 @@
-//! Tenant isolation and hostile clients (semantics §2, §7, §9), through the
+//! Tenant isolation and hostile clients (contract §2, §7, §9), through the
 //! real Envoy and the real store: another tenant's key, forged identity
 //! headers and tokens, the store's credentials, and what logs and problem
 //! bodies may never contain.

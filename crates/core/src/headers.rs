@@ -183,7 +183,7 @@ pub fn relayed(lines: &Lines) -> Vec<(String, String)> {
 
 /// Builds the exchange's view of a request covered by `policy`. `path` is the
 /// request's `:path` as received; `claim(payload, claim)` reads a JWT claim
-/// (see [`crate::claims`]); `route_cluster` is the cluster Envoy routes the
+/// (see [`crate::jwt`]); `route_cluster` is the cluster Envoy routes the
 /// request to, for detached forwarding.
 pub fn request_head(
     policy: &Policy,

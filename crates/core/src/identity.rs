@@ -1,4 +1,4 @@
-//! Who is asking (semantics §2), decided in one place: the tenant and
+//! Who is asking (contract §2), decided in one place: the tenant and
 //! principal a policy names, read as the request carries them, become the
 //! scope of its key — or the one error that says why they cannot.
 //!

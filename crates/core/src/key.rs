@@ -1,4 +1,4 @@
-//! The `Idempotency-Key` header (semantics §1).
+//! The `Idempotency-Key` header (contract §1).
 //!
 //! A request carries at most one `Idempotency-Key` field line. Its value is an
 //! RFC 9651 sf-string (`"8e03…"`) or, unless the policy is strict, the same

@@ -8,7 +8,6 @@
 //! Nothing in this crate does I/O or reads a clock; time is always an argument,
 //! so every rule is tested with plain values.
 
-pub mod claims;
 pub mod client;
 pub mod config;
 pub mod exchange;
@@ -16,6 +15,7 @@ pub mod fingerprint;
 pub mod headers;
 pub mod identity;
 pub mod jcs;
+pub mod jwt;
 pub mod key;
 pub mod limits;
 pub mod origin;

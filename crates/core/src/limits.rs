@@ -1,4 +1,4 @@
-//! The bounds the filter and the store agree on (semantics §5).
+//! The bounds the filter and the store agree on (contract §5).
 //!
 //! The store refuses a frame beyond these with a 4xx; the filter's
 //! configuration refuses the settings that would produce one, so a store 4xx

@@ -1,4 +1,4 @@
-//! Where a response came from (semantics §5), told from Envoy's
+//! Where a response came from (contract §5), told from Envoy's
 //! `response.code_details`.
 //!
 //! The filter sits before the router and before any filter placed after it,

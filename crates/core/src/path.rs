@@ -1,4 +1,4 @@
-//! Path normalization for policy matching and fingerprints (semantics §4).
+//! Path normalization for policy matching and fingerprints (contract §4).
 //!
 //! Many frameworks execute `/v1/payments/`, `//v1/payments`, `/v1/./payments`
 //! and `/v1/%70ayments` as `/v1/payments` (Express with its default

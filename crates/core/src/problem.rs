@@ -1,4 +1,4 @@
-//! RFC 9457 problem details (semantics §7).
+//! RFC 9457 problem details (contract §7).
 //!
 //! Every answer the filter or the store gives on its own behalf is a problem
 //! document: `Content-Type: application/problem+json`, `Cache-Control:

@@ -1,4 +1,4 @@
-//! Record lifecycle rules used by the store (semantics §4–§6).
+//! Record lifecycle rules used by the store (contract §4–§6).
 //!
 //! A record is `in_progress` (leased to one owner, who holds a fencing token
 //! and named its claim attempt), `completed` (a stored response), or `unknown`
@@ -151,7 +151,7 @@ pub enum ClaimDecision {
 }
 
 /// Two fingerprints conflict only when both are present and differ: a policy
-/// in fingerprint mode `none` cannot detect reuse (semantics §3).
+/// in fingerprint mode `none` cannot detect reuse (contract §3).
 pub fn fingerprints_conflict(stored: Option<&Fingerprint>, offered: Option<&Fingerprint>) -> bool {
     matches!((stored, offered), (Some(a), Some(b)) if a != b)
 }

@@ -1,4 +1,4 @@
-//! The record's identity (semantics §2).
+//! The record's identity (contract §2).
 //!
 //! A record is never identified by the bare key but by the tuple
 //! `(scope_version, tenant, principal, route, namespace, key)`. Tenant,

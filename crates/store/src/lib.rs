@@ -1,5 +1,5 @@
 //! The idemgate store: claims, leases, fencing tokens, replay and audit for
-//! the Envoy filter (semantics §4–§7, §9).
+//! the Envoy filter (contract §4–§7, §9).
 //!
 //! The filter calls `POST /v1/claim` before forwarding a request and
 //! `/v1/complete`, `/v1/release` or `/v1/mark-unknown` afterwards, always with

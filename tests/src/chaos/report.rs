@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use super::{Faults, DETACHED_LEASE_MS, DETACHED_TIMEOUT_MS};
+
 /// What the audit found.
 #[derive(Debug, Default)]
 pub struct Audit {
@@ -13,6 +15,9 @@ pub struct Audit {
     pub executions: usize,
     pub replays_checked: usize,
     pub unknown_checked: usize,
+    /// Completed records too long to keep their body, re-checked for `409
+    /// result-unavailable`.
+    pub unavailable_checked: usize,
     pub by_outcome: BTreeMap<String, usize>,
     /// Requests that repeated a key (same or changed body).
     pub duplicates: usize,
@@ -20,6 +25,18 @@ pub struct Audit {
     pub changed_bodies: usize,
     /// Keys sent by more than one tenant.
     pub shared_keys: usize,
+    /// Each route's traffic, by policy name.
+    pub by_route: BTreeMap<&'static str, RouteTraffic>,
+    /// Executions whose response was at least [`LARGE_RESPONSE`] bytes, and
+    /// those of them at least [`HUGE_RESPONSE`].
+    pub large_responses: usize,
+    pub huge_responses: usize,
+    /// Requests to a detached route whose client stopped waiting before the
+    /// answer, and how their keys' current records ended.
+    pub left_detached: usize,
+    pub left_detached_ended: BTreeMap<String, usize>,
+    /// Those whose key ended unknown (see [`Audit::judge_left_detached`]).
+    pub left_detached_not_completed: Vec<LeftDetached>,
     /// Generations in the store's history of all scopes, and how the ended
     /// ones ended.
     pub generations: usize,
@@ -45,6 +62,42 @@ pub struct Audit {
     /// store-unavailable`.
     pub answered_at: Vec<(i64, bool)>,
 }
+
+/// A detached request whose client stopped waiting, and whose key ended
+/// unknown rather than completed.
+#[derive(Debug, Clone)]
+pub struct LeftDetached {
+    /// The key, its generation, events, executions and requests.
+    pub what: String,
+    /// When its generation was claimed (ms since the epoch).
+    pub claimed_at: i64,
+    /// The upstream's delay (`x-test-delay-ms`).
+    pub delay_ms: i64,
+    pub upstream_ran: bool,
+    /// The upstream reset it or answered `uncertain` on purpose.
+    pub upstream_reset: bool,
+    /// The sweeper ended its lease (rather than the filter marking it).
+    pub lease_ran_out: bool,
+}
+
+/// One route's share of the traffic.
+#[derive(Debug, Default)]
+pub struct RouteTraffic {
+    pub requests: usize,
+    pub scopes: usize,
+    pub executions: usize,
+    /// Executions whose response was at least [`LARGE_RESPONSE`] bytes.
+    pub large_responses: usize,
+    /// Answers by outcome (a problem's type, `replayed`, a status, or `no
+    /// answer`).
+    pub outcomes: BTreeMap<String, usize>,
+}
+
+/// A response this long counts as large (near the 512 KiB `max_stored_body`
+/// or above it).
+pub const LARGE_RESPONSE: usize = 400 * 1024;
+/// ... and this long as near the 4 MiB the store keeps at most.
+pub const HUGE_RESPONSE: usize = 4_000_000;
 
 /// The share of `503 store-unavailable` answers allowed outside the fault
 /// windows: a healthy store answers in time.
@@ -74,6 +127,47 @@ impl Audit {
                 }
             }
         }
+    }
+
+    /// A detached request whose client left is carried on until its
+    /// upstream answers and recorded (contract §5): its key ends completed.
+    /// It may end unknown only if its upstream never ran (a burnt key,
+    /// judged apart), reset or answered `uncertain`, ran into the forwarding
+    /// timeout (a delay within 1 s of it, for a loaded machine), or a fault
+    /// that loses the answer came while it was in flight: the upstream's
+    /// connections reset or Envoy killed; or its lease ran out while the
+    /// store was down or frozen, so the completion could not land in time.
+    /// Any other is a violation; returns the excused ones, with why.
+    pub fn judge_left_detached(&mut self, faults: &Faults) -> Vec<String> {
+        let mut excused = Vec::new();
+        for l in &self.left_detached_not_completed {
+            let during = |names: &[&str]| {
+                faults.windows.iter().find(|(name, from, to)| {
+                    names.contains(name) && *to >= l.claimed_at && *from <= l.claimed_at + DETACHED_LEASE_MS
+                })
+            };
+            let why = if !l.upstream_ran {
+                Some("its upstream never ran".to_string())
+            } else if l.upstream_reset {
+                Some("its upstream reset on purpose".to_string())
+            } else if l.delay_ms + 1_000 >= DETACHED_TIMEOUT_MS {
+                Some(format!("a {} ms upstream against the {DETACHED_TIMEOUT_MS} ms timeout", l.delay_ms))
+            } else if let Some((name, from, _)) = during(&["upstream reset", "Envoy SIGKILL"]) {
+                Some(format!("a {name} {} ms after the claim", from - l.claimed_at))
+            } else if let Some((name, from, _)) = during(&["store SIGKILL", "store stall"]).filter(|_| l.lease_ran_out) {
+                Some(format!("a {name} {} ms after the claim, and the lease ran out", from - l.claimed_at))
+            } else {
+                None
+            };
+            match why {
+                Some(why) => excused.push(format!("{} — {why}", l.what)),
+                None => self.violations.push(format!(
+                    "{}: a detached request whose client left ended unknown with no fault to lose it",
+                    l.what
+                )),
+            }
+        }
+        excused
     }
 
     /// A healthy store answers in time: outside the fault `windows` (name,
@@ -124,17 +218,38 @@ impl Audit {
 
     /// The hostile part of the traffic, for the results table.
     pub fn hostile(&self) -> String {
-        format!(
+        let mut s = format!(
             "{} duplicate requests, {} with a changed body, {} keys sent by two tenants",
             self.duplicates, self.changed_bodies, self.shared_keys
-        )
+        );
+        if self.large_responses > 0 || self.left_detached > 0 {
+            s.push_str(&format!(
+                ", {} responses of 400 KiB–4.5 MiB ({} of them ≥ 4 MB), {} clients that left a detached request",
+                self.large_responses, self.huge_responses, self.left_detached
+            ));
+        }
+        s
+    }
+
+    /// One line per route: its requests, scopes, executions, large
+    /// responses and answers by outcome.
+    pub fn routes(&self) -> Vec<String> {
+        self.by_route
+            .iter()
+            .map(|(name, t)| {
+                format!(
+                    "{name}: {} requests, {} scopes, {} executions ({} large responses); answers {:?}",
+                    t.requests, t.scopes, t.executions, t.large_responses, t.outcomes
+                )
+            })
+            .collect()
     }
 
     /// The verdict column of the results table.
     pub fn verdict(&self) -> String {
         format!(
             "{} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims \
-             ({} replays, {} unknown records re-checked; {} generations, re-run after {}; \
+             ({} replays, {} unknown and {} result-unavailable records re-checked; {} generations, re-run after {}; \
              {} left unknown by an Envoy kill or upstream reset in flight)",
             self.double_executions.len(),
             self.violations.len(),
@@ -142,6 +257,7 @@ impl Audit {
             self.abandoned_executed.len(),
             self.replays_checked,
             self.unknown_checked,
+            self.unavailable_checked,
             self.generations,
             self.reruns_text(),
             self.unknown_by_contract.len()
@@ -161,7 +277,7 @@ impl Audit {
     pub fn summary(&self) -> String {
         let mut s = format!(
             "{} requests ({} answered, {} transport errors), {} scopes, {} executions, \
-             {} replays and {} unknown records re-checked; outcomes {:?}; \
+             {} replays, {} unknown and {} result-unavailable records re-checked; outcomes {:?}; \
              {} generations, ended {:?}, re-run after {}; \
              {} double executions, {} contract violations, {} burnt keys, {} executions of abandoned claims",
             self.requests,
@@ -171,6 +287,7 @@ impl Audit {
             self.executions,
             self.replays_checked,
             self.unknown_checked,
+            self.unavailable_checked,
             self.by_outcome,
             self.generations,
             self.ended,

@@ -2,7 +2,7 @@
 //!
 //! Sans-IO: the filter feeds in what Envoy tells it (request head, body chunks,
 //! store replies, the upstream's response, the end of the stream) and carries out
-//! the [`Step`] it gets back. Every decision of semantics §4 and §5 is made here
+//! the [`Step`] it gets back. Every decision of contract §4 and §5 is made here
 //! and tested with plain values.
 //!
 //! Once the exchange has answered on its own ([`Step::Respond`]) it ignores the

@@ -1,4 +1,4 @@
-//! Request fingerprints (semantics §3).
+//! Request fingerprints (contract §3).
 //!
 //! A fingerprint is SHA-256 over an unambiguous encoding of the request: the
 //! domain tag `idemgate-fp-v1`, method, policy name and path with query, each

@@ -4,18 +4,18 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use idemgate_core::claims::claim_in_metadata;
 use idemgate_core::client::Owner;
 use idemgate_core::config::Forwarding;
 use idemgate_core::exchange::{Exchange, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
+use idemgate_core::jwt::claim_in_metadata;
 use idemgate_core::protocol::Attempt;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use crate::carrier::{Carrier, Direction};
+use crate::driver::{Direction, Driver};
 use crate::host;
-use crate::shared::Shared;
+use crate::worker::Worker;
 
 /// The filter whose dynamic metadata holds verified JWT payloads.
 const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
@@ -24,11 +24,11 @@ pub struct Filter {
     /// This HTTP context's id.
     owner: Owner,
     /// `None` while the filter has no valid configuration.
-    shared: Option<Rc<Shared>>,
+    worker: Option<Rc<Worker>>,
     /// This request's claim attempt id, unique on the worker.
     attempt: Option<Attempt>,
     /// Set once a policy covers the request.
-    carrier: Option<Rc<RefCell<Carrier>>>,
+    driver: Option<Rc<RefCell<Driver>>>,
     /// Response body bytes already handed to the exchange.
     response_seen: usize,
     /// The request asked for the VM to fail in the response phase.
@@ -37,12 +37,12 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn new(owner: Owner, shared: Option<Rc<Shared>>, attempt: Option<Attempt>) -> Filter {
+    pub fn new(owner: Owner, worker: Option<Rc<Worker>>, attempt: Option<Attempt>) -> Filter {
         Filter {
             owner,
-            shared,
+            worker,
             attempt,
-            carrier: None,
+            driver: None,
             response_seen: 0,
             #[cfg(feature = "fault-injection")]
             fail_on_response: false,
@@ -50,35 +50,35 @@ impl Filter {
     }
 
     /// Feeds the exchange and carries out its step.
-    fn drive(&mut self, direction: Direction, feed: impl FnOnce(&mut Carrier) -> Step) -> Action {
-        let Some(carrier) = &self.carrier else {
+    fn drive(&mut self, direction: Direction, feed: impl FnOnce(&mut Driver) -> Step) -> Action {
+        let Some(driver) = &self.driver else {
             return Action::Continue;
         };
         let action = {
-            let mut carrier = carrier.borrow_mut();
-            let step = feed(&mut carrier);
-            carrier.act(step, direction)
+            let mut driver = driver.borrow_mut();
+            let step = feed(&mut driver);
+            driver.act(step, direction)
         };
-        if let Some(shared) = &self.shared {
-            shared.pump();
+        if let Some(worker) = &self.worker {
+            worker.pump();
         }
         action
     }
 
     /// Reads something of the exchange (`None` when the request is not covered).
     fn exchange<T>(&self, read: impl FnOnce(&Exchange) -> T) -> Option<T> {
-        self.carrier.as_ref().map(|c| read(&c.borrow().exchange))
+        self.driver.as_ref().map(|c| read(&c.borrow().exchange))
     }
 }
 
 impl Context for Filter {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        if let Some(shared) = &self.shared {
-            shared.answer(token, num_headers, body_size);
+        if let Some(worker) = &self.worker {
+            worker.answer(token, num_headers, body_size);
         }
     }
 
-    /// A stream Envoy ends without logging it still lets go of its carrier.
+    /// A stream Envoy ends without logging it still lets go of its driver.
     fn on_done(&mut self) -> bool {
         self.client_left();
         true
@@ -89,8 +89,8 @@ impl Filter {
     /// This context is deleted right after; an exchange that must go on
     /// stays with the worker, which hears its callouts' answers.
     fn client_left(&mut self) {
-        if let (Some(shared), Some(_)) = (&self.shared, self.carrier.take()) {
-            shared.client_left(self.owner);
+        if let (Some(worker), Some(_)) = (&self.worker, self.driver.take()) {
+            worker.client_left(self.owner);
         }
     }
 }
@@ -104,10 +104,10 @@ impl HttpContext for Filter {
             }
             self.fail_on_response = crate::fault::asked("response");
         }
-        let (Some(shared), Some(attempt)) = (self.shared.clone(), self.attempt.take()) else {
+        let (Some(worker), Some(attempt)) = (self.worker.clone(), self.attempt.take()) else {
             return Action::Continue;
         };
-        let config = shared.config.clone();
+        let config = worker.config.clone();
         // Three lookups decide whether the request is ours; only then is the
         // whole header map copied out of Envoy.
         let pseudo =
@@ -144,9 +144,9 @@ impl HttpContext for Filter {
             end_of_stream,
         );
         let (exchange, step) = Exchange::begin(config, policy, head, attempt);
-        let carrier = Rc::new(RefCell::new(Carrier::new(exchange, self.owner, shared.clone())));
-        shared.register(self.owner, carrier.clone());
-        self.carrier = Some(carrier);
+        let driver = Rc::new(RefCell::new(Driver::new(exchange, self.owner, worker.clone())));
+        worker.register(self.owner, driver.clone());
+        self.driver = Some(driver);
         self.drive(Direction::Request, |_| step)
     }
 

@@ -1,5 +1,5 @@
 //! Carries out the steps of one request's exchange. Shared between the
-//! request's HTTP context and the worker's [`Shared`] registry: the answer to
+//! request's HTTP context and the [`Worker`]'s registry: the answer to
 //! any of its callouts reaches it through the registry, whichever context
 //! Envoy handed the answer to, and after the client has left a detached
 //! exchange lives on there until its last callout is answered.
@@ -11,7 +11,7 @@ use idemgate_core::exchange::{Exchange, Settlement, Step, StoreAnswer, StoreCall
 use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;
-use crate::shared::Shared;
+use crate::worker::Worker;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -26,11 +26,11 @@ struct Waiting {
     direction: Direction,
 }
 
-pub struct Carrier {
+pub struct Driver {
     pub exchange: Exchange,
     /// The request's HTTP context.
     owner: Owner,
-    shared: Rc<Shared>,
+    worker: Rc<Worker>,
     /// A call was handed to the worker's letters, which count its
     /// settlement once the store confirms it.
     delivered: bool,
@@ -41,12 +41,12 @@ pub struct Carrier {
     attached: bool,
 }
 
-impl Carrier {
-    pub fn new(exchange: Exchange, owner: Owner, shared: Rc<Shared>) -> Carrier {
-        Carrier {
+impl Driver {
+    pub fn new(exchange: Exchange, owner: Owner, worker: Rc<Worker>) -> Driver {
+        Driver {
             exchange,
             owner,
-            shared,
+            worker,
             delivered: false,
             request_seen: 0,
             waiting: None,
@@ -70,7 +70,7 @@ impl Carrier {
                 self.act(*next, direction)
             }
             Step::Call(call) => {
-                if !self.shared.submit(self.owner, call) {
+                if !self.worker.submit(self.owner, call) {
                     let next = self.exchange.store_reply(None);
                     return self.act(next, direction);
                 }
@@ -82,7 +82,7 @@ impl Carrier {
                     let next = self.exchange.upstream_reply(UpstreamAnswer::Refused, Vec::new);
                     return self.act(next, direction);
                 };
-                self.shared.upstream_sent(token, self.owner);
+                self.worker.upstream_sent(token, self.owner);
                 self.wait(true, direction)
             }
         }
@@ -96,7 +96,7 @@ impl Carrier {
     /// Hands a call to the worker's letters, to be counted as the
     /// exchange's settlement once the store confirms it.
     fn deliver(&mut self, call: StoreCall) {
-        self.shared.post(Letter {
+        self.worker.post(Letter {
             call,
             settles: self.exchange.settlement().unwrap_or(Settlement::Failed),
             policy: self.exchange.policy_name().to_string(),
@@ -108,7 +108,7 @@ impl Carrier {
     pub fn store_answered(&mut self, answer: StoreAnswer) {
         self.answered(false, |ex| ex.store_reply(answer));
         if let Some((status, detail)) = self.exchange.take_store_refusal() {
-            self.shared.metrics.config_error(status, &detail);
+            self.worker.metrics.config_error(status, &detail);
         }
     }
 
@@ -157,7 +157,7 @@ impl Carrier {
         self.attached = false;
         if self.exchange.outlives_client() && self.pending() {
             let ex = &self.exchange;
-            self.shared.metrics.count(ex.policy_name(), ex.handling(), None);
+            self.worker.metrics.count(ex.policy_name(), ex.handling(), None);
             return true;
         }
         // The store's answer to a call sent from here would find nobody:
@@ -183,7 +183,7 @@ impl Carrier {
             self.exchange.settlement()
         };
         let ex = &self.exchange;
-        self.shared
+        self.worker
             .metrics
             .count(ex.policy_name(), ex.handling(), settlement);
         false
@@ -194,7 +194,7 @@ impl Carrier {
     pub fn close(&self) {
         if let (false, Some(settlement)) = (self.delivered, self.exchange.settlement()) {
             let policy = self.exchange.policy_name();
-            self.shared.metrics.count_settlement(policy, settlement);
+            self.worker.metrics.count_settlement(policy, settlement);
         }
     }
 }

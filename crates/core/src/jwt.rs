@@ -1,4 +1,4 @@
-//! JWT claims as identity (semantics §2).
+//! JWT claims as identity (contract §2).
 //!
 //! `jwt_authn` writes the verified payload into dynamic metadata as a
 //! `google.protobuf.Struct`. Envoy hands a property over without its type: a

@@ -1,5 +1,5 @@
 //! What every request on this worker's VM shares: the metrics, the store
-//! client, and the requests' carriers, so that the answer to any callout,
+//! client, and the requests' drivers, so that the answer to any callout,
 //! whichever context Envoy hands it to, reaches the request it belongs to.
 
 use std::cell::RefCell;
@@ -11,39 +11,39 @@ use idemgate_core::config::Config;
 use idemgate_core::exchange::{refusal, settled, Settlement, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
-use crate::carrier::Carrier;
 use crate::client::{Pumped, Queue, StoreClient};
+use crate::driver::Driver;
 use crate::host;
 use crate::metrics::Metrics;
 
-pub struct Shared {
+pub struct Worker {
     pub config: Rc<Config>,
     pub metrics: Metrics,
     client: RefCell<StoreClient>,
     /// Every covered request waiting on a callout, or still attached to its
-    /// client, by HTTP context id. A carrier whose client has left stays
+    /// client, by HTTP context id. A driver whose client has left stays
     /// until its last callout is answered: a detached upstream request
     /// (bounded by its timeout, and in number by the cluster's circuit
     /// breakers) or the call recording its outcome (bounded by the store
     /// call's timeout). It is never cut short while the upstream may act.
-    carriers: RefCell<HashMap<Owner, Rc<RefCell<Carrier>>>>,
+    drivers: RefCell<HashMap<Owner, Rc<RefCell<Driver>>>>,
     /// Detached upstream requests in flight, by callout token.
     upstream_calls: RefCell<HashMap<u32, Owner>>,
 }
 
-impl Shared {
-    pub fn new(config: Rc<Config>) -> Shared {
-        Shared {
+impl Worker {
+    pub fn new(config: Rc<Config>) -> Worker {
+        Worker {
             metrics: Metrics::define(&config),
             config,
             client: RefCell::new(StoreClient::new()),
-            carriers: RefCell::default(),
+            drivers: RefCell::default(),
             upstream_calls: RefCell::default(),
         }
     }
 
-    pub fn register(&self, owner: Owner, carrier: Rc<RefCell<Carrier>>) {
-        self.carriers.borrow_mut().insert(owner, carrier);
+    pub fn register(&self, owner: Owner, driver: Rc<RefCell<Driver>>) {
+        self.drivers.borrow_mut().insert(owner, driver);
     }
 
     /// Queues a call `owner` waits for; `false` when the queue is full (the
@@ -72,12 +72,12 @@ impl Shared {
     /// here until its last callout is answered; any other's calls not yet
     /// sent are dropped.
     pub fn client_left(&self, owner: Owner) {
-        let Some(carrier) = self.carriers.borrow_mut().remove(&owner) else {
+        let Some(driver) = self.drivers.borrow_mut().remove(&owner) else {
             return;
         };
-        let goes_on = carrier.borrow_mut().client_left();
+        let goes_on = driver.borrow_mut().client_left();
         if goes_on {
-            self.carriers.borrow_mut().insert(owner, carrier);
+            self.drivers.borrow_mut().insert(owner, driver);
         } else {
             self.client.borrow_mut().attached.left(owner);
         }
@@ -112,29 +112,29 @@ impl Shared {
             None => {
                 let owner = self.upstream_calls.borrow_mut().remove(&token);
                 if let Some(owner) = owner {
-                    self.with_carrier(owner, |c| c.upstream_answered(num_headers, body_size));
+                    self.with_driver(owner, |c| c.upstream_answered(num_headers, body_size));
                 }
             }
         }
         self.pump();
     }
 
-    /// Nothing of this worker's is left to finish: no carrier (attached or
+    /// Nothing of this worker's is left to finish: no driver (attached or
     /// detached), no letter, no store call queued or in flight.
     pub fn drained(&self) -> bool {
         let client = self.client.borrow();
-        self.carriers.borrow().is_empty()
+        self.drivers.borrow().is_empty()
             && self.upstream_calls.borrow().is_empty()
             && client.letters.is_empty()
             && client.attached.queued() == 0
             && client.in_flight() == 0
     }
 
-    /// What is left to finish: carriers, letters, store calls in flight.
+    /// What is left to finish: drivers, letters, store calls in flight.
     pub fn outstanding(&self) -> (usize, usize, usize) {
         let client = self.client.borrow();
         (
-            self.carriers.borrow().len(),
+            self.drivers.borrow().len(),
             client.letters.len(),
             client.in_flight(),
         )
@@ -147,7 +147,7 @@ impl Shared {
 
     /// Sends what the store client has ready, and hands out what came back
     /// at once (calls Envoy refused, callers that stopped waiting), which
-    /// may queue more. Called at the end of every event, when no carrier is
+    /// may queue more. Called at the end of every event, when no driver is
     /// borrowed.
     pub fn pump(&self) {
         loop {
@@ -165,21 +165,21 @@ impl Shared {
 
     fn hand_out(&self, answers: Vec<(Owner, StoreAnswer)>) {
         for (owner, answer) in answers {
-            self.with_carrier(owner, |c| c.store_answered(answer));
+            self.with_driver(owner, |c| c.store_answered(answer));
         }
     }
 
-    /// Gives `owner`'s carrier its answer; a carrier whose client has left
+    /// Gives `owner`'s driver its answer; a driver whose client has left
     /// is let go once it waits on nothing.
-    fn with_carrier(&self, owner: Owner, answered: impl FnOnce(&mut Carrier)) {
-        let Some(carrier) = self.carriers.borrow().get(&owner).cloned() else {
+    fn with_driver(&self, owner: Owner, answered: impl FnOnce(&mut Driver)) {
+        let Some(driver) = self.drivers.borrow().get(&owner).cloned() else {
             return;
         };
-        let mut c = carrier.borrow_mut();
+        let mut c = driver.borrow_mut();
         answered(&mut c);
         if !c.attached() && !c.pending() {
             c.close();
-            self.carriers.borrow_mut().remove(&owner);
+            self.drivers.borrow_mut().remove(&owner);
         }
     }
 
