@@ -80,7 +80,8 @@ pub(super) async fn end_generation(
 }
 
 /// What [`LoadedRecord::read`] reads, for a select list.
-pub(super) const LOADED: &str = "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
+pub(super) const LOADED: &str =
+    "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
      response_key, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
      release_on_unknown";
 

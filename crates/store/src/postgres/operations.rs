@@ -14,7 +14,7 @@ use super::pool::{unavailable, Client, Tx};
 use super::rows::{bind_with_columns, Bind, Param};
 use super::Postgres;
 use crate::backend::{EventInfo, Resolution, Result};
-use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, ScopeDigest};
+use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
 use crate::plan::{self, Fence, Plan, Write};
 use crate::sealing::Seal;
@@ -97,7 +97,11 @@ pub(super) async fn carry_out<R>(
                      expires_at = $8, lease_until = $7, response_key = $9 WHERE ",
                     key_where!()
                 );
-                let (fence, status, body) = (i64_from(fence), i32::from(response.status), sealed.body.as_deref());
+                let (fence, status, body) = (
+                    i64_from(fence),
+                    i32::from(response.status),
+                    sealed.body.as_deref(),
+                );
                 let params: [Param<'_>; 8] = [
                     &fence,
                     &status,
@@ -182,37 +186,51 @@ impl Postgres {
         })
     }
 
-    pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let (fence, seal) = (req.fence, self.seal.clone());
-        self.in_tx(&req.scope, move |tx, key, locked| {
+    /// Locks the record of `scope`, plans with `plan_for` (from `input`, the
+    /// record and now) and carries the plan out, in one transaction.
+    async fn planned<D, R>(
+        &self,
+        scope: &Scope,
+        input: D,
+        plan_for: for<'d> fn(&'d D, Option<&LoadedRecord>, i64) -> Plan<'d, R>,
+        now: i64,
+    ) -> Result<R>
+    where
+        D: Send + Sync + 'static,
+        R: Send + 'static,
+    {
+        let seal = self.seal.clone();
+        self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
-                let plan = plan::release(locked.as_ref(), fence);
+                let plan = plan_for(&input, locked.as_ref(), now);
                 carry_out(tx, (key, &seal), plan, now).await
             })
         })
         .await
     }
 
+    pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        self.planned(&req.scope, req.fence, |fence, l, _| plan::release(l, *fence), now)
+            .await
+    }
+
     pub(super) async fn mark_record_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        let (fence, seal) = (req.fence, self.seal.clone());
-        self.in_tx(&req.scope, move |tx, key, locked| {
-            Box::pin(async move {
-                let plan = plan::mark_unknown(locked.as_ref(), fence, now);
-                carry_out(tx, (key, &seal), plan, now).await
-            })
-        })
+        self.planned(
+            &req.scope,
+            req.fence,
+            |fence, l, now| plan::mark_unknown(l, *fence, now),
+            now,
+        )
         .await
     }
 
     pub(super) async fn abandon_record(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        let (req, seal) = (req.clone(), self.seal.clone());
-        let scope = req.scope.clone();
-        self.in_tx(&scope, move |tx, key, locked| {
-            Box::pin(async move {
-                let plan = plan::abandon(locked.as_ref(), &req.scope, req.attempt.as_str());
-                carry_out(tx, (key, &seal), plan, now).await
-            })
-        })
+        self.planned(
+            &req.scope,
+            req.clone(),
+            |req, l, _| plan::abandon(l, &req.scope, req.attempt.as_str()),
+            now,
+        )
         .await
     }
 
@@ -223,24 +241,17 @@ impl Postgres {
         reason: Option<&str>,
         now: i64,
     ) -> Result<bool> {
-        let (how, reason, seal) = (how.clone(), reason.map(str::to_string), self.seal.clone());
-        self.in_tx(scope, move |tx, key, locked| {
-            Box::pin(async move {
-                let plan = plan::resolve(locked.as_ref(), &how, reason.as_deref(), now);
-                carry_out(tx, (key, &seal), plan, now).await
-            })
-        })
+        let input = (how.clone(), reason.map(str::to_string));
+        self.planned(
+            scope,
+            input,
+            |(how, reason), l, now| plan::resolve(l, how, reason.as_deref(), now),
+            now,
+        )
         .await
     }
 
     pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
-        let seal = self.seal.clone();
-        self.in_tx(scope, move |tx, key, locked| {
-            Box::pin(async move {
-                let plan = plan::purge(locked.as_ref());
-                carry_out(tx, (key, &seal), plan, now).await
-            })
-        })
-        .await
+        self.planned(scope, (), |_, l, _| plan::purge(l), now).await
     }
 }

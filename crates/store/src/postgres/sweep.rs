@@ -57,7 +57,11 @@ impl Postgres {
             (&EXPIRED, Due::Expired),
         ];
         for (sql, due) in phases {
-            for row in tx.query(sql.as_str(), &[&now, &batch]).await.map_err(unavailable)? {
+            for row in tx
+                .query(sql.as_str(), &[&now, &batch])
+                .await
+                .map_err(unavailable)?
+            {
                 let (key, loaded) = (row.scope_digest()?, LoadedRecord::read(&row)?);
                 let plan = plan::sweep(Some(&loaded), due, now);
                 let (swept, written) = carry_out(&tx, (&key, &self.seal), plan, now).await?;

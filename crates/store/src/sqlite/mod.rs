@@ -36,6 +36,7 @@ use crate::backend::{
 use crate::columns::i64_from;
 use crate::conditions::expand;
 use crate::log_ids::LogIds;
+use crate::plan;
 use crate::replays::ReplayTally;
 use crate::sealing::Seal;
 
@@ -56,6 +57,7 @@ mod sweep;
 
 use engine::{unavailable, Durability, Engine, Writer};
 use generation::{apply_replays, Journal};
+use operations::planned;
 use rows::{query_events, query_infos, INFO_COLUMNS};
 
 /// The schema, one file per version, applied in order.
@@ -196,26 +198,34 @@ fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending
         Call::Claim { req, deadline } => return claim::write_job(req, seal, deadline, now, true),
         Call::Complete { req, body } => (
             // Durable after all when the record's policy frees the key on
-            // an unknown outcome (see `operations::complete`).
+            // an unknown outcome (the plan's `durable`, see `operations`).
             Durability::Relaxed,
             Box::new(move |w, journal| {
                 let body = req.body_stored.then_some(&body[..]);
-                operations::complete(w, journal, (&req, &seal), body, now).map(Answer::Fence)
+                let plan_for = |l: Option<&_>| plan::complete(l, &req, body, now);
+                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
             }),
         ),
         Call::Release(req) => (
             Durability::Durable,
-            Box::new(move |w, journal| operations::release(w, journal, (&req, &seal), now).map(Answer::Fence)),
+            Box::new(move |w, journal| {
+                let plan_for = |l: Option<&_>| plan::release(l, req.fence);
+                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+            }),
         ),
         Call::MarkUnknown(req) => (
             Durability::Durable,
             Box::new(move |w, journal| {
-                operations::mark_unknown(w, journal, (&req, &seal), now).map(Answer::Fence)
+                let plan_for = |l: Option<&_>| plan::mark_unknown(l, req.fence, now);
+                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
             }),
         ),
         Call::Abandon(req) => (
             Durability::Durable,
-            Box::new(move |w, journal| operations::abandon(w, journal, (&req, &seal), now).map(Answer::Fence)),
+            Box::new(move |w, journal| {
+                let plan_for = |l: Option<&_>| plan::abandon(l, &req.scope, req.attempt.as_str());
+                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+            }),
         ),
     };
     Engine::job(durability, move |w| {
@@ -445,14 +455,15 @@ impl Backend for Sqlite {
         let (scope, how, reason) = (scope.clone(), how.clone(), reason.map(str::to_string));
         let seal = self.seal.clone();
         self.write_logged(move |w, journal| {
-            operations::resolve(w, journal, (&scope, &seal), (how, reason.as_deref()), now)
+            let plan_for = |l: Option<&_>| plan::resolve(l, &how, reason.as_deref(), now);
+            planned(w, journal, (&scope, &seal), now, plan_for)
         })
         .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
         let (scope, seal) = (scope.clone(), self.seal.clone());
-        self.write_logged(move |w, journal| operations::purge(w, journal, (&scope, &seal), now))
+        self.write_logged(move |w, journal| planned(w, journal, (&scope, &seal), now, plan::purge))
             .await
     }
 

@@ -9,15 +9,14 @@
 //! second execution, so such a completion asks for a durable commit (the
 //! plan's `durable`).
 
-use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
 
 use super::engine::Writer;
 use super::generation::{end_generation, execute, noted_event, set_unknown, Journal};
 use super::rows::load;
-use crate::backend::{Resolution, Result};
-use crate::columns::{encode_headers, i64_from, ScopeDigest};
-use crate::plan::{self, Fence, Plan, Write};
+use crate::backend::Result;
+use crate::columns::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
+use crate::plan::{Fence, Plan, Write};
 use crate::sealing::Seal;
 
 /// Carries out `plan` on the record of `key`, in the writer's transaction,
@@ -90,70 +89,16 @@ pub(super) fn carry_out<R>(
     Ok(plan.reply)
 }
 
-pub(super) fn complete(
-    w: &Writer<'_>,
-    journal: &mut Journal,
-    (req, seal): (&CompleteRequest, &Seal),
-    body: Option<&[u8]>,
-    now: i64,
-) -> Result<FenceReply> {
-    let key = ScopeDigest::of(&req.scope);
-    let plan = plan::complete(load(w, &key)?.as_ref(), req, body, now);
-    carry_out(w, journal, (&key, seal), plan, now)
-}
-
-pub(super) fn release(
-    w: &Writer<'_>,
-    journal: &mut Journal,
-    (req, seal): (&FenceRequest, &Seal),
-    now: i64,
-) -> Result<FenceReply> {
-    let key = ScopeDigest::of(&req.scope);
-    let plan = plan::release(load(w, &key)?.as_ref(), req.fence);
-    carry_out(w, journal, (&key, seal), plan, now)
-}
-
-pub(super) fn abandon(
-    w: &Writer<'_>,
-    journal: &mut Journal,
-    (req, seal): (&AbandonRequest, &Seal),
-    now: i64,
-) -> Result<FenceReply> {
-    let key = ScopeDigest::of(&req.scope);
-    let plan = plan::abandon(load(w, &key)?.as_ref(), &req.scope, req.attempt.as_str());
-    carry_out(w, journal, (&key, seal), plan, now)
-}
-
-pub(super) fn mark_unknown(
-    w: &Writer<'_>,
-    journal: &mut Journal,
-    (req, seal): (&FenceRequest, &Seal),
-    now: i64,
-) -> Result<FenceReply> {
-    let key = ScopeDigest::of(&req.scope);
-    let plan = plan::mark_unknown(load(w, &key)?.as_ref(), req.fence, now);
-    carry_out(w, journal, (&key, seal), plan, now)
-}
-
-pub(super) fn resolve(
-    w: &Writer<'_>,
-    journal: &mut Journal,
-    (scope, seal): (&Scope, &Seal),
-    (how, reason): (Resolution, Option<&str>),
-    now: i64,
-) -> Result<bool> {
-    let key = ScopeDigest::of(scope);
-    let plan = plan::resolve(load(w, &key)?.as_ref(), &how, reason, now);
-    carry_out(w, journal, (&key, seal), plan, now)
-}
-
-pub(super) fn purge(
+/// Loads the record of `scope`, plans with `plan_for` and carries the plan
+/// out: every operation of this module's kind is this one job.
+pub(super) fn planned<'a, R>(
     w: &Writer<'_>,
     journal: &mut Journal,
     (scope, seal): (&Scope, &Seal),
     now: i64,
-) -> Result<bool> {
+    plan_for: impl FnOnce(Option<&LoadedRecord>) -> Plan<'a, R>,
+) -> Result<R> {
     let key = ScopeDigest::of(scope);
-    let plan = plan::purge(load(w, &key)?.as_ref());
+    let plan = plan_for(load(w, &key)?.as_ref());
     carry_out(w, journal, (&key, seal), plan, now)
 }
