@@ -128,6 +128,15 @@ impl RootContext for Root {
         // The VM's environment: what vm_config.environment_variables passes.
         match Config::parse_with_env(&bytes, &|name| std::env::var(name).ok()) {
             Ok(config) => {
+                // Which module a worker runs, in its log: what a rollout is checked by.
+                host::log(
+                    LogLevel::Info,
+                    &format!(
+                        "idemgate {} configured: {} policies",
+                        env!("CARGO_PKG_VERSION"),
+                        config.policies().len()
+                    ),
+                );
                 for warning in config.warnings() {
                     host::log(LogLevel::Warn, &warning);
                 }

@@ -38,6 +38,13 @@ fn assert_problem(answer: &Answer, status: u16, slug: &str) {
 const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR", "client_time": "10:00"}"#;
 
 #[tokio::test(flavor = "multi_thread")]
+async fn each_worker_logs_the_modules_version_when_configured() {
+    let h = Harness::start().await;
+    let line = format!("idemgate {} configured:", env!("CARGO_PKG_VERSION"));
+    assert!(h.envoy_log().contains(&line), "Envoy's log lacks {line:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_route_no_policy_covers_is_untouched() {
     let h = Harness::start().await;
     let k = key("free");
