@@ -11,23 +11,22 @@
 
 use std::rc::Rc;
 
-use crate::config::{
-    Config, FailureMode, Forwarding, InFlight, Mode, Policy, Settle, ENVOY_DEFAULT_BUFFER_LIMIT,
-};
+use crate::config::{Config, FailureMode, InFlight, Mode, Policy, Settle};
 use crate::fingerprint::Fingerprinter;
-use crate::headers::{self, Control, KEY_HEADER};
+use crate::headers::KEY_HEADER;
 use crate::identity::client_scope;
 use crate::key::parse_key;
-use crate::limits;
-use crate::origin;
-use crate::problem::{envoy_reply, Problem};
+
+use crate::problem::Problem;
 use crate::protocol::{
-    decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, CompleteRequest,
-    FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, FenceRequest,
+    ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
 use crate::scope::Scope;
 use crate::Reply;
 
+mod capture;
+mod detached;
 mod handling;
 mod head;
 mod step;
@@ -370,198 +369,6 @@ impl Exchange {
                 self.reject(Handling::Expired, Problem::key_expired(completed_at))
             }
         }
-    }
-
-    /// The answer to the filter's own upstream request (after
-    /// [`Step::Forward`]). It is recorded by the same rules as a response
-    /// through the router, then relayed to the client as it came (or as a
-    /// problem when it is larger than the route relays) once the store has
-    /// settled the record. `read_body` is called at most once, and not for
-    /// an upstream's body over `max_response_body`.
-    pub fn upstream_reply(&mut self, answer: UpstreamAnswer, read_body: impl FnOnce() -> Vec<u8>) -> Step {
-        let Phase::Detached { fence } = self.phase else {
-            return Step::Continue;
-        };
-        self.phase = Phase::Forwarded { fence };
-        let max = match self.policy.forwarding() {
-            Forwarding::Detached(detached) => detached.max_response_body(),
-            Forwarding::Streaming => 0,
-        };
-        let step = match answer {
-            UpstreamAnswer::Refused => {
-                // Envoy refuses a callout for more than an unhealthy cluster
-                // (an unknown one, a full pending queue): say only what is sure.
-                self.relay = Some(self.with_key(envoy_reply(
-                    503,
-                    "upstream unavailable",
-                    "the request could not be sent to the upstream; nothing was executed, retry with the same key",
-                )));
-                self.settle(fence, Settlement::Released)
-            }
-            UpstreamAnswer::Lost => {
-                self.relay = Some(self.problem(Problem::outcome_unknown()));
-                self.settle(fence, Settlement::MarkedUnknown)
-            }
-            UpstreamAnswer::Response { headers, body_size } => {
-                let status = headers::status(&headers);
-                let relayed = headers::relayed(&headers);
-                let marked = headers::only(&headers, origin::UPSTREAM_MARK).is_some();
-                // Envoy's own replies are a line of text, read whatever the limit.
-                let body = (body_size <= max || !marked).then(read_body);
-                let head = ResponseHead {
-                    status,
-                    origin: origin::of_callout(marked, body.as_deref().unwrap_or_default()),
-                    headers: headers.into_iter().filter(|(n, _)| !n.starts_with(':')).collect(),
-                    content_length: Some(body_size as u64),
-                    end_of_stream: body_size == 0,
-                };
-                let step = match self.response_headers(head) {
-                    Step::Pause => self.response_body(body.as_deref().unwrap_or_default(), true),
-                    step => step,
-                };
-                let released = self.settling_as() == Some(Settlement::Released);
-                self.relay = Some(match body {
-                    // Envoy's own reply (no healthy host, timeout, reset),
-                    // in the form its local replies take on the router's path.
-                    Some(body) if !marked => {
-                        let text = String::from_utf8_lossy(&body);
-                        let title: String = text.trim().chars().take(200).collect();
-                        self.with_key(envoy_reply(status, &title, &title))
-                    }
-                    Some(body) => Reply {
-                        status,
-                        headers: relayed,
-                        body,
-                    },
-                    None if released => self.with_key(envoy_reply(
-                        status,
-                        "response too large to relay",
-                        &format!("the upstream answered {status} without acting on the request, and its response was larger than the {max} bytes this route relays; nothing was stored, retry with the same key"),
-                    )),
-                    None => self.problem(Problem::response_too_large(status, max)),
-                });
-                step
-            }
-        };
-        let relay = |ex: &mut Exchange| ex.relay.take().map_or(Step::Continue, Step::Respond);
-        match step {
-            call @ Step::Call(_) => call,
-            // settle: background
-            Step::Deliver(call, _) => Step::Deliver(call, Box::new(relay(self))),
-            _ => relay(self),
-        }
-    }
-
-    /// The response headers. Only an owned request's response is captured.
-    pub fn response_headers(&mut self, head: ResponseHead) -> Step {
-        let Phase::Forwarded { fence } = self.phase else {
-            return Step::Continue;
-        };
-        match head.origin {
-            Origin::NeverReached => return self.settle(fence, Settlement::Released),
-            Origin::LostAfterForwarding => return self.settle(fence, Settlement::MarkedUnknown),
-            Origin::Upstream => {}
-        }
-        let control = headers::control(&head.headers);
-        match control {
-            Some(Control::NoStore) => return self.settle(fence, Settlement::Released),
-            Some(Control::Uncertain) => return self.settle(fence, Settlement::MarkedUnknown),
-            Some(Control::Store) => {}
-            None if self.policy.releases_on(head.status) => return self.settle(fence, Settlement::Released),
-            None => {}
-        }
-        let headers: Vec<(String, String)> = head
-            .headers
-            .into_iter()
-            .filter(|(name, _)| self.policy.replays_header(name))
-            .filter_map(|(name, value)| {
-                String::from_utf8(value)
-                    .ok()
-                    .map(|v| (name.to_ascii_lowercase(), v))
-            })
-            .collect();
-        // Headers the store would refuse: keep the outcome, not the response
-        // (a retry gets result-unavailable rather than a partial replay).
-        let keepable =
-            headers.len() <= limits::MAX_HEADERS && headers.iter().all(|(n, v)| limits::header_fits(n, v));
-        self.phase = Phase::Capturing {
-            fence,
-            status: head.status,
-            headers: if keepable { headers } else { Vec::new() },
-            body: Vec::new(),
-            announced: head.content_length,
-        };
-        if !keepable
-            || head
-                .content_length
-                .is_some_and(|n| n > self.policy.max_stored_body() as u64)
-        {
-            return self.complete(false);
-        }
-        if head.end_of_stream {
-            return self.complete(true);
-        }
-        Step::Pause
-    }
-
-    /// A chunk of an owned response's body.
-    pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
-        let kept = match &mut self.phase {
-            Phase::Capturing { body, .. } => body,
-            // A call about this response is in flight: hold the rest until the
-            // store has recorded it, so no client can retry before that.
-            Phase::Settling { .. } => return Step::Pause,
-            _ => return Step::Continue,
-        };
-        // Too large to keep: record the outcome without the body, and let
-        // the response stream on.
-        if kept.len() + chunk.len() > self.policy.max_stored_body() {
-            return self.complete(false);
-        }
-        kept.extend_from_slice(chunk);
-        if end_of_stream {
-            self.complete(true)
-        } else {
-            Step::Pause
-        }
-    }
-
-    fn complete(&mut self, body_stored: bool) -> Step {
-        let Phase::Capturing {
-            fence,
-            status,
-            headers,
-            body,
-            announced,
-        } = std::mem::replace(&mut self.phase, Phase::Done)
-        else {
-            return Step::Continue;
-        };
-        let Some(scope) = self.scope.clone() else {
-            return Step::Continue;
-        };
-        let request = CompleteRequest {
-            scope,
-            fence,
-            status,
-            headers,
-            body_stored,
-        };
-        let kept: &[u8] = if body_stored { &body } else { &[] };
-        let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);
-        let fits_envoys_buffer = announced.is_some_and(|n| n <= ENVOY_DEFAULT_BUFFER_LIMIT as u64);
-        if !body_stored && !fits_envoys_buffer && self.policy.forwarding() == &Forwarding::Streaming {
-            // A streamed body too large to keep, and maybe too large for
-            // Envoy's buffer, is not held while the outcome is recorded:
-            // past its buffer limit Envoy would answer the client 500 for a
-            // request the upstream carried out. The worker's store client
-            // delivers the outcome; a retry in the meantime is told the
-            // request is in progress.
-            self.settlement = Some(Settlement::Completed);
-            self.phase = Phase::Done;
-            return Step::Deliver(call, Box::new(Step::Continue));
-        }
-        self.settling(call, Settlement::Completed)
     }
 
     fn settle(&mut self, fence: u64, settles: Settlement) -> Step {

@@ -2,7 +2,9 @@
 #![cfg(test)]
 
 use super::*;
-use crate::protocol::{decode_frame, encode_frame};
+use crate::config::ENVOY_DEFAULT_BUFFER_LIMIT;
+use crate::limits;
+use crate::protocol::{decode_frame, encode_frame, CompleteRequest, COMPLETE_PATH};
 
 const CONFIG: &str = r#"{
     "store": {"cluster": "store", "token": "t"},
