@@ -59,12 +59,29 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
     let mut report = audit(&stack, &traffic).await;
     report.excuse(|at| faults.left_unknown_by_contract(at));
     report.bound_unavailable(&faults.windows);
+    let left_excused = report.judge_left_detached(&faults);
     println!("{run}: {secs} s, {}; {}", faults.summary(), report.summary());
     for key in &report.unknown_by_contract {
         println!("{run}: left unknown by contract: {key}");
     }
+    for line in report.routes() {
+        println!("{run}: route {line}");
+    }
+    println!(
+        "{run}: {} responses of at least 400 KiB ({} near 4 MiB); {} clients left a detached request, their keys ended {:?}",
+        report.large_responses, report.huge_responses, report.left_detached, report.left_detached_ended
+    );
+    for why in &left_excused {
+        println!("{run}: a detached request whose client left ended unknown: {why}");
+    }
     let enough_faults = faults.store_kills >= 1 && faults.store_stalls >= 1 && faults.envoy_restarts >= 1;
-    let exercised = report.executions > 0 && report.replays_checked > 0;
+    // Every route ran, and some responses were near or above their limits.
+    let exercised = report.executions > 0
+        && report.replays_checked > 0
+        && e2e::chaos::ROUTES
+            .iter()
+            .all(|r| report.by_route.get(r.name).is_some_and(|t| t.executions > 0))
+        && report.large_responses > 0;
     write(&Row {
         run: &format!("{run} ({secs} s)"),
         load: format!(

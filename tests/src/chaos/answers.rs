@@ -7,12 +7,25 @@ use super::{policy, Sent};
 use crate::{internals, Answer, Execution};
 
 /// Problem types the chaos traffic may legitimately meet.
-const EXPECTED_PROBLEMS: [&str; 4] = [
+const EXPECTED_PROBLEMS: [&str; 5] = [
     "key-reused",
     "request-in-progress",
     "outcome-unknown",
     "store-unavailable",
+    "result-unavailable",
 ];
+
+/// The upstream execution an answer carries: its JSON body's `execution`,
+/// or (for the test upstream's large bodies, which are not JSON) its
+/// `Location: /pay/{n}`, which is replayed with the body.
+pub(super) fn execution_number(a: &Answer) -> Option<u64> {
+    if a.body.first() == Some(&b'{') {
+        if let Some(n) = a.json()["execution"].as_u64() {
+            return Some(n);
+        }
+    }
+    a.header("location")?.strip_prefix("/pay/")?.parse().ok()
+}
 
 /// Checks one answer against the contract; `None` when it is fine. `stored`:
 /// the scope's executions whose outcome the store kept (a replay must be one
@@ -28,7 +41,12 @@ pub(super) fn check_answer(
         "{} {} {} {:?}",
         s.scope.tenant, s.scope.route, s.scope.key, s.knobs
     );
-    let text = String::from_utf8_lossy(&a.body);
+    let route = policy(s.scope.route);
+    let text = if a.body.len() > 4_096 {
+        format!("{} bytes", a.body.len()).into()
+    } else {
+        String::from_utf8_lossy(&a.body)
+    };
     let body_sha = sha256_hex(s.body.as_bytes());
     if a.header("idempotent-replayed") == Some("true") {
         // An execution that was stored, and its answer byte for byte.
@@ -74,9 +92,17 @@ pub(super) fn check_answer(
             }
             // Under `on_unknown: release` an unknown key is claimed again.
             "outcome-unknown" => {
+                a.status == 409 && a.header("retry-after").is_none() && !route.release_on_unknown
+            }
+            // Only for a stored execution of this body whose response was
+            // too long to keep (or, detached, to relay), with its status.
+            "result-unavailable" => {
                 a.status == 409
-                    && a.header("retry-after").is_none()
-                    && !policy(s.scope.route).release_on_unknown
+                    && stored.iter().any(|e| {
+                        e.body_sha256 == body_sha
+                            && route.too_large_to_store(e.response.len())
+                            && p["original_status"] == e.status
+                    })
             }
             _ => a.status == 503 && a.header("retry-after").is_some(),
         };
@@ -84,13 +110,26 @@ pub(super) fn check_answer(
     }
     // Anything else came from the upstream (with its execution number) or
     // from Envoy itself (5xx without one).
-    let n = a.json()["execution"].as_u64();
+    let n = execution_number(a);
     match n.and_then(|n| by_n.get(&n)) {
         Some(e) => {
             if execution_scope(e) != s.scope || e.body_sha256 != body_sha {
                 Some(format!("{what}: got execution {} of another request", e.n))
             } else if a.status != e.status || a.body != e.response {
-                Some(format!("{what}: answer differs from execution {}", e.n))
+                Some(format!(
+                    "{what}: answer differs from execution {} ({} / {} bytes vs {} / {} bytes)",
+                    e.n,
+                    a.status,
+                    a.body.len(),
+                    e.status,
+                    e.response.len()
+                ))
+            } else if route.too_large_to_relay(e.response.len()) {
+                Some(format!(
+                    "{what}: relayed execution {}'s {} bytes, more than the route's max_response_body",
+                    e.n,
+                    e.response.len()
+                ))
             } else {
                 None
             }

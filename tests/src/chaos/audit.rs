@@ -5,8 +5,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::answers::check_answer;
+use super::answers::{check_answer, execution_number};
 use super::judge::{execution_scope, judge, released, sha256_hex, Generation};
+use super::report::{LeftDetached, HUGE_RESPONSE, LARGE_RESPONSE};
+use super::traffic::LEAVES_AFTER;
 use super::{now_ms, policy, Audit, ScopeId, Sent, Traffic};
 use crate::stack::Stack;
 use crate::{Answer, Execution};
@@ -78,6 +80,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     count_traffic(&evidence, &mut audit);
     no_execution_nobody_sent(&evidence, &mut audit);
     read_histories(stack, &mut evidence, &mut audit).await;
+    detached_clients_that_left(&evidence, &mut audit);
 
     let kept = records_agree_with_executions(&evidence, &mut audit);
     answers_keep_the_contract(&evidence, &kept, &mut audit);
@@ -154,6 +157,98 @@ fn count_traffic(evidence: &Evidence<'_>, audit: &mut Audit) {
             .insert(&scope.tenant);
     }
     audit.shared_keys = tenants_by_key.values().filter(|t| t.len() > 1).count();
+    for (scope, list) in &evidence.sent {
+        let route = audit.by_route.entry(scope.route).or_default();
+        route.scopes += 1;
+        route.requests += list.len();
+    }
+    for (scope, execs) in &evidence.execs {
+        let route = audit.by_route.entry(scope.route).or_default();
+        route.executions += execs.len();
+        let large = execs
+            .iter()
+            .filter(|e| e.response.len() >= LARGE_RESPONSE)
+            .count();
+        route.large_responses += large;
+        audit.large_responses += large;
+        audit.huge_responses += execs.iter().filter(|e| e.response.len() >= HUGE_RESPONSE).count();
+    }
+}
+
+/// How the keys of detached requests whose client stopped waiting ended
+/// (counted, not judged: the other checks judge them like any key).
+fn detached_clients_that_left(evidence: &Evidence<'_>, audit: &mut Audit) {
+    for (scope, list) in &evidence.sent {
+        if policy(scope.route).detached.is_none() {
+            continue;
+        }
+        let left = list
+            .iter()
+            .filter(|s| s.outcome.is_err() && s.knobs.iter().any(|(k, _)| *k == LEAVES_AFTER))
+            .count();
+        if left == 0 {
+            continue;
+        }
+        audit.left_detached += left;
+        let current = evidence
+            .histories
+            .get(scope)
+            .and_then(|gens| gens.iter().find(|g| g.current));
+        let state = current.map_or("no record", |g| g.state.as_str());
+        *audit.left_detached_ended.entry(state.to_string()).or_default() += left;
+        // How one that did not complete got there, to tell a timeout, a
+        // reset or an Envoy kill from a request given up with its client.
+        if let Some(g) = current.filter(|g| g.state == "unknown") {
+            let events: Vec<&str> = evidence
+                .events
+                .get(scope)
+                .map(|l| {
+                    l.iter()
+                        .filter(|(n, _)| *n == g.generation)
+                        .map(|(_, t)| t.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let ran: Vec<&&Execution> = evidence
+                .execs_of(scope)
+                .iter()
+                .filter(|e| e.at_ms >= g.created_at)
+                .collect();
+            let execs: Vec<String> = ran
+                .iter()
+                .map(|e| format!("execution {} at +{} ms", e.n, e.at_ms - g.created_at))
+                .collect();
+            let delay = list
+                .iter()
+                .flat_map(|s| &s.knobs)
+                .filter(|(k, _)| *k == "x-test-delay-ms")
+                .filter_map(|(_, v)| v.parse::<i64>().ok())
+                .max()
+                .unwrap_or(0);
+            let knobs: Vec<String> = list
+                .iter()
+                .map(|s| format!("{:?} → {}", s.knobs, outcome_text(s)))
+                .collect();
+            audit.left_detached_not_completed.push(LeftDetached {
+                what: format!(
+                    "{} {} {}: generation {} {} (events: {}; {}; requests: {})",
+                    scope.tenant,
+                    scope.route,
+                    scope.key,
+                    g.generation,
+                    g.state,
+                    events.join(", "),
+                    execs.join(", "),
+                    knobs.join("; ")
+                ),
+                claimed_at: g.created_at,
+                delay_ms: delay,
+                arrived_after_ms: ran.first().map(|e| e.at_ms - g.created_at),
+                upstream_reset: ran.iter().any(|e| e.reset || e.control.is_some()),
+                lease_ran_out: events.iter().any(|t| t.starts_with("lease_expired")),
+            });
+        }
+    }
 }
 
 /// The upstream executes only what a client sent.
@@ -278,6 +373,14 @@ fn records_agree_with_executions<'a>(evidence: &Evidence<'a>, audit: &mut Audit)
     kept
 }
 
+/// A request's answer, in a few words.
+fn outcome_text(s: &Sent) -> String {
+    match &s.outcome {
+        Err(e) => format!("no answer ({e})"),
+        Ok(a) => a.problem().unwrap_or_else(|| a.status.to_string()),
+    }
+}
+
 /// Every answer a client got is one the contract allows ([`check_answer`]);
 /// counts the answers by outcome.
 fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &mut Audit) {
@@ -298,16 +401,18 @@ fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &m
         let bodies: Vec<&str> = list.iter().map(|s| s.body.as_str()).collect();
         for s in list {
             match &s.outcome {
-                Err(_) => {
+                Err(e) => {
                     audit.transport_errors += 1;
                     *audit.by_outcome.entry("no answer".into()).or_default() += 1;
+                    let route = audit.by_route.entry(scope.route).or_default();
+                    *route.outcomes.entry(format!("no answer ({e})")).or_default() += 1;
                 }
                 Ok(a) => {
                     audit.answers += 1;
                     let unavailable = a.problem().as_deref() == Some("store-unavailable");
                     audit.answered_at.push((s.at_ms, unavailable));
-                    if a.header("idempotent-replayed").is_none() {
-                        if let Some(n) = a.json()["execution"].as_u64() {
+                    if a.header("idempotent-replayed").is_none() && a.problem().is_none() {
+                        if let Some(n) = execution_number(a) {
                             *fresh.entry(n).or_default() += 1;
                         }
                     }
@@ -316,6 +421,13 @@ fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &m
                         (None, Some(_)) => "replayed".to_string(),
                         (None, None) => a.status.to_string(),
                     };
+                    *audit
+                        .by_route
+                        .entry(scope.route)
+                        .or_default()
+                        .outcomes
+                        .entry(label.clone())
+                        .or_default() += 1;
                     *audit.by_outcome.entry(label).or_default() += 1;
                     if let Some(v) = check_answer(s, a, &stored_here, &evidence.by_n, &bodies) {
                         audit.violations.push(v);
@@ -354,9 +466,14 @@ async fn records_replay_and_stay_unknown(
         }
         let list = &evidence.sent[scope];
         let exec = kept.current.get(scope).copied();
+        let route = policy(scope.route);
         let found = match (gen.state.as_str(), exec) {
             ("completed", Some(e)) => match list_body(list, &e.body_sha256) {
                 None => Some("executed a body nobody sent".into()),
+                Some(body) if route.too_large_to_store(e.response.len()) => {
+                    audit.unavailable_checked += 1;
+                    stays_unavailable(traffic, scope, body, e).await
+                }
                 Some(body) => {
                     audit.replays_checked += 1;
                     replays_byte_identical(traffic, scope, body, e).await
@@ -399,11 +516,38 @@ async fn replays_byte_identical(
             None
         }
         Ok(a) => Some(format!(
-            "completed record does not replay byte-identical: {} {:?}",
+            "completed record does not replay byte-identical: {} ({} bytes, execution {} answered {} / {} bytes) {:?}",
             a.status,
-            String::from_utf8_lossy(&a.body)
+            a.body.len(),
+            e.n,
+            e.status,
+            e.response.len(),
+            String::from_utf8_lossy(&a.body[..a.body.len().min(300)])
         )),
         Err(err) => Some(format!("replay failed: {err}")),
+    }
+}
+
+/// A completed record whose response was too long to keep answers `409
+/// result-unavailable` with its execution's status, and nothing else.
+async fn stays_unavailable(traffic: &Traffic, scope: &ScopeId, body: &str, e: &Execution) -> Option<String> {
+    match settled(traffic, scope, body).await {
+        Ok(a)
+            if a.problem().as_deref() == Some("result-unavailable")
+                && a.json()["original_status"] == e.status =>
+        {
+            None
+        }
+        Ok(a) => Some(format!(
+            "completed record of execution {} ({} bytes, status {}) answered {} ({} bytes) {:?}",
+            e.n,
+            e.response.len(),
+            e.status,
+            a.status,
+            a.body.len(),
+            String::from_utf8_lossy(&a.body[..a.body.len().min(300)])
+        )),
+        Err(err) => Some(format!("retry failed: {err}")),
     }
 }
 

@@ -41,6 +41,10 @@ pub struct Generation {
     pub archived_at: Option<i64>,
     pub status: Option<u16>,
     pub body_len: Option<u64>,
+    /// Whether the record kept the response body (`None` while it has no
+    /// outcome): a response longer than the route's `max_stored_body` is
+    /// recorded without it.
+    pub body_stored: Option<bool>,
 }
 
 impl Generation {
@@ -56,6 +60,7 @@ impl Generation {
             archived_at: r["archived_at"].as_i64(),
             status: r["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
             body_len: r["body_len"].as_u64(),
+            body_stored: r["body_stored"].as_bool(),
         })
     }
 
@@ -118,7 +123,7 @@ pub fn judge(what: &str, route: Route, execs: &[&Execution], gens: &[Generation]
         .collect();
     let (double_executions, reruns) = double_executions(what, route, execs, gens, &owner, &by_gen);
     let mut violations = executions_outside_their_claim(what, execs, gens, &owner);
-    violations.extend(records_against_executions(what, gens, &by_gen));
+    violations.extend(records_against_executions(what, route, gens, &by_gen));
     ScopeVerdict {
         double_executions,
         violations,
@@ -245,8 +250,15 @@ fn double_executions(
 /// `released` only after a release status or nothing, `completed` with its
 /// execution's status and replaced only once expired; the one current
 /// generation, after the run settled, is completed with its execution's
-/// status and body length, or unknown, or (see [`burnt_keys`]) burnt.
-fn records_against_executions(what: &str, gens: &[Generation], by_gen: &[Vec<&Execution>]) -> Vec<String> {
+/// status and body length (or, for a response longer than the route's
+/// `max_stored_body`, without its body), or unknown, or (see
+/// [`burnt_keys`]) burnt.
+fn records_against_executions(
+    what: &str,
+    route: Route,
+    gens: &[Generation],
+    by_gen: &[Vec<&Execution>],
+) -> Vec<String> {
     let mut found = Vec::new();
     for (g, gen) in gens.iter().enumerate().filter(|(_, g)| !g.current) {
         let ran = &by_gen[g];
@@ -289,12 +301,18 @@ fn records_against_executions(what: &str, gens: &[Generation], by_gen: &[Vec<&Ex
         let (gen, ran) = (&gens[g], &by_gen[g]);
         match (gen.state.as_str(), ran.first()) {
             ("completed", Some(e)) => {
-                let body_ok = gen.archived_at.is_some() || gen.body_len == Some(e.response.len() as u64);
+                let body_ok = if route.too_large_to_store(e.response.len()) {
+                    gen.body_stored != Some(true) && gen.body_len.unwrap_or(0) == 0
+                } else {
+                    gen.archived_at.is_some()
+                        || (gen.body_stored != Some(false) && gen.body_len == Some(e.response.len() as u64))
+                };
                 if gen.status != Some(e.status) || !body_ok {
                     found.push(format!(
-                        "{what}: record {:?} / {:?} bytes, execution {} answered {} / {} bytes",
+                        "{what}: record {:?} / {:?} bytes (body stored: {:?}), execution {} answered {} / {} bytes",
                         gen.status,
                         gen.body_len,
+                        gen.body_stored,
                         e.n,
                         e.status,
                         e.response.len()

@@ -6,10 +6,13 @@
 //!
 //! Workers send mixed traffic through Envoy for a fixed time (unique keys,
 //! retries, concurrent duplicates, changed bodies, slow, failing, resetting
-//! and uncertain upstream calls, one key shared by two tenants) to four
-//! routes: two with the default policy, one with `on_unknown: release` and a
-//! 2 s lease, one with `after_expiry: new` and a 2 s TTL (retried after the
-//! expiry). Meanwhile a fault loop SIGKILLs and restarts store replicas,
+//! and uncertain upstream calls, one key shared by two tenants, responses
+//! near and above the route's `max_stored_body`) to seven routes: two with
+//! the default policy, one with `on_unknown: release` and a 2 s lease, one
+//! with `after_expiry: new` and a 2 s TTL (retried after the expiry), one
+//! with detached forwarding (whose slow calls' clients stop waiting), one
+//! with `settle: background` and one that keeps responses up to 4 MiB (see
+//! [`ROUTES`]). Meanwhile a fault loop SIGKILLs and restarts store replicas,
 //! freezes one past the filter's store timeout (SIGSTOP, then SIGCONT),
 //! restarts Envoy and resets every upstream connection. Every request and its
 //! answer is recorded; the upstream logs every execution and when it arrived.
@@ -31,17 +34,22 @@
 //!   forwarded;
 //! - violations: an answer that is not what the contract allows (a replay of
 //!   an execution the store did not keep or of another request body, a 422
-//!   for the same body, `outcome-unknown` under `on_unknown: release`, a
+//!   for the same body, `outcome-unknown` under `on_unknown: release`,
+//!   `result-unavailable` but for a kept response longer than the route
+//!   keeps, a detached response relayed past `max_response_body`, a
 //!   malformed or unexpected problem, a problem body with internals, a 2xx
 //!   nobody executed); an execution with no claim before it, or after its
 //!   generation was released; store records that disagree with the
-//!   executions (completed with another status or body length, completed
+//!   executions (completed with another status or body length, with a body
+//!   too long to keep or without one it should keep, completed
 //!   without an execution, released although the upstream acted, replaced
 //!   before it expired, still in progress long after its lease); a completed
-//!   record that does not replay byte-identical, an unknown one (where
-//!   `on_unknown: conflict`) that does not answer 409 `outcome-unknown`, or
-//!   any execution caused by those checks; a log line of any process that
-//!   contains a raw key.
+//!   record that does not replay byte-identical (or, kept without its body,
+//!   answer 409 `result-unavailable`), an unknown one (where `on_unknown:
+//!   conflict`) that does not answer 409 `outcome-unknown`, or any execution
+//!   caused by those checks; a detached request whose client left that ended
+//!   unknown with no fault to lose it ([`Audit::judge_left_detached`]); a log
+//!   line of any process that contains a raw key.
 
 pub mod answers;
 pub mod audit;
@@ -78,35 +86,93 @@ pub struct Route {
     pub release_on_unknown: bool,
     /// `after_expiry: new`: an expired key is a first request again.
     pub renew_after_expiry: bool,
+    /// `max_stored_body`: a longer response is recorded without its body,
+    /// and its retries get `409 result-unavailable`.
+    pub max_stored_body: usize,
+    /// `forwarding: {mode: detached}`: its `max_response_body`, the longest
+    /// response relayed (a longer one answers even the first request with
+    /// `409 result-unavailable`). The request outlives a client that left.
+    pub detached: Option<usize>,
+    /// `settle: background`: the response goes out before its record lands;
+    /// a retry in between gets `409 request-in-progress`.
+    pub background: bool,
 }
 
+/// The default `max_stored_body` (512 KiB).
+pub const STORED_BODY: usize = 524_288;
+/// The default detached `max_response_body` (1 MiB).
+pub const RELAYED_BODY: usize = 1_048_576;
+/// `max_stored_body` of `exports.large`: the most the store keeps (4 MiB).
+pub const LARGE_STORED_BODY: usize = 4_194_304;
+
+const DEFAULT: Route = Route {
+    name: "payments.create",
+    path: "/pay",
+    release_on_unknown: false,
+    renew_after_expiry: false,
+    max_stored_body: STORED_BODY,
+    detached: None,
+    background: false,
+};
+
 /// Every covered route of `envoy/chaos.yaml`; the first is the default.
-pub const ROUTES: [Route; 4] = [
-    Route {
-        name: "payments.create",
-        path: "/pay",
-        release_on_unknown: false,
-        renew_after_expiry: false,
-    },
+pub const ROUTES: [Route; 7] = [
+    DEFAULT,
     Route {
         name: "orders.wait",
         path: "/wait",
-        release_on_unknown: false,
-        renew_after_expiry: false,
+        ..DEFAULT
     },
     Route {
         name: "payments.release",
         path: "/release",
         release_on_unknown: true,
-        renew_after_expiry: false,
+        ..DEFAULT
     },
     Route {
         name: "payments.renew",
         path: "/renew",
-        release_on_unknown: false,
         renew_after_expiry: true,
+        ..DEFAULT
+    },
+    Route {
+        name: "payments.detached",
+        path: "/detached",
+        detached: Some(RELAYED_BODY),
+        ..DEFAULT
+    },
+    Route {
+        name: "orders.background",
+        path: "/background",
+        background: true,
+        ..DEFAULT
+    },
+    Route {
+        name: "exports.large",
+        path: "/large",
+        max_stored_body: LARGE_STORED_BODY,
+        ..DEFAULT
     },
 ];
+
+impl Route {
+    /// A response of `len` bytes is recorded without its body: its retries
+    /// get `409 result-unavailable`.
+    pub fn too_large_to_store(&self, len: usize) -> bool {
+        len > self.max_stored_body
+    }
+
+    /// A response of `len` bytes is not relayed even to its own request
+    /// (detached forwarding only): it gets `409 result-unavailable` too.
+    pub fn too_large_to_relay(&self, len: usize) -> bool {
+        self.detached.is_some_and(|max| len > max)
+    }
+}
+
+/// The lease and the forwarding timeout of `payments.detached` in
+/// `envoy/chaos.yaml`, in milliseconds.
+pub const DETACHED_LEASE_MS: i64 = 5_000;
+pub const DETACHED_TIMEOUT_MS: i64 = 4_000;
 
 /// The TTL of `payments.renew` in `envoy/chaos.yaml`, in milliseconds.
 const RENEW_TTL_MS: u64 = 2_000;

@@ -73,7 +73,8 @@ pub struct LeftDetached {
     pub claimed_at: i64,
     /// The upstream's delay (`x-test-delay-ms`).
     pub delay_ms: i64,
-    pub upstream_ran: bool,
+    /// How long after the claim its upstream call arrived (`None`: never).
+    pub arrived_after_ms: Option<i64>,
     /// The upstream reset it or answered `uncertain` on purpose.
     pub upstream_reset: bool,
     /// The sweeper ended its lease (rather than the filter marking it).
@@ -133,7 +134,8 @@ impl Audit {
     /// upstream answers and recorded (contract §5): its key ends completed.
     /// It may end unknown only if its upstream never ran (a burnt key,
     /// judged apart), reset or answered `uncertain`, ran into the forwarding
-    /// timeout (a delay within 1 s of it, for a loaded machine), or a fault
+    /// timeout (its arrival after the claim plus its delay reach the
+    /// timeout, less 100 ms: the call starts after the claim), or a fault
     /// that loses the answer came while it was in flight: the upstream's
     /// connections reset or Envoy killed; or its lease ran out while the
     /// store was down or frozen, so the completion could not land in time.
@@ -146,24 +148,42 @@ impl Audit {
                     names.contains(name) && *to >= l.claimed_at && *from <= l.claimed_at + DETACHED_LEASE_MS
                 })
             };
-            let why = if !l.upstream_ran {
+            let why = if l.arrived_after_ms.is_none() {
                 Some("its upstream never ran".to_string())
             } else if l.upstream_reset {
                 Some("its upstream reset on purpose".to_string())
-            } else if l.delay_ms + 1_000 >= DETACHED_TIMEOUT_MS {
-                Some(format!("a {} ms upstream against the {DETACHED_TIMEOUT_MS} ms timeout", l.delay_ms))
+            } else if l.arrived_after_ms.unwrap_or(0) + l.delay_ms + 100 >= DETACHED_TIMEOUT_MS {
+                Some(format!(
+                    "its upstream arrived {} ms after the claim and took {} ms, against the {DETACHED_TIMEOUT_MS} ms timeout",
+                    l.arrived_after_ms.unwrap_or(0),
+                    l.delay_ms
+                ))
             } else if let Some((name, from, _)) = during(&["upstream reset", "Envoy SIGKILL"]) {
                 Some(format!("a {name} {} ms after the claim", from - l.claimed_at))
-            } else if let Some((name, from, _)) = during(&["store SIGKILL", "store stall"]).filter(|_| l.lease_ran_out) {
-                Some(format!("a {name} {} ms after the claim, and the lease ran out", from - l.claimed_at))
+            } else if let Some((name, from, _)) =
+                during(&["store SIGKILL", "store stall"]).filter(|_| l.lease_ran_out)
+            {
+                Some(format!(
+                    "a {name} {} ms after the claim, and the lease ran out",
+                    from - l.claimed_at
+                ))
             } else {
                 None
             };
+            let near: Vec<String> = faults
+                .windows
+                .iter()
+                .filter(|(_, from, to)| {
+                    *to >= l.claimed_at - 1_000 && *from <= l.claimed_at + DETACHED_LEASE_MS
+                })
+                .map(|(name, from, to)| format!("{name} at +{} ms for {} ms", from - l.claimed_at, to - from))
+                .collect();
             match why {
-                Some(why) => excused.push(format!("{} — {why}", l.what)),
+                Some(why) => excused.push(format!("{} — {why} (faults: {})", l.what, near.join(", "))),
                 None => self.violations.push(format!(
-                    "{}: a detached request whose client left ended unknown with no fault to lose it",
-                    l.what
+                    "{}: a detached request whose client left ended unknown with no fault to lose it (faults: {})",
+                    l.what,
+                    near.join(", ")
                 )),
             }
         }

@@ -3,6 +3,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::answers::check_answer;
 use super::judge::{execution_scope, released, sha256_hex};
+use super::report::LeftDetached;
 use super::*;
 use crate::{Answer, Execution};
 
@@ -171,6 +172,7 @@ fn generation(n: u64, at: i64, state: &str, end: Option<i64>, status: Option<u16
         archived_at: None,
         status,
         body_len: status.map(|_| 15),
+        body_stored: status.map(|_| true),
     }
 }
 
@@ -197,6 +199,12 @@ fn the_routes_match_the_bootstrap() {
         assert_eq!(policy(r.name), r);
     }
     assert!(yaml.contains(r#""lease_seconds": 2, "on_unknown": "release"}"#));
+    assert!(yaml.contains(&format!(
+        r#""lease_seconds": {}, "forwarding": {{"mode": "detached", "timeout_ms": {DETACHED_TIMEOUT_MS}}}}}"#,
+        DETACHED_LEASE_MS / 1_000
+    )));
+    assert!(yaml.contains(r#""lease_seconds": 3, "settle": "background"}"#));
+    assert!(yaml.contains(&format!(r#""max_stored_body": {LARGE_STORED_BODY}}}"#)));
     assert!(yaml.contains(&format!(
         r#""ttl_seconds": {}, "after_expiry": "new"}}"#,
         RENEW_TTL_MS / 1_000
@@ -420,4 +428,149 @@ fn store_unavailable_outside_fault_windows_is_bounded() {
     audit.answered_at.push((5_000, true));
     audit.bound_unavailable(&[("store stall", 20_000, 21_500)]);
     assert_eq!(audit.violations.len(), 1, "{:?}", audit.violations);
+}
+
+/// An execution of `route` whose response is `len` bytes of the test
+/// upstream's large body (named by its `Location`).
+fn large_exec(n: u64, route: Route, len: usize) -> Execution {
+    Execution {
+        path: route.path.into(),
+        response: bytes::Bytes::from(vec![b'x'; len]),
+        ..exec(n, "a", "A", 201)
+    }
+}
+
+fn sent_to(route: Route) -> Sent {
+    let mut s = sent("a", "A");
+    s.scope.route = route.name;
+    s.path = route.path;
+    s
+}
+
+fn result_unavailable(original_status: u16) -> Answer {
+    answer(
+        409,
+        &[
+            ("content-type", "application/problem+json"),
+            ("cache-control", "no-store"),
+        ],
+        &format!(
+            r#"{{"type":"https://x/result-unavailable","title":"t","status":409,"detail":"d","original_status":{original_status}}}"#
+        ),
+    )
+}
+
+#[test]
+fn result_unavailable_only_for_a_stored_response_longer_than_the_route_keeps() {
+    let detached = ROUTES[4];
+    let large = ROUTES[6];
+    // Above 512 KiB on a default route: result-unavailable, with its status.
+    let e = [large_exec(1, CONFLICT, STORED_BODY + 1)];
+    assert_eq!(
+        verdict(&sent("a", "A"), &result_unavailable(201), &e, &["A"]),
+        None
+    );
+    assert!(verdict(&sent("a", "A"), &result_unavailable(200), &e, &["A"]).is_some());
+    // At the limit it is kept, and must replay.
+    let e = [large_exec(1, CONFLICT, STORED_BODY)];
+    assert!(verdict(&sent("a", "A"), &result_unavailable(201), &e, &["A"]).is_some());
+    // exports.large keeps 4 MiB: 600 KiB is no reason.
+    let e = [large_exec(1, large, 600 * 1024)];
+    assert!(verdict(&sent_to(large), &result_unavailable(201), &e, &["A"]).is_some());
+    let e = [large_exec(1, large, LARGE_STORED_BODY + 1)];
+    assert_eq!(
+        verdict(&sent_to(large), &result_unavailable(201), &e, &["A"]),
+        None
+    );
+    // Nothing executed: no result to be unavailable.
+    assert!(verdict(&sent_to(detached), &result_unavailable(201), &[], &["A"]).is_some());
+}
+
+#[test]
+fn a_large_answer_is_its_execution_by_location_and_detached_relays_at_most_its_limit() {
+    let detached = ROUTES[4];
+    let fresh = |e: &Execution| Answer {
+        status: 201,
+        headers: answer(201, &[("location", &format!("/pay/{}", e.n))], "").headers,
+        body: e.response.clone(),
+    };
+    let e = [large_exec(1, CONFLICT, STORED_BODY + 1)];
+    assert_eq!(verdict(&sent("a", "A"), &fresh(&e[0]), &e, &["A"]), None);
+    // Another execution's bytes under this one's Location.
+    let mut other = fresh(&e[0]);
+    other.body = bytes::Bytes::from(vec![b'x'; 10]);
+    assert!(verdict(&sent("a", "A"), &other, &e, &["A"]).is_some());
+    // Detached relays up to 1 MiB; a longer response is never relayed.
+    let e = [large_exec(1, detached, RELAYED_BODY)];
+    assert_eq!(verdict(&sent_to(detached), &fresh(&e[0]), &e, &["A"]), None);
+    let e = [large_exec(1, detached, RELAYED_BODY + 1)];
+    assert!(verdict(&sent_to(detached), &fresh(&e[0]), &e, &["A"]).is_some());
+    assert_eq!(
+        verdict(&sent_to(detached), &result_unavailable(201), &e, &["A"]),
+        None
+    );
+}
+
+#[test]
+fn a_record_keeps_its_body_exactly_when_the_route_allows() {
+    let record = |stored: bool, len: Option<u64>| Generation {
+        body_stored: Some(stored),
+        body_len: len,
+        ..generation(1, 0, "completed", None, Some(201))
+    };
+    let small = large_exec(1, CONFLICT, STORED_BODY);
+    let big = large_exec(1, CONFLICT, STORED_BODY + 1);
+    let kept = Some(STORED_BODY as u64);
+    assert!(run(CONFLICT, std::slice::from_ref(&small), &[record(true, kept)])
+        .violations
+        .is_empty());
+    assert_eq!(
+        run(CONFLICT, &[small], &[record(false, None)]).violations.len(),
+        1
+    );
+    assert!(run(CONFLICT, std::slice::from_ref(&big), &[record(false, None)])
+        .violations
+        .is_empty());
+    let v = run(CONFLICT, &[big], &[record(true, Some(STORED_BODY as u64 + 1))]);
+    assert_eq!(v.violations.len(), 1, "{v:?}");
+}
+
+#[test]
+fn a_detached_request_whose_client_left_must_complete_unless_a_fault_lost_it() {
+    let left = |arrived: Option<i64>, delay: i64, lease_ran_out: bool| LeftDetached {
+        what: "k".into(),
+        claimed_at: 10_000,
+        delay_ms: delay,
+        arrived_after_ms: arrived,
+        upstream_reset: false,
+        lease_ran_out,
+    };
+    let faults = |windows: Vec<(&'static str, i64, i64)>| Faults {
+        windows,
+        ..Faults::default()
+    };
+    let judged = |l: LeftDetached, f: &Faults| {
+        let mut audit = Audit {
+            left_detached_not_completed: vec![l],
+            ..Audit::default()
+        };
+        let excused = audit.judge_left_detached(f);
+        (excused.len(), audit.violations.len())
+    };
+    let none = faults(vec![]);
+    // No fault, a short upstream: the filter gave the request up.
+    assert_eq!(judged(left(Some(5), 1_000, false), &none), (0, 1));
+    // Its upstream ran into the timeout.
+    assert_eq!(judged(left(Some(5), 3_950, false), &none), (1, 0));
+    // An upstream reset or an Envoy kill while it was in flight.
+    for name in ["upstream reset", "Envoy SIGKILL"] {
+        let f = faults(vec![(name, 11_000, 11_300)]);
+        assert_eq!(judged(left(Some(5), 1_000, false), &f), (1, 0), "{name}");
+    }
+    // A store fault excuses only a lease that ran out, and only nearby.
+    let stall = faults(vec![("store stall", 12_000, 13_500)]);
+    assert_eq!(judged(left(Some(5), 1_000, true), &stall), (1, 0));
+    assert_eq!(judged(left(Some(5), 1_000, false), &stall), (0, 1));
+    let later = faults(vec![("upstream reset", 30_000, 30_000)]);
+    assert_eq!(judged(left(Some(5), 1_000, false), &later), (0, 1));
 }

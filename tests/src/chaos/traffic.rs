@@ -1,11 +1,26 @@
 //! The chaos traffic: workers that send mixed scenarios through Envoy and
 //! record every request and its answer.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{now_ms, route_of, seed, Rng, ScopeId, RENEW_TTL_MS};
+use super::{
+    now_ms, route_of, seed, Rng, ScopeId, LARGE_STORED_BODY, RELAYED_BODY, RENEW_TTL_MS, STORED_BODY,
+};
 use crate::Answer;
+
+/// A knob of the client, not of the upstream (which ignores the header):
+/// the client stops waiting after this many milliseconds.
+pub const LEAVES_AFTER: &str = "x-chaos-client-leaves-after-ms";
+
+/// The test upstream answers a body of this many bytes (not JSON; its
+/// `Location` names the execution).
+const BODY_SIZE: &str = "x-test-body-size";
+
+/// At most this many scenarios with responses near 4 MiB at a time: two
+/// cores, and every such response crosses Envoy, the store and the client.
+const HUGE_AT_A_TIME: usize = 2;
 
 /// One request a worker sent, and what came back.
 #[derive(Debug)]
@@ -27,6 +42,8 @@ pub struct Traffic {
     /// A random tag inside every key, so logs can be searched for any of them.
     pub tag: String,
     pub sent: Mutex<Vec<Sent>>,
+    /// Scenarios with responses near 4 MiB in flight.
+    huge: AtomicUsize,
 }
 
 impl Traffic {
@@ -41,6 +58,7 @@ impl Traffic {
             base,
             tag,
             sent: Mutex::new(Vec::new()),
+            huge: AtomicUsize::new(0),
         })
     }
 
@@ -61,6 +79,11 @@ impl Traffic {
             .body(body.to_string());
         for (name, value) in knobs {
             req = req.header(*name, value);
+            if *name == LEAVES_AFTER {
+                if let Ok(ms) = value.parse() {
+                    req = req.timeout(Duration::from_millis(ms));
+                }
+            }
         }
         let at_ms = now_ms();
         let outcome = match req.send().await {
@@ -73,10 +96,10 @@ impl Traffic {
                         headers,
                         body,
                     }),
-                    Err(e) => Err(format!("body: {e}")),
+                    Err(e) => Err(format!("body: {}", why(&e))),
                 }
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(why(&e)),
         };
         let copy = match &outcome {
             Ok(a) => Ok(Answer {
@@ -98,6 +121,21 @@ impl Traffic {
         }
         outcome
     }
+}
+
+/// Why a request got no answer: `timeout`, `connect` or the innermost cause.
+fn why(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timeout".into();
+    }
+    if e.is_connect() {
+        return "connect".into();
+    }
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    cause.to_string()
 }
 
 const TENANTS: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
@@ -127,12 +165,32 @@ pub async fn worker(
         if Instant::now() >= deadline {
             break;
         }
-        let path: &'static str = match rng.below(10) {
+        let mut path: &'static str = match rng.below(14) {
             0 | 1 => "/wait",
             2 | 3 => "/release",
             4 | 5 => "/renew",
+            6 | 7 => "/detached",
+            8 | 9 => "/background",
+            10 => "/large",
             _ => "/pay",
         };
+        // One scenario in 25 (not in the soak): a response near or above
+        // the route's max_stored_body; a third of them near 4 MiB, on /large.
+        let large = kinds >= 100 && rng.below(25) == 0;
+        let huge = large
+            && (path == "/large" || rng.below(3) == 0)
+            && traffic
+                .huge
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < HUGE_AT_A_TIME).then_some(n + 1)
+                })
+                .is_ok();
+        if large && huge {
+            path = "/large";
+        } else if large && path == "/large" {
+            // Too many near 4 MiB already: 512 KiB on another route.
+            path = "/pay";
+        }
         let scope = ScopeId {
             tenant: TENANTS[rng.below(3) as usize].to_string(),
             user: format!("user-{}", rng.below(2)),
@@ -143,6 +201,16 @@ pub async fn worker(
         let body = format!(r#"{{"amount": {amount}, "currency": "EUR", "note": "w{id} n{n}"}}"#);
         let t = &traffic;
         let kind = rng.below(kinds.min(100));
+        if large {
+            large_response(t, &scope, path, &body, large_size(&mut rng, path)).await;
+            if huge {
+                t.huge.fetch_sub(1, Ordering::SeqCst);
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            continue;
+        }
         match kind {
             // A unique key; retried like a careful client would.
             0..=29 => {
@@ -193,6 +261,35 @@ pub async fn worker(
                     &format!("\"amount\": {}", amount + 1),
                 );
                 t.send(&scope, path, &changed, &[]).await.ok();
+            }
+            // Detached: a slow call whose client stops waiting early; the
+            // request goes on without it, and a retry after it finished
+            // must replay it (or, if its upstream timed out, find it
+            // unknown).
+            70..=79 if path == "/detached" => {
+                let delay = 500 + rng.below(3_500);
+                let leaves = 100 + rng.below(300);
+                let started = Instant::now();
+                t.send(
+                    &scope,
+                    path,
+                    &body,
+                    &[
+                        ("x-test-delay-ms", delay.to_string()),
+                        (LEAVES_AFTER, leaves.to_string()),
+                    ],
+                )
+                .await
+                .ok();
+                t.send(&scope, path, &body, &[]).await.ok();
+                let done = Duration::from_millis(delay + 300);
+                tokio::time::sleep(done.saturating_sub(started.elapsed())).await;
+                for _ in 0..3 {
+                    if !retryable(&t.send(&scope, path, &body, &[]).await) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
             // Slow, sometimes slower than the lease, with a duplicate meanwhile.
             70..=79 => {
@@ -245,6 +342,41 @@ pub async fn worker(
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// A response size near the route's limits: just below, at and just above
+/// `max_stored_body`; on /detached also above `max_response_body` (not
+/// relayed); on /large (4 MiB kept) also past Envoy's buffer (4.25 MiB in
+/// envoy/chaos.yaml), which streams on while its record is written.
+fn large_size(rng: &mut Rng, path: &str) -> usize {
+    let (limit, beyond) = match path {
+        "/large" => (LARGE_STORED_BODY, LARGE_STORED_BODY + 512 * 1024),
+        "/detached" => (STORED_BODY, RELAYED_BODY + 1),
+        _ => (STORED_BODY, STORED_BODY + 100 * 1024),
+    };
+    match rng.below(4) {
+        0 => limit - 1 - rng.below(4_096) as usize,
+        1 => limit,
+        2 => limit + 1,
+        _ => beyond,
+    }
+}
+
+/// A large response (`size` bytes) and two retries: at once (under `settle:
+/// background`, or past Envoy's buffer, it may still be recorded: 409
+/// request-in-progress) and 200 ms later. A stored one replays; a longer one
+/// answers 409 result-unavailable.
+async fn large_response(t: &Traffic, scope: &ScopeId, path: &'static str, body: &str, size: usize) {
+    let knobs = [(BODY_SIZE, size.to_string())];
+    for _ in 0..3 {
+        if !retryable(&t.send(scope, path, body, &knobs).await) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t.send(scope, path, body, &knobs).await.ok();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.send(scope, path, body, &knobs).await.ok();
 }
 
 /// `count` workers sending every scenario at full speed until `deadline`.
