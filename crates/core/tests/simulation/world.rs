@@ -27,6 +27,10 @@ pub struct Faults {
     pub slow_store: f64,
     pub client_leaves: f64,
     pub upstream_lost: f64,
+    /// Six seconds in, the store's clock steps back this far (an NTP step
+    /// on its host; a step forward would end leases early, which the
+    /// contract rules out by asking for a slewed clock).
+    pub clock_steps_back_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -34,7 +38,13 @@ pub struct Scenario {
     pub config: String,
     pub keys: usize,
     pub requests: usize,
-    /// Response bodies up to this many bytes.
+    /// Requests begin within this many milliseconds.
+    pub begin_within: i64,
+    /// The upstream takes this long, in milliseconds.
+    pub latency: (i64, i64),
+    /// Response bodies at least this many bytes...
+    pub body_min: usize,
+    /// ...and at most this many.
     pub body_max: usize,
     pub faults: Faults,
 }
@@ -126,6 +136,9 @@ pub struct World {
     pub max_queued: usize,
 }
 
+/// When the store's clock steps (see [`Faults::clock_steps_back_ms`]).
+const CLOCK_STEP_AT: i64 = 6_000;
+
 fn key_name(k: usize) -> String {
     format!("key-{k}")
 }
@@ -158,7 +171,7 @@ impl World {
             scenario,
         };
         for owner in 0..w.scenario.requests as Owner {
-            let at = w.rng.range(0, 3_000);
+            let at = w.rng.range(0, w.scenario.begin_within);
             w.at(at, Event::Begin(owner));
         }
         w.at(500, Event::Sweep);
@@ -204,7 +217,7 @@ impl World {
                 }
             }
             Event::Sweep => {
-                self.store.sweep(self.now);
+                self.store.sweep(self.store_clock());
                 self.wake_parked();
                 // Often while clients come and go, then seldom until every
                 // letter has had its time.
@@ -351,10 +364,13 @@ impl World {
             1 => 500,
             _ => 201,
         };
-        let size = self.rng.range(1, self.scenario.body_max as i64 + 1) as usize;
+        let size =
+            self.rng
+                .range(self.scenario.body_min as i64, self.scenario.body_max as i64 + 1) as usize;
         let mut body = format!("{}#{n}:", key_name(slot.key)).into_bytes();
         body.resize(size.max(body.len()), b'.');
-        let latency = self.rng.range(5, 1_500);
+        let (lo, hi) = self.scenario.latency;
+        let latency = self.rng.range(lo, hi);
         // Envoy gives up on the filter's own upstream call at its timeout.
         let answer_after = match slot.ex_detached_timeout {
             Some(timeout) => latency.min(timeout as i64),
@@ -502,7 +518,8 @@ impl World {
             return;
         };
         let (path, body) = (c.path, c.body.clone());
-        match self.store.call(path, &body, self.now, false) {
+        let now = self.store_clock();
+        match self.store.call(path, &body, now, false) {
             Claimed::Answer(status, bytes) => self.reply(token, Some((status, bytes))),
             Claimed::Wait => {
                 let req = decode_frame::<ClaimRequest>(&body).unwrap().0;
@@ -522,11 +539,21 @@ impl World {
         let parked = std::mem::take(&mut self.parked);
         for (token, until, deadline) in parked {
             let body = self.callouts[&token].body.clone();
-            match self.store.call(CLAIM_PATH, &body, self.now, self.now >= until) {
+            let now = self.store_clock();
+            match self.store.call(CLAIM_PATH, &body, now, self.now >= until) {
                 _ if self.now >= deadline => self.reply(token, Some((503, Vec::new()))),
                 Claimed::Answer(status, bytes) => self.reply(token, Some((status, bytes))),
                 Claimed::Wait => self.parked.push((token, until, deadline)),
             }
+        }
+    }
+
+    /// The store's clock.
+    fn store_clock(&self) -> i64 {
+        if self.now >= CLOCK_STEP_AT {
+            self.now - self.scenario.faults.clock_steps_back_ms
+        } else {
+            self.now
         }
     }
 
