@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 use e2e::chaos::{at_full_speed, audit, now_ms, policy, route_of, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
+use e2e::ADMIN_TOKEN;
+use idemgate_store::log_ids::LogIds;
 use idemgate_testkit::pg::PgCluster;
 
 /// One run at a time: they share two cores, and their timing matters.
@@ -259,12 +261,18 @@ fn committed_but_lost(stack: &Stack, promoted: &PgCluster) -> BTreeMap<String, u
     // A fence is drawn once per claim (a sequence, which may hand a lost
     // claim's fence out again after an asynchronous failover), so it is
     // named together with the body's fingerprint.
+    // Log lines name a fingerprint by its keyed hash, under a key the stores
+    // derive from the admin credential.
+    let ids = LogIds::from_admin_credential(ADMIN_TOKEN).unwrap();
     let held: HashSet<String> = promoted
         .query(
             "SELECT transition || ' ' || fence || ' ' || coalesce(fingerprint, '-') FROM idempotency_events",
         )
         .lines()
-        .map(str::to_string)
+        .map(|line| match line.rsplit_once(' ') {
+            Some((event, fp)) if fp != "-" => format!("{event} {}", ids.of_fingerprint(fp)),
+            _ => line.to_string(),
+        })
         .collect();
     let mut lost = BTreeMap::new();
     for (_, line) in stack.log_lines() {
