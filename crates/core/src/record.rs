@@ -261,16 +261,19 @@ pub enum AbandonDecision {
     /// The abandon is remembered, so a claim of that attempt that lands later
     /// is released, never left owned by nobody.
     Remember,
-    /// That attempt's record, settled (completed, or archived): its claim
-    /// landed and its outcome is known; nothing changes.
+    /// That attempt's record, completed: its claim landed and its outcome
+    /// is known; nothing changes.
     Settled,
 }
 
 /// The abandon rule; see [`AbandonDecision`].
 pub fn decide_abandon(existing: Option<&RecordView>, offered: &str) -> AbandonDecision {
     match existing {
+        // Archived or not: an unknown record its own attempt abandons never
+        // ran (the filter abandons only what it did not forward), so the
+        // retry the 503 invited is a first request, not `key-expired`.
         Some(rec) if rec.attempt.as_deref() == Some(offered) => {
-            if !rec.archived && may_abandon(rec.state, rec.attempt.as_deref(), offered) {
+            if may_abandon(rec.state, rec.attempt.as_deref(), offered) {
                 AbandonDecision::End
             } else {
                 AbandonDecision::Settled
@@ -285,6 +288,15 @@ pub fn decide_abandon(existing: Option<&RecordView>, offered: &str) -> AbandonDe
 /// the caller must hold the current fencing token.
 pub fn may_fence(state: State, current_fence: u64, offered_fence: u64) -> bool {
     matches!(state, State::InProgress | State::Unknown) && current_fence == offered_fence
+}
+
+/// Whether a completion under the current fence may still resolve a record
+/// that was archived: only an unknown one, whose lease ran out and which
+/// expired before the completion got through. It is recorded for the audit
+/// ("why was this charged twice?") without its body: archived is history,
+/// and it never replays.
+pub fn completes_archived(state: State) -> bool {
+    state == State::Unknown
 }
 
 #[cfg(test)]
@@ -479,9 +491,10 @@ mod tests {
         assert_eq!(decide_abandon(Some(&rec(State::Unknown)), "a"), End);
         assert_eq!(decide_abandon(Some(&rec(State::Completed)), "a"), Settled);
         assert_eq!(decide_abandon(Some(&rec(State::Completed)), "b"), Remember);
+        // Its lease ran out and it expired before the abandon arrived.
         let mut archived = rec(State::Unknown);
         archived.archived = true;
-        assert_eq!(decide_abandon(Some(&archived), "a"), Settled);
+        assert_eq!(decide_abandon(Some(&archived), "a"), End);
     }
 
     #[test]

@@ -112,14 +112,21 @@ pub fn complete<'a>(
     body: Option<&'a [u8]>,
     now: i64,
 ) -> Plan<'a, FenceReply> {
-    let Some(l) = fenced(loaded, req.fence) else {
+    let late = |l: &&LoadedRecord| {
+        l.view.archived
+            && record::completes_archived(l.view.state)
+            && record::may_fence(l.view.state, l.view.fence, req.fence)
+    };
+    let Some(l) = fenced(loaded, req.fence).or(loaded.filter(late)) else {
         return Plan::only(FenceReply::Stale);
     };
+    // An archived record keeps no body.
+    let kept = !l.view.archived;
     let response = Response {
         status: req.status,
         headers: &req.headers,
-        body,
-        body_stored: req.body_stored,
+        body: body.filter(|_| kept),
+        body_stored: req.body_stored && kept,
     };
     Plan::of(
         FenceReply::Done,
@@ -507,7 +514,11 @@ mod tests {
         assert_eq!(abandon(None, &s, "b"), remember);
         let stale = Plan::only(FenceReply::Stale);
         assert_eq!(abandon(Some(&loaded(State::Completed)), &s, "a"), stale);
-        assert_eq!(abandon(Some(&archived(State::Unknown)), &s, "a"), stale);
+        // Unknown only because its lease ran out, and since archived: it never ran.
+        assert_eq!(
+            abandon(Some(&archived(State::Unknown)), &s, "a"),
+            Plan::of(FenceReply::Done, vec![end(State::Unknown, by)])
+        );
     }
 
     #[test]

@@ -839,6 +839,62 @@ async fn an_abandon_that_meets_another_attempts_record_releases_its_claim_when_i
     );
 }
 
+/// A claim whose answer was lost, its lease run out and its record archived
+/// before the filter's abandon got through: nothing ran, so the abandon still
+/// frees the key and the retry the 503 invited is a first request.
+async fn an_abandon_after_the_record_was_archived_still_frees_the_key(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-abandon-archived");
+    let mut lost = claim(&s, Some(1));
+    lost.attempt = attempt("a1");
+    cx.owned(&lost).await;
+    cx.clock.advance(1_000);
+    assert_eq!(cx.sweep(60_000).await.marked_unknown, 1);
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
+        FenceReply::Done
+    );
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt("a2");
+    cx.owned(&retry).await;
+}
+
+/// A completion held up until its record's lease ran out and the unknown
+/// record expired: it is still recorded (status and time, no body), so the
+/// history says what happened, and the archived record still never replays.
+async fn a_completion_after_the_unknown_record_was_archived_is_recorded_without_its_body(
+    b: Arc<dyn Backend>,
+) {
+    let cx = Ctx::new(b);
+    let s = scope("k-complete-archived");
+    let fence = cx.owned(&claim(&s, Some(1))).await;
+    cx.clock.advance(1_000);
+    assert_eq!(cx.sweep(60_000).await.marked_unknown, 1);
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, fence, 201), b"late")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    let rec = cx.newest("k-complete-archived").await.unwrap();
+    assert_eq!(
+        (rec.state.as_str(), rec.status, rec.body_len),
+        ("completed", Some(201), None)
+    );
+    assert!(rec.archived_at.is_some());
+    assert_eq!(
+        cx.reply(&claim(&s, Some(1))).await,
+        ClaimReply::Expired {
+            completed_at: Some(cx.now())
+        }
+    );
+}
+
 /// A replica whose clock is behind sees an archived record before its
 /// expiry: archived is history, and it never replays (the body is gone).
 async fn an_archived_record_never_replays(b: Arc<dyn Backend>) {
@@ -1132,7 +1188,11 @@ async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol:
             assert_eq!(now.completed_at, Some(cx.now()), "{key}");
             assert_eq!(now.lease_until, cx.now(), "{key}");
             assert_eq!(now.expires_at, Some(*expires_at), "{key}");
-            assert_eq!((now.generation, now.archived_at), (was.generation, None), "{key}");
+            assert_eq!(
+                (now.generation, now.archived_at),
+                (was.generation, was.archived_at),
+                "{key}"
+            );
             assert_eq!(after.events.len(), before.events.len() + 1, "{key}");
             let event = after.events.last().unwrap();
             assert_eq!(
@@ -1191,7 +1251,8 @@ async fn a_completion_comes_to_what_its_plan_says(b: Arc<dyn Backend>) {
     let f = cx.owned(&claim(&s, Some(1))).await;
     complete_as_planned(&cx, "k-plan-stale", &complete(&s, f + 1_000, 201)).await;
     complete_as_planned(&cx, "k-plan-stale", &complete(&s, f.saturating_sub(1), 201)).await;
-    // Archived (unknown, then past its expiry): history, never completed.
+    // Archived (unknown, then past its expiry): the late completion is
+    // recorded for the history, without its body.
     let s = scope("k-plan-archived");
     let f = cx.owned(&claim(&s, Some(1))).await;
     cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
@@ -1275,6 +1336,8 @@ stories!(
     an_abandon_that_arrives_first_releases_the_claim_when_it_lands,
     an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands,
     an_archived_record_never_replays,
+    an_abandon_after_the_record_was_archived_still_frees_the_key,
+    a_completion_after_the_unknown_record_was_archived_is_recorded_without_its_body,
     a_claim_past_its_callers_deadline_is_not_committed,
     a_new_generation_keeps_the_old_one_and_its_events,
     purge_removes_only_what_is_past_retention,

@@ -16,7 +16,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use proptest::test_runner::TestRunner;
+use proptest::test_runner::{RngSeed, TestRunner};
 
 use idemgate_core::record::State;
 use store::Ended;
@@ -114,7 +114,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
 fn faults() -> impl Strategy<Value = Faults> {
     let p = || prop_oneof![Just(0.0), 0.0..0.3f64];
     let behind = prop_oneof![Just(0i64), 1_000..5_000i64];
-    (p(), p(), p(), p(), 0.0..0.6f64, p(), behind).prop_map(
+    let restarts = prop::bool::weighted(0.2);
+    (p(), p(), p(), p(), 0.0..0.6f64, p(), behind, restarts).prop_map(
         |(
             lose_request,
             lose_answer,
@@ -123,16 +124,16 @@ fn faults() -> impl Strategy<Value = Faults> {
             client_leaves,
             upstream_lost,
             clock_steps_back_ms,
-        )| {
-            Faults {
-                lose_request,
-                lose_answer,
-                unavailable,
-                slow_store,
-                client_leaves,
-                upstream_lost,
-                clock_steps_back_ms,
-            }
+            store_restarts,
+        )| Faults {
+            lose_request,
+            lose_answer,
+            unavailable,
+            slow_store,
+            client_leaves,
+            upstream_lost,
+            clock_steps_back_ms,
+            store_restarts,
         },
     )
 }
@@ -267,11 +268,16 @@ struct Input {
 
 #[test]
 fn every_scenario_keeps_the_contract() {
-    let config = ProptestConfig {
+    let mut config = ProptestConfig {
         cases: 2_000,
         failure_persistence: None,
         ..ProptestConfig::default()
     };
+    // The same scenarios on every run, so a red run is the change's doing;
+    // PROPTEST_RNG_SEED=<n> explores others.
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        config.rng_seed = RngSeed::Fixed(0x1de9_a7e5);
+    }
     let input =
         (any::<u64>(), knobs(), faults()).prop_map(|(seed, knobs, faults)| Input { seed, knobs, faults });
     let scenarios = AtomicU64::new(0);
@@ -333,11 +339,12 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 client_leaves: 0.509111318517555,
                 upstream_lost: 0.0,
                 clock_steps_back_ms: 0,
+                store_restarts: false,
             },
         },
-        // A settlement the store did not confirm was delivered again only under detached forwarding: "request 4 was answered 201 but its record ended Some(Open(Unknown))".
+        // A settlement the store did not confirm was delivered again only under detached forwarding: "request 0 was answered 201 but its record ended Some(Open(Unknown))".
         Input {
-            seed: 2967539358235388857,
+            seed: 6647208780346167831,
             knobs: Knobs {
                 detached: false,
                 background: false,
@@ -347,13 +354,14 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 short_ttl: false,
             },
             faults: Faults {
-                lose_request: 0.07869693380230869,
-                lose_answer: 0.0,
-                unavailable: 0.17535330098618687,
+                lose_request: 0.23539680638948673,
+                lose_answer: 0.17928971426804682,
+                unavailable: 0.0,
                 slow_store: 0.0,
                 client_leaves: 0.0,
-                upstream_lost: 0.267036346007682,
+                upstream_lost: 0.0,
                 clock_steps_back_ms: 0,
+                store_restarts: false,
             },
         },
         // on_unknown: release claimed an unknown record before its lease ran out: "key 0 executed twice at once: [(1533, 2329), (1750, 2395)]".
@@ -375,11 +383,12 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 client_leaves: 0.5558709478861736,
                 upstream_lost: 0.0,
                 clock_steps_back_ms: 0,
+                store_restarts: false,
             },
         },
-        // Batches were bounded by count only and a batch refused as a whole gave each call the refusal: "request 11 was answered 201 but its record ended Some(Open(Unknown))".
+        // Batches were bounded by count only and a batch refused as a whole gave each call the refusal: "request 3 was answered 201 but its record ended Some(Open(Unknown))".
         Input {
-            seed: 1251001669253009307,
+            seed: 4624141762910672308,
             knobs: Knobs {
                 detached: false,
                 background: false,
@@ -392,10 +401,11 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 lose_request: 0.0,
                 lose_answer: 0.0,
                 unavailable: 0.0,
-                slow_store: 0.0,
-                client_leaves: 0.0,
+                slow_store: 0.29976967320157266,
+                client_leaves: 0.3943148068209927,
                 upstream_lost: 0.0,
                 clock_steps_back_ms: 0,
+                store_restarts: false,
             },
         },
         // An archived record replayed (empty) to a store whose clock stepped back before its expiry: "request 7 replayed 201 \"\" that no execution answered".
@@ -417,6 +427,51 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 client_leaves: 0.0,
                 upstream_lost: 0.0,
                 clock_steps_back_ms: 1831,
+                store_restarts: false,
+            },
+        },
+        // A late completion of an unknown record that had expired meanwhile was refused: "request 1 was answered 500 but its record ended Some(Open(Unknown))".
+        Input {
+            seed: 1492343373279252586,
+            knobs: Knobs {
+                detached: false,
+                background: true,
+                wait: true,
+                release_unknown: false,
+                large: false,
+                short_ttl: true,
+            },
+            faults: Faults {
+                lose_request: 0.18054314547755326,
+                lose_answer: 0.0,
+                unavailable: 0.17099396947747386,
+                slow_store: 0.009153431357824302,
+                client_leaves: 0.2236011369196434,
+                upstream_lost: 0.0,
+                clock_steps_back_ms: 0,
+                store_restarts: true,
+            },
+        },
+        // An abandon that arrived after its unknown record expired was refused: "generation 3 (a5) left unknown although nothing ran".
+        Input {
+            seed: 17246023906521361570,
+            knobs: Knobs {
+                detached: false,
+                background: false,
+                wait: false,
+                release_unknown: false,
+                large: false,
+                short_ttl: true,
+            },
+            faults: Faults {
+                lose_request: 0.12204999271475284,
+                lose_answer: 0.18147918412355493,
+                unavailable: 0.22633072813917746,
+                slow_store: 0.0,
+                client_leaves: 0.23015441658910116,
+                upstream_lost: 0.055589340435310636,
+                clock_steps_back_ms: 0,
+                store_restarts: false,
             },
         },
     ];

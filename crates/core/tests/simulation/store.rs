@@ -158,16 +158,25 @@ impl MemStore {
                 let Ok((req, bytes)) = decode_frame::<CompleteRequest>(body) else {
                     return (400, Vec::new());
                 };
-                let Some(r) = self.fenced(&req.scope, req.fence) else {
+                let late = |r: &Record| {
+                    r.view.archived
+                        && record::completes_archived(r.view.state)
+                        && record::may_fence(r.view.state, r.view.fence, req.fence)
+                };
+                let Some(r) = self.records.get_mut(&req.scope).filter(|r| {
+                    !r.view.archived && record::may_fence(r.view.state, r.view.fence, req.fence) || late(r)
+                }) else {
                     return fence_answer(false);
                 };
+                // An archived record keeps no body.
+                let kept = !r.view.archived;
                 r.view.state = State::Completed;
                 r.view.status = Some(req.status);
-                r.view.body_stored = req.body_stored;
+                r.view.body_stored = req.body_stored && kept;
                 r.view.completed_at = Some(now);
                 r.view.expires_at = Some(record::completion_expiry(now, r.ttl_ms));
                 r.headers = req.headers;
-                r.body = bytes.to_vec();
+                r.body = if kept { bytes.to_vec() } else { Vec::new() };
                 let fence = r.view.fence;
                 self.mark(fence, Ended::Open(State::Completed));
                 fence_answer(true)

@@ -31,6 +31,8 @@ pub struct Faults {
     /// on its host; a step forward would end leases early, which the
     /// contract rules out by asking for a slewed clock).
     pub clock_steps_back_ms: i64,
+    /// The store is killed once, at a moment chosen by the seed.
+    pub store_restarts: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +70,8 @@ struct Slot {
     /// Waiting for the store (false) or the upstream (true), and the direction held.
     waiting: Option<(bool, Dir)>,
     exec: Option<usize>,
+    /// The Envoy worker the request came to.
+    worker: usize,
     /// Envoy lost the upstream's response: the client gets Envoy's 503.
     lost: bool,
     /// The policy's detached forwarding timeout.
@@ -104,7 +108,10 @@ enum Event {
     Begin(Owner),
     Leave(Owner),
     Arrive(u64),
-    Answer(u64, Option<(u16, Vec<u8>)>),
+    /// An answer the store sent at the given time.
+    Answer(u64, Option<(u16, Vec<u8>)>, i64),
+    /// The store process is killed and started again.
+    Restart,
     Timeout(u64),
     UpstreamDone(Owner),
     Tick,
@@ -120,9 +127,11 @@ pub struct World {
     events: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
     slots: HashMap<Owner, Slot>,
-    attached: Attached,
-    letters: Letters,
-    tokens: HashMap<u64, (Queue, Flight)>,
+    /// Each Envoy worker's store client; a request belongs to one worker.
+    clients: Vec<Client>,
+    tokens: HashMap<u64, (usize, Queue, Flight)>,
+    /// When the store was restarted: answers it owed then are never sent.
+    restarts: Vec<i64>,
     callouts: HashMap<u64, Callout>,
     next_token: u64,
     /// Claims the store holds (`in_flight: wait`): token, until, commit deadline.
@@ -138,6 +147,16 @@ pub struct World {
 
 /// When the store's clock steps (see [`Faults::clock_steps_back_ms`]).
 const CLOCK_STEP_AT: i64 = 6_000;
+
+/// Envoy workers: each has its own store client (queue and letters).
+const WORKERS: usize = 2;
+/// How long a restarted store refuses connections.
+const RESTART_MS: i64 = 300;
+
+struct Client {
+    attached: Attached,
+    letters: Letters,
+}
 
 fn key_name(k: usize) -> String {
     format!("key-{k}")
@@ -155,9 +174,14 @@ impl World {
             events: BinaryHeap::new(),
             seq: 0,
             slots: HashMap::new(),
-            attached: Attached::default(),
-            letters: Letters::new(7),
+            clients: (0..WORKERS)
+                .map(|i| Client {
+                    attached: Attached::default(),
+                    letters: Letters::new(7 + i as u64),
+                })
+                .collect(),
             tokens: HashMap::new(),
+            restarts: Vec::new(),
             callouts: HashMap::new(),
             next_token: 0,
             parked: Vec::new(),
@@ -175,6 +199,10 @@ impl World {
             w.at(at, Event::Begin(owner));
         }
         w.at(500, Event::Sweep);
+        if w.scenario.faults.store_restarts {
+            let at = w.rng.range(200, w.scenario.begin_within + 2_000);
+            w.at(at, Event::Restart);
+        }
         w
     }
 
@@ -194,11 +222,13 @@ impl World {
             self.steps += 1;
             self.handle(event);
             self.pump();
-            self.max_queued = self.max_queued.max(self.attached.queued());
-            assert!(
-                self.attached.queued() <= QUEUE_CALLS,
-                "the worker's queue outgrew its bound"
-            );
+            for c in &self.clients {
+                self.max_queued = self.max_queued.max(c.attached.queued());
+                assert!(
+                    c.attached.queued() <= QUEUE_CALLS,
+                    "a worker's queue outgrew its bound"
+                );
+            }
         }
     }
 
@@ -207,7 +237,18 @@ impl World {
             Event::Begin(owner) => self.begin(owner),
             Event::Leave(owner) => self.leave(owner),
             Event::Arrive(token) => self.arrive(token),
-            Event::Answer(token, answer) => self.answered(token, answer),
+            // A store killed before its answer left never sends it: the
+            // filter's callout times out instead.
+            Event::Answer(token, answer, sent) => {
+                if !self.restarts.iter().any(|r| (sent..self.now).contains(r)) {
+                    self.answered(token, answer);
+                }
+            }
+            Event::Restart => {
+                self.restarts.push(self.now);
+                // Claims it held are forgotten with their connections.
+                self.parked.clear();
+            }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
             Event::Tick => {
@@ -263,6 +304,7 @@ impl World {
                 attached: true,
                 waiting: None,
                 exec: None,
+                worker: owner as usize % WORKERS,
                 lost: false,
                 ex_detached_timeout,
             },
@@ -313,11 +355,15 @@ impl World {
                         .unwrap_or(idemgate_core::exchange::Settlement::Failed),
                     policy: slot.ex.policy_name().to_string(),
                 };
-                self.letters.post(letter, self.now);
+                self.clients[slot.worker].letters.post(letter, self.now);
                 self.act(owner, *next, dir);
             }
             Step::Call(call) => {
-                if self.attached.submit(owner, call, self.now).is_err() {
+                if self.clients[slot.worker]
+                    .attached
+                    .submit(owner, call, self.now)
+                    .is_err()
+                {
                     let next = slot.ex.store_reply(None);
                     self.act(owner, next, dir);
                 } else {
@@ -350,8 +396,9 @@ impl World {
         if let Some(call) = slot.ex.finish() {
             self.act(owner, Step::Deliver(call, Box::new(Step::Pause)), Dir::Request);
         }
-        self.attached.left(owner);
-        self.slots.remove(&owner);
+        if let Some(slot) = self.slots.remove(&owner) {
+            self.clients[slot.worker].attached.left(owner);
+        }
     }
 
     fn start_exec(&mut self, owner: Owner) {
@@ -454,29 +501,16 @@ impl World {
     }
 
     fn pump(&mut self) {
-        loop {
-            let expired = self.attached.expire(self.now);
-            let mut any = !expired.is_empty();
-            for (owner, answer) in expired {
-                self.hand_out(owner, answer);
-            }
-            while let Some(t) = self.attached.poll_transmit(self.now) {
-                any = true;
-                self.dispatch(Queue::Attached, t.flight, t.call);
-            }
-            while let Some(t) = self.letters.poll_transmit(self.now) {
-                any = true;
-                self.dispatch(Queue::Letters, t.flight, t.call);
-            }
-            if !any {
-                break;
-            }
+        for worker in 0..WORKERS {
+            self.pump_worker(worker);
         }
-        if let Some(due) = [self.letters.next_due(), self.attached.next_deadline()]
-            .into_iter()
+        let due = self
+            .clients
+            .iter()
+            .flat_map(|c| [c.letters.next_due(), c.attached.next_deadline()])
             .flatten()
-            .min()
-        {
+            .min();
+        if let Some(due) = due {
             let due = due.max(self.now + 1);
             if self.next_tick.is_none_or(|t| t > due) {
                 self.next_tick = Some(due);
@@ -485,10 +519,31 @@ impl World {
         }
     }
 
-    fn dispatch(&mut self, queue: Queue, flight: Flight, call: StoreCall) {
+    fn pump_worker(&mut self, worker: usize) {
+        loop {
+            let expired = self.clients[worker].attached.expire(self.now);
+            let mut any = !expired.is_empty();
+            for (owner, answer) in expired {
+                self.hand_out(owner, answer);
+            }
+            while let Some(t) = self.clients[worker].attached.poll_transmit(self.now) {
+                any = true;
+                self.dispatch((worker, Queue::Attached, t.flight), t.call);
+            }
+            while let Some(t) = self.clients[worker].letters.poll_transmit(self.now) {
+                any = true;
+                self.dispatch((worker, Queue::Letters, t.flight), t.call);
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    fn dispatch(&mut self, flight: (usize, Queue, Flight), call: StoreCall) {
         let token = self.next_token;
         self.next_token += 1;
-        self.tokens.insert(token, (queue, flight));
+        self.tokens.insert(token, flight);
         let f = self.scenario.faults.clone();
         self.at(self.now + call.timeout_ms.max(1) as i64, Event::Timeout(token));
         if !self.chance(f.lose_request) {
@@ -510,7 +565,11 @@ impl World {
     }
 
     fn arrive(&mut self, token: u64) {
-        if self.chance(self.scenario.faults.unavailable) {
+        let down = self
+            .restarts
+            .iter()
+            .any(|r| (*r..r + RESTART_MS).contains(&self.now));
+        if down || self.chance(self.scenario.faults.unavailable) {
             self.reply(token, Some((503, Vec::new())));
             return;
         }
@@ -564,7 +623,7 @@ impl World {
             answer
         };
         let delay = self.rng.range(0, 20);
-        self.at(self.now + delay, Event::Answer(token, answer));
+        self.at(self.now + delay, Event::Answer(token, answer, self.now));
     }
 
     fn answered(&mut self, token: u64, answer: StoreAnswer) {
@@ -575,17 +634,17 @@ impl World {
             return;
         }
         c.answered = true;
-        let Some((queue, flight)) = self.tokens.remove(&token) else {
+        let Some((worker, queue, flight)) = self.tokens.remove(&token) else {
             return;
         };
         match queue {
             Queue::Attached => {
-                for (owner, answer) in self.attached.answered(flight, answer) {
+                for (owner, answer) in self.clients[worker].attached.answered(flight, answer) {
                     self.hand_out(owner, answer);
                 }
             }
             Queue::Letters => {
-                for (letter, delivery) in self.letters.answered(flight, answer, self.now) {
+                for (letter, delivery) in self.clients[worker].letters.answered(flight, answer, self.now) {
                     assert!(
                         !matches!(delivery, Delivery::GaveUp),
                         "a letter was given up: {}",
@@ -609,6 +668,9 @@ impl World {
 
     /// Letters and queues all empty, no store call pending.
     pub fn quiet(&self) -> bool {
-        self.letters.is_idle() && self.attached.queued() == 0 && self.parked.is_empty()
+        self.clients
+            .iter()
+            .all(|c| c.letters.is_idle() && c.attached.queued() == 0)
+            && self.parked.is_empty()
     }
 }

@@ -20,8 +20,9 @@ use crate::plan::{self, Fence, Plan, Write};
 use crate::sealing::Seal;
 
 /// Completes the record of `$1` if `$2` is its fence and it is open
-/// (`{fenceable}`: [`idemgate_core::record::may_fence`]), and records the
-/// event; no row back means stale. This is [`plan::complete`] in one
+/// (`{fenceable}`: [`idemgate_core::record::may_fence`]) or unknown and
+/// archived since ([`idemgate_core::record::completes_archived`]: then
+/// without its body), and records the event; no row back means stale. This is [`plan::complete`] in one
 /// statement, with no read before it, so a batch of completions is one
 /// round trip; the story suite checks that both come to the same in every
 /// state a completion meets (`a_completion_comes_to_what_its_plan_says`). `$3` status, `$4` headers, `$5` body, `$6` whether it
@@ -37,8 +38,10 @@ use crate::sealing::Seal;
 pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     conditions::expand(&format!(
         "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $3, \
-           response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, expires_at = {expiry}, \
-           lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 AND {{fenceable}} \
+           response_headers = $4, response_body = CASE WHEN archived_at IS NULL THEN $5::bytea END, \
+           body_stored = $6 AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
+           lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 \
+           AND ({{fenceable}} OR {{unknown}} AND archived_at IS NOT NULL) \
            RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, \
            fingerprint, response_status, created_at, \
            set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
