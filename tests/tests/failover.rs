@@ -186,15 +186,24 @@ async fn failover_run(run: &str, synchronous: bool) {
             lost.keys().all(|what| what == UNWAITED),
             "no transition lost that the store waited for",
         );
+    }
+    // A retry may replay what a lost completion left (the contract allows
+    // losing a completion the store did not wait for): counted apart, never
+    // as a violation.
+    let before = report.violations.len();
+    report.violations.retain(|v| !v.contains(REPLAY_OF_LOST));
+    let allowed = before - report.violations.len();
+    if synchronous {
         check(
-            report.violations.iter().all(|v| v.contains(REPLAY_OF_LOST)),
+            report.violations.is_empty(),
             "no contract violation but replays of completions that were lost",
         );
     }
-    let lost_text = if lost.is_empty() {
-        "nothing committed lost".to_string()
-    } else {
-        format!("committed but lost: {lost:?}")
+    let lost_text = match (lost.is_empty(), allowed) {
+        (true, 0) => "nothing committed lost".to_string(),
+        (true, n) => format!("{n} replays of a lost completion (allowed)"),
+        (false, 0) => format!("committed but lost: {lost:?}"),
+        (false, n) => format!("committed but lost: {lost:?}, {n} replays of a lost completion (allowed)"),
     };
     write(&Row {
         run: &format!("{run} ({} s)", TRAFFIC.as_secs()),

@@ -302,7 +302,9 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
     assert!(matches!(out.reply, ClaimReply::Replay { status: 200, .. }));
     assert_eq!(out.body, b"late");
 
-    // Once an unknown record is archived, even the current fence is too late.
+    // Once an unknown record is archived, the current fence still records
+    // what happened (without the body: it never replays); nothing else
+    // changes an archived record.
     let s2 = scope("k-too-late");
     let f2 = cx.owned(&claim(&s2, Some(1))).await;
     cx.store
@@ -312,9 +314,17 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
     cx.clock.advance(10_000);
     assert!(cx.sweep(u64::MAX / 4).await.archived >= 1);
     assert_eq!(
-        cx.store.complete(&complete(&s2, f2, 200), b"x").await.unwrap(),
+        cx.store.release(&crate::support::fence(&s2, f2)).await.unwrap(),
         FenceReply::Stale
     );
+    assert_eq!(
+        cx.store.complete(&complete(&s2, f2, 200), b"x").await.unwrap(),
+        FenceReply::Done
+    );
+    assert!(matches!(
+        cx.store.claim(&claim(&s2, Some(1))).await.unwrap().reply,
+        ClaimReply::Expired { .. }
+    ));
     assert_eq!(
         cx.store.release(&crate::support::fence(&s2, f2)).await.unwrap(),
         FenceReply::Stale
@@ -1037,7 +1047,8 @@ async fn the_rules_stated_in_sql_hold(b: Arc<dyn Backend>) {
     // Completion expiry: `ttl_ms` (10 s) after completion.
     let rec = &history(&cx, "k-sql-completed").await.records[0];
     assert_eq!(rec.expires_at, Some(completed_at + 10_000));
-    // Fenceable: an unknown record that was archived takes no late completion.
+    // Fenceable: an unknown record that was archived takes a late completion
+    // (recorded without its body), once.
     let u = scope("k-sql-archived");
     let fence = cx.owned(&claim(&u, Some(1))).await;
     cx.store
@@ -1051,10 +1062,20 @@ async fn the_rules_stated_in_sql_hold(b: Arc<dyn Backend>) {
             .complete(&complete(&u, fence, 201), b"late")
             .await
             .unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(
+        cx.store
+            .complete(&complete(&u, fence, 201), b"again")
+            .await
+            .unwrap(),
         FenceReply::Stale
     );
     let rec = &history(&cx, "k-sql-archived").await.records[0];
-    assert_eq!((rec.state.as_str(), rec.archived_at.is_some()), ("unknown", true));
+    assert_eq!(
+        (rec.state.as_str(), rec.archived_at.is_some(), rec.body_len),
+        ("completed", true, None)
+    );
     // Abandonable: a claim that landed under an abandoned attempt and was
     // completed stays completed.
     let c = scope("k-sql-abandoned");
