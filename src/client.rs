@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner};
+use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner, BOUND};
 use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::StoreAnswer;
 
@@ -43,8 +43,8 @@ pub struct StoreClient {
 impl StoreClient {
     pub fn new() -> StoreClient {
         StoreClient {
-            attached: Attached::default(),
-            letters: Letters::new(host::random_u64()),
+            attached: Attached::new(BOUND),
+            letters: Letters::new(BOUND, host::random_u64()),
             tokens: HashMap::new(),
             period: Duration::ZERO,
         }

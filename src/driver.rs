@@ -7,7 +7,7 @@
 use std::rc::Rc;
 
 use idemgate_core::client::{Letter, Owner};
-use idemgate_core::exchange::{Exchange, Settlement, Step, StoreAnswer, StoreCall, UpstreamAnswer};
+use idemgate_core::exchange::{Exchange, Left, Settlement, Step, StoreAnswer, UpstreamAnswer};
 use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;
@@ -66,7 +66,7 @@ impl Driver {
                 Action::Pause
             }
             Step::Deliver(call, next) => {
-                self.deliver(call);
+                self.post(self.exchange.letter(call));
                 self.act(*next, direction)
             }
             Step::Call(call) => {
@@ -93,14 +93,10 @@ impl Driver {
         Action::Pause
     }
 
-    /// Hands a call to the worker's letters, to be counted as the
+    /// Hands a letter to the worker's store client, which counts the
     /// exchange's settlement once the store confirms it.
-    fn deliver(&mut self, call: StoreCall) {
-        self.worker.post(Letter {
-            call,
-            settles: self.exchange.settlement().unwrap_or(Settlement::Failed),
-            policy: self.exchange.policy_name().to_string(),
-        });
+    fn post(&mut self, letter: Letter) {
+        self.worker.post(letter);
         self.delivered = true;
     }
 
@@ -155,14 +151,14 @@ impl Driver {
     /// otherwise settles what was left open and counts the request.
     pub fn client_left(&mut self) -> bool {
         self.attached = false;
-        if self.exchange.outlives_client() && self.pending() {
-            let ex = &self.exchange;
-            self.worker.metrics.count(ex.policy_name(), ex.handling(), None);
-            return true;
-        }
-        // The store's answer to a call sent from here would find nobody:
-        // the root sends it and counts the settlement once the store confirms.
-        let orphan = self.exchange.finish();
+        let ended = match self.exchange.client_left(self.pending()) {
+            Left::GoesOn => {
+                let ex = &self.exchange;
+                self.worker.metrics.count(ex.policy_name(), ex.handling(), None);
+                return true;
+            }
+            Left::Ended(letter) => letter,
+        };
         if self.exchange.settlement() == Some(Settlement::Failed) {
             // The attempt id, not a hash of the key: it is random, and the
             // record's history in the store carries it.
@@ -174,8 +170,10 @@ impl Driver {
                 ),
             );
         }
-        if let Some(call) = orphan {
-            self.deliver(call);
+        // The store's answer to a call sent from here would find nobody:
+        // the root sends it and counts the settlement once the store confirms.
+        if let Some(letter) = ended {
+            self.post(letter);
         }
         let settlement = if self.delivered {
             None

@@ -190,6 +190,7 @@ impl Worker {
             call,
             settles,
             policy,
+            attempt,
         } = letter;
         if let Delivery::Decided(answer) = &delivery {
             if settled(answer) {
@@ -207,7 +208,8 @@ impl Worker {
         host::log(
             LogLevel::Warn,
             &format!(
-                "{why} {} (a record {}); its lease will settle it",
+                "attempt {}: {why} {} (a record {}); its lease will settle it",
+                attempt.as_str(),
                 call.path,
                 settles.as_str()
             ),

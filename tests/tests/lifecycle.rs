@@ -410,15 +410,13 @@ async fn a_hot_restart_lets_the_old_epoch_finish_or_leave_its_requests_unknown()
         problem(&again) == (409, Some("outcome-unknown".into())),
         format!("slow, on the new epoch after its lease: {again:?}"),
     );
-    transitions_are(
-        &mut c,
-        &stack,
-        "slow",
-        ROUTE,
-        &slow,
-        &["claimed", "lease_expired"],
-    )
-    .await;
+    // The old epoch either marks its cut-off request unknown as it drains or
+    // leaves that to the lease; the contract allows both, never a completion.
+    let got = stack.transitions("tenant-a", "alice", ROUTE, &slow).await;
+    c.check(
+        got == ["claimed", "lease_expired"] || got == ["claimed", "marked_unknown"],
+        format!("slow: transitions {got:?}, expected claimed then lease_expired or marked_unknown"),
+    );
     for (what, key) in [("quick", &quick), ("slow", &slow), ("later", &later)] {
         executed_once(&mut c, &stack, what, key).await;
     }

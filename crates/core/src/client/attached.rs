@@ -2,15 +2,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{batch_verdict, pack, weight, BatchVerdict, Flight, Owner, Transmit};
+use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Owner, Transmit};
 use crate::exchange::{StoreAnswer, StoreCall};
 use crate::record::plus_ms;
-
-/// The most calls waiting for the group's callout; beyond it a call is
-/// answered with nothing at once (the request gets `503`, `Retry-After`).
-pub const QUEUE_CALLS: usize = 4_096;
-/// The most bytes of calls waiting for the group's callout.
-pub const QUEUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The queue is full: the call was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +23,10 @@ struct Carried {
     group: bool,
 }
 
-#[derive(Default)]
 pub struct Attached {
+    /// Beyond it a call is answered with nothing at once (the request gets
+    /// `503`, `Retry-After`).
+    bound: Bound,
     /// Calls waiting for the group's callout to return.
     queued: VecDeque<Queued>,
     /// Calls that travel alone (may wait in the store, or after the store
@@ -46,11 +42,23 @@ pub struct Attached {
 }
 
 impl Attached {
+    pub fn new(bound: Bound) -> Attached {
+        Attached {
+            bound,
+            queued: VecDeque::new(),
+            alone: VecDeque::new(),
+            queued_bytes: 0,
+            flights: HashMap::new(),
+            busy: false,
+            alone_only: false,
+            next_flight: 0,
+        }
+    }
+
     /// Takes `owner`'s call; its caller waits at most `call.timeout_ms` from `now`.
     pub fn submit(&mut self, owner: Owner, call: StoreCall, now: i64) -> Result<(), Full> {
         let w = weight(&call);
-        let waiting = self.queued.len() + self.alone.len();
-        if waiting >= QUEUE_CALLS || self.queued_bytes + w > QUEUE_BYTES {
+        if !self.bound.has_room(self.queued(), self.queued_bytes, w) {
             return Err(Full);
         }
         self.queued_bytes += w;

@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{batch_verdict, pack, weight, BatchVerdict, Flight, Transmit};
+use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Transmit};
 use crate::exchange::{decided, Settlement, StoreAnswer, StoreCall};
+use crate::protocol::Attempt;
 use crate::record::plus_ms;
 
 /// The first retry waits this long, each further one twice as long...
@@ -13,10 +14,6 @@ const BACKOFF_FIRST_MS: u64 = 200;
 const BACKOFF_MAX_MS: u64 = 10_000;
 /// How long a letter is sent again: past it, the record's lease settles it.
 pub const BUDGET_MS: u64 = 5 * 60 * 1000;
-/// Letters kept at most; beyond that the oldest is given up.
-const MAX_LETTERS: usize = 4_096;
-/// Bytes of letters kept at most (a completion may carry a 4 MiB body).
-const MAX_LETTER_BYTES: usize = 64 * 1024 * 1024;
 
 /// A call to deliver, and what it settles (counted once the store decides).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +22,8 @@ pub struct Letter {
     pub settles: Settlement,
     /// The policy of the request it settles (a label of that count).
     pub policy: String,
+    /// The claim attempt it settles: what a warning about it names.
+    pub attempt: Attempt,
 }
 
 /// How a letter ended.
@@ -46,6 +45,8 @@ struct Posted {
 }
 
 pub struct Letters {
+    /// Letters waiting kept at most; beyond it the oldest is given up.
+    bound: Bound,
     waiting: VecDeque<Posted>,
     bytes: usize,
     flights: HashMap<Flight, Vec<Posted>>,
@@ -58,8 +59,9 @@ pub struct Letters {
 
 impl Letters {
     /// `seed` makes the backoff's jitter; any value but 0.
-    pub fn new(seed: u64) -> Letters {
+    pub fn new(bound: Bound, seed: u64) -> Letters {
         Letters {
+            bound,
             waiting: VecDeque::new(),
             bytes: 0,
             flights: HashMap::new(),
@@ -73,7 +75,10 @@ impl Letters {
     /// room, if the outbox was full.
     pub fn post(&mut self, letter: Letter, now: i64) -> Option<Letter> {
         let mut pushed_out = None;
-        if self.waiting.len() >= MAX_LETTERS || self.bytes + weight(&letter.call) > MAX_LETTER_BYTES {
+        if !self
+            .bound
+            .has_room(self.waiting.len(), self.bytes, weight(&letter.call))
+        {
             pushed_out = self.waiting.pop_front().map(|p| {
                 self.bytes = self.bytes.saturating_sub(weight(&p.letter.call));
                 p.letter

@@ -30,8 +30,31 @@ use crate::protocol::MAX_BATCH;
 mod attached;
 mod letters;
 
-pub use attached::{Attached, Full, QUEUE_BYTES, QUEUE_CALLS};
+pub use attached::{Attached, Full};
 pub use letters::{Delivery, Letter, Letters, BUDGET_MS};
+
+/// How much a queue keeps at most: calls, and bytes of their bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub calls: usize,
+    pub bytes: usize,
+}
+
+/// Each queue of a worker's client (the calls requests wait for, and the
+/// letters) keeps at most this much: a store that is slow but alive cannot
+/// make a worker's memory grow with the traffic.
+pub const BOUND: Bound = Bound {
+    calls: 4_096,
+    bytes: 64 * 1024 * 1024,
+};
+
+impl Bound {
+    /// Whether a queue holding `calls` calls of `bytes` bytes has room for
+    /// one more of `weight` bytes.
+    fn has_room(&self, calls: usize, bytes: usize, weight: usize) -> bool {
+        calls < self.calls && bytes + weight <= self.bytes
+    }
+}
 
 /// Whose call it is: the HTTP context id of its request.
 pub type Owner = u32;

@@ -28,7 +28,7 @@ fn ok_batch(n: usize) -> StoreAnswer {
 
 #[test]
 fn a_quiet_worker_sends_at_once_and_a_busy_one_batches() {
-    let mut c = Attached::default();
+    let mut c = Attached::new(BOUND);
     c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&first), 1);
@@ -63,7 +63,7 @@ fn a_batch_is_bounded_by_bytes_as_well_as_count() {
 
 #[test]
 fn a_batch_refused_as_a_whole_is_sent_again_call_by_call() {
-    let mut c = Attached::default();
+    let mut c = Attached::new(BOUND);
     c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
     c.submit(2, call(10), 0).unwrap();
@@ -86,7 +86,7 @@ fn a_batch_refused_as_a_whole_is_sent_again_call_by_call() {
 
 #[test]
 fn a_store_without_batches_gets_every_call_alone() {
-    let mut c = Attached::default();
+    let mut c = Attached::new(BOUND);
     c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
     c.submit(2, call(10), 0).unwrap();
@@ -103,30 +103,30 @@ fn a_store_without_batches_gets_every_call_alone() {
 
 #[test]
 fn the_queue_is_bounded_and_a_queued_call_keeps_its_callers_deadline() {
-    let mut c = Attached::default();
+    let mut c = Attached::new(BOUND);
     c.submit(1, call(10), 0).unwrap();
     let _in_flight = c.poll_transmit(0).unwrap();
-    for owner in 0..QUEUE_CALLS as u32 {
+    for owner in 0..BOUND.calls as u32 {
         c.submit(owner, call(1), 0).unwrap();
     }
     assert_eq!(c.submit(9, call(1), 0), Err(Full));
-    let mut big = Attached::default();
+    let mut big = Attached::new(BOUND);
     big.submit(1, call(1), 0).unwrap();
     let _in_flight = big.poll_transmit(0).unwrap();
     let mut n = 0;
     while big.submit(n, call(4 * 1024 * 1024), 0).is_ok() {
         n += 1;
     }
-    assert!(big.queued_bytes() <= QUEUE_BYTES && n < 20, "{n}");
+    assert!(big.queued_bytes() <= BOUND.bytes && n < 20, "{n}");
     assert_eq!(c.next_deadline(), Some(1_000));
     assert!(c.expire(999).is_empty());
-    assert_eq!(c.expire(1_000).len(), QUEUE_CALLS);
+    assert_eq!(c.expire(1_000).len(), BOUND.calls);
     assert_eq!(c.queued(), 0);
 }
 
 #[test]
 fn the_calls_of_a_request_that_left_are_not_sent() {
-    let mut c = Attached::default();
+    let mut c = Attached::new(BOUND);
     c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
     c.submit(2, call(10), 0).unwrap();
@@ -146,12 +146,13 @@ fn letter(len: usize) -> Letter {
         call: call(len),
         settles: Settlement::Completed,
         policy: "p".into(),
+        attempt: crate::protocol::Attempt::try_from("a1".to_string()).unwrap(),
     }
 }
 
 #[test]
 fn a_letter_is_sent_again_with_growing_backoff_until_the_store_decides() {
-    let mut l = Letters::new(7);
+    let mut l = Letters::new(BOUND, 7);
     l.post(letter(10), 0);
     let mut now = 0;
     let mut gaps = Vec::new();
@@ -175,7 +176,7 @@ fn a_letter_is_sent_again_with_growing_backoff_until_the_store_decides() {
 
 #[test]
 fn a_letter_is_given_up_when_its_time_is_spent_and_never_before() {
-    let mut l = Letters::new(1);
+    let mut l = Letters::new(BOUND, 1);
     l.post(letter(10), 0);
     let mut now = 0;
     let mut tries = 0;
@@ -198,7 +199,7 @@ fn a_letter_is_given_up_when_its_time_is_spent_and_never_before() {
 
 #[test]
 fn letters_refused_as_a_batch_travel_alone() {
-    let mut l = Letters::new(1);
+    let mut l = Letters::new(BOUND, 1);
     for _ in 0..3 {
         l.post(letter(10), 0);
     }
@@ -213,7 +214,7 @@ fn letters_refused_as_a_batch_travel_alone() {
 
 #[test]
 fn large_letters_are_batched_within_the_frame() {
-    let mut l = Letters::new(1);
+    let mut l = Letters::new(BOUND, 1);
     for _ in 0..4 {
         l.post(letter(3 * 1024 * 1024), 0);
     }

@@ -35,8 +35,8 @@ pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
 pub use head::{RequestHead, ResponseHead};
 pub use step::{
-    batch_answers, batches_unknown, decided, refusal, settled, Step, StoreAnswer, StoreCall, UpstreamAnswer,
-    UpstreamCall,
+    batch_answers, batches_unknown, decided, refusal, settled, Left, Step, StoreAnswer, StoreCall,
+    UpstreamAnswer, UpstreamCall,
 };
 
 enum Phase {
@@ -127,6 +127,17 @@ impl Exchange {
     /// (an operator finds the record by it there).
     pub fn attempt(&self) -> &Attempt {
         &self.attempt
+    }
+
+    /// `call`, to be delivered by the worker's store client: it settles
+    /// this exchange's record as [`Exchange::settlement`] says.
+    pub fn letter(&self, call: StoreCall) -> crate::client::Letter {
+        crate::client::Letter {
+            call,
+            settles: self.settlement().unwrap_or(Settlement::Failed),
+            policy: self.policy_name().to_string(),
+            attempt: self.attempt.clone(),
+        }
     }
 
     pub fn handling(&self) -> Handling {
@@ -400,6 +411,17 @@ impl Exchange {
         };
         let scope = self.scope.clone()?;
         Some(self.call(path, encode_frame(&FenceRequest { scope, fence }, &[]), 0))
+    }
+
+    /// The client has left (Envoy's `on_log`), while a callout of this
+    /// exchange is in flight (`waiting`) or not. The exchange goes on if its
+    /// outcome must still reach the store ([`Exchange::outlives_client`]);
+    /// otherwise it ends, with the letter settling what it left open.
+    pub fn client_left(&mut self, waiting: bool) -> Left {
+        if waiting && self.outlives_client() {
+            return Left::GoesOn;
+        }
+        Left::Ended(self.finish().map(|call| self.letter(call)))
     }
 
     /// The stream is over (Envoy's `on_log`). Returns the call, for the

@@ -24,6 +24,15 @@ pub enum Step {
     Deliver(StoreCall, Box<Step>),
 }
 
+/// What becomes of an exchange whose client has left.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Left {
+    /// Its upstream request or its outcome's store call is in flight.
+    GoesOn,
+    /// It is over; the letter, if any, settles what it left open.
+    Ended(Option<crate::client::Letter>),
+}
+
 /// A `POST` to the store: the filter adds `:authority`, `authorization` and
 /// `content-type` from the [`crate::config::StoreConfig`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestRunner};
 
+use idemgate_core::client::{Bound, BOUND};
+use idemgate_core::config::Config;
 use idemgate_core::record::State;
 use store::Ended;
 use world::{Faults, Got, Scenario, World};
@@ -55,12 +57,21 @@ struct Knobs {
     large: bool,
     /// Records expire three seconds after completion, within the run.
     short_ttl: bool,
+    /// Detached forwarding's timeout: mostly half the lease, sometimes all
+    /// but 10 ms of it (which leaves no store call to spare).
+    detached_timeout_ms: u64,
+    /// Hundreds of new keys at once to a store that is slow but alive, with
+    /// queues bounded at 32 calls: the queues must hold their bound.
+    flood: bool,
 }
 
 impl Knobs {
     fn config(&self) -> String {
-        let forwarding = if self.detached {
-            r#", "forwarding": {"mode": "detached", "timeout_ms": 1000}"#
+        let forwarding: &str = if self.detached {
+            &format!(
+                r#", "forwarding": {{"mode": "detached", "timeout_ms": {}}}"#,
+                self.detached_timeout_ms
+            )
         } else {
             ""
         };
@@ -98,15 +109,21 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         any::<bool>(),
         prop::bool::weighted(0.03),
         prop::bool::weighted(0.3),
+        prop_oneof![9 => Just(1_000u64), 1 => Just(1_990u64)],
+        prop::bool::weighted(0.02),
     )
         .prop_map(
-            |(detached, background, wait, release_unknown, large, short_ttl)| Knobs {
-                detached,
-                background,
-                wait,
-                release_unknown,
-                large,
-                short_ttl,
+            |(detached, background, wait, release_unknown, large, short_ttl, detached_timeout_ms, flood)| {
+                Knobs {
+                    detached,
+                    background,
+                    wait,
+                    release_unknown,
+                    large,
+                    short_ttl,
+                    detached_timeout_ms,
+                    flood,
+                }
             },
         )
 }
@@ -160,11 +177,19 @@ fn audit(w: &World, k: &Knobs) -> Result<(), String> {
             }
         }
     }
+    if let Some(at) = w.outgrown {
+        return Err(format!(
+            "a worker's queue outgrew its bound at {at} ms: {} calls",
+            w.max_queued
+        ));
+    }
     let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
     // A generation may be unknown for a while (its lease ran out before the
-    // abandon arrived); it may be left unknown only if the upstream may have run.
+    // abandon arrived); it may be left unknown only if the upstream may have
+    // run, or if the store client gave up its abandon (its lease settled it).
     for (fence, (_, attempt, ended)) in &w.store.generations {
-        if *ended == Ended::Open(State::Unknown) && !ran.contains(attempt.as_str()) {
+        let given_up = w.gave_up.contains(attempt);
+        if *ended == Ended::Open(State::Unknown) && !ran.contains(attempt.as_str()) && !given_up {
             return Err(format!(
                 "generation {fence} ({attempt}) left unknown although nothing ran"
             ));
@@ -207,7 +232,9 @@ fn audit(w: &World, k: &Knobs) -> Result<(), String> {
                     String::from_utf8_lossy(&r.body)
                 ));
             }
-            Got::Upstream(status, true) if !k.release_unknown && !released(*status) => {
+            Got::Upstream(status, true)
+                if !k.release_unknown && !released(*status) && !w.gave_up.contains(attempt) =>
+            {
                 // A known outcome reaches the store, in every mode.
                 let gen = w.store.generations.values().find(|(_, a, _)| a == attempt);
                 if !matches!(gen, Some((_, _, Ended::Open(State::Completed)))) {
@@ -226,8 +253,24 @@ fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     Ok(())
 }
 
-fn run(seed: u64, k: &Knobs, faults: Faults) -> (World, Result<(), String>) {
-    let scenario = if k.large {
+fn run(seed: u64, k: &Knobs, faults: Faults) -> (Option<World>, Result<(), String>) {
+    let scenario = if k.flood {
+        Scenario {
+            config: k.config(),
+            keys: 400,
+            requests: 400,
+            begin_within: 200,
+            latency: (5, 50),
+            body_min: 1,
+            body_max: 48,
+            answer_ms: (100, 170),
+            bound: Bound {
+                calls: 32,
+                bytes: 64 * 1024,
+            },
+            faults,
+        }
+    } else if k.large {
         // Completions that land together: three of them exceed a frame.
         Scenario {
             config: k.config(),
@@ -237,6 +280,8 @@ fn run(seed: u64, k: &Knobs, faults: Faults) -> (World, Result<(), String>) {
             latency: (100, 130),
             body_min: 5 * 512 * 1024,
             body_max: 4 * 1024 * 1024,
+            answer_ms: (0, 20),
+            bound: BOUND,
             faults,
         }
     } else {
@@ -246,16 +291,37 @@ fn run(seed: u64, k: &Knobs, faults: Faults) -> (World, Result<(), String>) {
             requests: 10,
             // With short TTLs, some retries come after the key expired.
             begin_within: if k.short_ttl { 9_000 } else { 3_000 },
-            latency: (5, 1_500),
+            // A detached upstream may take as long as the filter lets it
+            // (a route's timeout within the lease bounds a streaming one).
+            latency: match k.detached {
+                true => (5, 1_500.max(k.detached_timeout_ms as i64 + 100)),
+                false => (5, 1_500),
+            },
             body_min: 1,
             body_max: 48,
+            // A store that is a little slow when the upstream may take all the lease.
+            answer_ms: if k.detached_timeout_ms > 1_000 {
+                (0, 150)
+            } else {
+                (0, 20)
+            },
+            bound: BOUND,
             faults,
         }
     };
+    // A policy the filter refuses to load never runs: refused for the
+    // lease's margin, it is a configuration the contract rules out.
+    if let Err(e) = Config::parse(scenario.config.as_bytes()) {
+        let verdict = match e.to_string().contains("the lease") {
+            true => Ok(()),
+            false => Err(format!("the policy was refused: {e}")),
+        };
+        return (None, verdict);
+    }
     let mut w = World::new(scenario, seed);
     w.run();
     let verdict = audit(&w, k);
-    (w, verdict)
+    (Some(w), verdict)
 }
 
 /// One scenario: what proptest draws, and prints when it shrank a failure.
@@ -283,13 +349,17 @@ fn every_scenario_keeps_the_contract() {
     let scenarios = AtomicU64::new(0);
     let steps = AtomicU64::new(0);
     let execs = AtomicU64::new(0);
+    let full = AtomicU64::new(0);
     let violations = AtomicU64::new(0);
     let seeds = RefCell::new(HashSet::new());
     let result = TestRunner::new(config).run(&input, |i| {
         let (w, verdict) = run(i.seed, &i.knobs, i.faults);
         scenarios.fetch_add(1, Ordering::Relaxed);
-        steps.fetch_add(w.steps, Ordering::Relaxed);
-        execs.fetch_add(w.execs.len() as u64, Ordering::Relaxed);
+        if let Some(w) = &w {
+            steps.fetch_add(w.steps, Ordering::Relaxed);
+            execs.fetch_add(w.execs.len() as u64, Ordering::Relaxed);
+            full.fetch_add(w.queue_full as u64, Ordering::Relaxed);
+        }
         seeds.borrow_mut().insert(i.seed);
         if verdict.is_err() {
             violations.fetch_add(1, Ordering::Relaxed);
@@ -301,11 +371,12 @@ fn every_scenario_keeps_the_contract() {
     // failed. Written to stderr itself, so the harness shows it on success too.
     let _ = writeln!(
         std::io::stderr(),
-        "simulation: {} scenarios ({} seeds), {} steps, {} executions, audited: {} violations",
+        "simulation: {} scenarios ({} seeds), {} steps, {} executions, {} calls refused by a full queue, audited: {} violations",
         scenarios.into_inner(),
         seeds.into_inner().len(),
         steps.into_inner(),
         execs.into_inner(),
+        full.into_inner(),
         violations.into_inner(),
     );
     if let Err(e) = result {
@@ -314,9 +385,8 @@ fn every_scenario_keeps_the_contract() {
 }
 
 /// Scenarios that found a defect in an earlier version of the code, each as
-/// proptest shrank it then: every one must keep the contract now. No seed
-/// for a full queue: a scenario's requests never queue 4,096 calls (the
-/// bound is the store client's own unit test).
+/// proptest shrank it then (or, for the last two, the first seed that found
+/// it): every one must keep the contract now.
 #[test]
 fn the_seeds_that_found_defects_stay_fixed() {
     let seeds = [
@@ -330,6 +400,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: false,
                 short_ttl: false,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.0,
@@ -352,6 +424,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: false,
                 short_ttl: false,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.23539680638948673,
@@ -374,6 +448,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: true,
                 large: false,
                 short_ttl: false,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.10731281464555895,
@@ -396,6 +472,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: true,
                 short_ttl: false,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.0,
@@ -418,6 +496,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: false,
                 short_ttl: true,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.0,
@@ -440,6 +520,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: false,
                 short_ttl: true,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.18054314547755326,
@@ -462,6 +544,8 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 release_unknown: false,
                 large: false,
                 short_ttl: true,
+                detached_timeout_ms: 1_000,
+                flood: false,
             },
             faults: Faults {
                 lose_request: 0.12204999271475284,
@@ -470,6 +554,54 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 slow_store: 0.0,
                 client_leaves: 0.23015441658910116,
                 upstream_lost: 0.055589340435310636,
+                clock_steps_back_ms: 0,
+                store_restarts: false,
+            },
+        },
+        // The worker's queue took every call while the store was slow but alive: "a worker's queue outgrew its bound at 32 ms: 172 calls".
+        Input {
+            seed: 1,
+            knobs: Knobs {
+                detached: false,
+                background: false,
+                wait: false,
+                release_unknown: false,
+                large: false,
+                short_ttl: false,
+                detached_timeout_ms: 1_000,
+                flood: true,
+            },
+            faults: Faults {
+                lose_request: 0.0,
+                lose_answer: 0.0,
+                unavailable: 0.0,
+                slow_store: 0.0,
+                client_leaves: 0.0,
+                upstream_lost: 0.0,
+                clock_steps_back_ms: 0,
+                store_restarts: false,
+            },
+        },
+        // A detached timeout only had to be shorter than the lease, so the upstream outlived it and a retry ran alongside: "key 2 executed twice at once: [(692, 2773), (2699, 3751)]".
+        Input {
+            seed: 121,
+            knobs: Knobs {
+                detached: true,
+                background: false,
+                wait: false,
+                release_unknown: true,
+                large: false,
+                short_ttl: false,
+                detached_timeout_ms: 1_990,
+                flood: false,
+            },
+            faults: Faults {
+                lose_request: 0.0,
+                lose_answer: 0.0,
+                unavailable: 0.0,
+                slow_store: 0.0,
+                client_leaves: 0.0,
+                upstream_lost: 0.0,
                 clock_steps_back_ms: 0,
                 store_restarts: false,
             },

@@ -1,19 +1,19 @@
-//! One Envoy worker, its clients, the network to the store, the store and
-//! the upstream, in one process on a manual clock. The worker carries out
-//! the exchanges' steps the way the filter does (`src/carrier.rs`,
-//! `src/shared.rs`) and drives the same store client (`Attached`,
+//! Envoy's workers, their clients, the network to the store, the store and
+//! the upstream, in one process on a manual clock. Each worker carries out
+//! the exchanges' steps the way the filter does (`src/driver.rs`,
+//! `src/worker.rs`) and drives the same store client (`Attached`,
 //! `Letters`); everything else is seeded chance.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::rc::Rc;
 
 use crate::store::{Claimed, MemStore};
 use crate::Rng;
-use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner, QUEUE_CALLS};
+use idemgate_core::client::{Attached, Bound, Delivery, Flight, Letter, Letters, Owner};
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{
-    Exchange, Origin, RequestHead, ResponseHead, Step, StoreAnswer, StoreCall, UpstreamAnswer,
+    Exchange, Left, Origin, RequestHead, ResponseHead, Step, StoreAnswer, StoreCall, UpstreamAnswer,
 };
 use idemgate_core::protocol::{decode_frame, Attempt, ClaimRequest, CLAIM_PATH};
 use idemgate_core::Reply;
@@ -48,6 +48,10 @@ pub struct Scenario {
     pub body_min: usize,
     /// ...and at most this many.
     pub body_max: usize,
+    /// The store takes this long to answer a call that arrived, in milliseconds.
+    pub answer_ms: (i64, i64),
+    /// What each worker's queues keep at most.
+    pub bound: Bound,
     pub faults: Faults,
 }
 
@@ -142,7 +146,14 @@ pub struct World {
     pub attempts: HashMap<Owner, String>,
     pub request_keys: HashMap<Owner, usize>,
     pub steps: u64,
+    /// The most calls a worker's queue held...
     pub max_queued: usize,
+    /// ...and when it first held more than its bound.
+    pub outgrown: Option<i64>,
+    /// Calls a worker's full queue did not take.
+    pub queue_full: usize,
+    /// Attempts whose settlement the store client gave up on.
+    pub gave_up: HashSet<String>,
 }
 
 /// When the store's clock steps (see [`Faults::clock_steps_back_ms`]).
@@ -176,8 +187,8 @@ impl World {
             slots: HashMap::new(),
             clients: (0..WORKERS)
                 .map(|i| Client {
-                    attached: Attached::default(),
-                    letters: Letters::new(7 + i as u64),
+                    attached: Attached::new(scenario.bound),
+                    letters: Letters::new(scenario.bound, 7 + i as u64),
                 })
                 .collect(),
             tokens: HashMap::new(),
@@ -192,6 +203,9 @@ impl World {
             request_keys: HashMap::new(),
             steps: 0,
             max_queued: 0,
+            outgrown: None,
+            queue_full: 0,
+            gave_up: HashSet::new(),
             scenario,
         };
         for owner in 0..w.scenario.requests as Owner {
@@ -222,12 +236,12 @@ impl World {
             self.steps += 1;
             self.handle(event);
             self.pump();
+            let bound = self.scenario.bound;
             for c in &self.clients {
                 self.max_queued = self.max_queued.max(c.attached.queued());
-                assert!(
-                    c.attached.queued() <= QUEUE_CALLS,
-                    "a worker's queue outgrew its bound"
-                );
+                if c.attached.queued() > bound.calls || c.attached.queued_bytes() > bound.bytes {
+                    self.outgrown.get_or_insert(self.now);
+                }
             }
         }
     }
@@ -347,15 +361,8 @@ impl World {
                 }
             }
             Step::Deliver(call, next) => {
-                let letter = Letter {
-                    call,
-                    settles: slot
-                        .ex
-                        .settlement()
-                        .unwrap_or(idemgate_core::exchange::Settlement::Failed),
-                    policy: slot.ex.policy_name().to_string(),
-                };
-                self.clients[slot.worker].letters.post(letter, self.now);
+                let (worker, letter) = (slot.worker, slot.ex.letter(call));
+                self.post(worker, letter);
                 self.act(owner, *next, dir);
             }
             Step::Call(call) => {
@@ -364,6 +371,7 @@ impl World {
                     .submit(owner, call, self.now)
                     .is_err()
                 {
+                    self.queue_full += 1;
                     let next = slot.ex.store_reply(None);
                     self.act(owner, next, dir);
                 } else {
@@ -390,14 +398,22 @@ impl World {
             return;
         }
         slot.attached = false;
-        if slot.ex.outlives_client() && slot.waiting.is_some() {
+        let Left::Ended(letter) = slot.ex.client_left(slot.waiting.is_some()) else {
             return;
+        };
+        let worker = slot.worker;
+        if let Some(letter) = letter {
+            self.post(worker, letter);
         }
-        if let Some(call) = slot.ex.finish() {
-            self.act(owner, Step::Deliver(call, Box::new(Step::Pause)), Dir::Request);
-        }
-        if let Some(slot) = self.slots.remove(&owner) {
-            self.clients[slot.worker].attached.left(owner);
+        self.slots.remove(&owner);
+        self.clients[worker].attached.left(owner);
+    }
+
+    fn post(&mut self, worker: usize, letter: Letter) {
+        // A letter pushed out of a full outbox is given up: its record's
+        // lease settles it, as the contract allows.
+        if let Some(out) = self.clients[worker].letters.post(letter, self.now) {
+            self.gave_up.insert(out.attempt.as_str().to_string());
         }
     }
 
@@ -622,7 +638,8 @@ impl World {
         } else {
             answer
         };
-        let delay = self.rng.range(0, 20);
+        let (lo, hi) = self.scenario.answer_ms;
+        let delay = self.rng.range(lo, hi);
         self.at(self.now + delay, Event::Answer(token, answer, self.now));
     }
 
