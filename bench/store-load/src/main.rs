@@ -152,6 +152,49 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
     .await
 }
 
+/// Context switches of every thread of this process so far (voluntary and
+/// not), from `/proc/self/task/*/status`; 0 where there is no `/proc`.
+fn context_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// New keys claimed straight on the backend, nothing else: what a claim
+/// costs the store, and the context switches it takes (all threads).
+async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f64), String> {
+    let before = context_switches();
+    let report = measure(args.concurrency, args.seconds, move |w, i| {
+        let backend = backend.clone();
+        async move {
+            let s = scope("claim", w, i)?;
+            let now = idemgate_store::clock::system_now();
+            let out = backend
+                .claim(&request(s), now, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            match out.reply {
+                ClaimReply::Owned { .. } => Ok(()),
+                other => Err(format!("unexpected {other:?}")),
+            }
+        }
+    })
+    .await?;
+    let switches = context_switches().saturating_sub(before) as f64 / report.ops.max(1) as f64;
+    Ok((report, switches))
+}
+
 type Post = Arc<
     dyn Fn(
             &'static str,
@@ -387,6 +430,9 @@ async fn main() -> Result<(), String> {
             ""
         }
     );
+    let (mut c, switches) = raw_claim(backend.clone(), &args).await?;
+    c.print_as("raw db", "claim/s");
+    println!("context switches per claim (all threads): {switches:.1}");
     let mut r = raw(backend.clone(), &args).await?;
     r.print("raw db");
     let post = serve(backend.clone()).await?;
