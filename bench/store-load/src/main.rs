@@ -43,6 +43,10 @@ struct Args {
     /// SQLite synchronous=NORMAL instead of FULL.
     #[arg(long)]
     sqlite_normal: bool,
+    /// Only the new-key claims on the raw backend, then stop (to count the
+    /// store's system calls per claim under `strace -c -f`).
+    #[arg(long)]
+    claims_only: bool,
     /// Calls per `/v1/batch` in the batch measurement (N claims in one
     /// request, then their N completes in another); 0 skips it.
     #[arg(long, default_value_t = 8)]
@@ -171,10 +175,52 @@ fn context_switches() -> u64 {
         .sum()
 }
 
+/// The sum and count of each of the backend's write stage timers, by name.
+fn stage_totals(backend: &Arc<dyn Backend>) -> Vec<(String, f64, f64)> {
+    let mut metrics = idemgate_store::metrics::Metrics::new();
+    metrics.writer_stages(backend.writer_stages());
+    let text = metrics.render();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    ["queued", "transaction", "commit"]
+        .iter()
+        .map(|stage| {
+            let base = format!("idemgate_store_write_{stage}_seconds");
+            (
+                stage.to_string(),
+                value(&format!("{base}_sum")),
+                value(&format!("{base}_count")),
+            )
+        })
+        .collect()
+}
+
+/// Mean milliseconds of each write stage between two [`stage_totals`].
+fn stage_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> String {
+    before
+        .iter()
+        .zip(after)
+        .filter(|(_, a)| a.2 > 0.0)
+        .map(|(b, a)| format!("{} {:.3} ms", a.0, (a.1 - b.1) / (a.2 - b.2).max(1.0) * 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// New keys claimed straight on the backend, nothing else: what a claim
 /// costs the store, and the context switches it takes (all threads).
 async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f64), String> {
     let before = context_switches();
+    let stages = stage_totals(&backend);
+    let probe = backend.clone();
     let report = measure(args.concurrency, args.seconds, move |w, i| {
         let backend = backend.clone();
         async move {
@@ -192,6 +238,10 @@ async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f6
     })
     .await?;
     let switches = context_switches().saturating_sub(before) as f64 / report.ops.max(1) as f64;
+    let means = stage_means(&stages, &stage_totals(&probe));
+    if !means.is_empty() {
+        println!("write stages, mean: {means}");
+    }
     Ok((report, switches))
 }
 
@@ -433,6 +483,9 @@ async fn main() -> Result<(), String> {
     let (mut c, switches) = raw_claim(backend.clone(), &args).await?;
     c.print_as("raw db", "claim/s");
     println!("context switches per claim (all threads): {switches:.1}");
+    if args.claims_only {
+        return Ok(());
+    }
     let mut r = raw(backend.clone(), &args).await?;
     r.print("raw db");
     let post = serve(backend.clone()).await?;

@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::backend::{ClaimOutcome, PoolStats, SweepReport};
+use crate::backend::{ClaimOutcome, PoolStats, SweepReport, WriterStages};
 use crate::AppState;
 
 /// Every outcome a claim is counted under.
@@ -269,6 +269,30 @@ impl Metrics {
                 backend,
             })
             .set(1);
+    }
+
+    /// Registers the backend's write stage timers, if it keeps them.
+    pub fn writer_stages(&mut self, stages: Option<WriterStages>) {
+        let Some(stages) = stages else { return };
+        for (name, help, h) in [
+            (
+                "write_queued_seconds",
+                "Time a write waited before its transaction began",
+                stages.queued,
+            ),
+            (
+                "write_transaction_seconds",
+                "Time a group commit's writes took, up to its commit",
+                stages.transaction,
+            ),
+            (
+                "write_commit_seconds",
+                "Time a group commit's commit took, the sync to disk included",
+                stages.commit,
+            ),
+        ] {
+            self.registry.register(name, help, h);
+        }
     }
 
     /// A call of the filter's API the backend failed.

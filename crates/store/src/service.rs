@@ -34,8 +34,9 @@ pub struct Store {
 
 impl Store {
     pub fn new(backend: Arc<dyn Backend>, clock: Clock) -> Store {
-        let metrics = Metrics::new();
+        let mut metrics = Metrics::new();
         metrics.build(backend.name());
+        metrics.writer_stages(backend.writer_stages());
         Store {
             backend,
             clock,

@@ -59,3 +59,20 @@ async fn calls_the_database_fails_are_counted_by_call() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn sqlite_times_each_stage_of_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(sqlite_backend(&dir).await, Clock::System);
+    let s = scope("k-stages");
+    store.claim(&claim(&s, Some(1))).await.unwrap();
+    store.complete(&complete(&s, 1, 201), b"{}").await.unwrap();
+    let text = store.metrics.render();
+    // Migrations, the claim and the completion: one write each at least,
+    // every one queued, run and committed.
+    for stage in ["queued", "transaction", "commit"] {
+        let count = value(&text, &format!("idemgate_store_write_{stage}_seconds_count"));
+        let sum = value(&text, &format!("idemgate_store_write_{stage}_seconds_sum"));
+        assert!(count >= 2.0 && sum > 0.0, "{stage}: {count} writes, {sum} s");
+    }
+}

@@ -1,4 +1,5 @@
-//! The connections: one writer thread with group commit, and readers.
+//! The connections: one writer thread with group commit, readers, and a
+//! checkpointer that copies the WAL into the database off the writer's path.
 //!
 //! The writer takes the first group of jobs from its channel, drains whatever
 //! else is already queued, runs the whole batch in one transaction, commits
@@ -29,11 +30,12 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
 use rusqlite::functions::FunctionFlags;
 use rusqlite::Connection;
 
-use crate::backend::{Result, StoreError};
+use crate::backend::{Result, StoreError, WriterStages};
 use crate::columns::u64_from;
 
 const READERS: usize = 4;
@@ -58,6 +60,8 @@ pub(super) enum Durability {
 pub(super) struct Job {
     run: Run,
     durability: Durability,
+    /// When it was handed to the writer.
+    queued_at: Instant,
 }
 
 /// Where a job's result arrives once its batch has committed.
@@ -208,6 +212,7 @@ struct Shared {
     commits: AtomicU64,
     /// Of those, the ones that were fsynced (with `synchronous=FULL`).
     durable_commits: AtomicU64,
+    stages: WriterStages,
     /// Jobs handed to the writer that it has not yet taken into a batch.
     queued: AtomicUsize,
     /// Reads in flight, and of those the ones holding a reader connection.
@@ -296,15 +301,30 @@ impl Engine {
             next_reader: AtomicUsize::new(0),
             commits: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
+            stages: WriterStages::default(),
             queued: AtomicUsize::new(0),
             reading: AtomicUsize::new(0),
             reading_held: AtomicUsize::new(0),
         });
+        // No checkpoint inside the writer's COMMIT, where it would hold up
+        // every caller of the batch (see `Checkpoints`).
+        writer
+            .execute_batch("PRAGMA wal_autocheckpoint=0")
+            .map_err(unavailable)?;
+        writer.wal_hook(Some(count_wal_frames));
+        let checkpointer = open_connection(path, synchronous_full)?;
+        let (nudge, nudges) = mpsc::sync_channel(1);
+        let checkpoints = Checkpoints { nudge, nudged_at: 0 };
         let counters = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer_loop(writer, rx, synchronous_full, &counters))
+            .spawn(move || writer_loop(writer, rx, (synchronous_full, checkpoints), &counters))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
+        let commits = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("sqlite-checkpointer".into())
+            .spawn(move || checkpointer_loop(&checkpointer, &nudges, &commits))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Engine { shared })
     }
 
@@ -314,6 +334,11 @@ impl Engine {
             self.shared.commits.load(Ordering::Relaxed),
             self.shared.durable_commits.load(Ordering::Relaxed),
         )
+    }
+
+    /// The writer's stage timers.
+    pub(super) fn stages(&self) -> WriterStages {
+        self.shared.stages.clone()
     }
 
     pub(super) fn load(&self) -> EngineLoad {
@@ -343,16 +368,25 @@ impl Engine {
             });
             (ok, deliver)
         });
-        (Job { run, durability }, Pending(rx))
+        (
+            Job {
+                run,
+                durability,
+                queued_at: Instant::now(),
+            },
+            Pending(rx),
+        )
     }
 
     /// Queues `jobs` to run in one transaction. Callable from any thread: a
     /// reader queues the writes it found necessary without a trip back to
     /// the async runtime.
-    pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
+    pub(super) fn submit(&self, mut jobs: Vec<Job>) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
+        let now = Instant::now();
+        jobs.iter_mut().for_each(|j| j.queued_at = now);
         // Counted before sending, so the writer never takes more than this shows.
         let n = jobs.len();
         self.shared.queued.fetch_add(n, Ordering::Relaxed);
@@ -394,9 +428,34 @@ impl Engine {
             });
             (applied.is_ok(), deliver)
         });
-        if let Err(e) = self.submit(vec![Job { run, durability }]) {
+        let job = Job {
+            run,
+            durability,
+            queued_at: Instant::now(),
+        };
+        if let Err(e) = self.submit(vec![job]) {
             tracing::warn!("sqlite: {what} not applied: {e}");
         }
+    }
+
+    /// Runs `f` on a reader connection here, on the caller's thread, if one
+    /// is free: a claim's short look at its record then costs no trip to
+    /// another thread and back. With every reader busy, as [`Engine::read`].
+    pub(super) async fn read_here<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let shared = &self.shared;
+        let first = shared.next_reader.fetch_add(1, Ordering::Relaxed);
+        let n = shared.readers.len();
+        for i in 0..n {
+            if let Ok(conn) = shared.readers[(first + i) % n].try_lock() {
+                let _reading = Counted::new(&shared.reading);
+                let _held = Counted::new(&shared.reading_held);
+                return f(&conn);
+            }
+        }
+        self.read(f).await
     }
 
     /// Runs `f` on one of the reader connections, off the async runtime.
@@ -417,6 +476,87 @@ impl Engine {
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("reader task: {e}")))?
+    }
+}
+
+/// The checkpointer looks for commits to copy into the database this often,
+/// and whenever the writer nudges it.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The writer nudges the checkpointer each time the WAL has grown by this
+/// many frames (pages) since the last nudge...
+const NUDGE_FRAMES: u64 = 256;
+
+/// ...and past this many, copies what is left itself, so that its next
+/// transaction starts the WAL over (SQLite's own automatic threshold).
+const RESTART_FRAMES: u64 = 1_000;
+
+thread_local! {
+    /// Frames in the WAL after the writer's last commit (its WAL hook).
+    static WAL_FRAMES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_wal_frames(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|f| f.set(u64::try_from(frames).unwrap_or(0)));
+    Ok(())
+}
+
+/// `PRAGMA wal_checkpoint(PASSIVE)`: copies what it can of the WAL into the
+/// database without waiting for the writer or any reader.
+fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+}
+
+/// Copies committed WAL frames into the database on its own thread, so that
+/// nobody waits for the copy: every [`CHECKPOINT_EVERY`] when the writer
+/// has committed since, and whenever the writer nudges it. Ends with the
+/// writer.
+fn checkpointer_loop(conn: &Connection, nudges: &mpsc::Receiver<()>, shared: &std::sync::Weak<Shared>) {
+    let mut copied = 0;
+    loop {
+        if let Err(mpsc::RecvTimeoutError::Disconnected) = nudges.recv_timeout(CHECKPOINT_EVERY) {
+            return;
+        }
+        let Some(commits) = shared.upgrade().map(|s| s.commits.load(Ordering::Relaxed)) else {
+            return;
+        };
+        if commits == copied {
+            continue;
+        }
+        match checkpoint(conn) {
+            Ok(()) => copied = commits,
+            Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
+        }
+    }
+}
+
+/// The writer's side of the checkpoints. The WAL only starts over once a
+/// checkpoint has copied all of it, which one running beside a busy writer
+/// never does: the checkpointer copies most of it, and past
+/// [`RESTART_FRAMES`] the writer copies the rest, after its batch's callers
+/// have their answers.
+struct Checkpoints {
+    nudge: mpsc::SyncSender<()>,
+    nudged_at: u64,
+}
+
+impl Checkpoints {
+    fn after_commit(&mut self, conn: &Connection) {
+        let frames = WAL_FRAMES.with(Cell::get);
+        if frames >= RESTART_FRAMES {
+            if let Err(e) = checkpoint(conn) {
+                tracing::warn!("sqlite: checkpoint: {e}");
+            }
+            WAL_FRAMES.with(|f| f.set(0));
+            self.nudged_at = 0;
+        } else if frames >= self.nudged_at + NUDGE_FRAMES {
+            // Full: a nudge is already waiting.
+            let _ = self.nudge.try_send(());
+            self.nudged_at = frames;
+        } else if frames < self.nudged_at {
+            // The WAL started over.
+            self.nudged_at = 0;
+        }
     }
 }
 
@@ -501,7 +641,12 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran
     }
 }
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full: bool, shared: &Shared) {
+fn writer_loop(
+    conn: Connection,
+    rx: mpsc::Receiver<Vec<Job>>,
+    (synchronous_full, mut checkpoints): (bool, Checkpoints),
+    shared: &Shared,
+) {
     let mut full_now = synchronous_full;
     while let Ok(first) = rx.recv() {
         let mut batch = first;
@@ -512,6 +657,11 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
             }
         }
         shared.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+        let began = Instant::now();
+        for job in &batch {
+            let waited = began.saturating_duration_since(job.queued_at);
+            shared.stages.queued.observe(waited.as_secs_f64());
+        }
         // Decided before BEGIN: SQLite does not change it inside a transaction.
         let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
         if let Err(e) = set_synchronous(&conn, full, &mut full_now) {
@@ -540,6 +690,11 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
             lost |= ran.lost;
             delivers.push(ran.deliver);
         }
+        let committing = Instant::now();
+        shared
+            .stages
+            .transaction
+            .observe(committing.saturating_duration_since(began).as_secs_f64());
         let commit = if lost {
             // The transaction is gone or cannot be trusted: nothing of the
             // batch is kept, and nobody is told otherwise. The ROLLBACK
@@ -580,9 +735,11 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Vec<Job>>, synchronous_full:
                 }
             }
         };
+        shared.stages.commit.observe(committing.elapsed().as_secs_f64());
         for deliver in delivers {
             deliver(commit.clone());
         }
+        checkpoints.after_commit(&conn);
     }
 }
 
@@ -649,6 +806,33 @@ mod tests {
         let after = engine.write(Durability::Durable, insert(4)).await;
         assert!(after.is_ok(), "the writer did not recover: {after:?}");
         (answered, rows(&engine).await)
+    }
+
+    #[tokio::test]
+    async fn the_wal_starts_over_while_the_writer_never_rests() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("engine.db");
+        let engine = Engine::open(path.to_str().unwrap(), false).unwrap();
+        engine
+            .write(Durability::Relaxed, |w| {
+                w.execute_batch("CREATE TABLE t (x BLOB)").map_err(unavailable)
+            })
+            .await
+            .unwrap();
+        // 8,000 commits of a page each, back to back: a WAL that never
+        // started over would hold them all (over 32 MiB).
+        for _ in 0..8_000 {
+            engine
+                .write(Durability::Relaxed, |w| {
+                    w.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
+                        .map(drop)
+                        .map_err(unavailable)
+                })
+                .await
+                .unwrap();
+        }
+        let wal = std::fs::metadata(dir.path().join("engine.db-wal")).unwrap().len();
+        assert!(wal < 16 * 1024 * 1024, "the WAL grew to {wal} bytes");
     }
 
     #[tokio::test]

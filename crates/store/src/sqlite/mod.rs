@@ -31,7 +31,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, PoolStats, RecordInfo, Resolution,
-    Result, StoreError, SweepPolicy, SweepReport,
+    Result, StoreError, SweepPolicy, SweepReport, WriterStages,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
@@ -148,7 +148,7 @@ impl Sqlite {
         let settled: Result<Vec<Slot>> = if calls.iter().any(|c| matches!(c, Call::Claim { .. })) {
             let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
             self.engine
-                .read(move |conn| Ok(plan(conn, (&engine, &replays, &seal), calls, now)))
+                .read_here(move |conn| Ok(plan(conn, (&engine, &replays, &seal), calls, now)))
                 .await
         } else {
             Ok(plan_writes(&self.engine, &self.seal, calls, now))
@@ -481,6 +481,10 @@ impl Backend for Sqlite {
                     .map_err(unavailable)
             })
             .await
+    }
+
+    fn writer_stages(&self) -> Option<WriterStages> {
+        Some(self.engine.stages())
     }
 
     fn pool(&self) -> PoolStats {
