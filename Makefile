@@ -97,7 +97,7 @@ bench:
 	@scripts/setup.sh bench
 	@scripts/wasm.sh
 	@scripts/wasm.sh callout
-	cargo build --release -p idemgate-store
+	cargo build --release -p idemgate-store -p idemgate-store-load
 	@scripts/bench.sh
 
 release: wasm

@@ -301,7 +301,8 @@ def summarize(meta, scen, extra, probes):
         if ref_cpu and r.get("cpu_us_total"):
             r["cpu_x"] = r["cpu_us_total"] / ref_cpu
     return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes,
-            "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync")}
+            "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
+            "store_claims": extra.get("store_claims")}
 
 
 def per_callout(rows):
@@ -546,6 +547,16 @@ def markdown(summary):
         out += ["", f"One durable commit on this machine's disk (a 4 KiB write and `fdatasync`, {f['n']} times, "
                     f"`bench/fsync.py`): p50 {f['p50_us']} µs, p99 {f['p99_us']} µs. Where the missed targets' "
                     "time goes, and what would remove it: [profile.md](profile.md)."]
+        floors = f.get("floors")
+        if floors:
+            out += ["", "| a 4 KiB write, then | p50 µs | p99 µs |", "|---|--:|--:|"]
+            out += [f"| {name} | {v['p50_us']} | {v['p99_us']} |" for name, v in floors.items()]
+    claims = summary.get("store_claims")
+    if claims:
+        out += ["", "The store alone, new-key claims on its SQLite backend at one connection "
+                    "(`idempotency-store-bench --claims-only`): the stage means come from the store's "
+                    "`idemgate_store_write_*_seconds` histograms, the context switches from every thread "
+                    "of the process.", "", "```", claims.strip(), "```"]
     out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
             "| stack | answers | executions |", "|---|---|--:|"]
     for name, label in (("idemgate", "idemgate (Envoy + filter + store on SQLite)"),

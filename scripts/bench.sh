@@ -401,6 +401,15 @@ stop "$store_pid"
 # floor under a claim's latency at one connection (SQLite synchronous=full).
 record "{\"fsync\":$(python3 bench/fsync.py "$W")}"
 
+# What a new-key claim costs the store itself at one connection, beside that
+# floor: its write stages (queued, transaction, commit) and the context
+# switches of all the store's threads per claim.
+say "the store alone: new-key claims at one connection"
+claims=$(target/release/idempotency-store-bench --database-url "sqlite://$W/claims.db" \
+    --concurrency 1 --seconds 5 --batch 0 --claims-only | tail -n +2)
+echo "$claims"
+record "{\"store_claims\":$(python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))' <<<"$claims")}"
+
 # 4. The store on PostgreSQL (same Envoy; the store's cluster points at the same port).
 say "PostgreSQL: throwaway cluster on port $PG_PORT"
 mkdir -p "$W/pg"
