@@ -154,7 +154,9 @@ impl Driver {
         let ended = match self.exchange.client_left(self.pending()) {
             Left::GoesOn => {
                 let ex = &self.exchange;
-                self.worker.metrics.count(ex.policy_name(), ex.handling(), None);
+                self.worker
+                    .metrics
+                    .count(ex.policy_name(), (ex.handling(), ex.reason()), None);
                 return true;
             }
             Left::Ended(letter) => letter,
@@ -183,7 +185,7 @@ impl Driver {
         let ex = &self.exchange;
         self.worker
             .metrics
-            .count(ex.policy_name(), ex.handling(), settlement);
+            .count(ex.policy_name(), (ex.handling(), ex.reason()), settlement);
         false
     }
 

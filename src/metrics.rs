@@ -1,8 +1,9 @@
 //! The filter's counters as Envoy stats, labelled by outcome and policy.
 //!
 //! A proxy-wasm counter is a bare name, so each name carries its labels:
-//! `idemgate.requests.outcome.<handling>.policy.<policy>` and
-//! `idemgate.records.outcome.<settlement>.policy.<policy>`. The bootstrap's
+//! `idemgate.requests.outcome.<handling>.policy.<policy>` (observe mode's
+//! `would_conflict` and `would_reject` with `.reason.<answer>` before the
+//! policy) and `idemgate.records.outcome.<settlement>.policy.<policy>`. The bootstrap's
 //! `stats_config.stats_tags` (see `envoy/e2e.yaml`) cut the labels out of the
 //! name, so that `/stats/prometheus` shows
 //! `idemgate_requests{outcome="owned",policy="payments.create"}`. The policy
@@ -18,11 +19,13 @@ use proxy_wasm::types::LogLevel;
 
 use crate::host;
 
-/// One policy's counter ids, in the order of `Handling::ALL` and
-/// `Settlement::ALL` (`None` where Envoy refused one).
+/// One policy's counter ids, in the order of `Handling::ALL`,
+/// `Handling::REASONS` and `Settlement::ALL` (`None` where Envoy refused
+/// one, and for the outcomes only counted by reason).
 struct PolicyCounters {
     policy: String,
     handlings: Vec<Option<u32>>,
+    reasons: Vec<Option<u32>>,
     settlements: Vec<Option<u32>>,
 }
 
@@ -36,6 +39,21 @@ pub struct Metrics {
 /// The stat name of one request counter.
 pub fn request_stat(handling: Handling, policy: &str) -> String {
     format!("idemgate.requests.outcome.{}.policy.{policy}", handling.as_str())
+}
+
+/// The stat name of observe mode's counter of the requests enforce mode
+/// would have answered with `reason`.
+pub fn reason_stat(reason: Handling, policy: &str) -> String {
+    format!(
+        "idemgate.requests.outcome.{}.reason.{}.policy.{policy}",
+        reason.observed().as_str(),
+        reason.as_str()
+    )
+}
+
+/// Counted by reason only.
+fn by_reason(handling: Handling) -> bool {
+    Handling::REASONS.iter().any(|r| r.observed() == handling)
 }
 
 /// The stat name of one record counter.
@@ -52,7 +70,14 @@ impl Metrics {
                 policy: p.name().to_string(),
                 handlings: Handling::ALL
                     .iter()
-                    .map(|h| host::counter(&request_stat(*h, p.name())))
+                    .map(|h| match by_reason(*h) {
+                        true => None,
+                        false => host::counter(&request_stat(*h, p.name())),
+                    })
+                    .collect(),
+                reasons: Handling::REASONS
+                    .iter()
+                    .map(|r| host::counter(&reason_stat(*r, p.name())))
                     .collect(),
                 settlements: Settlement::ALL
                     .iter()
@@ -71,10 +96,26 @@ impl Metrics {
         self.policies.iter().find(|p| p.policy == policy)
     }
 
-    pub fn count(&self, policy: &str, handling: Handling, settlement: Option<Settlement>) {
-        let i = Handling::ALL.iter().position(|h| *h == handling);
-        if let (Some(counters), Some(i)) = (self.of(policy), i) {
-            host::increment(counters.handlings.get(i).copied().flatten());
+    /// Counts a request as `handling` (observe mode's, with the `reason`
+    /// enforce mode would have answered).
+    pub fn count(
+        &self,
+        policy: &str,
+        (handling, reason): (Handling, Option<Handling>),
+        settlement: Option<Settlement>,
+    ) {
+        if let Some(counters) = self.of(policy) {
+            let id = match reason {
+                Some(reason) => Handling::REASONS
+                    .iter()
+                    .position(|r| *r == reason)
+                    .and_then(|i| counters.reasons.get(i)),
+                None => Handling::ALL
+                    .iter()
+                    .position(|h| *h == handling)
+                    .and_then(|i| counters.handlings.get(i)),
+            };
+            host::increment(id.copied().flatten());
         }
         if let Some(settlement) = settlement {
             self.count_settlement(policy, settlement);
@@ -114,6 +155,10 @@ mod tests {
         assert_eq!(
             request_stat(Handling::Owned, "payments.create"),
             "idemgate.requests.outcome.owned.policy.payments.create"
+        );
+        assert_eq!(
+            reason_stat(Handling::Mismatch, "payments.create"),
+            "idemgate.requests.outcome.would_reject.reason.mismatch.policy.payments.create"
         );
         assert_eq!(
             record_stat(Settlement::Failed, "p"),

@@ -450,6 +450,16 @@ impl Stack {
             .sum()
     }
 
+    /// Envoy's counter or gauge `name` from `/stats` (0 when absent).
+    pub async fn stat(&self, name: &str) -> u64 {
+        let text = self.admin_text(&format!("/stats?filter=^{name}$")).await;
+        text.lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter(|(n, _)| *n == name)
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .sum()
+    }
+
     /// Every generation of the key (current ones have `ended_at: null`) and
     /// every event, as the admin lookup answers them: `{"records", "events"}`
     /// (any replica that answers).

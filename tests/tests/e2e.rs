@@ -644,6 +644,56 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
         h.counter("requests_would_replay").await >= 1 && h.counter("requests_would_reject").await >= 1
     })
     .await;
+    // Each would-be refusal is counted under its reason.
+    let text = h.admin_text("/stats/prometheus").await;
+    let missing = text.lines().find(|l| {
+        l.starts_with("idemgate_requests{")
+            && [
+                "outcome=\"would_reject\"",
+                "reason=\"missing\"",
+                "policy=\"observe\"",
+            ]
+            .iter()
+            .all(|label| l.contains(label))
+    });
+    assert!(
+        missing.is_some_and(|l| l.ends_with(" 1")),
+        "no would_reject series with reason missing: {missing:?}"
+    );
+}
+
+/// The emergency stop: a route whose `typed_per_filter_config` disables the
+/// filter (Envoy's own `FilterConfig {disabled: true}`) passes every request
+/// unprotected, without a store call, though a policy covers it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_that_switches_the_filter_off_passes_requests_without_a_store_call() {
+    let h = Harness::start().await;
+    // One request elsewhere first, so the store cluster's counter exists.
+    assert_eq!(
+        send(h.post("/pay", Some(&key("warm")), PAYMENT)).await.status,
+        201
+    );
+    let calls = "cluster.idempotency_store.upstream_rq_total";
+    let before = h.stat(calls).await;
+    assert!(before > 0, "the store cluster's counter is not there");
+    let k = key("stopped");
+    for _ in 0..2 {
+        let a = send(h.post("/stopped", Some(&k), PAYMENT)).await;
+        assert_eq!(a.status, 201);
+        assert!(a.header("idempotent-replayed").is_none());
+    }
+    assert_eq!(send(h.post("/stopped", None, PAYMENT)).await.status, 201);
+    assert_eq!(
+        h.upstream.executions(&k),
+        2,
+        "nothing deduplicates on a stopped route"
+    );
+    assert_eq!(h.stat(calls).await, before, "a stopped route called the store");
+    assert_eq!(
+        h.counter("requests").await,
+        1,
+        "only the warm-up request was counted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

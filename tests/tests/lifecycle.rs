@@ -96,16 +96,6 @@ async fn transitions_are(c: &mut Checks, stack: &Stack, what: &str, route: &str,
     );
 }
 
-/// Envoy's counter or gauge `name` from `/stats` (0 when absent).
-async fn stat(stack: &Stack, name: &str) -> u64 {
-    let text = stack.admin_text(&format!("/stats?filter=^{name}$")).await;
-    text.lines()
-        .filter_map(|l| l.split_once(": "))
-        .filter(|(n, _)| *n == name)
-        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_resets_after_forwarding_never_gets_its_request_run_twice() {
     let stack = Stack::start(options()).await;
@@ -229,7 +219,7 @@ async fn a_drained_envoy_finishes_what_it_owns_before_it_stops() {
     eventually("envoy to be idle", Duration::from_secs(10), || async {
         let mut active = 0;
         for name in idle {
-            active += stat(&stack, name).await;
+            active += stack.stat(name).await;
         }
         active == 0
     })

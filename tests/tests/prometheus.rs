@@ -359,3 +359,36 @@ fn an_alerts_signal_is_its_expression_without_the_threshold() {
     assert_eq!(signal("time() - max(t) > 120"), "time() - max(t)");
     assert_eq!(signal("max(a) > b"), "max(a) > b");
 }
+
+/// The `stats_tags` that cut the labels out of the filter's stat names are
+/// written out in every bootstrap, the Istio patch and the operations guide:
+/// they must be the same everywhere (e2e.yaml's are the ones the tests run).
+#[test]
+fn every_bootstrap_cuts_the_same_labels_out_of_the_filters_stat_names() {
+    fn tags(file: &str) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        lines
+            .windows(2)
+            .filter_map(|w| {
+                let name = w[0].strip_prefix("- tag_name: ")?;
+                let regex = w[1].strip_prefix("regex: ")?;
+                regex
+                    .contains("wasmcustom")
+                    .then(|| (name.to_string(), regex.to_string()))
+            })
+            .collect()
+    }
+    let reference = tags("envoy/e2e.yaml");
+    let names: Vec<&str> = reference.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["outcome", "policy", "reason"]);
+    for file in [
+        "envoy/chaos.yaml",
+        "envoy/demo.yaml",
+        "examples/compose/envoy.yaml",
+        "examples/istio/stats.yaml",
+        "docs/operations.md",
+    ] {
+        assert_eq!(tags(file), reference, "{file}");
+    }
+}

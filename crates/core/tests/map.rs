@@ -51,6 +51,9 @@ fn the_readme_layout_and_the_architecture_name_every_glue_file() {
     for file in stems("src", ".rs") {
         let name = format!("{file}.rs");
         assert!(layout.contains(&name), "README's layout does not name src/{name}");
-        assert!(architecture.contains(&name), "ARCHITECTURE.md does not name src/{name}");
+        assert!(
+            architecture.contains(&name),
+            "ARCHITECTURE.md does not name src/{name}"
+        );
     }
 }

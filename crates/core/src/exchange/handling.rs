@@ -45,6 +45,32 @@ impl Handling {
         Handling::RateLimited,
     ];
 
+    /// Observe mode's reasons: each answer it would have given, under the
+    /// outcome it counts instead ([`Handling::observed`]).
+    pub const REASONS: [Handling; 9] = [
+        Handling::Conflict,
+        Handling::Unknown,
+        Handling::Missing,
+        Handling::Invalid,
+        Handling::TooLarge,
+        Handling::Mismatch,
+        Handling::IdentityMissing,
+        Handling::Expired,
+        Handling::RateLimited,
+    ];
+
+    /// What observe mode counts for a request enforce mode would have
+    /// answered with this problem: `would_conflict` or `would_reject`, this
+    /// being its reason; a store error stays a store error (observe forwards
+    /// then too, whatever `failure_mode` says).
+    pub fn observed(self) -> Handling {
+        match self {
+            Handling::Conflict | Handling::Unknown => Handling::WouldConflict,
+            Handling::StoreError => Handling::StoreError,
+            _ => Handling::WouldReject,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Handling::Passed => "passed",

@@ -79,6 +79,8 @@ pub struct Exchange {
     scope: Option<Scope>,
     phase: Phase,
     handling: Handling,
+    /// See [`Exchange::reason`].
+    reason: Option<Handling>,
     settlement: Option<Settlement>,
     /// The valid key as an sf-string, echoed on every answer.
     echo: Option<String>,
@@ -111,6 +113,7 @@ impl Exchange {
             scope: None,
             phase: Phase::Passing,
             handling: Handling::Passed,
+            reason: None,
             settlement: None,
             echo: None,
             refusal: None,
@@ -142,6 +145,12 @@ impl Exchange {
 
     pub fn handling(&self) -> Handling {
         self.handling
+    }
+
+    /// In observe mode, the answer enforce mode would have given instead of
+    /// forwarding (the reason of a `would_conflict` or `would_reject`).
+    pub fn reason(&self) -> Option<Handling> {
+        self.reason
     }
 
     /// The name of the policy covering the request (a label of the metrics).
@@ -469,11 +478,10 @@ impl Exchange {
     /// and let the request through.
     fn reject(&mut self, handling: Handling, problem: Problem) -> Step {
         if self.policy.mode() == Mode::Observe {
-            let would = match handling {
-                Handling::Conflict | Handling::Unknown => Handling::WouldConflict,
-                Handling::StoreError => Handling::StoreError,
-                _ => Handling::WouldReject,
-            };
+            let would = handling.observed();
+            if would != handling {
+                self.reason = Some(handling);
+            }
             return self.pass(would);
         }
         self.handling = handling;

@@ -359,7 +359,10 @@ fn a_tenant_over_its_key_budget_gets_429_and_no_claim_is_abandoned() {
     let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
     let limited = Problem::key_rate_limited(1).render("https://store.example/problems/");
     assert_eq!(ex.store_reply(Some((429, limited.body))), Step::Continue);
-    assert_eq!(ex.handling(), Handling::WouldReject);
+    assert_eq!(
+        (ex.handling(), ex.reason()),
+        (Handling::WouldReject, Some(Handling::RateLimited))
+    );
     // A 429 that is not the store's rate limit is an outage (fail closed).
     let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
     let (_, step) = abandoning(ex.store_reply(Some((429, b"slow down".to_vec()))));
@@ -462,9 +465,31 @@ fn fail_open_abandons_the_claim_and_forwards_without_dedupe() {
 }
 
 #[test]
-fn observe_mode_never_answers_on_its_own() {
-    let (_, step) = begin("/watch", None, None);
+fn observe_mode_never_answers_on_its_own_and_says_why() {
+    let (ex, step) = begin("/watch", None, None);
     assert_eq!(step, Step::Continue);
+    assert_eq!(
+        (ex.handling(), ex.reason()),
+        (Handling::WouldReject, Some(Handling::Missing))
+    );
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    assert_eq!(ex.store_reply(reply(ClaimReply::Mismatch, b"")), Step::Continue);
+    assert_eq!(
+        (ex.handling(), ex.reason()),
+        (Handling::WouldReject, Some(Handling::Mismatch))
+    );
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    assert_eq!(ex.store_reply(reply(ClaimReply::Unknown, b"")), Step::Continue);
+    assert_eq!(
+        (ex.handling(), ex.reason()),
+        (Handling::WouldConflict, Some(Handling::Unknown))
+    );
+    // A store that fails is a store error in observe mode too, whatever
+    // `failure_mode` says: the request goes on.
+    let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
+    let (_, step) = abandoning(ex.store_reply(None));
+    assert_eq!(step, Step::Continue);
+    assert_eq!((ex.handling(), ex.reason()), (Handling::StoreError, None));
     let (mut ex, _) = begin("/watch", Some("k"), Some("{}"));
     let replay = ClaimReply::Replay {
         status: 200,
