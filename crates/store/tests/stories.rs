@@ -1156,6 +1156,93 @@ async fn a_batch_decides_each_call_on_its_own(b: Arc<dyn Backend>) {
     cx.owned(&claim(&late, Some(1))).await;
 }
 
+/// A batch of new keys: each is answered Owned, with fences that increase
+/// along the batch, and its record has exactly one `claimed` event (its
+/// fence, fingerprint and attempt). The same key twice in the batch has one
+/// owner, the other claim meets its record in progress; a completed key
+/// among new ones is replayed.
+async fn a_batch_of_new_keys_claims_each_once(b: Arc<dyn Backend>) {
+    use idemgate_store::backend::{Answer, Call};
+    let cx = Ctx::new(b);
+    let done = scope("k-new-batch-done");
+    let f_done = cx.owned(&claim(&done, Some(7))).await;
+    cx.store
+        .complete(&complete(&done, f_done, 201), b"kept")
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..5).map(|i| format!("k-new-batch-{i}")).collect();
+    let claim_of = |i: usize| {
+        let mut req = claim(&scope(&keys[i]), Some(u8::try_from(i).unwrap()));
+        req.attempt = attempt(&format!("a{i}"));
+        Call::Claim { req, deadline: None }
+    };
+    let mut calls: Vec<Call> = (0..5).map(claim_of).collect();
+    calls.push(claim_of(1));
+    calls.push(Call::Claim {
+        req: claim(&done, Some(7)),
+        deadline: None,
+    });
+    let answers = cx.backend().decide(calls, cx.now()).await;
+    let replies: Vec<ClaimReply> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(Answer::Claim(out)) => out.reply.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let fences: Vec<u64> = replies[..5]
+        .iter()
+        .map(|r| match r {
+            ClaimReply::Owned { fence } => *fence,
+            other => panic!("a new key: {other:?} in {replies:?}"),
+        })
+        .collect();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(fences[0] > f_done, "{fences:?} after {f_done}");
+    assert!(
+        matches!(replies[5], ClaimReply::InProgress { .. }),
+        "the same key again: {replies:?}"
+    );
+    assert!(
+        matches!(replies[6], ClaimReply::Replay { status: 201, .. }),
+        "{replies:?}"
+    );
+    match &answers[6] {
+        Ok(Answer::Claim(out)) => assert_eq!(out.body, b"kept"),
+        other => panic!("{other:?}"),
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let h = history(&cx, key).await;
+        assert_eq!(h.records.len(), 1, "{key}: {h:?}");
+        let rec = &h.records[0];
+        assert_eq!(
+            (rec.state.as_str(), rec.fence, rec.attempt.as_deref()),
+            ("in_progress", fences[i], Some(format!("a{i}").as_str())),
+            "{key}"
+        );
+        assert_eq!(transitions(&h), ["claimed"], "{key}");
+        let ev = &h.events[0];
+        assert_eq!(
+            (ev.fence, ev.generation, ev.attempt.as_deref(), ev.actor.as_str()),
+            (fences[i], fences[i], Some(format!("a{i}").as_str()), "filter"),
+            "{key}"
+        );
+        let expected_fp = fp(u8::try_from(i).unwrap()).to_hex();
+        assert_eq!(ev.fingerprint.as_deref(), Some(expected_fp.as_str()), "{key}");
+        assert_eq!(rec.fingerprint.as_deref(), Some(expected_fp.as_str()), "{key}");
+    }
+    // The owners hold their keys: each completes with its fence.
+    for (key, f) in keys.iter().zip(&fences) {
+        assert_eq!(
+            cx.store
+                .complete(&complete(&scope(key), *f, 200), b"ok")
+                .await
+                .unwrap(),
+            FenceReply::Done
+        );
+    }
+}
+
 /// The record as the plans see it, rebuilt from what an operator sees.
 fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::columns::LoadedRecord {
     use idemgate_core::fingerprint::Fingerprint;
@@ -1364,5 +1451,82 @@ stories!(
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,
+    a_batch_of_new_keys_claims_each_once,
     a_completion_comes_to_what_its_plan_says,
 );
+
+/// The claims of a batch's new keys are one PostgreSQL transaction: their
+/// records and `claimed` events carry one transaction id (`xmin`), so the
+/// batch costs one commit, not one per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_new_keys_commits_once_on_postgres() {
+    let cluster = pg::PgCluster::start();
+    let b = pg_backend(&cluster.url("postgres")).await;
+    let answers = b.decide(new_claims("k-one-tx", 16), T0).await;
+    assert_eq!(owners(&answers), 16, "{answers:?}");
+    let transactions = |table: &str| {
+        cluster.query(&format!(
+            "SELECT count(*) || ' ' || count(DISTINCT xmin::text) FROM {table} WHERE idem_key LIKE 'k-one-tx-%'"
+        ))
+    };
+    assert_eq!(transactions("idempotency_records"), "16 1", "records");
+    assert_eq!(transactions("idempotency_events"), "16 1", "events");
+    assert_eq!(
+        cluster.query(
+            "SELECT count(DISTINCT r.xmin::text) FROM idempotency_records r JOIN idempotency_events e \
+             ON e.idem_key = r.idem_key WHERE r.idem_key LIKE 'k-one-tx-%' AND r.xmin::text = e.xmin::text"
+        ),
+        "1",
+        "a record and its event commit together"
+    );
+}
+
+/// When the set-based statement fails as a whole, every claim of the
+/// batch is still answered, each by its own statement: here the table
+/// refuses any statement that inserts more than one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_set_based_claim_fails_claims_one_by_one_on_postgres() {
+    let cluster = pg::PgCluster::start();
+    let b = pg_backend(&cluster.url("postgres")).await;
+    cluster.query(
+        "CREATE FUNCTION one_at_a_time() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF (SELECT count(*) FROM inserted) > 1 THEN RAISE EXCEPTION 'one record at a time'; END IF; \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER one_at_a_time AFTER INSERT ON idempotency_records \
+           REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION one_at_a_time()",
+    );
+    let answers = b.decide(new_claims("k-fallback", 4), T0).await;
+    assert_eq!(owners(&answers), 4, "{answers:?}");
+    assert_eq!(
+        cluster.query(
+            "SELECT count(*) || ' ' || count(DISTINCT xmin::text) FROM idempotency_records \
+             WHERE idem_key LIKE 'k-fallback-%'"
+        ),
+        "4 4"
+    );
+}
+
+/// Claims of `n` new keys `prefix-0`, `prefix-1`, ...
+fn new_claims(prefix: &str, n: usize) -> Vec<idemgate_store::backend::Call> {
+    (0..n)
+        .map(|i| idemgate_store::backend::Call::Claim {
+            req: claim(&scope(&format!("{prefix}-{i}")), Some(1)),
+            deadline: None,
+        })
+        .collect()
+}
+
+/// How many of `answers` are Owned, their fences distinct.
+fn owners(answers: &[idemgate_store::backend::Result<idemgate_store::backend::Answer>]) -> usize {
+    let fences: std::collections::BTreeSet<u64> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Ok(idemgate_store::backend::Answer::Claim(out)) => match out.reply {
+                ClaimReply::Owned { fence } => Some(fence),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    fences.len()
+}

@@ -29,13 +29,13 @@ const MAX_ATTEMPTS: usize = 20;
 
 /// A claim's own parameters, in the order [`CLAIM`] (after the key and the
 /// scope's columns) and [`REPLACE_GENERATION`] (after the key) take them.
-struct Claimed<'r> {
-    fingerprint: Option<String>,
-    lease_until: i64,
-    ttl_ms: i64,
-    release: bool,
+pub(super) struct Claimed<'r> {
+    pub(super) fingerprint: Option<String>,
+    pub(super) lease_until: i64,
+    pub(super) ttl_ms: i64,
+    pub(super) release: bool,
     now: i64,
-    attempt: Option<&'r str>,
+    pub(super) attempt: Option<&'r str>,
 }
 
 impl<'r> Claimed<'r> {
@@ -53,7 +53,7 @@ impl<'r> Claimed<'r> {
         params
     }
 
-    fn of(req: &'r ClaimRequest, now: i64) -> Claimed<'r> {
+    pub(super) fn of(req: &'r ClaimRequest, now: i64) -> Claimed<'r> {
         Claimed {
             fingerprint: req.fingerprint.map(|f| f.to_hex()),
             lease_until: record::lease_until(now, req.lease_ms),
@@ -161,6 +161,26 @@ impl Postgres {
         ))
     }
 
+    /// Logs the `claimed` event of a new record, committed with it.
+    pub(super) fn log_claimed(&self, req: &ClaimRequest, claimed: &Claimed<'_>, fence: u64, now: i64) {
+        EventInfo {
+            log_id: String::new(),
+            scope: req.scope.clone(),
+            generation: fence,
+            at: now,
+            transition: Transition::Claimed.as_str().into(),
+            attempt: claimed.attempt.map(String::from),
+            fence,
+            fingerprint: claimed.fingerprint.clone(),
+            status: None,
+            actor: actor::FILTER.into(),
+            detail: None,
+            duration_ms: 0,
+            reason: None,
+        }
+        .log(&self.log_ids);
+    }
+
     /// What the row [`CLAIM`] returned (if any) means for the claim.
     fn read_claim_row(
         &self,
@@ -175,22 +195,7 @@ impl Postgres {
         };
         if row.flag("inserted")? {
             let fence = row.unsigned("fence")?;
-            EventInfo {
-                log_id: String::new(),
-                scope: req.scope.clone(),
-                generation: fence,
-                at: now,
-                transition: Transition::Claimed.as_str().into(),
-                attempt: claimed.attempt.map(String::from),
-                fence,
-                fingerprint: claimed.fingerprint.clone(),
-                status: None,
-                actor: actor::FILTER.into(),
-                detail: None,
-                duration_ms: 0,
-                reason: None,
-            }
-            .log(&self.log_ids);
+            self.log_claimed(req, claimed, fence, now);
             return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
         }
         let loaded = LoadedRecord::read(row)?;

@@ -40,6 +40,7 @@ macro_rules! key_where {
 
 mod batch;
 mod claim;
+mod claims;
 mod generation;
 mod operations;
 mod pool;

@@ -174,6 +174,44 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     ))
 });
 
+/// [`CLAIM`] for many new keys at once: one statement, so one transaction
+/// and one commit. Inserts each absent key as [`CLAIM`] does, with its
+/// `claimed` event, and returns `scope_digest` and `fence` of the rows it
+/// inserted; a key already present is left alone and returns nothing.
+/// `$1` the keys (distinct), `$2..$7` the scope's columns, `$8..$11` and
+/// `$13` the claims' fingerprint, lease_until, ttl_ms, release_on_unknown
+/// and attempt, one array element per claim; `$12` now. Fences are drawn in
+/// the order of the arrays (so they increase along the batch); rows are
+/// inserted in key order, so two batches inserting the same keys at once
+/// wait for each other in one order and never deadlock.
+pub(super) static CLAIM_NEW: LazyLock<String> = LazyLock::new(|| {
+    let values = record_list(|c| match c {
+        "scope_version" | "tenant" | "principal" | "route" | "namespace" | "idem_key" | "fingerprint"
+        | "lease_until" | "ttl_ms" | "release_on_unknown" | "attempt" => Some(format!("v.{c}")),
+        "created_at" => Some("$12::bigint".into()),
+        _ => fresh_value(c, "v.fence", 0),
+    });
+    format!(
+        "WITH v AS MATERIALIZED (SELECT u.*, nextval('idempotency_fence_seq') AS fence FROM ( \
+           SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+             $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::boolean[], $13::text[]) WITH ORDINALITY \
+             AS a(scope_digest, scope_version, tenant, principal, route, namespace, idem_key, fingerprint, \
+               lease_until, ttl_ms, release_on_unknown, attempt, ord) \
+           ORDER BY ord) u), \
+         ins AS (INSERT INTO idempotency_records (scope_digest, {columns}) \
+           SELECT v.scope_digest, {values} FROM v ORDER BY v.scope_digest \
+           ON CONFLICT (scope_digest) DO NOTHING \
+           RETURNING scope_digest, scope_version, tenant, principal, route, namespace, idem_key, fence, attempt, \
+             fingerprint), \
+         ev AS (INSERT INTO idempotency_events ({events}) \
+           SELECT scope_version, tenant, principal, route, namespace, idem_key, fence, $12::bigint, 'claimed', \
+             attempt, fence, fingerprint, NULL, 'filter', NULL, 0, NULL FROM ins ORDER BY fence) \
+         SELECT scope_digest, fence FROM ins",
+        columns = record_list(|_| None),
+        events = crate::columns::EVENT_COLUMNS,
+    )
+});
+
 /// A new generation in place of the locked record of `$1` (already moved to
 /// the history), guarded by the fence `$8` and state `$9` it was read with;
 /// `$2..$7` the claim. Returns the new fence.
