@@ -18,6 +18,12 @@ use crate::sealing::Seal;
 pub enum StoreError {
     /// The database could not be reached or refused the operation.
     Unavailable(String),
+    /// A write failed in a way that may have ended the transaction it ran
+    /// in (SQLite: disk full, I/O error, busy; see `sqlite::engine`): every
+    /// write of that transaction is in doubt, not only this one. Only
+    /// SQLite's writer sees it, and fails the whole batch; its callers get
+    /// [`StoreError::Unavailable`].
+    TransactionLost(String),
     /// A row that does not satisfy the schema's promises.
     Corrupt(String),
     /// A bad `--database-url` or similar.
@@ -33,7 +39,9 @@ pub enum StoreError {
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Unavailable(e) => write!(f, "database unavailable: {e}"),
+            StoreError::Unavailable(e) | StoreError::TransactionLost(e) => {
+                write!(f, "database unavailable: {e}")
+            }
             StoreError::Corrupt(e) => write!(f, "unexpected row in the database: {e}"),
             StoreError::Config(e) => write!(f, "{e}"),
             StoreError::Late => f.write_str("the caller's deadline passed before the claim was committed"),

@@ -43,8 +43,40 @@ const MAX_BATCH: usize = 256;
 
 /// Hands a job's result to its caller once the batch's commit is known.
 type Deliver = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
-/// Runs on the writer; says whether its changes are kept, and how to deliver.
-type Run = Box<dyn FnOnce(&Writer<'_>) -> (bool, Deliver) + Send>;
+/// Runs on the writer; says how it ended, and how to deliver.
+type Run = Box<dyn FnOnce(&Writer<'_>) -> (Ended, Deliver) + Send>;
+
+/// How a job ended inside its batch's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its changes are to be kept.
+    Done,
+    /// It failed on its own (a refused change, a bad row): its changes
+    /// alone are undone.
+    Failed,
+    /// It failed with [`StoreError::TransactionLost`]: the transaction may
+    /// be gone, and the whole batch with it.
+    Lost,
+}
+
+impl Ended {
+    fn of<R>(out: &Result<R>) -> Ended {
+        match out {
+            Ok(_) => Ended::Done,
+            Err(StoreError::TransactionLost(_)) => Ended::Lost,
+            Err(_) => Ended::Failed,
+        }
+    }
+}
+
+/// What a caller is told of an error: a lost transaction is, to it, an
+/// unavailable database.
+pub(super) fn to_caller<R>(out: Result<R>) -> Result<R> {
+    out.map_err(|e| match e {
+        StoreError::TransactionLost(e) => StoreError::Unavailable(e),
+        other => other,
+    })
+}
 
 /// How a job's commit must reach the disk before its caller is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,19 +195,14 @@ fn durable_commit(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
+/// A statement's error as the store's: [`StoreError::TransactionLost`] when
+/// it may have ended the transaction ([`ends_transaction`]), which the
+/// writer then fails whole.
 pub(crate) fn unavailable(e: rusqlite::Error) -> StoreError {
-    if ends_transaction(&e) {
-        TRANSACTION_IN_DOUBT.with(|doubt| doubt.set(true));
+    match ends_transaction(&e) {
+        true => StoreError::TransactionLost(e.to_string()),
+        false => StoreError::Unavailable(e.to_string()),
     }
-    StoreError::Unavailable(e.to_string())
-}
-
-thread_local! {
-    /// Set when a statement on this thread failed in a way that may have
-    /// rolled back the whole transaction, not just the statement. Only the
-    /// writer thread reads it ([`run_job`]), once per job: jobs see errors as
-    /// [`StoreError`]s and cannot tell the writer themselves.
-    static TRANSACTION_IN_DOUBT: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Errors after which SQLite may have rolled back the transaction on its
@@ -314,7 +341,12 @@ impl Engine {
         writer.wal_hook(Some(count_wal_frames));
         let checkpointer = open_connection(path, synchronous_full)?;
         let (nudge, nudges) = mpsc::sync_channel(1);
-        let checkpoints = Checkpoints { nudge, nudged_at: 0 };
+        let turn = Arc::new(Mutex::new(()));
+        let checkpoints = Checkpoints {
+            nudge,
+            nudged_at: 0,
+            turn: Arc::clone(&turn),
+        };
         let counters = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
@@ -323,7 +355,7 @@ impl Engine {
         let commits = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name("sqlite-checkpointer".into())
-            .spawn(move || checkpointer_loop(&checkpointer, &nudges, &commits))
+            .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &turn), &commits))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Engine { shared })
     }
@@ -362,11 +394,11 @@ impl Engine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let run: Run = Box::new(move |w| {
             let out = f(w);
-            let ok = out.is_ok();
+            let ended = Ended::of(&out);
             let deliver: Deliver = Box::new(move |commit| {
-                let _ = tx.send(commit.map_err(StoreError::Unavailable).and(out));
+                let _ = tx.send(commit.map_err(StoreError::Unavailable).and(to_caller(out)));
             });
-            (ok, deliver)
+            (ended, deliver)
         });
         (
             Job {
@@ -418,6 +450,7 @@ impl Engine {
     ) {
         let run: Run = Box::new(move |w| {
             let applied = f(w);
+            let ended = Ended::of(&applied);
             if let Err(e) = &applied {
                 tracing::warn!("sqlite: {what} lost: {e}");
             }
@@ -426,7 +459,7 @@ impl Engine {
                     tracing::warn!("sqlite: {what} lost: {e}");
                 }
             });
-            (applied.is_ok(), deliver)
+            (ended, deliver)
         });
         let job = Job {
             run,
@@ -452,7 +485,7 @@ impl Engine {
             if let Ok(conn) = shared.readers[(first + i) % n].try_lock() {
                 let _reading = Counted::new(&shared.reading);
                 let _held = Counted::new(&shared.reading_held);
-                return f(&conn);
+                return to_caller(f(&conn));
             }
         }
         self.read(f).await
@@ -472,7 +505,7 @@ impl Engine {
                 .lock()
                 .map_err(|_| StoreError::Unavailable("reader lock poisoned".into()))?;
             let _held = Counted::new(&shared.reading_held);
-            f(&conn)
+            to_caller(f(&conn))
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("reader task: {e}")))?
@@ -507,11 +540,24 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
+/// `PRAGMA wal_checkpoint(RESTART)`, on the writer: waits (at most the busy
+/// timeout) for the checkpointer and for readers on older snapshots, copies
+/// the rest of the WAL, and makes the next transaction start it over.
+/// Whether it did (false: something still held it).
+fn restart(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
+        .map(|busy| busy == 0)
+}
+
 /// Copies committed WAL frames into the database on its own thread, so that
 /// nobody waits for the copy: every [`CHECKPOINT_EVERY`] when the writer
 /// has committed since, and whenever the writer nudges it. Ends with the
 /// writer.
-fn checkpointer_loop(conn: &Connection, nudges: &mpsc::Receiver<()>, shared: &std::sync::Weak<Shared>) {
+fn checkpointer_loop(
+    conn: &Connection,
+    (nudges, turn): (&mpsc::Receiver<()>, &Mutex<()>),
+    shared: &std::sync::Weak<Shared>,
+) {
     let mut copied = 0;
     loop {
         if let Err(mpsc::RecvTimeoutError::Disconnected) = nudges.recv_timeout(CHECKPOINT_EVERY) {
@@ -523,6 +569,8 @@ fn checkpointer_loop(conn: &Connection, nudges: &mpsc::Receiver<()>, shared: &st
         if commits == copied {
             continue;
         }
+        // The writer's restart waits for this round, never the reverse.
+        let Ok(_turn) = turn.lock() else { return };
         match checkpoint(conn) {
             Ok(()) => copied = commits,
             Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
@@ -538,17 +586,26 @@ fn checkpointer_loop(conn: &Connection, nudges: &mpsc::Receiver<()>, shared: &st
 struct Checkpoints {
     nudge: mpsc::SyncSender<()>,
     nudged_at: u64,
+    /// Held by whoever checkpoints: SQLite would answer a checkpoint that
+    /// meets another with "busy" at once, and a restart that keeps missing
+    /// the checkpointer's rounds lets the WAL grow without bound.
+    turn: Arc<Mutex<()>>,
 }
 
 impl Checkpoints {
     fn after_commit(&mut self, conn: &Connection) {
         let frames = WAL_FRAMES.with(Cell::get);
         if frames >= RESTART_FRAMES {
-            if let Err(e) = checkpoint(conn) {
-                tracing::warn!("sqlite: checkpoint: {e}");
+            // Tried again after the next commit if it could not be done now.
+            let Ok(_turn) = self.turn.lock() else { return };
+            match restart(conn) {
+                Ok(true) => {
+                    WAL_FRAMES.with(|f| f.set(0));
+                    self.nudged_at = 0;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
             }
-            WAL_FRAMES.with(|f| f.set(0));
-            self.nudged_at = 0;
         } else if frames >= self.nudged_at + NUDGE_FRAMES {
             // Full: a nudge is already waiting.
             let _ = self.nudge.try_send(());
@@ -601,7 +658,6 @@ struct Ran {
 /// whole batch instead.
 fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran {
     let durable = Cell::new(job.durability == Durability::Durable);
-    TRANSACTION_IN_DOUBT.with(|doubt| doubt.set(false));
     if savepoint {
         if let Err(e) = control(conn, "SAVEPOINT job") {
             tracing::error!("sqlite: savepoint: {e}");
@@ -618,8 +674,9 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran
         fences,
         durable: &durable,
     };
-    let (ok, deliver) = (job.run)(&w);
-    let mut lost = TRANSACTION_IN_DOUBT.with(Cell::take);
+    let (ended, deliver) = (job.run)(&w);
+    let ok = ended == Ended::Done;
+    let mut lost = ended == Ended::Lost;
     if savepoint && !lost {
         let end = if ok {
             control(conn, "RELEASE job")
@@ -832,7 +889,7 @@ mod tests {
                 .unwrap();
         }
         let wal = std::fs::metadata(dir.path().join("engine.db-wal")).unwrap().len();
-        assert!(wal < 16 * 1024 * 1024, "the WAL grew to {wal} bytes");
+        assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
     }
 
     #[tokio::test]
@@ -857,6 +914,21 @@ mod tests {
             assert_eq!(answered, [false, false, false], "code {code}");
             assert_eq!(rows, [4], "code {code}");
         }
+    }
+
+    #[tokio::test]
+    async fn callers_see_an_unavailable_database_never_a_lost_transaction() {
+        let (_dir, engine) = engine();
+        let full = rusqlite::ffi::SQLITE_FULL;
+        let written = engine.write(Durability::Durable, failing(full, false)).await;
+        assert!(matches!(written, Err(StoreError::Unavailable(_))), "{written:?}");
+        let read = engine
+            .read(move |_| {
+                let e = rusqlite::ffi::Error::new(full);
+                Err::<(), _>(unavailable(rusqlite::Error::SqliteFailure(e, None)))
+            })
+            .await;
+        assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
     }
 
     #[tokio::test]

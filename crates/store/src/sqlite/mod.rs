@@ -160,7 +160,7 @@ impl Sqlite {
         let mut answers = Vec::with_capacity(n);
         for slot in slots {
             answers.push(match slot {
-                Slot::Ready(answer) => answer,
+                Slot::Ready(answer) => engine::to_caller(answer),
                 Slot::Pending(pending) => pending.wait().await.map(|(answer, journal)| {
                     journal.iter().for_each(|e| e.log(&self.log_ids));
                     answer
