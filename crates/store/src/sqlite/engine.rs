@@ -1,5 +1,5 @@
-//! The connections: one writer thread with group commit, readers, and a
-//! checkpointer that copies the WAL into the database off the writer's path.
+//! The connections: one writer thread with group commit, and readers; the
+//! WAL's checkpoints are `super::checkpoint`'s.
 //!
 //! The writer takes the first group of jobs from its channel, drains whatever
 //! else is already queued, runs the whole batch in one transaction, commits
@@ -35,6 +35,7 @@ use std::time::Instant;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::Connection;
 
+use super::checkpoint::Checkpoints;
 use crate::backend::{Result, StoreError, WriterStages};
 use crate::columns::u64_from;
 
@@ -333,30 +334,15 @@ impl Engine {
             reading: AtomicUsize::new(0),
             reading_held: AtomicUsize::new(0),
         });
-        // No checkpoint inside the writer's COMMIT, where it would hold up
-        // every caller of the batch (see `Checkpoints`).
-        writer
-            .execute_batch("PRAGMA wal_autocheckpoint=0")
-            .map_err(unavailable)?;
-        writer.wal_hook(Some(count_wal_frames));
-        let checkpointer = open_connection(path, synchronous_full)?;
-        let (nudge, nudges) = mpsc::sync_channel(1);
-        let turn = Arc::new(Mutex::new(()));
-        let checkpoints = Checkpoints {
-            nudge,
-            nudged_at: 0,
-            turn: Arc::clone(&turn),
-        };
+        let commits = Arc::downgrade(&shared);
+        let checkpoints = Checkpoints::start(&writer, open_connection(path, synchronous_full)?, move || {
+            commits.upgrade().map(|s| s.commits.load(Ordering::Relaxed))
+        })?;
         let counters = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || writer_loop(writer, rx, (synchronous_full, checkpoints), &counters))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
-        let commits = Arc::downgrade(&shared);
-        std::thread::Builder::new()
-            .name("sqlite-checkpointer".into())
-            .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &turn), &commits))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Engine { shared })
     }
 
@@ -509,111 +495,6 @@ impl Engine {
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("reader task: {e}")))?
-    }
-}
-
-/// The checkpointer looks for commits to copy into the database this often,
-/// and whenever the writer nudges it.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// The writer nudges the checkpointer each time the WAL has grown by this
-/// many frames (pages) since the last nudge...
-const NUDGE_FRAMES: u64 = 256;
-
-/// ...and past this many, copies what is left itself, so that its next
-/// transaction starts the WAL over (SQLite's own automatic threshold).
-const RESTART_FRAMES: u64 = 1_000;
-
-thread_local! {
-    /// Frames in the WAL after the writer's last commit (its WAL hook).
-    static WAL_FRAMES: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_wal_frames(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
-    WAL_FRAMES.with(|f| f.set(u64::try_from(frames).unwrap_or(0)));
-    Ok(())
-}
-
-/// `PRAGMA wal_checkpoint(PASSIVE)`: copies what it can of the WAL into the
-/// database without waiting for the writer or any reader.
-fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-}
-
-/// `PRAGMA wal_checkpoint(RESTART)`, on the writer: waits (at most the busy
-/// timeout) for the checkpointer and for readers on older snapshots, copies
-/// the rest of the WAL, and makes the next transaction start it over.
-/// Whether it did (false: something still held it).
-fn restart(conn: &Connection) -> rusqlite::Result<bool> {
-    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
-        .map(|busy| busy == 0)
-}
-
-/// Copies committed WAL frames into the database on its own thread, so that
-/// nobody waits for the copy: every [`CHECKPOINT_EVERY`] when the writer
-/// has committed since, and whenever the writer nudges it. Ends with the
-/// writer.
-fn checkpointer_loop(
-    conn: &Connection,
-    (nudges, turn): (&mpsc::Receiver<()>, &Mutex<()>),
-    shared: &std::sync::Weak<Shared>,
-) {
-    let mut copied = 0;
-    loop {
-        if let Err(mpsc::RecvTimeoutError::Disconnected) = nudges.recv_timeout(CHECKPOINT_EVERY) {
-            return;
-        }
-        let Some(commits) = shared.upgrade().map(|s| s.commits.load(Ordering::Relaxed)) else {
-            return;
-        };
-        if commits == copied {
-            continue;
-        }
-        // The writer's restart waits for this round, never the reverse.
-        let Ok(_turn) = turn.lock() else { return };
-        match checkpoint(conn) {
-            Ok(()) => copied = commits,
-            Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
-        }
-    }
-}
-
-/// The writer's side of the checkpoints. The WAL only starts over once a
-/// checkpoint has copied all of it, which one running beside a busy writer
-/// never does: the checkpointer copies most of it, and past
-/// [`RESTART_FRAMES`] the writer copies the rest, after its batch's callers
-/// have their answers.
-struct Checkpoints {
-    nudge: mpsc::SyncSender<()>,
-    nudged_at: u64,
-    /// Held by whoever checkpoints: SQLite would answer a checkpoint that
-    /// meets another with "busy" at once, and a restart that keeps missing
-    /// the checkpointer's rounds lets the WAL grow without bound.
-    turn: Arc<Mutex<()>>,
-}
-
-impl Checkpoints {
-    fn after_commit(&mut self, conn: &Connection) {
-        let frames = WAL_FRAMES.with(Cell::get);
-        if frames >= RESTART_FRAMES {
-            // Tried again after the next commit if it could not be done now.
-            let Ok(_turn) = self.turn.lock() else { return };
-            match restart(conn) {
-                Ok(true) => {
-                    WAL_FRAMES.with(|f| f.set(0));
-                    self.nudged_at = 0;
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
-            }
-        } else if frames >= self.nudged_at + NUDGE_FRAMES {
-            // Full: a nudge is already waiting.
-            let _ = self.nudge.try_send(());
-            self.nudged_at = frames;
-        } else if frames < self.nudged_at {
-            // The WAL started over.
-            self.nudged_at = 0;
-        }
     }
 }
 
@@ -801,141 +682,4 @@ fn writer_loop(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn engine() -> (tempfile::TempDir, Engine) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("engine.db");
-        let engine = Engine::open(path.to_str().unwrap(), true).unwrap();
-        (dir, engine)
-    }
-
-    fn insert(n: i64) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
-        move |w| {
-            w.execute("INSERT INTO t (x) VALUES (?1)", [n])
-                .map(drop)
-                .map_err(unavailable)
-        }
-    }
-
-    /// A job whose statement failed with `code` (SQLITE_FULL, ...);
-    /// `rolled_back` says whether SQLite rolled the whole transaction back
-    /// as it did so (it may).
-    fn failing(code: i32, rolled_back: bool) -> impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static {
-        move |w| {
-            if rolled_back {
-                w.execute_batch("ROLLBACK").unwrap();
-            }
-            let e = rusqlite::ffi::Error::new(code);
-            Err(unavailable(rusqlite::Error::SqliteFailure(e, None)))
-        }
-    }
-
-    async fn rows(engine: &Engine) -> Vec<i64> {
-        engine
-            .read(|c| {
-                let mut stmt = c.prepare("SELECT x FROM t ORDER BY x").map_err(unavailable)?;
-                let rows = stmt.query_map([], |r| r.get(0)).map_err(unavailable)?;
-                rows.collect::<rusqlite::Result<Vec<i64>>>().map_err(unavailable)
-            })
-            .await
-            .unwrap()
-    }
-
-    async fn batch_with_a_failure(code: i32, rolled_back: bool) -> (Vec<bool>, Vec<i64>) {
-        let (_dir, engine) = engine();
-        engine
-            .write(Durability::Durable, |w| {
-                w.execute_batch("CREATE TABLE t (x INTEGER)").map_err(unavailable)
-            })
-            .await
-            .unwrap();
-        let (a, pa) = Engine::job(Durability::Durable, insert(1));
-        let (b, pb) = Engine::job(Durability::Durable, failing(code, rolled_back));
-        let (c, pc) = Engine::job(Durability::Durable, insert(3));
-        engine.submit(vec![a, b, c]).unwrap();
-        let answered = vec![
-            pa.wait().await.is_ok(),
-            pb.wait().await.is_ok(),
-            pc.wait().await.is_ok(),
-        ];
-        let after = engine.write(Durability::Durable, insert(4)).await;
-        assert!(after.is_ok(), "the writer did not recover: {after:?}");
-        (answered, rows(&engine).await)
-    }
-
-    #[tokio::test]
-    async fn the_wal_starts_over_while_the_writer_never_rests() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("engine.db");
-        let engine = Engine::open(path.to_str().unwrap(), false).unwrap();
-        engine
-            .write(Durability::Relaxed, |w| {
-                w.execute_batch("CREATE TABLE t (x BLOB)").map_err(unavailable)
-            })
-            .await
-            .unwrap();
-        // 8,000 commits of a page each, back to back: a WAL that never
-        // started over would hold them all (over 32 MiB).
-        for _ in 0..8_000 {
-            engine
-                .write(Durability::Relaxed, |w| {
-                    w.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
-                        .map(drop)
-                        .map_err(unavailable)
-                })
-                .await
-                .unwrap();
-        }
-        let wal = std::fs::metadata(dir.path().join("engine.db-wal")).unwrap().len();
-        assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
-    }
-
-    #[tokio::test]
-    async fn a_disk_full_that_ended_the_transaction_fails_the_whole_batch_and_commits_none_of_it() {
-        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, true).await;
-        assert_eq!(answered, [false, false, false]);
-        assert_eq!(rows, [4], "a job ran outside the batch's transaction");
-    }
-
-    #[tokio::test]
-    async fn a_disk_full_inside_a_batch_fails_the_whole_batch_even_if_the_transaction_survived() {
-        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_FULL, false).await;
-        assert_eq!(answered, [false, false, false]);
-        assert_eq!(rows, [4]);
-    }
-
-    #[tokio::test]
-    async fn io_errors_a_read_only_file_and_busy_fail_the_whole_batch_too() {
-        use rusqlite::ffi::{SQLITE_BUSY, SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY};
-        for code in [SQLITE_IOERR, SQLITE_IOERR_FSYNC, SQLITE_READONLY, SQLITE_BUSY] {
-            let (answered, rows) = batch_with_a_failure(code, false).await;
-            assert_eq!(answered, [false, false, false], "code {code}");
-            assert_eq!(rows, [4], "code {code}");
-        }
-    }
-
-    #[tokio::test]
-    async fn callers_see_an_unavailable_database_never_a_lost_transaction() {
-        let (_dir, engine) = engine();
-        let full = rusqlite::ffi::SQLITE_FULL;
-        let written = engine.write(Durability::Durable, failing(full, false)).await;
-        assert!(matches!(written, Err(StoreError::Unavailable(_))), "{written:?}");
-        let read = engine
-            .read(move |_| {
-                let e = rusqlite::ffi::Error::new(full);
-                Err::<(), _>(unavailable(rusqlite::Error::SqliteFailure(e, None)))
-            })
-            .await;
-        assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
-    }
-
-    #[tokio::test]
-    async fn a_job_that_fails_on_its_own_is_undone_alone() {
-        // A constraint violation ends the statement, never the transaction.
-        let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_CONSTRAINT, false).await;
-        assert_eq!(answered, [true, false, true]);
-        assert_eq!(rows, [1, 3, 4]);
-    }
-}
+mod tests;

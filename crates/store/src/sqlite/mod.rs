@@ -48,6 +48,7 @@ macro_rules! key_where {
     };
 }
 
+mod checkpoint;
 mod claim;
 mod engine;
 mod generation;

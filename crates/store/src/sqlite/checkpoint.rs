@@ -1,0 +1,145 @@
+//! The WAL's checkpoints, off the writer's commits. SQLite's own automatic
+//! checkpoint runs inside the COMMIT that crosses its threshold and holds up
+//! every caller of that batch; here a checkpointer thread copies the WAL into
+//! the database as it grows, and the writer only finishes the job, after
+//! answering its batch, so that the WAL starts over.
+
+use std::cell::Cell;
+use std::sync::{mpsc, Arc, Mutex};
+
+use rusqlite::Connection;
+
+use super::engine::unavailable;
+use crate::backend::{Result, StoreError};
+
+/// The checkpointer looks for commits to copy into the database this often,
+/// and whenever the writer nudges it.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The writer nudges the checkpointer each time the WAL has grown by this
+/// many frames (pages) since the last nudge...
+const NUDGE_FRAMES: u64 = 256;
+
+/// ...and past this many, copies what is left itself, so that its next
+/// transaction starts the WAL over (SQLite's own automatic threshold).
+const RESTART_FRAMES: u64 = 1_000;
+
+thread_local! {
+    /// Frames in the WAL after the writer's last commit (its WAL hook).
+    static WAL_FRAMES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_wal_frames(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|f| f.set(u64::try_from(frames).unwrap_or(0)));
+    Ok(())
+}
+
+/// `PRAGMA wal_checkpoint(PASSIVE)`: copies what it can of the WAL into the
+/// database without waiting for the writer or any reader.
+fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+}
+
+/// `PRAGMA wal_checkpoint(RESTART)`, on the writer: waits (at most the busy
+/// timeout) for the checkpointer and for readers on older snapshots, copies
+/// the rest of the WAL, and makes the next transaction start it over.
+/// Whether it did (false: something still held it).
+fn restart(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
+        .map(|busy| busy == 0)
+}
+
+/// Copies committed WAL frames into the database on its own thread, so that
+/// nobody waits for the copy: every [`CHECKPOINT_EVERY`] when the writer
+/// has committed since, and whenever the writer nudges it. Ends with the
+/// writer.
+fn checkpointer_loop(
+    conn: &Connection,
+    (nudges, turn): (&mpsc::Receiver<()>, &Mutex<()>),
+    commits: impl Fn() -> Option<u64>,
+) {
+    let mut copied = 0;
+    loop {
+        if let Err(mpsc::RecvTimeoutError::Disconnected) = nudges.recv_timeout(CHECKPOINT_EVERY) {
+            return;
+        }
+        let Some(commits) = commits() else {
+            return;
+        };
+        if commits == copied {
+            continue;
+        }
+        // The writer's restart waits for this round, never the reverse.
+        let Ok(_turn) = turn.lock() else { return };
+        match checkpoint(conn) {
+            Ok(()) => copied = commits,
+            Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
+        }
+    }
+}
+
+/// The writer's side of the checkpoints. The WAL only starts over once a
+/// checkpoint has copied all of it, which one running beside a busy writer
+/// never does: the checkpointer copies most of it, and past
+/// [`RESTART_FRAMES`] the writer copies the rest, after its batch's callers
+/// have their answers.
+pub(super) struct Checkpoints {
+    nudge: mpsc::SyncSender<()>,
+    nudged_at: u64,
+    /// Held by whoever checkpoints: SQLite would answer a checkpoint that
+    /// meets another with "busy" at once, and a restart that keeps missing
+    /// the checkpointer's rounds lets the WAL grow without bound.
+    turn: Arc<Mutex<()>>,
+}
+
+impl Checkpoints {
+    /// Takes the checkpoints off `writer`'s commits and starts the
+    /// checkpointer on its own connection; `commits` counts the writer's
+    /// commits (`None` once the engine is gone).
+    pub(super) fn start(
+        writer: &Connection,
+        checkpointer: Connection,
+        commits: impl Fn() -> Option<u64> + Send + 'static,
+    ) -> Result<Checkpoints> {
+        writer
+            .execute_batch("PRAGMA wal_autocheckpoint=0")
+            .map_err(unavailable)?;
+        writer.wal_hook(Some(count_wal_frames));
+        let (nudge, nudges) = mpsc::sync_channel(1);
+        let turn = Arc::new(Mutex::new(()));
+        let theirs = Arc::clone(&turn);
+        std::thread::Builder::new()
+            .name("sqlite-checkpointer".into())
+            .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &theirs), commits))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
+        Ok(Checkpoints {
+            nudge,
+            nudged_at: 0,
+            turn,
+        })
+    }
+
+    /// After each commit of the writer, once its batch's callers have their answers.
+    pub(super) fn after_commit(&mut self, conn: &Connection) {
+        let frames = WAL_FRAMES.with(Cell::get);
+        if frames >= RESTART_FRAMES {
+            // Tried again after the next commit if it could not be done now.
+            let Ok(_turn) = self.turn.lock() else { return };
+            match restart(conn) {
+                Ok(true) => {
+                    WAL_FRAMES.with(|f| f.set(0));
+                    self.nudged_at = 0;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
+            }
+        } else if frames >= self.nudged_at + NUDGE_FRAMES {
+            // Full: a nudge is already waiting.
+            let _ = self.nudge.try_send(());
+            self.nudged_at = frames;
+        } else if frames < self.nudged_at {
+            // The WAL started over.
+            self.nudged_at = 0;
+        }
+    }
+}
