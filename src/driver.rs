@@ -7,7 +7,7 @@
 use std::rc::Rc;
 
 use idemgate_core::client::{Letter, Owner};
-use idemgate_core::exchange::{Exchange, Left, Settlement, Step, StoreAnswer, UpstreamAnswer};
+use idemgate_core::exchange::{Exchange, Handling, Left, Settlement, Step, StoreAnswer, UpstreamAnswer};
 use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;
@@ -39,6 +39,8 @@ pub struct Driver {
     waiting: Option<Waiting>,
     /// The client is still there: its stream can be resumed or answered.
     attached: bool,
+    /// What access logs were last told ([`Driver::note_outcome`]).
+    noted: Option<(Handling, Option<Handling>)>,
 }
 
 impl Driver {
@@ -51,11 +53,38 @@ impl Driver {
             request_seen: 0,
             waiting: None,
             attached: true,
+            noted: None,
         }
     }
 
     /// Carries out a step.
     pub fn act(&mut self, step: Step, direction: Direction) -> Action {
+        let action = self.carry_out(step, direction);
+        self.note_outcome();
+        action
+    }
+
+    /// Tells access logs how the request was handled so far, as filter
+    /// state (`%FILTER_STATE(wasm.idemgate_outcome:PLAIN)%`, and
+    /// `idemgate_reason`, `idemgate_policy`, `idemgate_attempt`), whenever
+    /// that changes. Envoy takes no dynamic metadata from a Wasm filter.
+    fn note_outcome(&mut self) {
+        let now = (self.exchange.handling(), self.exchange.reason());
+        if !self.attached || self.noted == Some(now) {
+            return;
+        }
+        if self.noted.is_none() {
+            host::set_filter_state("idemgate_policy", self.exchange.policy_name());
+            host::set_filter_state("idemgate_attempt", self.exchange.attempt().as_str());
+        }
+        host::set_filter_state("idemgate_outcome", now.0.as_str());
+        if let Some(reason) = now.1 {
+            host::set_filter_state("idemgate_reason", reason.as_str());
+        }
+        self.noted = Some(now);
+    }
+
+    fn carry_out(&mut self, step: Step, direction: Direction) -> Action {
         match step {
             Step::Continue => Action::Continue,
             Step::Pause => Action::Pause,

@@ -132,6 +132,14 @@ fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
         .unwrap_or_default()
 }
 
+/// Sets the current request's filter state `wasm.<name>`, which access logs
+/// read as `%FILTER_STATE(wasm.<name>:PLAIN)%`.
+pub fn set_filter_state(name: &str, value: &str) {
+    if hostcalls::set_property(vec![name], Some(value.as_bytes())).is_err() {
+        log(LogLevel::Warn, &format!("could not set filter state {name}"));
+    }
+}
+
 /// Makes the request of HTTP context `id` the one later calls act on: an
 /// answer for one request may arrive in another's callback.
 pub fn set_effective_context(id: u32) {

@@ -662,6 +662,50 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
     );
 }
 
+/// Access logs read how the filter handled each request from its filter
+/// state: outcome, observe mode's reason, policy and claim attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn access_logs_show_each_requests_outcome_reason_policy_and_attempt() {
+    let h = Harness::start().await;
+    let k = key("logged");
+    let tagged = |tag: &str, path: &str, key: Option<&str>| {
+        h.post(path, key, PAYMENT).header("x-test-tag", tag.to_string())
+    };
+    assert_eq!(send(tagged("first", "/pay", Some(&k))).await.status, 201);
+    assert_eq!(send(tagged("again", "/pay", Some(&k))).await.status, 201);
+    assert_eq!(send(tagged("watched", "/observe", None)).await.status, 201);
+    let line = |tag: &str| {
+        let tag = format!("access tag={tag} ");
+        h.envoy_log()
+            .lines()
+            .find(|l| l.starts_with(&tag))
+            .map(str::to_string)
+    };
+    // Envoy writes access logs to stdout every 10 s at most.
+    eventually("three access log lines", Duration::from_secs(30), || async {
+        ["first", "again", "watched"].iter().all(|t| line(t).is_some())
+    })
+    .await;
+    let first = line("first").unwrap_or_default();
+    assert!(
+        first.contains("status=201 outcome=owned reason=- policy=payments.create attempt="),
+        "{first}"
+    );
+    let attempt = first.rsplit("attempt=").next().unwrap_or_default().trim();
+    assert!(attempt.len() >= 16 && attempt != "-", "{first}");
+    let again = line("again").unwrap_or_default();
+    assert!(
+        again.contains("outcome=replayed reason=- policy=payments.create"),
+        "{again}"
+    );
+    assert!(!again.contains(attempt), "a replay has its own attempt: {again}");
+    let watched = line("watched").unwrap_or_default();
+    assert!(
+        watched.contains("outcome=would_reject reason=missing policy=observe"),
+        "{watched}"
+    );
+}
+
 /// The emergency stop: a route whose `typed_per_filter_config` disables the
 /// filter (Envoy's own `FilterConfig {disabled: true}`) passes every request
 /// unprotected, without a store call, though a policy covers it.

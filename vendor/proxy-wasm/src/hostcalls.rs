@@ -475,7 +475,9 @@ pub fn set_property(path: Vec<&str>, value: Option<&[u8]>) -> Result<(), Status>
             value.map_or(0, |value| value.len()),
         ) {
             Status::Ok => Ok(()),
-            status => panic!("unexpected status: {}", status as u32),
+            // idemgate patch: the host's refusal is the caller's to handle;
+            // a panic here would kill the VM for every request on the worker.
+            status => Err(status),
         }
     }
 }
