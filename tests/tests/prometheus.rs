@@ -4,8 +4,8 @@
 //! store's `/metrics`. After traffic with a first request, its replay, a
 //! 422 and an unknown outcome, every rule loads and evaluates without error,
 //! the signal of every alert and every dashboard expression returns data,
-//! and the unknown outcome fires its alert. `promtool` checks the rule file
-//! and runs its unit tests first.
+//! and the unknown outcome fires its alert until an operator resolves it.
+//! `promtool` checks the rule file and runs its unit tests first.
 
 // Test support: failing loudly is how a test reports.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
@@ -331,6 +331,41 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
                 .into_iter()
                 .flatten()
                 .any(|a| a["labels"]["alertname"] == "IdemgateUnknownRecords" && a["state"] == "firing")
+        },
+    )
+    .await;
+    // It stays on until an operator resolves the record, then clears.
+    let history = stack
+        .history("tenant-a", "alice", "payments.create", &reset)
+        .await
+        .expect("the unknown record's history");
+    let record = history["records"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["ended_at"].is_null())
+        .cloned()
+        .expect("the unknown record");
+    let resolve = serde_json::json!({ "scope": record["scope"], "action": "release", "reason": "refunded" });
+    let answer = reqwest::Client::new()
+        .post(stack.store_url(0, "/admin/v1/resolve"))
+        .bearer_auth(e2e::ADMIN_TOKEN)
+        .header("content-type", "application/json")
+        .body(resolve.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{answer:?}");
+    eventually(
+        "IdemgateUnknownRecords to clear",
+        Duration::from_secs(20),
+        || async {
+            let alerts = prometheus.api("/api/v1/alerts").await;
+            !alerts["alerts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a["labels"]["alertname"] == "IdemgateUnknownRecords")
         },
     )
     .await;

@@ -403,8 +403,8 @@ pub trait Backend: Send + Sync {
     /// One batch of each sweeper phase: expired leases, abandoned attempts,
     /// archiving, purging what is past the audit retention.
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport>;
-    /// Creation time of the oldest in-progress record.
-    async fn oldest_in_progress(&self) -> Result<Option<i64>>;
+    /// The records the monitoring watches (sampled by the sweeper).
+    async fn open_records(&self) -> Result<OpenRecords>;
     /// The connections right now, for the metrics (cheap, no I/O).
     fn pool(&self) -> PoolStats {
         PoolStats::default()
@@ -440,6 +440,17 @@ impl Default for WriterStages {
             commit: h(),
         }
     }
+}
+
+/// The records that want watching, at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenRecords {
+    /// Creation time of the oldest in-progress record.
+    pub oldest_in_progress: Option<i64>,
+    /// Unknown records not archived: each waits for an operator.
+    pub unknown: u64,
+    /// Creation time of the oldest of them.
+    pub oldest_unknown: Option<i64>,
 }
 
 /// A backend's connections at one moment.

@@ -113,6 +113,17 @@ impl<'a> KeyColumns<'a> {
     }
 }
 
+impl crate::backend::OpenRecords {
+    /// The row of [`crate::conditions::OPEN_RECORDS`].
+    pub fn read(row: &impl ColumnReader) -> Result<crate::backend::OpenRecords> {
+        Ok(crate::backend::OpenRecords {
+            oldest_in_progress: row.optional_int("oldest_in_progress")?,
+            unknown: row.unsigned("unknown")?,
+            oldest_unknown: row.optional_int("oldest_unknown")?,
+        })
+    }
+}
+
 /// A database row read by column name; each backend implements it for its
 /// own row type. Integer columns of any width read as `i64`.
 pub trait ColumnReader {

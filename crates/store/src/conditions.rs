@@ -90,6 +90,17 @@ pub fn completion_expiry(now: &str) -> String {
 
 /// `template` with `{fenceable}`, `{abandonable}`, `{replayable}`, `{leased}`
 /// and `{unknown}` replaced by their conditions.
+/// What the monitoring samples ([`crate::backend::OpenRecords`]), for both
+/// backends: columns `oldest_in_progress`, `unknown`, `oldest_unknown`.
+pub static OPEN_RECORDS: LazyLock<String> = LazyLock::new(|| {
+    expand(
+        "SELECT min(created_at) FILTER (WHERE {leased}) AS oldest_in_progress, \
+         count(*) FILTER (WHERE {unknown} AND archived_at IS NULL) AS unknown, \
+         min(created_at) FILTER (WHERE {unknown} AND archived_at IS NULL) AS oldest_unknown \
+         FROM idempotency_records WHERE {leased} OR {unknown}",
+    )
+});
+
 pub fn expand(template: &str) -> String {
     template
         .replace("{fenceable}", &FENCEABLE)

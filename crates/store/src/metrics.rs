@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::backend::{ClaimOutcome, PoolStats, SweepReport, WriterStages};
+use crate::backend::{ClaimOutcome, OpenRecords, PoolStats, SweepReport, WriterStages};
 use crate::AppState;
 
 /// Every outcome a claim is counted under.
@@ -79,7 +79,9 @@ pub struct Metrics {
     pub abandoned_claims: Counter,
     pub rate_limited_claims: Counter,
     pub claim_seconds: Histogram,
-    pub oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
+    oldest_in_progress_seconds: Gauge<f64, AtomicU64>,
+    unknown_open: Gauge,
+    oldest_unknown_seconds: Gauge<f64, AtomicU64>,
     pub sweeper_runs: Counter,
     pub sweeper_rows: Family<ActionLabel, Counter>,
     pub sweeper_errors: Counter,
@@ -115,6 +117,8 @@ impl Metrics {
         let rate_limited_claims = Counter::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let oldest = Gauge::<f64, AtomicU64>::default();
+        let unknown_open = Gauge::default();
+        let oldest_unknown = Gauge::<f64, AtomicU64>::default();
         let sweeper_runs = Counter::default();
         let sweeper_rows = Family::<ActionLabel, Counter>::default();
         let sweeper_errors = Counter::default();
@@ -188,6 +192,16 @@ impl Metrics {
             "Age of the oldest in-progress record (sampled by the sweeper)",
             oldest.clone(),
         );
+        registry.register(
+            "unknown_records_open",
+            "Unknown records not yet resolved or archived: each waits for an operator (sampled by the sweeper)",
+            unknown_open.clone(),
+        );
+        registry.register(
+            "oldest_unknown_age_seconds",
+            "Age of the oldest unknown record not yet resolved or archived (sampled by the sweeper)",
+            oldest_unknown.clone(),
+        );
         registry.register("sweeper_runs", "Sweeper passes", sweeper_runs.clone());
         registry.register(
             "sweeper_rows",
@@ -247,6 +261,8 @@ impl Metrics {
             rate_limited_claims,
             claim_seconds,
             oldest_in_progress_seconds: oldest,
+            unknown_open,
+            oldest_unknown_seconds: oldest_unknown,
             sweeper_runs,
             sweeper_rows,
             sweeper_errors,
@@ -333,6 +349,15 @@ impl Metrics {
         }
         self.claims.get_or_create(&OutcomeLabel { outcome: label }).inc();
         self.claim_seconds.observe(took.as_secs_f64());
+    }
+
+    /// What the sweeper sampled of the records at `now`.
+    pub fn observe_open(&self, open: &OpenRecords, now: i64) {
+        let age = |t: Option<i64>| t.map_or(0.0, |t| now.saturating_sub(t).max(0) as f64 / 1000.0);
+        self.oldest_in_progress_seconds.set(age(open.oldest_in_progress));
+        self.unknown_open
+            .set(i64::try_from(open.unknown).unwrap_or(i64::MAX));
+        self.oldest_unknown_seconds.set(age(open.oldest_unknown));
     }
 
     pub fn observe_sweep(&self, report: &SweepReport) {

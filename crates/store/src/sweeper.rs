@@ -62,11 +62,8 @@ async fn sweep_pass(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> 
     if total.total() > 0 {
         store.notify_changed();
     }
-    let oldest = store.backend.oldest_in_progress().await?;
-    let age = oldest
-        .map(|t| (store.clock.now().saturating_sub(t)).max(0) as f64 / 1000.0)
-        .unwrap_or(0.0);
-    store.metrics.oldest_in_progress_seconds.set(age);
+    let open = store.backend.open_records().await?;
+    store.metrics.observe_open(&open, store.clock.now());
     Ok(total)
 }
 

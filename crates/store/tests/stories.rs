@@ -8,7 +8,9 @@ use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::protocol::{AbandonRequest, Attempt, ClaimReply, FenceReply};
 use idemgate_core::scope::Namespace;
 use idemgate_core::scope::Scope;
-use idemgate_store::backend::{Backend, KeyHistory, Listing, Lookup, Resolution, StoreError, SweepPolicy};
+use idemgate_store::backend::{
+    Backend, KeyHistory, Listing, Lookup, OpenRecords, Resolution, StoreError, SweepPolicy,
+};
 use idemgate_store::{Clock, Store};
 
 use crate::support::*;
@@ -736,8 +738,34 @@ async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
     cx.clock.advance(1_000);
     let report = cx.sweep(u64::MAX / 4).await;
     assert_eq!((report.released, report.marked_unknown), (1, 0));
-    assert!(cx.backend().oldest_in_progress().await.unwrap().is_none());
+    assert_eq!(cx.backend().open_records().await.unwrap(), OpenRecords::default());
     cx.owned(&claim(&s, Some(2))).await;
+}
+
+/// What the monitoring samples: unknown records count until an operator
+/// resolves them, whatever time has passed (an alert on them stays on).
+async fn unknown_records_stay_counted_until_resolved(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-watched");
+    let created = cx.now();
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    let open = cx.backend().open_records().await.unwrap();
+    assert_eq!(open.oldest_in_progress, Some(created));
+    assert_eq!((open.unknown, open.oldest_unknown), (0, None));
+    cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
+    cx.clock.advance(3 * 3_600_000);
+    let open = cx.backend().open_records().await.unwrap();
+    assert_eq!(
+        (open.oldest_in_progress, open.unknown, open.oldest_unknown),
+        (None, 1, Some(created))
+    );
+    let how = Resolution::Release;
+    assert!(cx
+        .backend()
+        .resolve(&s, &how, Some("refunded"), cx.now())
+        .await
+        .unwrap());
+    assert_eq!(cx.backend().open_records().await.unwrap(), OpenRecords::default());
 }
 
 fn attempt(a: &str) -> Option<Attempt> {
@@ -1440,6 +1468,7 @@ stories!(
     the_same_key_in_another_scope_is_another_record,
     operators_resolve_list_and_purge,
     sweeper_releases_when_the_policy_says_so,
+    unknown_records_stay_counted_until_resolved,
     an_abandoned_claim_frees_the_key_and_nothing_else,
     an_abandon_that_arrives_first_releases_the_claim_when_it_lands,
     an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands,

@@ -21,11 +21,12 @@ use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, Fen
 use idemgate_core::scope::Scope;
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, PoolStats, RecordInfo,
-    Resolution, Result, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, PoolStats,
+    RecordInfo, Resolution, Result, SweepPolicy, SweepReport,
 };
-use crate::columns::{i64_from, ColumnReader, LoadedRecord, ScopeDigest};
+use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
+use crate::conditions::OPEN_RECORDS;
 use crate::log_ids::LogIds;
 use crate::replays::ReplayTally;
 use crate::sealing::Seal;
@@ -87,9 +88,6 @@ static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
         *INFO_COLUMNS
     ))
 });
-static OLDEST_IN_PROGRESS: LazyLock<String> =
-    LazyLock::new(|| expand("SELECT min(created_at) AS oldest FROM idempotency_records WHERE {leased}"));
-
 /// The longest one sweep pass may take, client side.
 const SWEEP_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -372,10 +370,10 @@ impl Backend for Postgres {
             .await
     }
 
-    async fn oldest_in_progress(&self) -> Result<Option<i64>> {
-        match self.connections.query(&OLDEST_IN_PROGRESS, &[]).await?.first() {
-            Some(row) => row.optional_int("oldest"),
-            None => Ok(None),
+    async fn open_records(&self) -> Result<OpenRecords> {
+        match self.connections.query(&OPEN_RECORDS, &[]).await?.first() {
+            Some(row) => OpenRecords::read(row),
+            None => Ok(OpenRecords::default()),
         }
     }
 

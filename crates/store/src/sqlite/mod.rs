@@ -30,11 +30,12 @@ use idemgate_core::scope::Scope;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, PoolStats, RecordInfo, Resolution,
-    Result, StoreError, SweepPolicy, SweepReport, WriterStages,
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, PoolStats, RecordInfo,
+    Resolution, Result, StoreError, SweepPolicy, SweepReport, WriterStages,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
+use crate::conditions::OPEN_RECORDS;
 use crate::log_ids::LogIds;
 use crate::plan;
 use crate::replays::ReplayTally;
@@ -86,9 +87,6 @@ static LIST_STUCK: LazyLock<String> = LazyLock::new(|| {
         *INFO_COLUMNS
     ))
 });
-static OLDEST_IN_PROGRESS: LazyLock<String> =
-    LazyLock::new(|| expand("SELECT min(created_at) FROM idempotency_records WHERE {leased}"));
-
 pub struct Sqlite {
     engine: Engine,
     /// Replays served from a reader, not yet counted in `replay_count`.
@@ -474,12 +472,11 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn oldest_in_progress(&self) -> Result<Option<i64>> {
+    async fn open_records(&self) -> Result<OpenRecords> {
         self.engine
             .read(|conn| {
-                conn.prepare_cached(&OLDEST_IN_PROGRESS)
-                    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
-                    .map_err(unavailable)
+                let rows = rows::query_all(conn, &OPEN_RECORDS, &[], |row| OpenRecords::read(row))?;
+                Ok(rows.into_iter().next().unwrap_or_default())
             })
             .await
     }
