@@ -329,19 +329,14 @@ impl Problem {
 /// client sees one form whether the router or the filter's own upstream call
 /// met the failure. `title` is Envoy's one-line text.
 pub fn envoy_reply(status: u16, title: &str, detail: &str) -> Reply {
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(rename = "type")]
-        type_uri: &'a str,
-        title: &'a str,
-        status: u16,
-        detail: &'a str,
-    }
     let body = Body {
         type_uri: "about:blank",
         title,
         status,
         detail,
+        completed_at: None,
+        original_status: None,
+        retry_after_ms: None,
     };
     Reply {
         status,

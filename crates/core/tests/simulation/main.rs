@@ -101,6 +101,23 @@ impl Knobs {
     }
 }
 
+impl Default for Knobs {
+    /// Streaming, settled before the response, `in_flight: conflict`,
+    /// `on_unknown: conflict`, small bodies, day-long records.
+    fn default() -> Knobs {
+        Knobs {
+            detached: false,
+            background: false,
+            wait: false,
+            release_unknown: false,
+            large: false,
+            short_ttl: false,
+            detached_timeout_ms: 1_000,
+            flood: false,
+        }
+    }
+}
+
 fn knobs() -> impl Strategy<Value = Knobs> {
     (
         any::<bool>(),
@@ -394,217 +411,118 @@ fn the_seeds_that_found_defects_stay_fixed() {
         Input {
             seed: 11677308965170384489,
             knobs: Knobs {
-                detached: false,
-                background: false,
                 wait: true,
-                release_unknown: false,
-                large: false,
-                short_ttl: false,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
-                lose_request: 0.0,
-                lose_answer: 0.0,
-                unavailable: 0.0,
                 slow_store: 0.16019714306785743,
                 client_leaves: 0.509111318517555,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // A settlement the store did not confirm was delivered again only under detached forwarding: "request 0 was answered 201 but its record ended Some(Open(Unknown))".
         Input {
             seed: 6647208780346167831,
-            knobs: Knobs {
-                detached: false,
-                background: false,
-                wait: false,
-                release_unknown: false,
-                large: false,
-                short_ttl: false,
-                detached_timeout_ms: 1_000,
-                flood: false,
-            },
+            knobs: Knobs::default(),
             faults: Faults {
                 lose_request: 0.23539680638948673,
                 lose_answer: 0.17928971426804682,
-                unavailable: 0.0,
-                slow_store: 0.0,
-                client_leaves: 0.0,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // on_unknown: release claimed an unknown record before its lease ran out: "key 0 executed twice at once: [(1533, 2329), (1750, 2395)]".
         Input {
             seed: 4313009321090419075,
             knobs: Knobs {
-                detached: false,
-                background: false,
-                wait: false,
                 release_unknown: true,
-                large: false,
-                short_ttl: false,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
                 lose_request: 0.10731281464555895,
-                lose_answer: 0.0,
                 unavailable: 0.1415769914827623,
-                slow_store: 0.0,
                 client_leaves: 0.5558709478861736,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // Batches were bounded by count only and a batch refused as a whole gave each call the refusal: "request 3 was answered 201 but its record ended Some(Open(Unknown))".
         Input {
             seed: 4624141762910672308,
             knobs: Knobs {
-                detached: false,
-                background: false,
-                wait: false,
-                release_unknown: false,
                 large: true,
-                short_ttl: false,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
-                lose_request: 0.0,
-                lose_answer: 0.0,
-                unavailable: 0.0,
                 slow_store: 0.29976967320157266,
                 client_leaves: 0.3943148068209927,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // An archived record replayed (empty) to a store whose clock stepped back before its expiry: "request 7 replayed 201 \"\" that no execution answered".
         Input {
             seed: 6848658540805981320,
             knobs: Knobs {
-                detached: false,
-                background: false,
                 wait: true,
-                release_unknown: false,
-                large: false,
                 short_ttl: true,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
-                lose_request: 0.0,
-                lose_answer: 0.0,
-                unavailable: 0.0,
-                slow_store: 0.0,
-                client_leaves: 0.0,
-                upstream_lost: 0.0,
                 clock_steps_back_ms: 1831,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // A late completion of an unknown record that had expired meanwhile was refused: "request 1 was answered 500 but its record ended Some(Open(Unknown))".
         Input {
             seed: 1492343373279252586,
             knobs: Knobs {
-                detached: false,
                 background: true,
                 wait: true,
-                release_unknown: false,
-                large: false,
                 short_ttl: true,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
                 lose_request: 0.18054314547755326,
-                lose_answer: 0.0,
                 unavailable: 0.17099396947747386,
                 slow_store: 0.009153431357824302,
                 client_leaves: 0.2236011369196434,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
                 store_restarts: true,
+                ..Faults::default()
             },
         },
         // An abandon that arrived after its unknown record expired was refused: "generation 3 (a5) left unknown although nothing ran".
         Input {
             seed: 17246023906521361570,
             knobs: Knobs {
-                detached: false,
-                background: false,
-                wait: false,
-                release_unknown: false,
-                large: false,
                 short_ttl: true,
-                detached_timeout_ms: 1_000,
-                flood: false,
+                ..Knobs::default()
             },
             faults: Faults {
                 lose_request: 0.12204999271475284,
                 lose_answer: 0.18147918412355493,
                 unavailable: 0.22633072813917746,
-                slow_store: 0.0,
                 client_leaves: 0.23015441658910116,
                 upstream_lost: 0.055589340435310636,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
+                ..Faults::default()
             },
         },
         // The worker's queue took every call while the store was slow but alive: "a worker's queue outgrew its bound at 32 ms: 172 calls".
         Input {
             seed: 1,
             knobs: Knobs {
-                detached: false,
-                background: false,
-                wait: false,
-                release_unknown: false,
-                large: false,
-                short_ttl: false,
-                detached_timeout_ms: 1_000,
                 flood: true,
+                ..Knobs::default()
             },
-            faults: Faults {
-                lose_request: 0.0,
-                lose_answer: 0.0,
-                unavailable: 0.0,
-                slow_store: 0.0,
-                client_leaves: 0.0,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
-            },
+            faults: Faults::default(),
         },
         // A detached timeout only had to be shorter than the lease, so the upstream outlived it and a retry ran alongside: "key 2 executed twice at once: [(692, 2773), (2699, 3751)]".
         Input {
             seed: 121,
             knobs: Knobs {
                 detached: true,
-                background: false,
-                wait: false,
                 release_unknown: true,
-                large: false,
-                short_ttl: false,
                 detached_timeout_ms: 1_990,
-                flood: false,
+                ..Knobs::default()
             },
-            faults: Faults {
-                lose_request: 0.0,
-                lose_answer: 0.0,
-                unavailable: 0.0,
-                slow_store: 0.0,
-                client_leaves: 0.0,
-                upstream_lost: 0.0,
-                clock_steps_back_ms: 0,
-                store_restarts: false,
-            },
+            faults: Faults::default(),
         },
     ];
     let broken: Vec<String> = seeds

@@ -18,8 +18,8 @@ use idemgate_core::exchange::{
 use idemgate_core::protocol::{decode_frame, Attempt, ClaimRequest, CLAIM_PATH};
 use idemgate_core::Reply;
 
-/// The faults of one scenario, as chances per event.
-#[derive(Debug, Clone)]
+/// The faults of one scenario, as chances per event (none by default).
+#[derive(Debug, Clone, Default)]
 pub struct Faults {
     pub lose_request: f64,
     pub lose_answer: f64,

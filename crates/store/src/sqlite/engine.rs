@@ -93,7 +93,7 @@ pub(super) enum Durability {
 pub(super) struct Job {
     run: Run,
     durability: Durability,
-    /// When it was handed to the writer.
+    /// When it was made, just before it was handed to the writer.
     queued_at: Instant,
 }
 
@@ -399,12 +399,10 @@ impl Engine {
     /// Queues `jobs` to run in one transaction. Callable from any thread: a
     /// reader queues the writes it found necessary without a trip back to
     /// the async runtime.
-    pub(super) fn submit(&self, mut jobs: Vec<Job>) -> Result<()> {
+    pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
-        let now = Instant::now();
-        jobs.iter_mut().for_each(|j| j.queued_at = now);
         // Counted before sending, so the writer never takes more than this shows.
         let n = jobs.len();
         self.shared.queued.fetch_add(n, Ordering::Relaxed);
