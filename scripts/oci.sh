@@ -18,8 +18,10 @@
 #
 # Each layout has one manifest, tagged TAG in its index.json, so
 # `skopeo copy oci:OUTDIR/oci-compat:TAG docker://REGISTRY/REPO:TAG` pushes it.
-# The files are byte-for-byte reproducible from the module (fixed tar metadata,
-# gzip without name or time), so the manifest digest depends on the module only.
+# Both manifests carry the release's OCI annotations (source, revision, version,
+# licenses, created: scripts/oci-annotations.sh). The files are byte-for-byte
+# reproducible (fixed tar metadata, gzip without name or time, `created` is the
+# commit's time), so the manifest digest depends on the module and the commit only.
 # It prints "<variant> sha256:<manifest digest>" for each, and writes them to
 # OUTDIR/oci-<variant>.digest. For an oci:// URL, istio-agent checks the
 # data source's `sha256` (WasmPlugin `sha256`) against this manifest digest.
@@ -31,6 +33,7 @@ out=${2:-target/release-artefacts}
 tag=${3:-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)}
 [[ -f $module ]] || { echo "oci.sh: no module at $module (make wasm)" >&2; exit 1; }
 command -v jq >/dev/null || { echo "oci.sh: needs jq" >&2; exit 1; }
+annotations=$(scripts/oci-annotations.sh)
 
 module_sha=$(sha256sum "$module" | cut -d' ' -f1)
 module_size=$(stat -c %s "$module")
@@ -85,12 +88,12 @@ jq -cn --arg diff "sha256:$diff_id" \
     '{architecture: "wasm", os: "wasip1", config: {},
       rootfs: {type: "layers", diff_ids: [$diff]}}' >"$work/compat-config.json"
 config=$(put "$layout" "$work/compat-config.json")
-jq -cn \
+jq -cn --argjson annotations "$annotations" \
     --argjson config "$(descriptor application/vnd.oci.image.config.v1+json "$config" "$work/compat-config.json")" \
     --argjson layer "$(descriptor application/vnd.oci.image.layer.v1.tar+gzip "$layer" "$work/layer.tar.gz")" \
     '{schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
       config: $config, layers: [$layer],
-      annotations: {"module.wasm.image/variant": "compat"}}' >"$work/compat-manifest.json"
+      annotations: ({"module.wasm.image/variant": "compat"} + $annotations)}' >"$work/compat-manifest.json"
 finish "$layout" compat "$work/compat-manifest.json"
 
 # oci (Wasm artifact): runtime config + the raw module.
@@ -99,12 +102,12 @@ jq -cn '{type: "envoy_proxy", abiVersions: ["proxy_abi_version_0_2_1"],
          config: {rootIds: ["idemgate"]}}' >"$work/runtime-config.json"
 config=$(put "$layout" "$work/runtime-config.json")
 layer=$(put "$layout" "$module")
-jq -cn \
+jq -cn --argjson annotations "$annotations" \
     --argjson config "$(descriptor application/vnd.module.wasm.config.v1+json "$config" "$work/runtime-config.json")" \
     --argjson rc "$(descriptor application/vnd.module.wasm.config.v1+json "$config" "$work/runtime-config.json" runtime-config.json)" \
     --argjson layer "$(descriptor application/vnd.module.wasm.content.layer.v1+wasm "$layer" "$module" plugin.wasm)" \
     '{schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
-      config: $config, layers: [$rc, $layer]}' >"$work/wasm-manifest.json"
+      config: $config, layers: [$rc, $layer], annotations: $annotations}' >"$work/wasm-manifest.json"
 finish "$layout" wasm "$work/wasm-manifest.json"
 
 echo "module sha256:$module_sha ($module_size bytes)"
