@@ -169,6 +169,18 @@ for a in source revision version licenses created; do
 done
 echo "oci-roundtrip: store $digest signed, pushed, pulled under the policy, binary as built"
 
+# examples/oci/pin-images.sh pins a FROM and an image: to the digest the
+# registry serves for their tag, and leaves stages alone.
+ref=$registry/idemgate/filter:wasm
+printf 'FROM %s AS base\nFROM base AS other\nFROM scratch\n' "$ref" >"$work/Dockerfile"
+printf 'services:\n  one:\n    image: %s\n' "$ref" >"$work/compose.yaml"
+PIN_TLS_VERIFY=false examples/oci/pin-images.sh "$work/Dockerfile" "$work/compose.yaml" >/dev/null
+pinned=$ref@$(cat "$work/out/oci-wasm.digest")
+[[ $(cat "$work/Dockerfile") == "$(printf 'FROM %s AS base\nFROM base AS other\nFROM scratch' "$pinned")" ]] ||
+    fail "pin-images.sh wrote a Dockerfile of: $(cat "$work/Dockerfile")"
+grep -qxF "    image: $pinned" "$work/compose.yaml" || fail "pin-images.sh wrote a compose file of: $(cat "$work/compose.yaml")"
+echo "oci-roundtrip: pin-images.sh pins FROM and image: to $pinned"
+
 # Refusals. refused WHAT REPO@DIGEST: the pull must fail; prints skopeo's reason.
 refused() {
     if pull "$2" "$work/refused" 2>"$work/refused.err"; then

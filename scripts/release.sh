@@ -18,7 +18,9 @@
 #   LICENSE, CHANGELOG.md
 # Every image carries the OCI annotations source, revision, version, licenses
 # and created (scripts/oci-annotations.sh). The version must agree with
-# CHANGELOG.md and with the tag vX.Y.Z if there is one (scripts/release-version.sh).
+# CHANGELOG.md and with the tag vX.Y.Z if there is one (scripts/release-version.sh),
+# and the images of examples/Dockerfile and examples/docker-compose.yaml are
+# pinned by digest or listed in README.md as not (examples/oci/pin-images.sh --check).
 # It then pins the Istio examples (examples/istio/*.yaml) to the compat image's
 # manifest digest, so the manifests name exactly the image built here.
 #
@@ -31,7 +33,7 @@
 # are). The artefacts are then checked against each other, the store image is
 # unpacked (umoci) and its store run from it as its own user, and, without a
 # RELEASE_MINISIGN_KEY, a throwaway key signs them so that the signatures are
-# checked too (and a altered copy of the module must fail them).
+# checked too (and an altered copy of the module must fail them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,6 +63,8 @@ if [[ $check == yes ]]; then
     scripts/release-version.sh --self-test >/dev/null
 fi
 version=$(scripts/release-version.sh)
+# The examples' images: pinned by digest, or README.md says why not.
+examples/oci/pin-images.sh --check >/dev/null
 annotations=$(scripts/oci-annotations.sh)
 
 mkdir -p "$out"
