@@ -63,6 +63,18 @@ pub enum Control {
     Uncertain,
 }
 
+impl Control {
+    /// What two statements come to: the safest wins.
+    pub fn safest(a: Option<Control>, b: Option<Control>) -> Option<Control> {
+        match (a, b) {
+            (Some(Control::Uncertain), _) | (_, Some(Control::Uncertain)) => Some(Control::Uncertain),
+            (Some(Control::Store), _) | (_, Some(Control::Store)) => Some(Control::Store),
+            (None, None) => None,
+            _ => Some(Control::NoStore),
+        }
+    }
+}
+
 /// Reads `Idempotency-Control` (any case, any number of lines, comma-separated
 /// tokens; unknown tokens ignored). When the upstream says several things the
 /// safest wins: `uncertain` over `store` over `no-store`, since releasing a key
@@ -77,11 +89,7 @@ pub fn control(lines: &Lines) -> Option<Control> {
                 b"uncertain" => Control::Uncertain,
                 _ => continue,
             };
-            said = Some(match (said, heard) {
-                (Some(Control::Uncertain), _) | (_, Control::Uncertain) => Control::Uncertain,
-                (Some(Control::Store), _) | (_, Control::Store) => Control::Store,
-                _ => Control::NoStore,
-            });
+            said = Control::safest(said, Some(heard));
         }
     }
     said

@@ -12,6 +12,7 @@ pub mod client;
 pub mod config;
 pub mod exchange;
 pub mod fingerprint;
+pub mod grpc;
 pub mod headers;
 pub mod identity;
 pub mod jcs;

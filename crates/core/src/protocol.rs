@@ -36,6 +36,9 @@ pub const RELEASE_PATH: &str = "/v1/release";
 pub const MARK_UNKNOWN_PATH: &str = "/v1/mark-unknown";
 pub const ABANDON_PATH: &str = "/v1/abandon";
 pub const BATCH_PATH: &str = "/v1/batch";
+/// The store's replay route for gRPC responses, named as a gRPC method so
+/// that a route matching it exactly never meets a real one.
+pub const REPLAY_PATH: &str = "/idemgate.v1.Store/Replay";
 pub const FRAME_CONTENT_TYPE: &str = "application/vnd.idemgate.frame";
 
 /// The header in which a peer lists the protocol versions it speaks (a
@@ -193,6 +196,14 @@ pub struct CompleteRequest {
     /// `false` when the body was larger than `max_stored_body` and was
     /// streamed through instead of kept; the frame then carries no bytes.
     pub body_stored: bool,
+}
+
+/// A stored gRPC response to send back as it came (the replay route): the
+/// frame's bytes are its message frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayRequest {
+    pub headers: Vec<(String, String)>,
+    pub trailers: Vec<(String, String)>,
 }
 
 /// Give the key back (the upstream refused before acting), or declare that

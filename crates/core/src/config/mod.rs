@@ -13,6 +13,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FingerprintSpec;
+use crate::grpc;
 use crate::key::KeyRules;
 
 mod matching;
@@ -71,6 +72,28 @@ pub struct Policy {
     in_progress_retry_after_ms: u64,
     forwarding: Forwarding,
     settle: Settle,
+    grpc: Option<GrpcPolicy>,
+}
+
+/// What a policy covering gRPC unary methods adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcPolicy {
+    release_codes: Vec<u8>,
+}
+
+impl GrpcPolicy {
+    /// What a response's `grpc-status` does to the record: `None` stores
+    /// the response; otherwise the key is released or the outcome unknown.
+    pub fn settles(&self, code: u8) -> Option<crate::exchange::Settlement> {
+        use crate::exchange::Settlement;
+        if grpc::UNKNOWN_CODES.contains(&code) {
+            Some(Settlement::MarkedUnknown)
+        } else if grpc::DEFAULT_RELEASE_CODES.contains(&code) || self.release_codes.contains(&code) {
+            Some(Settlement::Released)
+        } else {
+            None
+        }
+    }
 }
 
 /// Read access only: a policy is built by [`Config::parse`], validated.
@@ -110,6 +133,10 @@ impl Policy {
     }
     pub fn failure_mode(&self) -> FailureMode {
         self.failure_mode
+    }
+    /// `Some` when the policy covers gRPC unary methods.
+    pub fn grpc(&self) -> Option<&GrpcPolicy> {
+        self.grpc.as_ref()
     }
     pub fn release_statuses(&self) -> &[u16] {
         &self.release_statuses
@@ -206,6 +233,12 @@ impl Policy {
             return false;
         }
         BASE_REPLAY_HEADERS.contains(&name.as_str()) || self.replay_headers.contains(&name)
+    }
+
+    /// Whether a gRPC response's trailer is replayed: the status and its
+    /// details always, other trailing metadata as headers are.
+    pub fn replays_trailer(&self, name: &str) -> bool {
+        name.to_ascii_lowercase().starts_with("grpc-") || self.replays_header(name)
     }
 
     /// Whether an upstream status means "refused before acting" (release the

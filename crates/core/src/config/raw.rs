@@ -50,7 +50,7 @@ struct RawMatch {
     ignore_case: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawFingerprint {
@@ -116,6 +116,36 @@ struct RawPolicy {
     forwarding: Option<RawForwarding>,
     #[serde(default)]
     settle: Option<Settle>,
+    #[serde(default)]
+    grpc: Option<RawGrpc>,
+}
+
+/// Present on a policy covering gRPC unary methods.
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct RawGrpc {
+    /// Status codes that also release the key, besides the default ones.
+    #[serde(default)]
+    release_codes: Vec<u8>,
+}
+
+impl RawGrpc {
+    fn validate(self, at: &str) -> Result<GrpcPolicy, ConfigError> {
+        if let Some(c) = self
+            .release_codes
+            .iter()
+            .find(|&&c| c == grpc::code::OK || c > grpc::code::MAX)
+        {
+            return Err(err(
+                format!("{at}.grpc.release_codes"),
+                format!("{c} is not a gRPC error code (1-16)"),
+            ));
+        }
+        Ok(GrpcPolicy {
+            release_codes: self.release_codes,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -357,11 +387,29 @@ impl RawPolicy {
                 principal: p.map(|p| validate_source(p, &f("principal"))).transpose()?,
             },
         };
-        let fingerprint = match self.fingerprint {
-            None => FingerprintSpec::default(),
-            Some(raw) => FingerprintSpec::from_parts(raw.mode.as_deref(), raw.exclude, raw.headers)
-                .map_err(|m| err(f("fingerprint"), m))?,
-        };
+        let grpc = self.grpc.map(|g| g.validate(at)).transpose()?;
+        let mut raw_fingerprint = self.fingerprint.unwrap_or_default();
+        if grpc.is_some() {
+            if raw_fingerprint.mode.as_deref() == Some("json") {
+                return Err(err(
+                    f("fingerprint.mode"),
+                    "a gRPC call's messages are protobuf, not JSON: use `raw` (the default for gRPC) or `none`",
+                ));
+            }
+            raw_fingerprint.mode.get_or_insert_with(|| "raw".to_string());
+        }
+        let fingerprint = FingerprintSpec::from_parts(
+            raw_fingerprint.mode.as_deref(),
+            raw_fingerprint.exclude,
+            raw_fingerprint.headers,
+        )
+        .map_err(|m| err(f("fingerprint"), m))?;
+        if grpc.is_some() && !self.release_statuses.is_empty() {
+            return Err(err(
+                f("release_statuses"),
+                "a gRPC call is released by its status code: list codes in `grpc.release_codes`",
+            ));
+        }
         let ttl_s = self.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
         if ttl_s == 0 || ttl_s > limits::MAX_TTL_MS / 1000 {
             return Err(err(
@@ -468,6 +516,12 @@ impl RawPolicy {
             None => Forwarding::Streaming,
             Some(raw) => raw.validate(at, lease_ms, store.timeout_ms, max_stored_body)?,
         };
+        if grpc.is_some() && forwarding != Forwarding::Streaming {
+            return Err(err(
+                f("forwarding"),
+                "gRPC calls are forwarded through Envoy's router (`streaming`): the filter cannot answer a gRPC client with messages itself",
+            ));
+        }
         Ok(Policy {
             name: self.name,
             matcher: Matcher {
@@ -498,6 +552,7 @@ impl RawPolicy {
             in_progress_retry_after_ms,
             forwarding,
             settle: self.settle.unwrap_or_default(),
+            grpc,
         })
     }
 }

@@ -83,6 +83,7 @@ fn the_minimal_config_parses_with_the_defaults() {
         in_progress_retry_after_ms: 1_000,
         forwarding: Forwarding::Streaming,
         settle: Settle::BeforeResponse,
+        grpc: None,
     };
     assert_eq!(config.policies, vec![Rc::new(want)]);
 }

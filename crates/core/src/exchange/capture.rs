@@ -4,6 +4,7 @@
 use super::{Exchange, Phase, ResponseHead, Step};
 use crate::config::{Forwarding, ENVOY_DEFAULT_BUFFER_LIMIT};
 use crate::exchange::{Origin, Settlement};
+use crate::grpc;
 use crate::headers::{self, Control};
 use crate::limits;
 use crate::protocol::{encode_frame, CompleteRequest, COMPLETE_PATH};
@@ -20,13 +21,29 @@ impl Exchange {
             Origin::Upstream => {}
         }
         let control = headers::control(&head.headers);
+        let grpc = self.policy.grpc().is_some();
         match control {
             Some(Control::NoStore) => return self.settle(fence, Settlement::Released),
             Some(Control::Uncertain) => return self.settle(fence, Settlement::MarkedUnknown),
             Some(Control::Store) => {}
-            None if self.policy.releases_on(head.status) => return self.settle(fence, Settlement::Released),
+            None if !grpc && self.policy.releases_on(head.status) => {
+                return self.settle(fence, Settlement::Released)
+            }
             None => {}
         }
+        // A gRPC response with a status already in its headers (trailers-only)
+        // is over; otherwise its status comes in the trailers.
+        let trailers_only = grpc && head.end_of_stream;
+        if trailers_only {
+            if let Some(settles) = self.grpc_settles(control, &head.headers) {
+                return self.settle(fence, settles);
+            }
+        }
+        let trailers = if trailers_only {
+            self.kept_trailers(&head.headers)
+        } else {
+            Vec::new()
+        };
         let headers: Vec<(String, String)> = head
             .headers
             .into_iter()
@@ -47,7 +64,11 @@ impl Exchange {
             headers: if keepable { headers } else { Vec::new() },
             body: Vec::new(),
             announced: head.content_length,
+            control,
         };
+        if trailers_only {
+            return self.complete_grpc(trailers);
+        }
         if !keepable
             || head
                 .content_length
@@ -76,11 +97,67 @@ impl Exchange {
             return self.complete(false);
         }
         kept.extend_from_slice(chunk);
-        if end_of_stream {
-            self.complete(true)
-        } else {
-            Step::Pause
+        match end_of_stream {
+            false => Step::Pause,
+            // A gRPC response that ends without trailers has no status.
+            true if self.policy.grpc().is_some() => self.response_trailers(&[]),
+            true => self.complete(true),
         }
+    }
+
+    /// An owned response's trailers. A gRPC response is decided by its
+    /// status here; any other response's trailers just end it.
+    pub fn response_trailers(&mut self, trailers: &[(String, Vec<u8>)]) -> Step {
+        let (Some(_), Phase::Capturing { fence, control, .. }) = (self.policy.grpc(), &self.phase) else {
+            return self.response_body(&[], true);
+        };
+        let (fence, control) = (*fence, Control::safest(*control, headers::control(trailers)));
+        if let Some(settles) = self.grpc_settles(control, trailers) {
+            return self.settle(fence, settles);
+        }
+        let kept = self.kept_trailers(trailers);
+        self.complete_grpc(kept)
+    }
+
+    /// What a gRPC response's status (in `fields`) and `Idempotency-Control`
+    /// do to the record; `None`: store it. A response without a status is
+    /// broken off: nobody knows whether the server acted.
+    fn grpc_settles(&self, control: Option<Control>, fields: &[(String, Vec<u8>)]) -> Option<Settlement> {
+        let policy = self.policy.grpc()?;
+        match control {
+            Some(Control::Store) => None,
+            Some(Control::NoStore) => Some(Settlement::Released),
+            Some(Control::Uncertain) => Some(Settlement::MarkedUnknown),
+            None => match grpc::status(fields) {
+                Some(code) => policy.settles(code),
+                None => Some(Settlement::MarkedUnknown),
+            },
+        }
+    }
+
+    /// The trailers a replay sends back.
+    fn kept_trailers(&self, fields: &[(String, Vec<u8>)]) -> Vec<(String, String)> {
+        fields
+            .iter()
+            .filter(|(name, _)| self.policy.replays_trailer(name))
+            .filter_map(|(name, value)| {
+                let value = String::from_utf8(value.clone()).ok()?;
+                Some((name.to_ascii_lowercase(), value))
+            })
+            .collect()
+    }
+
+    /// Stores a gRPC response: its messages, then its trailers as
+    /// gRPC-Web's trailer frame.
+    fn complete_grpc(&mut self, trailers: Vec<(String, String)>) -> Step {
+        let Phase::Capturing { body, .. } = &mut self.phase else {
+            return Step::Continue;
+        };
+        grpc::append_trailers(body, &trailers);
+        if body.len() > self.policy.max_stored_body() {
+            return self.complete(false);
+        }
+        self.complete(true)
     }
 
     fn complete(&mut self, body_stored: bool) -> Step {
@@ -90,6 +167,7 @@ impl Exchange {
             headers,
             body,
             announced,
+            ..
         } = std::mem::replace(&mut self.phase, Phase::Done)
         else {
             return Step::Continue;

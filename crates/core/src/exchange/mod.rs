@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use crate::config::{Config, FailureMode, InFlight, Mode, Policy, Settle};
 use crate::fingerprint::Fingerprinter;
+use crate::grpc;
 use crate::headers::KEY_HEADER;
 use crate::identity::client_scope;
 use crate::key::parse_key;
@@ -20,7 +21,7 @@ use crate::key::parse_key;
 use crate::problem::Problem;
 use crate::protocol::{
     decode_frame, encode_frame, AbandonRequest, Attempt, ClaimReply, ClaimRequest, FenceRequest,
-    ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
+    ReplayRequest, ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH, REPLAY_PATH,
 };
 use crate::scope::Scope;
 use crate::Reply;
@@ -63,6 +64,9 @@ enum Phase {
         body: Vec<u8>,
         /// The response's `Content-Length`, when it announced one.
         announced: Option<u64>,
+        /// What its headers' `Idempotency-Control` said (a gRPC response is
+        /// decided at its trailers).
+        control: Option<crate::headers::Control>,
     },
     /// A complete / release / mark-unknown call is in flight.
     Settling {
@@ -353,7 +357,11 @@ impl Exchange {
                     }
                 }
             }
-            ClaimReply::Replay { status, headers, .. } => {
+            ClaimReply::Replay {
+                status,
+                headers,
+                completed_at,
+            } => {
                 if self.policy.mode() == Mode::Observe {
                     return self.pass(Handling::WouldReplay);
                 }
@@ -364,6 +372,9 @@ impl Exchange {
                     .filter(|(name, _)| self.policy.replays_header(name))
                     .collect();
                 headers.push(("idempotent-replayed".into(), "true".into()));
+                if self.policy.grpc().is_some() {
+                    return self.replay_grpc(headers, &body, completed_at);
+                }
                 headers.extend(self.echo.clone().map(|key| (KEY_HEADER.into(), key)));
                 Step::Respond(Reply {
                     status,
@@ -389,6 +400,22 @@ impl Exchange {
                 self.reject(Handling::Expired, Problem::key_expired(completed_at))
             }
         }
+    }
+
+    /// A gRPC response cannot be a local reply (Envoy answers a gRPC call
+    /// locally with a status alone): the request goes on to the store's
+    /// replay route instead, which sends the stored messages and trailers.
+    fn replay_grpc(&mut self, headers: Vec<(String, String)>, stored: &[u8], completed_at: i64) -> Step {
+        // Stored before the policy covered gRPC: not a response to replay.
+        let Some((messages, trailers)) = grpc::split_trailers(stored) else {
+            return self.reject(Handling::Conflict, Problem::result_unavailable(200, completed_at));
+        };
+        let trailers = trailers
+            .into_iter()
+            .filter(|(name, _)| self.policy.replays_trailer(name))
+            .collect();
+        let request = ReplayRequest { headers, trailers };
+        Step::Reroute(self.call(REPLAY_PATH, encode_frame(&request, messages), 0))
     }
 
     fn settle(&mut self, fence: u64, settles: Settlement) -> Step {
@@ -489,9 +516,13 @@ impl Exchange {
         Step::Respond(self.problem(problem))
     }
 
-    /// A problem as this request's answer, with the key echoed.
+    /// A problem as this request's answer (a gRPC status on a gRPC call),
+    /// with the key echoed.
     fn problem(&self, problem: Problem) -> Reply {
-        self.with_key(problem.render(self.config.doc_base()))
+        self.with_key(match self.policy.grpc() {
+            Some(_) => grpc::answer(&problem),
+            None => problem.render(self.config.doc_base()),
+        })
     }
 
     /// `reply` with the key echoed.
@@ -524,5 +555,7 @@ impl Exchange {
     }
 }
 
+#[cfg(test)]
+mod grpc_tests;
 #[cfg(test)]
 mod tests;

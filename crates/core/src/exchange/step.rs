@@ -18,6 +18,10 @@ pub enum Step {
     /// with the request body Envoy buffered, and hold the stream until its
     /// answer arrives.
     Forward(UpstreamCall),
+    /// Send the request on to the store's replay route instead of the
+    /// upstream: its headers become the store call's (path, authority,
+    /// content type, nothing of the client's), its body the call's body.
+    Reroute(StoreCall),
     /// Hand this call to the worker's store client, which sends it whether or
     /// not the request is still there and retries it until the store answers;
     /// then carry out the next step.
