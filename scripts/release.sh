@@ -45,6 +45,9 @@ for tool in jq umoci minisign python3 curl; do
     command -v "$tool" >/dev/null || { echo "release: needs $tool (scripts/setup.sh)" >&2; exit 1; }
 done
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+# Before pinning examples/istio below changes the tree.
+dirty=no
+git diff --quiet HEAD -- || dirty=yes
 work=$(mktemp -d)
 store_pid=
 cleanup() {
@@ -220,8 +223,8 @@ echo "        skopeo copy --sign-by KEY oci:$out/oci-store:$(ref oci-store) dock
 if [[ -z $key ]]; then
     echo "not signed: set RELEASE_MINISIGN_KEY to a minisign secret key to sign the artefacts"
 fi
-if ! git diff --quiet HEAD --; then
-    echo "note: the worktree has uncommitted changes; the images' revision annotation is HEAD's"
+if [[ $dirty == yes ]]; then
+    echo "note: the worktree had uncommitted changes; the images' revision annotation is HEAD's"
 fi
 if [[ $(git rev-parse -q --verify "refs/tags/v$version^{commit}" || true) != "$(git rev-parse HEAD)" ]]; then
     echo "note: HEAD is not tagged v$version (README.md, Releases)"
