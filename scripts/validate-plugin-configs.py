@@ -9,6 +9,9 @@ Looks in every YAML file under envoy/ and examples/: a Wasm filter's
 `configuration` (a StringValue holding JSON) and a WasmPlugin's
 `pluginConfig`, when they hold `store` and `policies`. Fails when one does not
 validate, when none is found, or when the schema accepts a misspelt field.
+Under examples/istio/ the store's token must come from the proxy's environment
+(`store.token_env`, the variable set from a Secret), never `store.token`: an
+EnvoyFilter or WasmPlugin is readable by whoever may read the mesh's config.
 """
 import json
 import os
@@ -59,6 +62,13 @@ def main():
                 for doc in docs:
                     for config in plugin_configs(doc):
                         checked += 1
+                        rel = os.path.relpath(path, ROOT)
+                        if rel.startswith(os.path.join("examples", "istio") + os.sep):
+                            store = config.get("store") if isinstance(config.get("store"), dict) else {}
+                            if "token" in store or "token_env" not in store:
+                                failed += 1
+                                print(f"{rel}: store.token inline: in examples/istio the token comes "
+                                      f"from the proxy's environment (store.token_env)", file=sys.stderr)
                         errors = sorted(validator.iter_errors(config), key=lambda e: list(e.path))
                         for e in errors:
                             failed += 1

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""One EnvoyFilter per workload, from one policies file.
+
+    scripts/istio-workloads.py POLICIES            print the EnvoyFilters
+    scripts/istio-workloads.py POLICIES -o OUT     write them to OUT
+    scripts/istio-workloads.py POLICIES --check OUT
+                                                   fail unless OUT is exactly what POLICIES generates
+
+POLICIES (e.g. examples/istio/workloads/policies.yaml) names the store, the
+environment variable of the proxy that holds the store's API token, and N
+workloads (namespace, pod labels, the filter's policies). The output has N
+EnvoyFilters, each the delivery of examples/istio/envoyfilter.yaml for one
+workload:
+
+  - its own ECDS (extension config) name, `envoyfilter.<namespace>.idemgate-<workload>`,
+    distinct across the file and from any WasmPlugin's `<namespace>.<name>`;
+  - `priority` set, because the patch that places the filter is relative
+    (INSERT_BEFORE the router): istioctl analyze IST0151/IST0155;
+  - `proxyVersion` admitting exactly the Istio minors whose Envoy this project
+    tests (TESTED_ENVOY below), so a sidecar of another Istio gets no patch
+    rather than an untested one;
+  - `store.token_env` and the VM's `host_env_keys`: the token never appears in
+    the EnvoyFilter (set the variable on the istio-proxy container from a
+    Secret: examples/kubernetes/payments.yaml).
+
+The module's pin (oci:// URI and sha256) is read from
+examples/istio/envoyfilter.yaml unless POLICIES gives `spec.module`.
+Only the Python standard library and PyYAML.
+"""
+import copy
+import json
+import os
+import re
+import sys
+
+import yaml
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+WASM = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
+HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+
+# The Envoy minor each Istio minor's proxy is built on: istio/proxy's
+# release-1.N branch pins an Envoy commit of Envoy's release/v1.(N+8) line
+# (checked in istio/proxy's WORKSPACE history for 1.27 to 1.31; 1.32 is the
+# line Istio cut after Envoy 1.40.0). See examples/istio/README.md.
+ISTIO_ENVOY = {
+    "1.26": "1.34",
+    "1.27": "1.35",
+    "1.28": "1.36",
+    "1.29": "1.37",
+    "1.30": "1.38",
+    "1.31": "1.39",
+    "1.32": "1.40",
+}
+# The Envoy minors `make test` runs the filter on (scripts/setup.sh's
+# ENVOY_VERSION). Add a minor here only when the tests run on it.
+TESTED_ENVOY = ("1.40",)
+DEFAULT_PRIORITY = 10
+
+
+def tested_istio_minors(tested=TESTED_ENVOY):
+    """The Istio minors ("1.32", ...) whose proxies carry a tested Envoy, in order."""
+    minors = [istio for istio, envoy in ISTIO_ENVOY.items() if envoy in tested]
+    if not minors:
+        raise ValueError(f"no Istio minor in ISTIO_ENVOY ships a tested Envoy ({', '.join(tested)})")
+    return sorted(minors, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def proxy_version_regex(tested=TESTED_ENVOY):
+    """The `match.proxy.proxyVersion` admitting exactly the tested Istio minors.
+
+    Istio matches it (RE2, unanchored) against the proxy's ISTIO_VERSION, e.g.
+    "1.32.1" or "1.32.1-distroless"; the regex is anchored at the start and
+    needs the patch number's dot, so 1.3.2 or 1.320.0 never pass for 1.32.
+    """
+    minors = tested_istio_minors(tested)
+    majors = {m.split(".")[0] for m in minors}
+    if majors != {"1"}:
+        raise ValueError(f"unexpected Istio major versions: {sorted(majors)}")
+    alternatives = "|".join(m.split(".")[1] for m in minors)
+    return rf"^1\.({alternatives})\.[0-9]+"
+
+
+class Literal(str):
+    """A string dumped as a YAML literal block (the plugin's JSON)."""
+
+
+class Dumper(yaml.SafeDumper):
+    pass
+
+
+Dumper.add_representer(
+    Literal, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", str(s), style="|"))
+
+
+def fail(message):
+    raise SystemExit(f"istio-workloads: {message}")
+
+
+def module_pin(spec):
+    module = spec.get("module")
+    if module:
+        if set(module) != {"uri", "sha256"}:
+            fail("spec.module needs exactly `uri` and `sha256`")
+        return module["uri"], module["sha256"]
+    path = os.path.join(ROOT, "examples/istio/envoyfilter.yaml")
+    with open(path) as f:
+        for doc in yaml.safe_load_all(f):
+            if not doc or doc.get("kind") != "EnvoyFilter":
+                continue
+            for patch in doc["spec"]["configPatches"]:
+                if patch["applyTo"] == "EXTENSION_CONFIG":
+                    code = patch["patch"]["value"]["typed_config"]["config"]["vm_config"]["code"]["remote"]
+                    return code["http_uri"]["uri"], code["sha256"]
+    fail("examples/istio/envoyfilter.yaml has no EXTENSION_CONFIG patch to take the module's pin from")
+
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_input(doc):
+    spec = doc.get("spec") or {}
+    store = spec.get("store")
+    if not isinstance(store, dict):
+        fail("spec.store is required")
+    if "token" in store:
+        fail("spec.store.token: the token must not be written into EnvoyFilters; use token_env")
+    if not ENV.match(str(store.get("token_env", ""))):
+        fail("spec.store.token_env must name an environment variable of the proxy")
+    workloads = spec.get("workloads")
+    if not isinstance(workloads, list) or not workloads:
+        fail("spec.workloads must list at least one workload")
+    seen = set()
+    for w in workloads:
+        for key in ("name", "namespace", "selector", "policies"):
+            if key not in w:
+                fail(f"workload {w.get('name', '?')}: `{key}` is required")
+        for key in ("name", "namespace"):
+            if not NAME.match(w[key]) or len(w[key]) > 52:
+                fail(f"workload {w['name']}: {key} {w[key]!r} is not a DNS label of at most 52 characters")
+        if (w["namespace"], w["name"]) in seen:
+            fail(f"workload {w['namespace']}/{w['name']} is named twice")
+        seen.add((w["namespace"], w["name"]))
+        if not isinstance(w["selector"], dict) or not w["selector"]:
+            fail(f"workload {w['name']}: selector must hold at least one label")
+        if not isinstance(w["policies"], list) or not w["policies"]:
+            fail(f"workload {w['name']}: policies must not be empty")
+    # Two filters in one sidecar would claim every request twice: a selector
+    # whose labels include another's (same namespace) selects a subset of its pods.
+    for a in workloads:
+        for b in workloads:
+            if a is not b and a["namespace"] == b["namespace"] and \
+                    set(a["selector"].items()) <= set(b["selector"].items()):
+                fail(f"workloads {a['name']} and {b['name']} in {a['namespace']}: every pod "
+                     f"{b['name']} selects is also {a['name']}'s, and would run the filter twice")
+    return spec
+
+
+def plugin_json(plugin):
+    """The plugin configuration as JSON, the store and each policy on a line."""
+    policies = ",\n".join(f"    {json.dumps(p)}" for p in plugin["policies"])
+    return (f'{{\n  "store": {json.dumps(plugin["store"])},\n'
+            f'  "policies": [\n{policies}\n  ]\n}}\n')
+
+
+def envoy_filter(workload, spec, uri, sha256, regex):
+    ns, name = workload["namespace"], workload["name"]
+    ecds = f"envoyfilter.{ns}.idemgate-{name}"
+    token_env = spec["store"]["token_env"]
+    plugin = {"store": copy.deepcopy(spec["store"]), "policies": copy.deepcopy(workload["policies"])}
+    proxy = {"proxyVersion": regex}
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {
+            "name": f"idemgate-{name}",
+            "namespace": ns,
+            "labels": {
+                "app.kubernetes.io/name": "idemgate",
+                "app.kubernetes.io/instance": name,
+                "app.kubernetes.io/component": "filter",
+                "app.kubernetes.io/part-of": "idemgate",
+                "app.kubernetes.io/managed-by": "istio-workloads.py",
+            },
+        },
+        "spec": {
+            "workloadSelector": {"labels": dict(workload["selector"])},
+            "priority": int(spec.get("priority", DEFAULT_PRIORITY)),
+            "configPatches": [
+                {
+                    "applyTo": "EXTENSION_CONFIG",
+                    "match": {"proxy": dict(proxy)},
+                    "patch": {"operation": "ADD", "value": {
+                        "name": ecds,
+                        "typed_config": {
+                            "@type": WASM,
+                            "config": {
+                                "name": "idemgate",
+                                "root_id": "idemgate",
+                                "allow_on_headers_stop_iteration": True,
+                                "failure_policy": "FAIL_RELOAD",
+                                "vm_config": {
+                                    "vm_id": "idemgate",
+                                    "runtime": "envoy.wasm.runtime.v8",
+                                    "code": {"remote": {
+                                        "http_uri": {"uri": uri, "cluster": "_", "timeout": "30s"},
+                                        "sha256": sha256,
+                                    }},
+                                    "environment_variables": {"host_env_keys": [token_env]},
+                                },
+                                "configuration": {
+                                    "@type": STRING_VALUE,
+                                    "value": Literal(plugin_json(plugin)),
+                                },
+                            },
+                        },
+                    }},
+                },
+                {
+                    "applyTo": "HTTP_FILTER",
+                    "match": {
+                        "context": "SIDECAR_INBOUND",
+                        "proxy": dict(proxy),
+                        "listener": {"filterChain": {"filter": {
+                            "name": "envoy.filters.network.http_connection_manager",
+                            "subFilter": {"name": "envoy.filters.http.router"},
+                        }}},
+                    },
+                    "patch": {"operation": "INSERT_BEFORE", "value": {
+                        "name": ecds,
+                        "config_discovery": {
+                            "config_source": {"ads": {}, "initial_fetch_timeout": "0s"},
+                            "type_urls": [WASM],
+                        },
+                    }},
+                },
+                {
+                    "applyTo": "HTTP_FILTER",
+                    "match": {
+                        "context": "SIDECAR_INBOUND",
+                        "proxy": dict(proxy),
+                        "listener": {"filterChain": {"filter": {
+                            "name": "envoy.filters.network.http_connection_manager",
+                        }}},
+                    },
+                    "patch": {"operation": "INSERT_FIRST", "value": {
+                        "name": "idemgate.strip-identity-headers",
+                        "typed_config": {
+                            "@type": HEADER_MUTATION,
+                            "mutations": {"request_mutations": [
+                                {"remove": "x-tenant-id"},
+                                {"remove": "x-user-id"},
+                            ]},
+                        },
+                    }},
+                },
+            ],
+        },
+    }
+
+
+def generate(policies_path):
+    with open(policies_path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    if len(docs) != 1:
+        fail(f"{policies_path}: expected one document, found {len(docs)}")
+    spec = check_input(docs[0])
+    uri, sha256 = module_pin(spec)
+    regex = proxy_version_regex()
+    filters = [envoy_filter(w, spec, uri, sha256, regex) for w in spec["workloads"]]
+    rel = os.path.relpath(os.path.abspath(policies_path), ROOT)
+    header = (
+        f"# GENERATED by scripts/istio-workloads.py from {rel}: do not edit.\n"
+        f"# {len(filters)} EnvoyFilters, one per workload; proxyVersion admits Istio "
+        f"{', '.join(tested_istio_minors())} (Envoy {', '.join(TESTED_ENVOY)}).\n"
+        "# Apply these instead of envoyfilter.yaml, never next to it for the same workload.\n"
+    )
+    return header + yaml.dump_all(filters, Dumper=Dumper, sort_keys=False, width=100,
+                                  default_flow_style=False)
+
+
+def main(argv):
+    if len(argv) == 1:
+        sys.stdout.write(generate(argv[0]))
+        return 0
+    if len(argv) == 3 and argv[1] in ("-o", "--check"):
+        text = generate(argv[0])
+        if argv[1] == "-o":
+            with open(argv[2], "w") as f:
+                f.write(text)
+            print(f"istio-workloads: wrote {argv[2]}")
+            return 0
+        try:
+            with open(argv[2]) as f:
+                current = f.read()
+        except FileNotFoundError:
+            current = None
+        if current != text:
+            print(f"istio-workloads: {argv[2]} is not what {argv[0]} generates; run "
+                  f"scripts/istio-workloads.py {argv[0]} -o {argv[2]}", file=sys.stderr)
+            return 1
+        print(f"istio-workloads: {argv[2]} is up to date with {argv[0]}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
