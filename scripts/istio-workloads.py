@@ -42,8 +42,9 @@ HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_muta
 
 # The Envoy minor each Istio minor's proxy is built on: istio/proxy's
 # release-1.N branch pins an Envoy commit of Envoy's release/v1.(N+8) line
-# (checked in istio/proxy's WORKSPACE history for 1.27 to 1.31; 1.32 is the
-# line Istio cut after Envoy 1.40.0). See examples/istio/README.md.
+# (from istio/proxy's WORKSPACE history and branch dates for 1.26 to 1.31;
+# 1.32 was cut from master while it tracked Envoy 1.40-dev, not checked).
+# See examples/istio/README.md, "Istio versions".
 ISTIO_ENVOY = {
     "1.26": "1.34",
     "1.27": "1.35",
