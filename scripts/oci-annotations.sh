@@ -14,10 +14,19 @@
 #                                       rebuild of one commit gives the same digest
 #
 #   scripts/oci-annotations.sh [LICENSES]
+#   IDEMGATE_OCI_ANNOTATIONS=JSON scripts/oci-annotations.sh [LICENSES]   (prints JSON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v jq >/dev/null || { echo "oci-annotations: needs jq" >&2; exit 1; }
+# A release computes them once and hands them to each image through
+# IDEMGATE_OCI_ANNOTATIONS: others may commit while it builds, and every image
+# must name the same commit.
+if [[ -n ${IDEMGATE_OCI_ANNOTATIONS:-} ]]; then
+    jq -ce --arg l "${1:-}" 'if $l == "" then . else .["org.opencontainers.image.licenses"] = $l end' \
+        <<<"$IDEMGATE_OCI_ANNOTATIONS"
+    exit
+fi
 revision=$(git rev-parse --verify HEAD 2>/dev/null) ||
     { echo "oci-annotations: not a git checkout: the images must name their commit" >&2; exit 1; }
 created=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ "$revision")
