@@ -204,6 +204,7 @@ data=$(blob "$layer")
 [[ -f $data ]] || fail "no blob $layer in the registry's storage ($data)"
 byte=$(od -An -tu1 -j 1000 -N1 "$data" | tr -d ' ')
 printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$data" bs=1 seek=1000 conv=notrunc status=none
+cmp -s "$data" "$work/out/oci-store/blobs/sha256/${layer#sha256:}" && fail "the store's layer blob is not altered"
 refused "the store image with an altered layer blob" "idemgate/store@$digest"
 
 # The compat image's manifest blob replaced by another valid manifest (one more

@@ -103,6 +103,9 @@ if [[ -z $key && $check == yes ]]; then
 fi
 rm -f "$out"/*.minisig "$out/minisign.pub"
 if [[ -n $key ]]; then
+    # Signing runs in $out: the keys by absolute path.
+    key=$(realpath "$key")
+    [[ -z $pub ]] || pub=$(realpath "$pub")
     if [[ -n $pub ]]; then
         cp "$pub" "$out/minisign.pub"
     else
@@ -180,7 +183,7 @@ if [[ $check == yes ]]; then
         jq -e 'all(.components[] | select(.purl // "" | startswith("pkg:cargo/")); .hashes[0].content | test("^[0-9a-f]{64}$"))' \
             "$sbom" >/dev/null || fail "$f.cdx.json: a crate without its Cargo.lock checksum"
     done
-    # Provenance: every subject is what the release holds, built from HEAD.
+    # Provenance: every subject is what the release holds, built from that commit.
     prov=$out/provenance.intoto.json
     [[ $(jq -r '.predicate.buildDefinition.externalParameters.source.digest.gitCommit' "$prov") == "$revision" ]] ||
         fail "the provenance does not name $revision"
@@ -199,7 +202,9 @@ if [[ $check == yes ]]; then
     done
     cp "$out/idemgate.wasm" "$work/altered.wasm"
     cp "$out/idemgate.wasm.minisig" "$work/altered.wasm.minisig"
-    printf '\x00' | dd of="$work/altered.wasm" bs=1 seek=100 conv=notrunc status=none
+    byte=$(od -An -tu1 -j 100 -N1 "$work/altered.wasm" | tr -d ' ')
+    printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$work/altered.wasm" bs=1 seek=100 conv=notrunc status=none
+    cmp -s "$out/idemgate.wasm" "$work/altered.wasm" && fail "the altered copy of the module is not altered"
     if minisign -V -q -p "$out/minisign.pub" -m "$work/altered.wasm" 2>/dev/null; then
         fail "minisign -V accepts an altered module"
     fi
