@@ -12,11 +12,12 @@
 #     layer; wasm: the application/vnd.module.wasm.content.layer.v1+wasm blob)
 #     has the sha256 of the built module; the pulled store image holds the
 #     store binary, runs as 10001 and keeps its OCI annotations,
-#   - the policy refuses an unsigned image, the store image once one byte of
-#     its layer blob is altered in the registry's storage (the layer no longer
-#     has the digest the signed manifest names), and the compat image once its
-#     manifest blob there is replaced by another manifest (signatures belong to
-#     a manifest digest: the replacement has none),
+#   - the policy refuses an unsigned image, an image signed by another key,
+#     the store image once one byte of its layer blob is altered in the
+#     registry's storage (the layer no longer has the digest the signed
+#     manifest names), and the compat image once its manifest blob there is
+#     replaced by another manifest (signatures belong to a manifest digest:
+#     the replacement has none),
 #   - the examples pin the compat digest consistently (URL and sha256 agree).
 #
 #   scripts/oci-roundtrip.sh [MODULE [STORE]]
@@ -197,6 +198,14 @@ refused() {
 push "$work/out/oci-wasm" idemgate/unsigned:test
 refused "an unsigned image" "idemgate/unsigned@$(cat "$work/out/oci-wasm.digest")"
 grep -qi signature "$work/refused.err" || fail "the unsigned image was refused, but not for its signature"
+# An image signed, but by another key than the policy names.
+gpg --batch --quiet --pinentry-mode loopback --passphrase '' \
+    --quick-generate-key 'someone else <someone-else@invalid>' ed25519 sign 1d 2>/dev/null
+other=$(gpg --batch --with-colons --list-secret-keys 2>/dev/null | awk -F: -v fpr="$fpr" '$1 == "fpr" && $10 != fpr {print $10; exit}')
+[[ $other =~ ^[0-9A-F]{40}$ ]] || fail "no second throwaway GPG key"
+push "$work/out/oci-wasm" idemgate/otherkey:test --sign-by "$other"
+refused "an image signed by another key" "idemgate/otherkey@$(cat "$work/out/oci-wasm.digest")"
+grep -qi signature "$work/refused.err" || fail "the image signed by another key was refused, but not for its signature"
 
 # One byte of the store's layer, altered where the registry keeps it.
 layer=$(jq -r '.layers[0].digest' <<<"$m")
