@@ -1,18 +1,26 @@
 //! The operators' surface (`/admin/v1`, admin credential): look records up,
 //! list unknown and stuck ones, resolve, purge, run the sweeper now.
 //!
+//! Reads and the sweeper take the admin credential alone. A change to a
+//! record (resolve, purge) also needs an operator the trusted
+//! authenticating proxy names ([`crate::auth::Identified`]), who becomes
+//! the actor of its event, and a reason: the shared credential names
+//! nobody.
+//!
 //! The JSON handlers and the console ([`crate::console`]) make the same
 //! calls: [`find`], [`list`] and [`resolve_record`].
 
 use axum::body::Body;
 use axum::extract::{Query, State};
+
+use crate::auth::{Identified, Operator};
 use axum::Json;
 use idemgate_core::problem::ProblemKind;
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
 use crate::api::{read_body, validate_response};
-use crate::backend::{KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepPolicy, SweepReport};
+use crate::backend::{Action, KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepPolicy, SweepReport};
 use crate::problem::Refusal;
 use crate::AppState;
 
@@ -51,10 +59,11 @@ pub struct ListQuery {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ResolveRequest {
     pub scope: Scope,
+    /// `complete` (with its response) or `release`.
     #[serde(flatten)]
-    pub resolution: Resolution,
-    /// Why: kept in the history with the `resolved` event (the console
-    /// requires one).
+    pub action: Action,
+    /// Why: kept in the history with the `resolved` event. Required; a
+    /// request without one is refused (400).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -66,6 +75,9 @@ pub const MAX_REASON_BYTES: usize = 1024;
 #[serde(deny_unknown_fields)]
 pub struct PurgeRequest {
     pub scope: Scope,
+    /// Why: kept in the history with the `purged` event. Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -179,53 +191,91 @@ pub fn validate_reason(reason: Option<&str>) -> Result<Option<&str>, String> {
     Ok(Some(reason))
 }
 
-/// Resolves an open record as an operator decided, `reason` kept in its
-/// history; 404 when there is no in-progress or unknown record.
+/// A reason a change must carry: [`validate_reason`]'s, and not blank.
+pub fn required_reason(reason: Option<&str>) -> Result<&str, String> {
+    validate_reason(reason)?
+        .ok_or_else(|| "a reason is required: say why, it is kept in the record's history".to_string())
+}
+
+/// Carries out `operator`'s decision about a record, `reason` (required)
+/// kept in its history and `operator` its event's actor: completes or
+/// releases an open record (404 when there is none), or purges whatever is
+/// current (404 when nothing is).
 pub async fn resolve_record(
     state: &AppState,
     scope: &Scope,
-    how: &Resolution,
+    how: &Action,
     reason: Option<&str>,
+    operator: &Operator,
 ) -> Result<(), Refusal> {
-    if let Resolution::Complete { status, headers, .. } = how {
+    if let Action::Complete { status, headers, .. } = how {
         validate_response(*status, headers).map_err(Refusal::bad_request)?;
     }
-    let reason = validate_reason(reason).map_err(Refusal::bad_request)?;
+    let reason = required_reason(reason).map_err(Refusal::bad_request)?;
     let now = state.store.clock.now();
-    if !state.store.backend.resolve(scope, how, reason, now).await? {
+    let decision = Resolution {
+        action: how.clone(),
+        by: operator.as_str().to_string(),
+    };
+    if !state
+        .store
+        .backend
+        .resolve(scope, &decision, Some(reason), now)
+        .await?
+    {
         return Err(Refusal::new(
             ProblemKind::NotFound,
-            "no in-progress or unknown record with this scope",
+            match how {
+                Action::Purge => "no record with this scope",
+                Action::Complete { .. } | Action::Release => {
+                    "no in-progress or unknown record with this scope"
+                }
+            },
         ));
     }
-    let action = match how {
-        Resolution::Complete { .. } => "complete",
-        Resolution::Release => "release",
-    };
-    // Never the reason: it is the operator's free text.
-    tracing::info!(record = %state.store.log_id(scope), action, "resolved by an operator");
+    // Never the reason: it is the operator's free text. The operator is in
+    // the event's own log line.
+    match how {
+        Action::Purge => tracing::info!(record = %state.store.log_id(scope), "purged by an operator"),
+        Action::Complete { .. } | Action::Release => {
+            let action = if matches!(how, Action::Release) {
+                "release"
+            } else {
+                "complete"
+            };
+            tracing::info!(record = %state.store.log_id(scope), action, "resolved by an operator")
+        }
+    }
     state.store.notify_changed();
     Ok(())
 }
 
-pub async fn resolve(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
+pub async fn resolve(
+    State(state): State<AppState>,
+    identified: Identified,
+    body: Body,
+) -> Result<Json<Changed>, Refusal> {
+    let operator = identified.operator()?;
     let req: ResolveRequest = json_body(&state, body).await?;
-    resolve_record(&state, &req.scope, &req.resolution, req.reason.as_deref()).await?;
+    resolve_record(&state, &req.scope, &req.action, req.reason.as_deref(), &operator).await?;
     Ok(Json(Changed { changed: true }))
 }
 
-pub async fn purge(State(state): State<AppState>, body: Body) -> Result<Json<Changed>, Refusal> {
+pub async fn purge(
+    State(state): State<AppState>,
+    identified: Identified,
+    body: Body,
+) -> Result<Json<Changed>, Refusal> {
+    let operator = identified.operator()?;
     let req: PurgeRequest = json_body(&state, body).await?;
-    if !state
-        .store
-        .backend
-        .purge(&req.scope, state.store.clock.now())
-        .await?
-    {
-        return Err(Refusal::new(ProblemKind::NotFound, "no record with this scope"));
-    }
-    tracing::info!(record = %state.store.log_id(&req.scope), "purged by an operator");
-    state.store.notify_changed();
+    resolve_record(
+        &state,
+        &req.scope,
+        &Action::Purge,
+        req.reason.as_deref(),
+        &operator,
+    )
+    .await?;
     Ok(Json(Changed { changed: true }))
 }
 

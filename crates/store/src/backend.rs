@@ -180,7 +180,10 @@ pub struct EventInfo {
     pub fence: u64,
     pub fingerprint: Option<String>,
     pub status: Option<u16>,
-    /// `filter`, `sweeper` or `operator`.
+    /// `filter` or `sweeper`; for an operator's change, the operator's
+    /// identity as the trusted authenticating proxy gave it
+    /// (`alice@example.com`), or `cli:NAME` for the name a command-line
+    /// operator declared (`--actor`).
     pub actor: String,
     pub detail: Option<String>,
     /// Since the generation was claimed.
@@ -235,11 +238,17 @@ impl EventInfo {
     }
 }
 
-/// Who caused a transition.
+/// Who caused a transition. An operator's changes name the operator
+/// ([`Resolution::by`]); [`OPERATOR`](actor::OPERATOR) is only what
+/// [`Backend::purge`] writes, which the store's own surfaces never call.
 pub mod actor {
     pub const FILTER: &str = "filter";
     pub const SWEEPER: &str = "sweeper";
     pub const OPERATOR: &str = "operator";
+    /// The names the store writes itself: no operator may take one.
+    pub const RESERVED: &[&str] = &[FILTER, SWEEPER, OPERATOR];
+    /// What a command-line operator's declared name is written after.
+    pub const CLI_PREFIX: &str = "cli:";
 }
 
 /// How long an abandon that found no record is remembered: a claim still on
@@ -267,12 +276,12 @@ pub enum Listing {
     },
 }
 
-/// What an operator does with an open (in-progress or unknown) record.
+/// What an operator does with a record (the admin API's `action`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Resolution {
-    /// Store this response as if the upstream had produced it. The old
-    /// owner's fencing token is superseded.
+pub enum Action {
+    /// Store this response as if the upstream had produced it (an open
+    /// record only). The old owner's fencing token is superseded.
     Complete {
         status: u16,
         #[serde(default)]
@@ -280,8 +289,22 @@ pub enum Resolution {
         #[serde(default)]
         body: String,
     },
-    /// Delete the record so the key can be claimed again.
+    /// Delete the record so the key can be claimed again (an open record
+    /// only).
     Release,
+    /// End the current generation whatever its state (it moves to the
+    /// history as `purged`, so the key is free). Not an `action` of the
+    /// resolve endpoint: the admin API purges at its own path.
+    #[serde(skip)]
+    Purge,
+}
+
+/// An operator's decision about a record, and who made it: `by` is the
+/// actor of the event it writes (see [`EventInfo::actor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub action: Action,
+    pub by: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,11 +417,15 @@ pub trait Backend: Send + Sync {
     /// Every generation and event of records with this tenant and key.
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory>;
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;
-    /// `false` when there is no open record with this scope. `reason`, the
-    /// operator's why, is kept in the `resolved` event.
+    /// Carries out an operator's decision ([`plan::resolve`](crate::plan::resolve)):
+    /// `false` when there is no record it applies to (an open one to
+    /// complete or release, any current one to purge). `reason`, the
+    /// operator's why, and `how.by`, who decided, are kept in the event.
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool>;
-    /// Ends the current generation whatever its state (it moves to the
-    /// history as `purged`, so the key is free); `false` when there was none.
+    /// Ends the current generation whatever its state, as
+    /// [`Action::Purge`] does but with neither a reason nor an operator's
+    /// name (the actor is `operator`); `false` when there was none. The
+    /// store's surfaces purge through [`Backend::resolve`].
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool>;
     /// One batch of each sweeper phase: expired leases, abandoned attempts,
     /// archiving, purging what is past the audit retention.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemgate_core::scope::Scope;
 
-use crate::backend::{open_backend, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
+use crate::backend::{open_backend, Action, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
 use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
@@ -139,7 +139,7 @@ pub enum Command {
     /// Resolve an in-progress or unknown record: complete it with a response, or release it.
     Resolve(Resolve),
     /// Delete one record whatever its state.
-    Purge(ScopeArgs),
+    Purge(Purge),
     /// Run the sweeper once (expire leases, archive, purge) and print what it did.
     Sweep(SweepArgs),
 }
@@ -215,6 +215,99 @@ pub struct Serve {
     /// store over TLS (a terminating proxy or ingress in front of it).
     #[arg(long, env = "IDEMGATE_CONSOLE_SECURE_COOKIES")]
     pub console_secure_cookies: bool,
+    #[command(flatten)]
+    pub operators: OperatorArgs,
+}
+
+/// Where operators' identities come from (docs/operations.md#operator-identity).
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// Header naming the operator, set by the authenticating proxy in front
+    /// of the console and admin API (oauth2-proxy: X-Forwarded-Email).
+    #[arg(long, env = "IDEMGATE_OPERATOR_HEADER", default_value = crate::auth::DEFAULT_OPERATOR_HEADER)]
+    pub operator_header: String,
+    /// Peers (IP addresses or CIDR networks, comma-separated) whose operator
+    /// header is believed: the proxy's own addresses, nothing else.
+    #[arg(long, env = "IDEMGATE_OPERATOR_TRUSTED_PEERS", value_delimiter = ',')]
+    pub operator_trusted_peers: Vec<String>,
+    /// File holding a secret the proxy sends with every request (in
+    /// --operator-proxy-secret-header); with it, the operator header is
+    /// believed from any peer.
+    #[arg(long, env = "IDEMGATE_OPERATOR_PROXY_SECRET_FILE")]
+    pub operator_proxy_secret_file: Option<PathBuf>,
+    /// Header the proxy's secret travels in.
+    #[arg(long, env = "IDEMGATE_OPERATOR_PROXY_SECRET_HEADER", default_value = crate::auth::DEFAULT_PROXY_SECRET_HEADER)]
+    pub operator_proxy_secret_header: String,
+    /// Minutes without use after which a console session ends.
+    #[arg(long, env = "IDEMGATE_CONSOLE_IDLE_MINUTES", default_value_t = 15)]
+    pub console_idle_minutes: u64,
+    /// Seconds instead of minutes (tests), overriding --console-idle-minutes.
+    #[arg(long, env = "IDEMGATE_CONSOLE_IDLE_SECS", hide = true)]
+    pub console_idle_secs: Option<u64>,
+}
+
+impl OperatorArgs {
+    fn source(&self) -> Result<crate::auth::OperatorSource, String> {
+        let header = |name: &str, flag: &str| {
+            axum::http::HeaderName::try_from(name.trim())
+                .map_err(|_| format!("--{flag}: {name:?} is not a header name"))
+        };
+        let trusted_peers = (self.operator_trusted_peers.iter())
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| p.parse().map_err(|e| format!("--operator-trusted-peers: {e}")))
+            .collect::<Result<Vec<_>, String>>()?;
+        let secret = match &self.operator_proxy_secret_file {
+            None => None,
+            Some(path) => {
+                let secret = read_token(&None, &Some(path.clone()), "operator proxy secret")?;
+                if secret.len() < 16 {
+                    return Err("the operator proxy secret is shorter than 16 bytes".into());
+                }
+                Some(crate::auth::Credential::new(&secret))
+            }
+        };
+        Ok(crate::auth::OperatorSource {
+            header: header(&self.operator_header, "operator-header")?,
+            trusted_peers,
+            secret_header: header(&self.operator_proxy_secret_header, "operator-proxy-secret-header")?,
+            secret,
+        })
+    }
+}
+
+/// Who is changing a record from the command line, and why.
+#[derive(Debug, Args)]
+pub struct Change {
+    /// Why (what the downstream lookup showed): kept in the record's
+    /// history with the event. Required.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Your name (e.g. your email): the event's actor, recorded as
+    /// `cli:NAME` because nobody verified it. Required.
+    #[arg(long)]
+    pub actor: Option<String>,
+}
+
+impl Change {
+    /// The operator and the reason, or why the change is refused.
+    fn checked(&self) -> Result<(crate::auth::Operator, &str), String> {
+        let actor = self
+            .actor
+            .as_deref()
+            .ok_or("--actor is required: name yourself, the history records who made the change")?;
+        let operator = crate::auth::Operator::declared(actor).map_err(|e| format!("--actor: {e}"))?;
+        let reason =
+            crate::admin::required_reason(self.reason.as_deref()).map_err(|e| format!("--reason: {e}"))?;
+        Ok((operator, reason))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct Purge {
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[command(flatten)]
+    pub change: Change,
 }
 
 #[derive(Debug, Args)]
@@ -290,10 +383,8 @@ pub struct Resolve {
     /// Release the record instead, so the key can be claimed again.
     #[arg(long)]
     pub release: bool,
-    /// Why (what the downstream lookup showed): kept in the record's history
-    /// with the `resolved` event.
-    #[arg(long)]
-    pub reason: Option<String>,
+    #[command(flatten)]
+    pub change: Change,
 }
 
 impl ScopeArgs {
@@ -427,6 +518,7 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         }
         Command::Resolve(r) => {
             let scope = r.scope.scope()?;
+            let (operator, reason) = r.change.checked()?;
             let how = match r.status {
                 Some(status) if !r.release => {
                     let headers = r
@@ -435,19 +527,21 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
                         .map(|h| crate::admin::parse_header(h).map_err(|e| format!("--{e}")))
                         .collect::<Result<Vec<_>, _>>()?;
                     crate::api::validate_response(status, &headers)?;
-                    Resolution::Complete {
+                    Action::Complete {
                         status,
                         headers,
                         body: r.body,
                     }
                 }
-                _ => Resolution::Release,
+                _ => Action::Release,
             };
-            let reason =
-                crate::admin::validate_reason(r.reason.as_deref()).map_err(|e| format!("--reason: {e}"))?;
+            let how = Resolution {
+                action: how,
+                by: operator.as_str().to_string(),
+            };
             let changed = store
                 .backend
-                .resolve(&scope, &how, reason, now)
+                .resolve(&scope, &how, Some(reason), now)
                 .await
                 .map_err(|e| e.to_string())?;
             if !changed {
@@ -455,11 +549,16 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
             }
             print_json(&crate::admin::Changed { changed })
         }
-        Command::Purge(s) => {
-            let scope = s.scope()?;
+        Command::Purge(p) => {
+            let scope = p.scope.scope()?;
+            let (operator, reason) = p.change.checked()?;
+            let how = Resolution {
+                action: Action::Purge,
+                by: operator.as_str().to_string(),
+            };
             let changed = store
                 .backend
-                .purge(&scope, now)
+                .resolve(&scope, &how, Some(reason), now)
                 .await
                 .map_err(|e| e.to_string())?;
             if !changed {
@@ -528,9 +627,22 @@ async fn serve(store: Store, s: Serve, admin: Option<String>, url: &str) -> Resu
     };
     let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", s.listen);
     tracing::info!(backend = store.backend.name(), database = %crate::backend::redact_url(url), "database ready");
+    let operators = s.operators.source()?;
+    if !operators.configured() {
+        tracing::warn!(
+            "no trusted authenticating proxy (--operator-trusted-peers, --operator-proxy-secret-file): \
+             the console opens no session and the admin API changes no record"
+        );
+    }
+    let idle = match s.operators.console_idle_secs {
+        Some(secs) => Duration::from_secs(secs.max(1)),
+        None => Duration::from_secs(s.operators.console_idle_minutes.max(1).saturating_mul(60)),
+    };
     let console = crate::console::ConsoleSettings {
         enabled: !s.no_console,
         secure_cookies: s.console_secure_cookies,
+        operators,
+        idle,
     };
     let mut state =
         crate::AppState::with(store, &api, &admin, s.doc_base, s.max_body_bytes, sweep).with_console(console);

@@ -121,7 +121,7 @@ fn console_paths(paths: &mut serde_json::Map<String, Value>) {
         console::LOGIN,
         console_page(
             "get",
-            "Console: the login form; sets the login form's cookie",
+            "Console: the login form of the operator the trusted proxy names (none without one; ?ended after an idle session); sets the login form's cookie",
             None,
             false,
         ),
@@ -130,8 +130,8 @@ fn console_paths(paths: &mut serde_json::Map<String, Value>) {
         console::LOGIN,
         console_page(
             "post",
-            "Console: sign in with the admin credential; sets the session cookie (HttpOnly, SameSite=Strict)",
-            Some(&["login_csrf", "token"]),
+            "Console: sign in as the operator the trusted authenticating proxy names (X-Forwarded-Email by default); sets the session cookie (HttpOnly, SameSite=Strict)",
+            Some(&["login_csrf"]),
             false,
         ),
     );
@@ -286,11 +286,11 @@ pub fn document() -> Value {
     paths.insert(
         admin::RESOLVE_PATH.into(),
         admin_post(
-            "Resolve an in-progress or unknown record: complete it with a response, or release it",
-            json!({ "type": "object", "required": ["scope", "action"], "properties": {
+            "Resolve an in-progress or unknown record: complete it with a response, or release it. Needs the operator identity header from the trusted authenticating proxy (403 without); the operator is the event's actor",
+            json!({ "type": "object", "required": ["scope", "action", "reason"], "properties": {
                 "scope": { "$ref": "#/components/schemas/Scope" },
                 "action": { "enum": ["complete", "release"] },
-                "reason": { "type": "string", "maxLength": admin::MAX_REASON_BYTES, "description": "Why; kept with the resolved event in the history" },
+                "reason": { "type": "string", "minLength": 1, "maxLength": admin::MAX_REASON_BYTES, "description": "Why; kept with the resolved event in the history. Required (400 without)" },
                 "status": { "type": "integer" },
                 "headers": { "type": "array", "items": { "type": "array", "items": { "type": "string" }, "minItems": 2, "maxItems": 2 } },
                 "body": { "type": "string" } } }),
@@ -299,7 +299,8 @@ pub fn document() -> Value {
     );
     paths.insert(
         admin::PURGE_PATH.into(),
-        admin_post("Delete a record whatever its state", json!({ "type": "object", "required": ["scope"], "properties": { "scope": { "$ref": "#/components/schemas/Scope" } } }), "{\"changed\": true}"),
+        admin_post("Delete a record whatever its state. Needs the operator identity header from the trusted authenticating proxy (403 without); the operator is the event's actor", json!({ "type": "object", "required": ["scope", "reason"], "properties": { "scope": { "$ref": "#/components/schemas/Scope" },
+            "reason": { "type": "string", "minLength": 1, "maxLength": admin::MAX_REASON_BYTES, "description": "Why; kept with the purged event in the history. Required (400 without)" } } }), "{\"changed\": true}"),
     );
     paths.insert(
         admin::SWEEP_PATH.into(),
@@ -315,9 +316,9 @@ pub fn document() -> Value {
         "components": {
             "securitySchemes": {
                 "api": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_API_TOKEN" },
-                "admin": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_ADMIN_TOKEN" },
+                "admin": { "type": "http", "scheme": "bearer", "description": "IDEMGATE_ADMIN_TOKEN; changes (resolve, purge) also need the operator identity header (--operator-header, default X-Forwarded-Email), believed only from --operator-trusted-peers or with the proxy's secret (--operator-proxy-secret-header)" },
                 "console": { "type": "apiKey", "in": "cookie", "name": crate::console::session::SESSION_COOKIE,
-                    "description": "The console's session, bought with IDEMGATE_ADMIN_TOKEN at its login form; every POST form also carries the session's CSRF token (field csrf)" }
+                    "description": "The console's session of the operator the trusted authenticating proxy names (every request on it must carry the same identity); it ends after --console-idle-minutes without use; every POST form also carries the session's CSRF token (field csrf)" }
             },
             "schemas": {
                 "Scope": { "type": "object", "required": ["version", "tenant", "principal", "route", "namespace", "key"], "properties": {

@@ -17,11 +17,12 @@ use idemgate_core::protocol::{CompleteRequest, FenceReply};
 use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
 
-use crate::backend::{actor, Resolution, SweepReport};
+use crate::backend::{actor, Action, Resolution, SweepReport};
 use crate::columns::LoadedRecord;
 
-/// A transition, who caused it, and an optional detail.
-pub type By = (Transition, &'static str, Option<&'static str>);
+/// A transition, who caused it (an operator's name lives as long as the
+/// plan), and an optional detail.
+pub type By<'a> = (Transition, &'a str, Option<&'static str>);
 
 /// A response to store in the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,13 +48,13 @@ pub enum Fence {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write<'a> {
     /// Records the transition `by` (with an operator's `note`).
-    Event { by: By, note: Option<&'a str> },
+    Event { by: By<'a>, note: Option<&'a str> },
     /// Ends the generation, whose state was `last`: the event `by` (with
     /// `note`), its move to the history as [`record::ended_as`], and the key
     /// is free.
     EndGeneration {
         last: State,
-        by: By,
+        by: By<'a>,
         note: Option<&'a str>,
     },
     /// Turns the record unknown until `expires_at`, if it still has the
@@ -204,24 +205,36 @@ pub fn abandon<'a>(
     }
 }
 
-/// An operator decides an open record ([`LoadedRecord::is_open`]); `false`:
-/// there was none.
+/// An operator decides a record: completes or releases an open one
+/// ([`LoadedRecord::is_open`]), or purges whatever is current; the event
+/// names the operator (`how.by`) and keeps the `reason`. `false`: there was
+/// no record the decision applies to.
 pub fn resolve<'a>(
     loaded: Option<&LoadedRecord>,
     how: &'a Resolution,
     reason: Option<&'a str>,
     now: i64,
 ) -> Plan<'a, bool> {
-    let Some(l) = loaded.filter(|l| l.is_open()) else {
+    let by = how.by.as_str();
+    let Some(l) = loaded else {
         return Plan::only(false);
     };
-    let writes = match how {
-        Resolution::Release => vec![Write::EndGeneration {
+    // Only a purge ends a record that is not open.
+    if how.action != Action::Purge && !l.is_open() {
+        return Plan::only(false);
+    }
+    let writes = match &how.action {
+        Action::Purge => vec![Write::EndGeneration {
             last: l.view.state,
-            by: (Transition::Resolved, actor::OPERATOR, Some("release")),
+            by: (Transition::Purged, by, None),
             note: reason,
         }],
-        Resolution::Complete {
+        Action::Release => vec![Write::EndGeneration {
+            last: l.view.state,
+            by: (Transition::Resolved, by, Some("release")),
+            note: reason,
+        }],
+        Action::Complete {
             status,
             headers,
             body,
@@ -238,7 +251,7 @@ pub fn resolve<'a>(
                 durable: l.release_on_unknown,
             },
             Write::Event {
-                by: (Transition::Resolved, actor::OPERATOR, Some("complete")),
+                by: (Transition::Resolved, by, Some("complete")),
                 note: reason,
             },
         ],
@@ -411,11 +424,11 @@ mod tests {
         }
     }
 
-    fn event(by: By) -> Write<'static> {
+    fn event(by: By<'static>) -> Write<'static> {
         Write::Event { by, note: None }
     }
 
-    fn end(last: State, by: By) -> Write<'static> {
+    fn end(last: State, by: By<'static>) -> Write<'static> {
         Write::EndGeneration { last, by, note: None }
     }
 
@@ -537,12 +550,16 @@ mod tests {
 
     #[test]
     fn an_operator_resolves_only_an_open_record() {
-        let release_it = Resolution::Release;
-        let complete_it = Resolution::Complete {
+        let by = |action| Resolution {
+            action,
+            by: "alice@example.com".into(),
+        };
+        let release_it = by(Action::Release);
+        let complete_it = by(Action::Complete {
             status: 200,
             headers: vec![],
             body: "done".into(),
-        };
+        });
         for how in [&release_it, &complete_it] {
             assert_eq!(resolve(None, how, None, NOW), Plan::only(false));
             for l in [loaded(State::Completed), archived(State::Unknown)] {
@@ -556,7 +573,7 @@ mod tests {
                 true,
                 vec![Write::EndGeneration {
                     last: State::Unknown,
-                    by: (Transition::Resolved, actor::OPERATOR, Some("release")),
+                    by: (Transition::Resolved, "alice@example.com", Some("release")),
                     note: Some("why"),
                 }]
             )
@@ -578,7 +595,7 @@ mod tests {
                     durable: false,
                 },
                 Write::Event {
-                    by: (Transition::Resolved, actor::OPERATOR, Some("complete")),
+                    by: (Transition::Resolved, "alice@example.com", Some("complete")),
                     note: Some("why"),
                 },
             ]
@@ -591,6 +608,25 @@ mod tests {
         let by = (Transition::Purged, actor::OPERATOR, None);
         for l in [loaded(State::Completed), archived(State::Unknown)] {
             assert_eq!(purge(Some(&l)), Plan::of(true, vec![end(l.view.state, by)]));
+        }
+        // An operator's purge names the operator and keeps the reason.
+        let how = Resolution {
+            action: Action::Purge,
+            by: "bob@example.com".into(),
+        };
+        assert_eq!(resolve(None, &how, Some("gdpr"), NOW), Plan::only(false));
+        for l in [loaded(State::Completed), archived(State::Unknown)] {
+            assert_eq!(
+                resolve(Some(&l), &how, Some("gdpr"), NOW),
+                Plan::of(
+                    true,
+                    vec![Write::EndGeneration {
+                        last: l.view.state,
+                        by: (Transition::Purged, "bob@example.com", None),
+                        note: Some("gdpr"),
+                    }]
+                )
+            );
         }
     }
 

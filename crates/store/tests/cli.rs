@@ -113,9 +113,21 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
         "content-type: text/plain",
         "--body",
         "fixed by hand",
-        "--reason",
-        "the ledger shows charge ch_1",
     ]);
+    // A change names who makes it and why, or is refused.
+    let (ok, _, err) = cli(&db, &args);
+    assert!(!ok && err.contains("--actor is required"), "{err}");
+    let (ok, _, err) = cli(
+        &db,
+        &[&args[..], &["--actor", "operator", "--reason", "r"]].concat(),
+    );
+    assert!(!ok && err.contains("not an operator identity"), "{err}");
+    args.extend(["--actor", "carol@example.com"]);
+    let (ok, _, err) = cli(&db, &args);
+    assert!(!ok && err.contains("--reason: a reason is required"), "{err}");
+    let (ok, _, err) = cli(&db, &[&args[..], &["--reason", " "]].concat());
+    assert!(!ok && err.contains("a reason is required"), "{err}");
+    args.extend(["--reason", "the ledger shows charge ch_1"]);
     let (ok, _, err) = cli(&db, &args);
     assert!(ok, "{err}");
     let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
@@ -124,7 +136,8 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert_eq!(history["records"][0]["state"], "completed");
     assert_eq!(history["records"][0]["body_len"], 13);
     assert_eq!(history["events"][1]["transition"], "resolved");
-    assert_eq!(history["events"][1]["actor"], "operator");
+    // Declared, not verified: the history says so.
+    assert_eq!(history["events"][1]["actor"], "cli:carol@example.com");
     assert_eq!(history["events"][1]["reason"], "the ledger shows charge ch_1");
     let (ok, _, err) = cli(&db, &args);
     assert!(!ok && err.contains("no in-progress or unknown record"), "{err}");
@@ -133,6 +146,10 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert!(out.contains("archived"), "{out}");
     let mut purge = vec!["purge"];
     purge.extend(scope_args);
+    purge.extend(["--actor", "carol@example.com"]);
+    let (ok, _, err) = cli(&db, &purge);
+    assert!(!ok && err.contains("a reason is required"), "{err}");
+    purge.extend(["--reason", "test data"]);
     let (ok, _, err) = cli(&db, &purge);
     assert!(ok, "{err}");
     let (ok, out, _) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
@@ -141,6 +158,15 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     let history: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(history["records"][0]["state"], "purged");
     assert!(history["records"][0]["ended_at"].is_i64());
+    let purged = &history["events"][2];
+    assert_eq!(
+        (&purged["transition"], &purged["actor"], &purged["reason"]),
+        (
+            &"purged".into(),
+            &"cli:carol@example.com".into(),
+            &"test data".into()
+        )
+    );
     let (ok, _, err) = cli("mysql://nope", &["migrate"]);
     assert!(!ok && err.contains("sqlite://"), "{err}");
 }

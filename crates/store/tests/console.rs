@@ -1,5 +1,7 @@
-//! The console in-process, as a browser would use it: sign-in, the session
-//! cookie's attributes, CSRF on every POST, escaping of everything shown,
+//! The console in-process, as a browser behind the authenticating proxy
+//! would use it: sign-in as the operator the proxy names, the session
+//! cookie's attributes, the session bound to its operator and ended when
+//! idle, CSRF on every POST, escaping of everything shown, the operator and
 //! the reason kept in the history, and no key in any URL or log line.
 
 use std::collections::HashMap;
@@ -70,20 +72,39 @@ struct Browser {
     process: Option<(StoreProcess, HttpClient)>,
     jar: HashMap<String, String>,
     urls: Vec<String>,
+    /// What the authenticating proxy in front adds to every request.
+    proxy: Vec<(&'static str, String)>,
     _dir: tempfile::TempDir,
 }
 
 impl Browser {
+    /// `console` with the tests' proxy ([`behind_proxy`]), signed in there
+    /// as [`ALICE`].
     async fn new(console: ConsoleSettings) -> Browser {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(sqlite_backend(&dir).await, Clock::System);
+        let console = ConsoleSettings {
+            operators: behind_proxy().operators,
+            ..console
+        };
         Browser {
             state: AppState::new(store, API, ADMIN).with_console(console),
             process: None,
             jar: HashMap::new(),
             urls: Vec::new(),
+            proxy: Vec::new(),
             _dir: dir,
         }
+        .named(ALICE)
+    }
+
+    /// From now on the proxy names `operator`.
+    fn named(mut self, operator: &str) -> Browser {
+        self.proxy = as_operator(operator)
+            .iter()
+            .map(|(n, v)| (*n, v.to_string()))
+            .collect();
+        self
     }
 
     /// Against the real binary, logging at `rust_log`, on its own database
@@ -91,7 +112,13 @@ impl Browser {
     async fn of_process(rust_log: &str) -> Browser {
         let mut b = Browser::new(ConsoleSettings::default()).await;
         let url = format!("sqlite://{}", b._dir.path().join("store.db").display());
-        b.process = Some((StoreProcess::start_logging(&url, rust_log).await, client()));
+        let secret = b._dir.path().join("proxy-secret");
+        std::fs::write(&secret, format!("{PROXY_SECRET}\n")).unwrap();
+        let store = StoreProcess::start_with(&url, rust_log, |cmd| {
+            cmd.arg("--operator-proxy-secret-file").arg(&secret);
+        })
+        .await;
+        b.process = Some((store, client()));
         b
     }
 
@@ -102,6 +129,9 @@ impl Browser {
             None => path.to_string(),
         };
         let mut req = Request::builder().method(method).uri(uri);
+        for (name, value) in &self.proxy {
+            req = req.header(*name, value);
+        }
         if !self.jar.is_empty() {
             let cookies: Vec<String> = self.jar.iter().map(|(n, v)| format!("{n}={v}")).collect();
             req = req.header("cookie", cookies.join("; "));
@@ -165,18 +195,17 @@ impl Browser {
         self.send("POST", path, Some(form)).await
     }
 
-    /// Signs in with `token`; the answer to the login form.
-    async fn sign_in_with(&mut self, token: &str) -> Page {
+    /// Signs in at the login form; its answer.
+    async fn sign_in_form(&mut self) -> Page {
         let login = self.get(paths::LOGIN).await;
-        assert_eq!(login.status, 200);
+        assert_eq!(login.status, 200, "{}", login.html);
         let csrf = login.field("login_csrf");
-        self.post(paths::LOGIN, &[("login_csrf", &csrf), ("token", token)])
-            .await
+        self.post(paths::LOGIN, &[("login_csrf", &csrf)]).await
     }
 
-    /// Signs in as an operator; the session's CSRF token.
+    /// Signs in as the operator the proxy names; the session's CSRF token.
     async fn sign_in(&mut self) -> String {
-        let r = self.sign_in_with(ADMIN).await;
+        let r = self.sign_in_form().await;
         assert_eq!((r.status, r.location()), (303, Some(paths::HOME)), "{}", r.html);
         let home = self.get(paths::HOME).await;
         assert_eq!(home.status, 200);
@@ -273,9 +302,19 @@ async fn console_pages_need_a_session() {
 }
 
 #[tokio::test]
-async fn signing_in_takes_the_admin_credential_from_the_login_form() {
+async fn signing_in_takes_the_operator_the_proxy_names() {
     let mut b = Browser::new(ConsoleSettings::default()).await;
     let login = b.get(paths::LOGIN).await;
+    assert_eq!(login.status, 200);
+    assert!(
+        login.html.contains("Sign in as alice@example.com"),
+        "{}",
+        login.html
+    );
+    assert!(
+        !login.html.contains("type=\"password\""),
+        "no shared credential to type"
+    );
     let login_cookie = login.set_cookies().join("\n");
     assert!(
         login_cookie.contains("idemgate_console_login=")
@@ -294,26 +333,40 @@ async fn signing_in_takes_the_admin_credential_from_the_login_form() {
     assert!(!login.html.contains("<script"));
 
     // Without the login form's own token (another site's form): refused.
-    let forged = b
-        .post(paths::LOGIN, &[("login_csrf", "x"), ("token", ADMIN)])
-        .await;
+    let forged = b.post(paths::LOGIN, &[("login_csrf", "x")]).await;
     assert_eq!(forged.status, 403);
     assert!(!b.jar.contains_key("idemgate_console"));
     let mut other = Browser::new(ConsoleSettings::default()).await;
     let stolen = other.get(paths::LOGIN).await.field("login_csrf");
-    let r = b
-        .post(paths::LOGIN, &[("login_csrf", &stolen), ("token", ADMIN)])
-        .await;
+    let r = b.post(paths::LOGIN, &[("login_csrf", &stolen)]).await;
     assert_eq!(r.status, 403);
 
-    let wrong = b.sign_in_with("not-it").await;
-    assert_eq!(wrong.status, 401);
-    assert!(wrong.html.contains("not the admin credential"));
-    let api = b.sign_in_with(API).await;
-    assert_eq!(api.status, 403);
+    // No identity (not through the proxy): no form, no session, whatever
+    // credential the form carries.
+    let own = b.get(paths::LOGIN).await.field("login_csrf");
+    let proxy = std::mem::take(&mut b.proxy);
+    let nobody = b.get(paths::LOGIN).await;
+    assert_eq!(nobody.status, 401);
+    assert!(!nobody.html.contains("login_csrf"), "{}", nobody.html);
+    assert!(nobody.html.contains("names no operator"));
+    let r = b
+        .post(paths::LOGIN, &[("login_csrf", &own), ("token", ADMIN)])
+        .await;
+    assert_eq!(r.status, 401);
     assert!(!b.jar.contains_key("idemgate_console"));
+    // The proxy's header without the proxy's secret: refused.
+    b.proxy = vec![("x-forwarded-email", ALICE.to_string())];
+    let forged = b.post(paths::LOGIN, &[("login_csrf", &own)]).await;
+    assert_eq!(forged.status, 403);
+    assert!(
+        forged.html.contains("trusted authenticating proxy"),
+        "{}",
+        forged.html
+    );
+    assert!(!b.jar.contains_key("idemgate_console"));
+    b.proxy = proxy;
 
-    let ok = b.sign_in_with(ADMIN).await;
+    let ok = b.sign_in_form().await;
     assert_eq!((ok.status, ok.location()), (303, Some(paths::HOME)));
     let cookies = ok.set_cookies();
     let session = cookies
@@ -327,18 +380,22 @@ async fn signing_in_takes_the_admin_credential_from_the_login_form() {
     assert!(cookies
         .iter()
         .any(|c| c.starts_with("idemgate_console_login=; Max-Age=0")));
-    assert_eq!(b.get(paths::HOME).await.status, 200);
+    let home = b.get(paths::HOME).await;
+    assert_eq!(home.status, 200);
+    assert!(home
+        .html
+        .contains(r#"<span class="operator" title="Signed in as">alice@example.com</span>"#));
     assert_eq!(b.get(paths::LOGIN).await.location(), Some(paths::HOME));
 
     // Behind TLS the deployer asks for Secure cookies.
     let mut tls = Browser::new(ConsoleSettings {
-        enabled: true,
         secure_cookies: true,
+        ..ConsoleSettings::default()
     })
     .await;
     let login = tls.get(paths::LOGIN).await;
     assert!(login.set_cookies()[0].ends_with("; Secure"));
-    let r = tls.sign_in_with(ADMIN).await;
+    let r = tls.sign_in_form().await;
     assert!(r.set_cookies().iter().all(|c| c.ends_with("; Secure")));
 }
 
@@ -346,19 +403,84 @@ async fn signing_in_takes_the_admin_credential_from_the_login_form() {
 async fn a_second_login_page_keeps_the_first_ones_form_valid() {
     let mut b = Browser::new(ConsoleSettings::default()).await;
     let first = b.get(paths::LOGIN).await.field("login_csrf");
-    let wrong = b
-        .post(paths::LOGIN, &[("login_csrf", &first), ("token", "typo")])
-        .await;
+    let wrong = b.post(paths::LOGIN, &[("login_csrf", "typo")]).await;
     assert_eq!(wrong.field("login_csrf"), first);
     let second = b.get(paths::LOGIN).await.field("login_csrf");
     assert_eq!(first, second, "another tab or a reload");
-    let r = b
-        .post(paths::LOGIN, &[("login_csrf", &first), ("token", ADMIN)])
-        .await;
+    let r = b.post(paths::LOGIN, &[("login_csrf", &first)]).await;
     assert_eq!((r.status, r.location()), (303, Some(paths::HOME)));
     // A session's sign-in token is spent: the next sign-in draws a new one.
     b.jar.remove("idemgate_console");
     assert_ne!(b.get(paths::LOGIN).await.field("login_csrf"), first);
+}
+
+/// A session is its operator's: used without the proxy naming that same
+/// operator, it ends.
+#[tokio::test]
+async fn a_session_belongs_to_the_operator_who_opened_it() {
+    let mut b = Browser::new(ConsoleSettings::default()).await;
+    b.sign_in().await;
+    let kept = b.jar.clone();
+    // Someone else behind the proxy, with alice's cookie.
+    b = b.named("bob@example.com");
+    let r = b.get(paths::HOME).await;
+    assert_eq!((r.status, r.location()), (303, Some(paths::LOGIN)));
+    b = b.named(ALICE);
+    b.jar = kept.clone();
+    assert_eq!(
+        b.get(paths::HOME).await.location(),
+        Some(paths::LOGIN),
+        "closed for good"
+    );
+
+    // The cookie sent without the proxy (straight to the store).
+    b.sign_in().await;
+    let kept = b.jar.clone();
+    let proxy = std::mem::take(&mut b.proxy);
+    assert_eq!(b.get(paths::UNKNOWN).await.location(), Some(paths::LOGIN));
+    b.proxy = proxy;
+    b.jar = kept;
+    assert_eq!(b.get(paths::UNKNOWN).await.location(), Some(paths::LOGIN));
+
+    // A forged identity is refused outright.
+    b.sign_in().await;
+    b.proxy = vec![("x-forwarded-email", ALICE.to_string())];
+    assert_eq!(b.get(paths::HOME).await.status, 403);
+}
+
+/// A session unused for the idle limit ends: the next page is the login
+/// page saying so, and a form posted on it changes nothing.
+#[tokio::test]
+async fn an_idle_session_ends() {
+    let idle = std::time::Duration::from_millis(300);
+    let mut b = Browser::new(ConsoleSettings {
+        idle,
+        ..ConsoleSettings::default()
+    })
+    .await;
+    let csrf = b.sign_in().await;
+    let s = scope("k-idle");
+    b.unknown_record(&s).await;
+    // Used within the limit, it lives on.
+    for _ in 0..3 {
+        tokio::time::sleep(idle / 2).await;
+        assert_eq!(b.get(paths::HOME).await.status, 200);
+    }
+    tokio::time::sleep(idle + idle / 2).await;
+    let mut form = scope_form(&s, &csrf);
+    form.extend([("action", "release"), ("reason", "never charged")]);
+    let r = b.post(paths::RESOLVE, &form).await;
+    assert_eq!((r.status, r.location()), (303, Some(paths::LOGIN_ENDED)));
+    assert_eq!(b.state_of(&s).await.as_deref(), Some("unknown"));
+    let login = b.get(paths::LOGIN_ENDED).await;
+    assert!(login.html.contains("Your session ended"), "{}", login.html);
+    assert_eq!(b.get(paths::HOME).await.location(), Some(paths::LOGIN));
+    // Signing in again opens a new session.
+    let csrf = b.sign_in().await;
+    let mut form = scope_form(&s, &csrf);
+    form.extend([("action", "release"), ("reason", "never charged")]);
+    assert_eq!(b.post(paths::RESOLVE, &form).await.status, 200);
+    assert_eq!(b.state_of(&s).await, None);
 }
 
 #[tokio::test]
@@ -481,7 +603,7 @@ async fn a_completion_is_stored_and_its_reason_kept() {
         .await
         .unwrap();
     let resolved = h.events.iter().find(|e| e.transition == "resolved").unwrap();
-    assert_eq!(resolved.actor, "operator");
+    assert_eq!(resolved.actor, ALICE, "the operator the proxy named");
     assert_eq!(resolved.reason.as_deref(), Some("ledger: charge ch_9 succeeded"));
 
     // A bad status or header is refused before anything is written.
@@ -573,6 +695,10 @@ async fn no_key_reaches_a_url_or_the_log() {
     assert!(!log.contains("secret-key"), "a key in the log:\n{log}");
     assert!(!log.contains("not charged"), "a reason in the log:\n{log}");
     assert!(!log.contains(ADMIN), "the credential in the log:\n{log}");
+    assert!(
+        !log.contains(PROXY_SECRET),
+        "the proxy's secret in the log:\n{log}"
+    );
     assert!(!log.contains(&csrf), "a CSRF token in the log:\n{log}");
 }
 
@@ -580,7 +706,7 @@ async fn no_key_reaches_a_url_or_the_log() {
 async fn the_console_can_be_switched_off() {
     let mut b = Browser::new(ConsoleSettings {
         enabled: false,
-        secure_cookies: false,
+        ..ConsoleSettings::default()
     })
     .await;
     assert_eq!(b.get(paths::LOGIN).await.status, 404);

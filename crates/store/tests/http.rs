@@ -27,7 +27,8 @@ async fn harness() -> Harness {
         "https://docs.example/problems/".into(),
         4096,
         SweepSettings::default(),
-    );
+    )
+    .with_console(behind_proxy());
     Harness { state, _dir: dir }
 }
 
@@ -411,9 +412,16 @@ async fn bad_input_is_a_400_and_never_reaches_the_database() {
     )
     .await
     .assert_problem(400, "bad-request");
-    h.send("POST", "/admin/v1/resolve", Some(ADMIN), b"{not json".to_vec())
-        .await
-        .assert_problem(400, "bad-request");
+    let alice = as_operator(ALICE);
+    h.send_with(
+        "POST",
+        "/admin/v1/resolve",
+        Some(ADMIN),
+        &alice,
+        b"{not json".to_vec(),
+    )
+    .await
+    .assert_problem(400, "bad-request");
     h.send(
         "POST",
         "/admin/v1/records/lookup",
@@ -578,6 +586,7 @@ async fn operators_resolve_and_purge_over_http() {
     )
     .await;
     let scope = claim_json("acme", "op1")["scope"].clone();
+    // Reads take the admin credential alone.
     let stuck = h
         .send(
             "GET",
@@ -587,24 +596,64 @@ async fn operators_resolve_and_purge_over_http() {
         )
         .await;
     assert_eq!(stuck.json().as_array().unwrap().len(), 1);
+    let alice = as_operator(ALICE);
+    let as_alice = |body: &serde_json::Value| {
+        let body = serde_json::to_vec(body).unwrap();
+        h.send_with("POST", "/admin/v1/resolve", Some(ADMIN), &alice, body)
+    };
     let long = serde_json::json!({ "scope": scope, "action": "release", "reason": "x".repeat(1025) });
-    h.send(
+    as_alice(&long).await.assert_problem(400, "bad-request");
+    // A reason is required.
+    for reason in [serde_json::Value::Null, "".into(), "  \n ".into()] {
+        let body = serde_json::json!({ "scope": scope, "action": "release", "reason": reason });
+        let r = as_alice(&body).await;
+        r.assert_problem(400, "bad-request");
+        assert!(r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("a reason is required"));
+    }
+    let body = serde_json::json!({ "scope": scope, "action": "complete", "status": 200, "headers": [["content-type", "text/plain"]], "body": "fixed", "reason": "the ledger shows it" });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    // The admin credential alone names nobody: no change.
+    let r = h
+        .send("POST", "/admin/v1/resolve", Some(ADMIN), bytes.clone())
+        .await;
+    r.assert_problem(403, "forbidden");
+    assert!(r.json()["detail"].as_str().unwrap().contains("operator identity"));
+    // Nor does an identity without the proxy's secret (any peer may send
+    // the header).
+    let forged = [("x-forwarded-email", ALICE)];
+    h.send_with("POST", "/admin/v1/resolve", Some(ADMIN), &forged, bytes.clone())
+        .await
+        .assert_problem(403, "forbidden");
+    let wrong = [("x-forwarded-email", ALICE), ("x-idemgate-proxy-secret", "guess")];
+    h.send_with("POST", "/admin/v1/resolve", Some(ADMIN), &wrong, bytes.clone())
+        .await
+        .assert_problem(403, "forbidden");
+    // A forged identity is refused on reads too.
+    let lookup = br#"{"tenant": "acme", "key": "op1"}"#.to_vec();
+    h.send_with(
         "POST",
-        "/admin/v1/resolve",
+        "/admin/v1/records/lookup",
         Some(ADMIN),
-        serde_json::to_vec(&long).unwrap(),
+        &forged,
+        lookup.clone(),
     )
     .await
-    .assert_problem(400, "bad-request");
-    let body = serde_json::json!({ "scope": scope, "action": "complete", "status": 200, "headers": [["content-type", "text/plain"]], "body": "fixed", "reason": "the ledger shows it" });
+    .assert_problem(403, "forbidden");
+    // The proxy's identity still needs the admin credential.
     let r = h
-        .send(
-            "POST",
-            "/admin/v1/resolve",
-            Some(ADMIN),
-            serde_json::to_vec(&body).unwrap(),
-        )
+        .send_with("POST", "/admin/v1/resolve", None, &alice, bytes.clone())
         .await;
+    assert_eq!(r.status, 401);
+    let history = h
+        .send("POST", "/admin/v1/records/lookup", Some(ADMIN), lookup.clone())
+        .await
+        .json();
+    assert_eq!(history["events"].as_array().unwrap().len(), 1, "{history}");
+
+    let r = as_alice(&body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let replay = h
         .send(
@@ -615,51 +664,97 @@ async fn operators_resolve_and_purge_over_http() {
         )
         .await;
     assert_eq!(decode_frame::<ClaimReply>(&replay.body).unwrap().1, b"fixed");
-    let lookup = br#"{"tenant": "acme", "key": "op1"}"#.to_vec();
     let history = h
-        .send("POST", "/admin/v1/records/lookup", Some(ADMIN), lookup)
+        .send("POST", "/admin/v1/records/lookup", Some(ADMIN), lookup.clone())
         .await
         .json();
-    assert_eq!(history["events"][1]["transition"], "resolved");
-    assert_eq!(history["events"][1]["reason"], "the ledger shows it");
-    let again = h
-        .send(
-            "POST",
-            "/admin/v1/resolve",
-            Some(ADMIN),
-            serde_json::to_vec(&body).unwrap(),
-        )
-        .await;
-    again.assert_problem(404, "not-found");
+    let resolved = &history["events"][1];
+    assert_eq!(resolved["transition"], "resolved");
+    assert_eq!(resolved["actor"], ALICE);
+    assert_eq!(resolved["reason"], "the ledger shows it");
+    as_alice(&body).await.assert_problem(404, "not-found");
     assert_eq!(
         h.send("GET", "/admin/v1/records/unknown", Some(ADMIN), vec![])
             .await
             .json(),
         serde_json::json!([])
     );
-    let purge = serde_json::json!({ "scope": scope });
-    assert_eq!(
-        h.send(
-            "POST",
-            "/admin/v1/purge",
-            Some(ADMIN),
-            serde_json::to_vec(&purge).unwrap()
-        )
+    let purge = |body: serde_json::Value, headers: &'static [(&'static str, &'static str)]| {
+        let body = serde_json::to_vec(&body).unwrap();
+        h.send_with("POST", "/admin/v1/purge", Some(ADMIN), headers, body)
+    };
+    const BOB: [(&str, &str); 2] = [
+        ("x-forwarded-email", "bob@example.com"),
+        ("x-idemgate-proxy-secret", PROXY_SECRET),
+    ];
+    purge(serde_json::json!({ "scope": scope }), &BOB)
         .await
-        .status,
-        200
+        .assert_problem(400, "bad-request");
+    let reasoned = serde_json::json!({ "scope": scope, "reason": "customer asked for erasure" });
+    purge(reasoned.clone(), &[])
+        .await
+        .assert_problem(403, "forbidden");
+    assert_eq!(purge(reasoned.clone(), &BOB).await.status, 200);
+    purge(reasoned, &BOB).await.assert_problem(404, "not-found");
+    let history = h
+        .send("POST", "/admin/v1/records/lookup", Some(ADMIN), lookup)
+        .await
+        .json();
+    let purged = &history["events"][2];
+    assert_eq!(
+        (&purged["transition"], &purged["actor"], &purged["reason"]),
+        (
+            &"purged".into(),
+            &"bob@example.com".into(),
+            &"customer asked for erasure".into()
+        )
     );
-    h.send(
-        "POST",
-        "/admin/v1/purge",
-        Some(ADMIN),
-        serde_json::to_vec(&purge).unwrap(),
-    )
-    .await
-    .assert_problem(404, "not-found");
+    // The sweeper does nothing it would not do on its own: the admin
+    // credential alone runs it.
     let sweep = h.send("POST", "/admin/v1/sweep", Some(ADMIN), vec![]).await;
     assert_eq!(sweep.status, 200);
     assert!(sweep.json()["archived"].is_number());
+}
+
+/// From a trusted peer the proxy needs no secret; from any other peer its
+/// header is refused.
+#[tokio::test]
+async fn an_identity_is_believed_from_a_trusted_peer_only() {
+    use idemgate_store::console::ConsoleSettings;
+    for (trusted, believed) in [("127.0.0.1", true), ("10.0.0.0/8", false)] {
+        let h = harness().await;
+        let console = ConsoleSettings {
+            operators: idemgate_store::auth::OperatorSource {
+                trusted_peers: vec![trusted.parse().unwrap()],
+                ..Default::default()
+            },
+            ..ConsoleSettings::default()
+        };
+        let state = h.state.clone().with_console(console);
+        state
+            .store
+            .claim(&serde_json::from_value(claim_json("acme", "peer")).unwrap())
+            .await
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(idemgate_store::run(listener, None, state, async move {
+            let _ = stopped.await;
+        }));
+        let body = serde_json::json!({ "scope": claim_json("acme", "peer")["scope"], "action": "release", "reason": "never charged" });
+        let req = hyper::Request::post(format!("http://{addr}/admin/v1/resolve"))
+            .header("authorization", format!("Bearer {ADMIN}"))
+            .header("x-forwarded-email", ALICE)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                serde_json::to_vec(&body).unwrap(),
+            )))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        assert_eq!(status, if believed { 200 } else { 403 }, "trusting {trusted}");
+        shut_down(stop, server).await;
+    }
 }
 
 /// Serves the harness's state on `api` (and `admin`) until the returned

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, CompleteRequest};
 use idemgate_store::admin::ResolveRequest;
-use idemgate_store::backend::{Backend, Resolution, SweepPolicy};
+use idemgate_store::backend::{Action, Backend, SweepPolicy};
 use idemgate_store::sealing::Seal;
 use idemgate_store::{AppState, Clock, Store};
 
@@ -32,12 +32,13 @@ struct Api {
 impl Api {
     fn new(backend: Arc<dyn Backend>) -> Api {
         Api {
-            state: AppState::new(Store::new(backend, Clock::System), API, ADMIN),
+            state: AppState::new(Store::new(backend, Clock::System), API, ADMIN).with_console(behind_proxy()),
         }
     }
 
     async fn send(&self, path: &str, token: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
-        let (status, _, body) = post_in_process(&self.state, path, token, body).await;
+        let (status, _, body) =
+            post_in_process_with(&self.state, path, token, body, &as_operator(ALICE)).await;
         (status, body)
     }
 
@@ -141,7 +142,7 @@ where
     assert!(fence > 0);
     let resolve = ResolveRequest {
         scope: scope("k-op"),
-        resolution: Resolution::Complete {
+        action: Action::Complete {
             status: 200,
             headers: vec![("content-type".into(), HEADER.into())],
             body: format!("resolved {CANARY}"),

@@ -9,7 +9,7 @@ use idemgate_core::protocol::{AbandonRequest, Attempt, ClaimReply, FenceReply};
 use idemgate_core::scope::Namespace;
 use idemgate_core::scope::Scope;
 use idemgate_store::backend::{
-    Backend, KeyHistory, Listing, Lookup, OpenRecords, Resolution, StoreError, SweepPolicy,
+    Action, Backend, KeyHistory, Listing, Lookup, OpenRecords, Resolution, StoreError, SweepPolicy,
 };
 use idemgate_store::{Clock, Store};
 
@@ -333,7 +333,7 @@ async fn late_completion_with_the_current_token_resolves_unknown(b: Arc<dyn Back
     );
     assert!(!cx
         .backend()
-        .resolve(&s2, &Resolution::Release, None, cx.now())
+        .resolve(&s2, &by(Action::Release), None, cx.now())
         .await
         .unwrap());
 }
@@ -659,11 +659,11 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
             .len(),
         0
     );
-    let how = Resolution::Complete {
+    let how = by(Action::Complete {
         status: 200,
         headers: vec![("content-type".into(), "text/plain".into())],
         body: "by hand".into(),
-    };
+    });
     let why = Some("the ledger shows the charge");
     assert!(cx.backend().resolve(&stuck, &how, why, cx.now()).await.unwrap());
     // The operator's answer wins over the old owner's late completion.
@@ -678,7 +678,7 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     assert_eq!(out.body, b"by hand");
     assert!(
         !cx.backend()
-            .resolve(&stuck, &Resolution::Release, None, cx.now())
+            .resolve(&stuck, &by(Action::Release), None, cx.now())
             .await
             .unwrap(),
         "completed records are not open"
@@ -691,18 +691,20 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         .backend()
         .resolve(
             &unknown,
-            &Resolution::Release,
+            &by(Action::Release),
             Some("never reached the bank"),
             cx.now()
         )
         .await
         .unwrap());
     cx.owned(&claim(&unknown, Some(1))).await;
-    // Each reason is kept with its `resolved` event, in the history.
+    // Each reason is kept with its `resolved` event, in the history, and
+    // the event names the operator who decided.
     let reasons = |h: KeyHistory| -> Vec<(String, Option<String>)> {
         h.events
             .into_iter()
             .filter(|e| e.transition == "resolved")
+            .inspect(|e| assert_eq!(e.actor, OPERATOR, "{e:?}"))
             .map(|e| (e.detail.unwrap_or_default(), e.reason))
             .collect()
     };
@@ -725,8 +727,34 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         [("release".to_string(), Some("never reached the bank".to_string()))]
     );
 
+    // An operator's purge ends whatever is current, named and with its reason.
+    let purge = Resolution {
+        action: Action::Purge,
+        by: "bob@example.com".into(),
+    };
+    let why = Some("customer asked for erasure");
+    assert!(cx.backend().resolve(&stuck, &purge, why, cx.now()).await.unwrap());
+    assert!(!cx.backend().resolve(&stuck, &purge, why, cx.now()).await.unwrap());
+    let history = cx.backend().lookup(&lookup(&stuck), 10).await.unwrap();
+    let purged = history.events.iter().find(|e| e.transition == "purged").unwrap();
+    assert_eq!(
+        (purged.actor.as_str(), purged.reason.as_deref()),
+        ("bob@example.com", why)
+    );
+    cx.owned(&claim(&stuck, Some(3))).await;
+    // The backend's own purge, which no surface of the store calls.
     assert!(cx.backend().purge(&stuck, cx.now()).await.unwrap());
     assert!(!cx.backend().purge(&stuck, cx.now()).await.unwrap());
+}
+
+/// The operator the stories' decisions name.
+const OPERATOR: &str = "alice@example.com";
+
+fn by(action: Action) -> Resolution {
+    Resolution {
+        action,
+        by: OPERATOR.into(),
+    }
 }
 
 async fn sweeper_releases_when_the_policy_says_so(b: Arc<dyn Backend>) {
@@ -759,7 +787,7 @@ async fn unknown_records_stay_counted_until_resolved(b: Arc<dyn Backend>) {
         (open.oldest_in_progress, open.unknown, open.oldest_unknown),
         (None, 1, Some(created))
     );
-    let how = Resolution::Release;
+    let how = by(Action::Release);
     assert!(cx
         .backend()
         .resolve(&s, &how, Some("refunded"), cx.now())

@@ -5,9 +5,13 @@
 //! that really happened, or release it) with a reason kept in the history.
 //!
 //! It makes the admin API's own calls ([`admin::find`], [`admin::list`],
-//! [`admin::resolve_record`]): no rule is written twice. It takes the same
-//! admin credential, once, at its login form ([`session`]); every POST form
-//! carries the session's CSRF token. Keys travel only in form bodies (a
+//! [`admin::resolve_record`]): no rule is written twice. The operator is
+//! the one the trusted authenticating proxy names ([`crate::auth::Identified`]):
+//! a sign-in opens a session of that operator ([`session`]), every request
+//! on it must come from the proxy naming the same operator, and the
+//! operator is the actor of every change made in it. A session ends after
+//! [`ConsoleSettings::idle`] without use. Every POST form carries the
+//! session's CSRF token. Keys travel only in form bodies (a
 //! record is opened by a POST carrying its scope), never in a URL, and
 //! nothing here logs a key, a form or a reason.
 
@@ -23,10 +27,11 @@ use axum::Router;
 
 use crate::admin;
 use crate::api::read_body;
-use crate::backend::{Listing, Lookup, Resolution};
+use crate::auth::Identified;
+use crate::backend::{Action, Listing, Lookup};
 use crate::problem::Refusal;
 use crate::AppState;
-use session::{cookie, random_token, same_token, set_cookie, Current, LOGIN_COOKIE, SESSION_COOKIE};
+use session::{cookie, random_token, same_token, set_cookie, Current, Found, LOGIN_COOKIE, SESSION_COOKIE};
 
 pub use session::{ConsoleSettings, Sessions};
 
@@ -37,6 +42,8 @@ pub const BASE: &str = "/admin/console";
 pub mod paths {
     pub const HOME: &str = "/admin/console";
     pub const LOGIN: &str = "/admin/console/login";
+    /// The login page, saying the session ended (idle too long).
+    pub const LOGIN_ENDED: &str = "/admin/console/login?ended";
     pub const LOGOUT: &str = "/admin/console/logout";
     pub const UNKNOWN: &str = "/admin/console/unknown";
     pub const STUCK: &str = "/admin/console/stuck";
@@ -92,12 +99,12 @@ fn status_of(r: &Refusal) -> StatusCode {
     StatusCode::from_u16(r.problem().kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn refused(r: &Refusal, csrf: Option<&str>) -> Response {
+fn refused(r: &Refusal, session: Option<&Current>) -> Response {
     let p = r.problem();
     page::page(
         status_of(r),
         p.kind.title(),
-        csrf,
+        session,
         &page::notice("error", &p.detail),
     )
 }
@@ -108,6 +115,17 @@ fn no_randomness() -> Response {
         "Unavailable",
         None,
         &page::notice("error", "The store could not draw a random token; try again."),
+    )
+}
+
+/// The page for a request whose operator identity the store does not
+/// believe (see [`crate::auth::identify`]).
+fn untrusted(why: &str) -> Response {
+    page::page(
+        StatusCode::FORBIDDEN,
+        "Identity refused",
+        None,
+        &page::no_operator(why),
     )
 }
 
@@ -145,21 +163,66 @@ impl Form {
     }
 }
 
+/// Why a request has no session to use, and so which page it gets.
+enum NoSession {
+    /// Its operator identity is not believed ([`crate::auth::identify`]).
+    Untrusted(&'static str),
+    /// To the login page.
+    SignIn,
+    /// To the login page, saying the session ended.
+    Ended,
+}
+
+impl NoSession {
+    fn answer(self) -> Response {
+        match self {
+            NoSession::Untrusted(why) => untrusted(why),
+            NoSession::SignIn => redirect(paths::LOGIN),
+            NoSession::Ended => redirect(paths::LOGIN_ENDED),
+        }
+    }
+}
+
+/// The request's live session, if the proxy names the operator it belongs
+/// to.
+fn session(state: &AppState, identified: &Identified, headers: &HeaderMap) -> Result<Current, NoSession> {
+    let idle = state.settings.console.idle;
+    match (state.sessions.find(headers, idle), identified) {
+        (_, Identified::Refused(why)) => Err(NoSession::Untrusted(why)),
+        (Found::Live(s), Identified::Operator(o)) if s.operator == *o => Ok(s),
+        (Found::Live(_), _) => {
+            // The proxy no longer names the session's operator (signed out
+            // there, or someone else): the session is over.
+            tracing::warn!("console: a session used without its operator's identity was closed");
+            state.sessions.close(headers);
+            Err(NoSession::SignIn)
+        }
+        (Found::Ended, _) => {
+            tracing::info!("console: a session ended (idle or past its lifetime)");
+            Err(NoSession::Ended)
+        }
+        (Found::None, _) => Err(NoSession::SignIn),
+    }
+}
+
 /// The session and its form, if the request has a live session and the form
 /// carries that session's CSRF token; otherwise the answer to give.
-async fn checked(state: &AppState, headers: &HeaderMap, body: Body) -> Result<(Current, Form), Response> {
-    let Some(session) = state.sessions.current(headers) else {
-        return Err(redirect(paths::LOGIN));
-    };
+async fn checked(
+    state: &AppState,
+    identified: &Identified,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Current, Form), Response> {
+    let session = session(state, identified, headers).map_err(NoSession::answer)?;
     let form = Form::read(state, body)
         .await
-        .map_err(|r| refused(&r, Some(&session.csrf)))?;
+        .map_err(|r| refused(&r, Some(&session)))?;
     if !same_token(form.get("csrf"), &session.csrf) {
         tracing::warn!("console: a form without this session's CSRF token was refused");
         return Err(page::page(
             StatusCode::FORBIDDEN,
             "Form refused",
-            Some(&session.csrf),
+            Some(&session),
             &page::notice(
                 "error",
                 "This form did not come from this console session (or the session changed). Open the page again and resubmit.",
@@ -175,42 +238,84 @@ pub async fn css() -> Response {
     resp
 }
 
-pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let Some(s) = state.sessions.current(&headers) else {
-        return redirect(paths::LOGIN);
+pub async fn home(State(state): State<AppState>, identified: Identified, headers: HeaderMap) -> Response {
+    let s = match session(&state, &identified, &headers) {
+        Ok(s) => s,
+        Err(away) => return away.answer(),
     };
     page::page(
         StatusCode::OK,
         "Look a key up",
-        Some(&s.csrf),
+        Some(&s),
         &page::search(&s.csrf, None),
     )
 }
 
-/// The login page. Its form carries the browser's login token, the one in
-/// its login cookie: kept when the browser has one (two tabs, a reload, a
+/// The login page. Without an operator identity the store believes it has
+/// no form. Its form carries the browser's login token, the one in its
+/// login cookie: kept when the browser has one (two tabs, a reload, a
 /// failed attempt all stay valid), drawn afresh otherwise.
-fn login_page(state: &AppState, headers: &HeaderMap, status: StatusCode, message: Option<&str>) -> Response {
+fn login_page(
+    state: &AppState,
+    identified: &Identified,
+    headers: &HeaderMap,
+    status: StatusCode,
+    message: Option<&str>,
+) -> Response {
+    let operator = match identified {
+        Identified::Operator(o) => o,
+        Identified::Refused(why) => return untrusted(why),
+        Identified::Nobody => {
+            return page::page(
+                StatusCode::UNAUTHORIZED,
+                "Sign in",
+                None,
+                &page::no_operator("This request names no operator."),
+            )
+        }
+    };
     let kept =
         cookie(headers, LOGIN_COOKIE).filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()));
     let Some(token) = kept.or_else(random_token) else {
         return no_randomness();
     };
-    let resp = page::page(status, "Sign in", None, &page::login(message, &token));
+    let resp = page::page(
+        status,
+        "Sign in",
+        None,
+        &page::login(message, &token, operator.as_str()),
+    );
     with_cookie(
         resp,
         &set_cookie(LOGIN_COOKIE, Some(&token), state.settings.console.secure_cookies),
     )
 }
 
-pub async fn login_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if state.sessions.current(&headers).is_some() {
+pub async fn login_form(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if session(&state, &identified, &headers).is_ok() {
         return redirect(paths::HOME);
     }
-    login_page(&state, &headers, StatusCode::OK, None)
+    let idle = state.settings.console.idle.as_secs();
+    let limit = match idle % 60 {
+        0 => format!("{} minutes", idle / 60),
+        _ => format!("{idle} seconds"),
+    };
+    let ended = format!("Your session ended after {limit} without activity. Sign in again to go on.");
+    let message = (query.as_deref() == Some("ended")).then_some(ended.as_str());
+    login_page(&state, &identified, &headers, StatusCode::OK, message)
 }
 
-pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+pub async fn login(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let form = match Form::read(&state, body).await {
         Ok(f) => f,
         Err(r) => return refused(&r, None),
@@ -224,46 +329,35 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body
         );
         return login_page(
             &state,
+            &identified,
             &headers,
             StatusCode::FORBIDDEN,
             Some("This sign-in did not come from this browser's login form; try again."),
         );
     }
-    // Tokens are compared as given: no trimming of a secret.
-    let token = form.raw("token").as_bytes();
-    let settings = &state.settings;
-    if settings.admin_token.matches(token) {
-        let Some((session, _)) = state.sessions.open() else {
-            return no_randomness();
-        };
-        tracing::info!("console: an operator signed in");
-        let secure = settings.console.secure_cookies;
-        let resp = with_cookie(
-            redirect(paths::HOME),
-            &set_cookie(SESSION_COOKIE, Some(&session), secure),
-        );
-        with_cookie(resp, &set_cookie(LOGIN_COOKIE, None, secure))
-    } else if settings.api_token.matches(token) {
-        tracing::warn!("console: a sign-in with the API credential was refused");
-        login_page(
-            &state,
-            &headers,
-            StatusCode::FORBIDDEN,
-            Some("That is the API credential; the console takes the admin credential."),
-        )
-    } else {
-        tracing::warn!("console: a sign-in with a wrong credential was refused");
-        login_page(
-            &state,
-            &headers,
-            StatusCode::UNAUTHORIZED,
-            Some("That is not the admin credential."),
-        )
-    }
+    let Identified::Operator(operator) = &identified else {
+        return login_page(&state, &identified, &headers, StatusCode::UNAUTHORIZED, None);
+    };
+    let settings = &state.settings.console;
+    let Some((session, _)) = state.sessions.open(operator, settings.idle) else {
+        return no_randomness();
+    };
+    tracing::info!(operator = %operator.as_str(), "console: an operator signed in");
+    let secure = settings.secure_cookies;
+    let resp = with_cookie(
+        redirect(paths::HOME),
+        &set_cookie(SESSION_COOKIE, Some(&session), secure),
+    );
+    with_cookie(resp, &set_cookie(LOGIN_COOKIE, None, secure))
 }
 
-pub async fn logout(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    if let Err(resp) = checked(&state, &headers, body).await {
+pub async fn logout(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(resp) = checked(&state, &identified, &headers, body).await {
         return resp;
     }
     state.sessions.close(&headers);
@@ -273,9 +367,10 @@ pub async fn logout(State(state): State<AppState>, headers: HeaderMap, body: Bod
 
 const LIST_LIMIT: u32 = 200;
 
-pub async fn unknown(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let Some(s) = state.sessions.current(&headers) else {
-        return redirect(paths::LOGIN);
+pub async fn unknown(State(state): State<AppState>, identified: Identified, headers: HeaderMap) -> Response {
+    let s = match session(&state, &identified, &headers) {
+        Ok(s) => s,
+        Err(away) => return away.answer(),
     };
     match admin::list(&state, Listing::Unknown, Some(LIST_LIMIT)).await {
         Ok(records) => {
@@ -284,15 +379,21 @@ pub async fn unknown(State(state): State<AppState>, headers: HeaderMap) -> Respo
                 "<p class=\"hint\">Clients retrying these keys get <code>409 outcome-unknown</code> until each is resolved. Oldest first.</p>{}",
                 page::listing(&records, now, &s.csrf, false, LIST_LIMIT)
             );
-            page::page(StatusCode::OK, "Unknown outcomes", Some(&s.csrf), &body)
+            page::page(StatusCode::OK, "Unknown outcomes", Some(&s), &body)
         }
-        Err(r) => refused(&r, Some(&s.csrf)),
+        Err(r) => refused(&r, Some(&s)),
     }
 }
 
-pub async fn stuck(State(state): State<AppState>, headers: HeaderMap, RawQuery(query): RawQuery) -> Response {
-    let Some(s) = state.sessions.current(&headers) else {
-        return redirect(paths::LOGIN);
+pub async fn stuck(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let s = match session(&state, &identified, &headers) {
+        Ok(s) => s,
+        Err(away) => return away.answer(),
     };
     let older_than_s = query
         .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(&q).ok())
@@ -310,9 +411,9 @@ pub async fn stuck(State(state): State<AppState>, headers: HeaderMap, RawQuery(q
                 page::stuck_filter(older_than_s),
                 page::listing(&records, now, &s.csrf, true, LIST_LIMIT)
             );
-            page::page(StatusCode::OK, "Stuck in progress", Some(&s.csrf), &body)
+            page::page(StatusCode::OK, "Stuck in progress", Some(&s), &body)
         }
-        Err(r) => refused(&r, Some(&s.csrf)),
+        Err(r) => refused(&r, Some(&s)),
     }
 }
 
@@ -343,21 +444,26 @@ async fn history_page(
         Ok(h) => page::page(
             banner.0,
             "Key history",
-            Some(&s.csrf),
+            Some(s),
             &page::history(&h, &s.csrf, Some(banner.1)),
         ),
         Err(r) if lookup.tenant.is_empty() || lookup.key.is_empty() => page::page(
             status_of(&r),
             "Look a key up",
-            Some(&s.csrf),
+            Some(s),
             &page::search(&s.csrf, Some(&r.problem().detail)),
         ),
-        Err(r) => refused(&r, Some(&s.csrf)),
+        Err(r) => refused(&r, Some(s)),
     }
 }
 
-pub async fn history(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let (s, form) = match checked(&state, &headers, body).await {
+pub async fn history(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (s, form) = match checked(&state, &identified, &headers, body).await {
         Ok(v) => v,
         Err(resp) => return resp,
     };
@@ -365,13 +471,13 @@ pub async fn history(State(state): State<AppState>, headers: HeaderMap, body: Bo
 }
 
 /// What the resolve form asks for, or why it cannot be done.
-fn resolution_of(form: &Form) -> Result<(Resolution, String), String> {
+fn resolution_of(form: &Form) -> Result<(Action, String), String> {
     let reason = form.text("reason");
     if admin::validate_reason(Some(&reason))?.is_none() {
         return Err("Say why: a reason is required, and it is kept in the record's history.".into());
     }
     let how = match form.get("action") {
-        "release" => Resolution::Release,
+        "release" => Action::Release,
         "complete" => {
             let status = form
                 .get("status")
@@ -383,7 +489,7 @@ fn resolution_of(form: &Form) -> Result<(Resolution, String), String> {
                 .filter(|l| !l.trim().is_empty())
                 .map(admin::parse_header)
                 .collect::<Result<Vec<_>, _>>()?;
-            Resolution::Complete {
+            Action::Complete {
                 status,
                 headers,
                 body: form.text("body"),
@@ -394,8 +500,13 @@ fn resolution_of(form: &Form) -> Result<(Resolution, String), String> {
     Ok((how, reason))
 }
 
-pub async fn resolve(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let (s, form) = match checked(&state, &headers, body).await {
+pub async fn resolve(
+    State(state): State<AppState>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (s, form) = match checked(&state, &identified, &headers, body).await {
         Ok(v) => v,
         Err(resp) => return resp,
     };
@@ -407,7 +518,7 @@ pub async fn resolve(State(state): State<AppState>, headers: HeaderMap, body: Bo
         form.get("key"),
     ) {
         Ok(scope) => scope,
-        Err(e) => return refused(&Refusal::bad_request(e), Some(&s.csrf)),
+        Err(e) => return refused(&Refusal::bad_request(e), Some(&s)),
     };
     let lookup = Lookup {
         tenant: scope.tenant().to_string(),
@@ -423,13 +534,13 @@ pub async fn resolve(State(state): State<AppState>, headers: HeaderMap, body: Bo
             return history_page(&state, &s, &lookup, banner).await;
         }
     };
-    let banner = match admin::resolve_record(&state, &scope, &how, Some(&reason)).await {
+    let banner = match admin::resolve_record(&state, &scope, &how, Some(&reason), &s.operator).await {
         Ok(()) => {
             let done = match &how {
-                Resolution::Complete { status, .. } => format!(
+                Action::Complete { status, .. } => format!(
                     "Resolved: the record is completed with status {status}. Retries with this key now replay this response."
                 ),
-                Resolution::Release => {
+                Action::Release | Action::Purge => {
                     "Resolved: the key is released. The next retry with this key executes the request.".into()
                 }
             };

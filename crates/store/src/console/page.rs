@@ -10,6 +10,7 @@ use idemgate_core::scope::Scope;
 use crate::backend::{EventInfo, KeyHistory, RecordInfo};
 
 use super::paths;
+use super::session::Current;
 
 /// `s` with `& < > " '` replaced by character references: safe in element
 /// content and in quoted attribute values.
@@ -70,17 +71,19 @@ pub fn secure_headers(resp: &mut Response) {
     );
 }
 
-/// A whole page. `csrf`: the session's token when signed in (the navigation
-/// and its sign-out form need it).
-pub fn page(status: StatusCode, title: &str, csrf: Option<&str>, body: &str) -> Response {
-    let nav = match csrf {
-        Some(csrf) => format!(
-            r#"<nav><a class="brand" href="{home}">idemgate console</a><a href="{home}">Search</a><a href="{unknown}">Unknown</a><a href="{stuck}">Stuck</a><form method="post" action="{logout}" class="logout">{hidden}<button type="submit">Sign out</button></form></nav>"#,
+/// A whole page. `session`: the signed-in operator's, when there is one
+/// (the navigation names the operator, and its sign-out form needs the
+/// session's CSRF token).
+pub fn page(status: StatusCode, title: &str, session: Option<&Current>, body: &str) -> Response {
+    let nav = match session {
+        Some(s) => format!(
+            r#"<nav><a class="brand" href="{home}">idemgate console</a><a href="{home}">Search</a><a href="{unknown}">Unknown</a><a href="{stuck}">Stuck</a><form method="post" action="{logout}" class="logout"><span class="operator" title="Signed in as">{operator}</span>{hidden}<button type="submit">Sign out</button></form></nav>"#,
             home = paths::HOME,
             unknown = paths::UNKNOWN,
             stuck = paths::STUCK,
             logout = paths::LOGOUT,
-            hidden = csrf_field(csrf),
+            operator = esc(s.operator.as_str()),
+            hidden = csrf_field(&s.csrf),
         ),
         None => r#"<nav><span class="brand">idemgate console</span></nav>"#.to_string(),
     };
@@ -134,17 +137,26 @@ fn open_button(scope: &Scope, csrf: &str) -> String {
     )
 }
 
-pub fn login(message: Option<&str>, login_csrf: &str) -> String {
+/// The sign-in form of `operator`, as the authenticating proxy named them.
+pub fn login(message: Option<&str>, login_csrf: &str, operator: &str) -> String {
     format!(
-        r#"{notice}<form method="post" action="{action}" class="card narrow">
+        r#"{notice}<form method="post" action="{action}" class="card narrow" id="sign-in">
 <input type="hidden" name="login_csrf" value="{csrf}">
-<label for="token">Admin credential</label>
-<input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
-<p class="hint">The store's admin token (<code>IDEMGATE_ADMIN_TOKEN</code>). It buys a session cookie for this browser; it is not kept.</p>
-<button type="submit">Sign in</button></form>"#,
+<p>Your identity provider signed you in as <strong class="operator">{operator}</strong>. Every change you make in the console is kept in the records' history under this name.</p>
+<button type="submit">Sign in as {operator}</button></form>"#,
         notice = message.map(|m| notice("error", m)).unwrap_or_default(),
         action = paths::LOGIN,
         csrf = esc(login_csrf),
+        operator = esc(operator),
+    )
+}
+
+/// Why there is no sign-in form: the request names no operator the store
+/// believes.
+pub fn no_operator(message: &str) -> String {
+    format!(
+        r#"{}<p class="hint">The console takes the operator's identity from the authenticating proxy in front of it (for example oauth2-proxy's <code>X-Forwarded-Email</code>); the shared admin credential names nobody. Open the console through that proxy.</p>"#,
+        notice("error", message)
     )
 }
 
@@ -402,7 +414,8 @@ body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu 
 nav { display: flex; gap: 18px; align-items: center; padding: 10px 24px; background: #18202c; }
 nav a, nav .brand { color: #e8edf5; text-decoration: none; }
 nav .brand { font-weight: 700; margin-right: 12px; }
-nav .logout { margin-left: auto; }
+nav .logout { margin-left: auto; display: flex; gap: 10px; align-items: center; }
+nav .operator { color: #b8c4d6; }
 nav .logout button { margin: 0; background: transparent; border: 1px solid #6b7891; color: #e8edf5; padding: 3px 10px; }
 main { padding: 16px 24px 40px; max-width: 1400px; }
 h1 { font-size: 20px; margin: 6px 0 14px; }

@@ -1,6 +1,8 @@
-//! The console's sessions: the admin credential, given once to the login
-//! form, buys a random session token in an `HttpOnly`, `SameSite=Strict`
-//! cookie. Each session has its own CSRF token, which every form carries in
+//! The console's sessions: an operator the trusted authenticating proxy
+//! names ([`crate::auth::Operator`]) signs in at the login form and gets a
+//! random session token in an `HttpOnly`, `SameSite=Strict` cookie; the
+//! session belongs to that operator, and every request on it must come
+//! from the proxy naming the same one. Each session has its own CSRF token, which every form carries in
 //! a hidden field and every POST must return; it is compared in constant
 //! time. Sessions live in this process's memory (bounded, idle and absolute
 //! lifetimes), keyed by the SHA-256 of their token, so a lookup reveals
@@ -14,20 +16,24 @@ use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::auth::Operator;
+
 /// The session cookie.
 pub const SESSION_COOKIE: &str = "idemgate_console";
 /// The login form's own cookie: the form's hidden field must repeat it
 /// (double submit), so no other site can sign a browser in.
 pub const LOGIN_COOKIE: &str = "idemgate_console_login";
 
-/// A session unused for this long ends.
-pub const IDLE: Duration = Duration::from_secs(30 * 60);
+/// A session unused for this long ends, unless configured otherwise
+/// ([`ConsoleSettings::idle`]).
+pub const IDLE: Duration = Duration::from_secs(15 * 60);
 /// No session lasts longer than this.
 pub const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 /// At most this many sessions at once; a new one evicts the least recently used.
 pub const MAX_SESSIONS: usize = 256;
 
-/// How the console is served.
+/// How operators are served: the console, and where the identity of the
+/// operator behind a console or admin request comes from.
 #[derive(Debug, Clone)]
 pub struct ConsoleSettings {
     /// Serve `/admin/console` at all.
@@ -35,6 +41,11 @@ pub struct ConsoleSettings {
     /// Mark cookies `Secure`: set it when browsers reach the store over TLS
     /// (a terminating proxy or the mesh's ingress).
     pub secure_cookies: bool,
+    /// Who names operators (the console's sessions and the admin API's
+    /// changes both need one).
+    pub operators: crate::auth::OperatorSource,
+    /// A session unused for this long ends.
+    pub idle: Duration,
 }
 
 impl Default for ConsoleSettings {
@@ -42,6 +53,8 @@ impl Default for ConsoleSettings {
         ConsoleSettings {
             enabled: true,
             secure_cookies: false,
+            operators: crate::auth::OperatorSource::default(),
+            idle: IDLE,
         }
     }
 }
@@ -65,6 +78,7 @@ pub fn same_token(a: &str, b: &str) -> bool {
 
 struct Session {
     csrf: String,
+    operator: Operator,
     created: Instant,
     last_seen: Instant,
 }
@@ -74,6 +88,19 @@ struct Session {
 pub struct Current {
     /// The value every form of this session carries.
     pub csrf: String,
+    /// Who signed in: the actor of what the session changes.
+    pub operator: Operator,
+}
+
+/// What a request's session cookie names.
+#[derive(Debug, Clone)]
+pub enum Found {
+    /// No session cookie, or one naming no session this process knows.
+    None,
+    /// A session that was alive and has now ended: idle too long, or past
+    /// its lifetime.
+    Ended,
+    Live(Current),
 }
 
 #[derive(Default)]
@@ -86,13 +113,14 @@ fn digest(token: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    /// A new session: its cookie token and its CSRF token.
-    pub fn open(&self) -> Option<(String, Current)> {
+    /// A new session of `operator`: its cookie token and its CSRF token.
+    /// Sessions idle for `idle` are dropped on the way.
+    pub fn open(&self, operator: &Operator, idle: Duration) -> Option<(String, Current)> {
         let token = random_token()?;
         let csrf = random_token()?;
         let now = Instant::now();
         let mut map = self.by_digest.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, s| alive(s, now));
+        map.retain(|_, s| alive(s, now, idle));
         while map.len() >= MAX_SESSIONS {
             let oldest = map.iter().min_by_key(|(_, s)| s.last_seen).map(|(k, _)| *k);
             match oldest {
@@ -104,30 +132,50 @@ impl Sessions {
             digest(&token),
             Session {
                 csrf: csrf.clone(),
+                operator: operator.clone(),
                 created: now,
                 last_seen: now,
             },
         );
-        Some((token, Current { csrf }))
+        Some((
+            token,
+            Current {
+                csrf,
+                operator: operator.clone(),
+            },
+        ))
     }
 
-    /// The session the request's cookie names, if it is alive; using it
-    /// keeps it alive.
-    pub fn current(&self, headers: &HeaderMap) -> Option<Current> {
-        let token = cookie(headers, SESSION_COOKIE)?;
+    /// The session the request's cookie names: alive if used within `idle`
+    /// (using it keeps it alive), else ended and forgotten.
+    pub fn find(&self, headers: &HeaderMap, idle: Duration) -> Found {
+        let Some(token) = cookie(headers, SESSION_COOKIE) else {
+            return Found::None;
+        };
         let now = Instant::now();
         let mut map = self.by_digest.lock().unwrap_or_else(|e| e.into_inner());
         let key = digest(&token);
         match map.get_mut(&key) {
-            Some(s) if alive(s, now) => {
+            Some(s) if alive(s, now, idle) => {
                 s.last_seen = now;
-                Some(Current { csrf: s.csrf.clone() })
+                Found::Live(Current {
+                    csrf: s.csrf.clone(),
+                    operator: s.operator.clone(),
+                })
             }
             Some(_) => {
                 map.remove(&key);
-                None
+                Found::Ended
             }
-            None => None,
+            None => Found::None,
+        }
+    }
+
+    /// The live session the request's cookie names, if any.
+    pub fn current(&self, headers: &HeaderMap, idle: Duration) -> Option<Current> {
+        match self.find(headers, idle) {
+            Found::Live(c) => Some(c),
+            Found::None | Found::Ended => None,
         }
     }
 
@@ -149,8 +197,8 @@ impl Sessions {
     }
 }
 
-fn alive(s: &Session, now: Instant) -> bool {
-    now.duration_since(s.last_seen) < IDLE && now.duration_since(s.created) < LIFETIME
+fn alive(s: &Session, now: Instant, idle: Duration) -> bool {
+    now.duration_since(s.last_seen) < idle && now.duration_since(s.created) < LIFETIME
 }
 
 /// The value of cookie `name` in the request's `Cookie` headers.
@@ -190,26 +238,49 @@ mod tests {
         h
     }
 
+    fn alice() -> Operator {
+        Operator::named("alice@example.com").unwrap()
+    }
+
     #[test]
     fn a_session_is_found_by_its_cookie_and_ends_on_close() {
         let sessions = Sessions::default();
-        let (token, opened) = sessions.open().unwrap();
+        let (token, opened) = sessions.open(&alice(), IDLE).unwrap();
         assert_eq!(token.len(), 64);
         assert_ne!(token, opened.csrf);
         let h = with_cookie(&format!("other=1; {SESSION_COOKIE}={token}"));
-        assert_eq!(sessions.current(&h).unwrap().csrf, opened.csrf);
+        let current = sessions.current(&h, IDLE).unwrap();
+        assert_eq!((current.csrf, current.operator), (opened.csrf, alice()));
         assert!(sessions
-            .current(&with_cookie(&format!("{SESSION_COOKIE}=x{token}")))
+            .current(&with_cookie(&format!("{SESSION_COOKIE}=x{token}")), IDLE)
             .is_none());
         sessions.close(&h);
-        assert!(sessions.current(&h).is_none());
+        assert!(sessions.current(&h, IDLE).is_none());
+    }
+
+    #[test]
+    fn an_idle_session_ends() {
+        let sessions = Sessions::default();
+        let (token, _) = sessions.open(&alice(), IDLE).unwrap();
+        let h = with_cookie(&format!("{SESSION_COOKIE}={token}"));
+        let idle = Duration::from_millis(50);
+        assert!(sessions.current(&h, idle).is_some());
+        std::thread::sleep(Duration::from_millis(30));
+        // Used within the limit: kept alive, the limit counts from here.
+        assert!(sessions.current(&h, idle).is_some());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(sessions.current(&h, idle).is_some());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(matches!(sessions.find(&h, idle), Found::Ended));
+        // Ended for good, whatever the limit now.
+        assert!(matches!(sessions.find(&h, IDLE), Found::None));
     }
 
     #[test]
     fn sessions_are_bounded() {
         let sessions = Sessions::default();
         for _ in 0..MAX_SESSIONS + 10 {
-            sessions.open().unwrap();
+            sessions.open(&alice(), IDLE).unwrap();
         }
         assert_eq!(sessions.len(), MAX_SESSIONS);
     }

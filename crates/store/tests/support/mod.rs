@@ -24,6 +24,31 @@ pub use idemgate_testkit::{eventually, Proc};
 pub const API: &str = "api-token";
 pub const ADMIN: &str = "admin-token";
 
+/// The secret the tests' authenticating proxy sends with every request.
+pub const PROXY_SECRET: &str = "proxy-secret-0123456789abcdef";
+/// The operator that proxy names.
+pub const ALICE: &str = "alice@example.com";
+
+/// A store's operators behind the tests' proxy: identities believed with
+/// [`PROXY_SECRET`] only (no trusted peer).
+pub fn behind_proxy() -> idemgate_store::console::ConsoleSettings {
+    idemgate_store::console::ConsoleSettings {
+        operators: idemgate_store::auth::OperatorSource {
+            secret: Some(idemgate_store::auth::Credential::new(PROXY_SECRET)),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The headers the tests' proxy adds to a request of `operator`.
+pub fn as_operator(operator: &str) -> [(&'static str, &str); 2] {
+    [
+        ("x-forwarded-email", operator),
+        ("x-idemgate-proxy-secret", PROXY_SECRET),
+    ]
+}
+
 pub fn scope_of(tenant: &str, principal: &str, route: &str, ns: Namespace, key: &str) -> Scope {
     Scope::new(
         tenant,
@@ -218,13 +243,26 @@ pub async fn post_in_process(
     token: &str,
     body: Vec<u8>,
 ) -> (u16, axum::http::HeaderMap, Vec<u8>) {
+    post_in_process_with(state, path, token, body, &[]).await
+}
+
+/// [`post_in_process`] with more headers.
+pub async fn post_in_process_with(
+    state: &idemgate_store::AppState,
+    path: &str,
+    token: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> (u16, axum::http::HeaderMap, Vec<u8>) {
     use tower::ServiceExt;
-    let req = axum::http::Request::builder()
+    let mut req = axum::http::Request::builder()
         .method("POST")
         .uri(path)
-        .header("authorization", format!("Bearer {token}"))
-        .body(axum::body::Body::from(body))
-        .unwrap();
+        .header("authorization", format!("Bearer {token}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(axum::body::Body::from(body)).unwrap();
     let resp = idemgate_store::app(state.clone()).oneshot(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     (
