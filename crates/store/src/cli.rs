@@ -6,11 +6,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemgate_core::scope::Scope;
 
-use crate::backend::{open_backend, Action, BackendOptions, Listing, Lookup, Resolution, SweepPolicy};
+use crate::backend::{
+    open_backend, Action, Backend, BackendOptions, Listing, Lookup, Resolution, StoreError, SweepPolicy,
+};
 use crate::budget::Budgets;
 use crate::clock::Clock;
 use crate::log_ids::LogIds;
-use crate::postgres::PgTimeouts;
+use crate::postgres::{PgSession, PgTimeouts, Pooler, Postgres};
 use crate::sealing::Seal;
 use crate::service::Store;
 use crate::sweeper::{SweepSettings, DEFAULT_AUDIT_RETENTION_MS};
@@ -118,8 +120,28 @@ pub struct Cli {
     )]
     pub pg_statement_timeout_ms: u64,
 
+    /// PostgreSQL: what the store connects through. `session`: PostgreSQL
+    /// itself, or a pooler in session mode. `transaction`: a pooler in
+    /// transaction mode (PgBouncer's `pool_mode = transaction`), for which
+    /// statements are not prepared by name and each transaction sets its
+    /// own `statement_timeout`.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMGATE_PG_POOLER",
+        value_enum,
+        default_value = "session"
+    )]
+    pub pg_pooler: PgPooler,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PgPooler {
+    Session,
+    Transaction,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -130,11 +152,14 @@ pub enum Synchronous {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Migrate, then serve the HTTP API until SIGTERM or Ctrl-C.
+    /// Serve the HTTP API until SIGTERM or Ctrl-C. On PostgreSQL the schema
+    /// must be current (`migrate` first, or --migrate); SQLite is migrated.
     Serve(Serve),
-    /// Apply pending schema migrations and exit.
+    /// Apply pending schema migrations and exit: the only command that
+    /// changes a PostgreSQL schema (run it as the schema's owner).
     Migrate,
-    /// Print records as JSON: by tenant and key, or the unknown / stuck ones.
+    /// Print records as JSON: by tenant and key, or the unknown / stuck
+    /// ones. Read-only: on PostgreSQL every transaction is READ ONLY.
     Inspect(Inspect),
     /// Resolve an in-progress or unknown record: complete it with a response, or release it.
     Resolve(Resolve),
@@ -208,6 +233,16 @@ pub struct Serve {
         requires = "tenant_new_keys_per_sec"
     )]
     pub tenant_new_keys_burst: Option<u32>,
+    /// Apply pending schema migrations before serving. Without it a
+    /// PostgreSQL store whose schema is behind refuses to start (run
+    /// `migrate` as the schema's owner instead); SQLite is migrated unless
+    /// --no-migrate.
+    #[arg(long, env = "IDEMGATE_MIGRATE", conflicts_with = "no_migrate")]
+    pub migrate: bool,
+    /// Never change the schema, on either backend: what PostgreSQL does
+    /// without --migrate, and for SQLite, a file `migrate` has prepared.
+    #[arg(long, env = "IDEMGATE_NO_MIGRATE")]
+    pub no_migrate: bool,
     /// Do not serve the operators' console (/admin/console).
     #[arg(long, env = "IDEMGATE_NO_CONSOLE")]
     pub no_console: bool,
@@ -426,6 +461,50 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<(), String> {
     Ok(())
 }
 
+/// What a command may do to the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    /// Apply pending migrations (`migrate`, `serve --migrate`).
+    Migrate,
+    /// Use it only if it is current: PostgreSQL refuses a schema that is
+    /// behind, SQLite (embedded, owned by the store) is migrated.
+    Verify,
+    /// Use it only if it is current, on both backends (`serve
+    /// --no-migrate`); SQLite is not checked, only left alone.
+    Untouched,
+    /// Read it, change nothing (`inspect`).
+    ReadOnly,
+}
+
+/// The backend at `url`, its schema checked (or migrated) as `schema` says.
+/// On PostgreSQL only `migrate` (or `serve --migrate`) issues DDL, so the
+/// other commands run under roles without DDL rights.
+async fn open(
+    url: &str,
+    opts: BackendOptions,
+    session: PgSession,
+    schema: Schema,
+) -> crate::backend::Result<std::sync::Arc<dyn Backend>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let log_ids = match opts.log_ids {
+            Some(ids) => ids,
+            None => LogIds::random().map_err(StoreError::Config)?,
+        };
+        let pool_size = opts.pg_pool_size.unwrap_or(16);
+        let pg = Postgres::connect_with(url, pool_size, opts.pg_timeouts, session, log_ids, opts.seal)?;
+        match schema {
+            Schema::Migrate => pg.migrate().await?,
+            Schema::Verify | Schema::Untouched | Schema::ReadOnly => pg.require_current_schema().await?,
+        }
+        return Ok(std::sync::Arc::new(pg));
+    }
+    let backend = open_backend(url, &opts).await?;
+    if matches!(schema, Schema::Migrate | Schema::Verify) {
+        backend.migrate().await?;
+    }
+    Ok(backend)
+}
+
 /// Runs a parsed command line; errors are messages for the operator.
 pub async fn execute(cli: Cli) -> Result<(), String> {
     let admin = match (&cli.admin_token, &cli.admin_token_file) {
@@ -463,10 +542,23 @@ pub async fn execute(cli: Cli) -> Result<(), String> {
         Some(path) => read_token(&None, &Some(path.clone()), "database url")?,
         None => cli.database_url.clone(),
     };
-    let backend = open_backend(&database_url, &opts)
+    let schema = match &cli.command {
+        Command::Migrate => Schema::Migrate,
+        Command::Serve(s) if s.migrate => Schema::Migrate,
+        Command::Serve(s) if s.no_migrate => Schema::Untouched,
+        Command::Inspect(_) => Schema::ReadOnly,
+        _ => Schema::Verify,
+    };
+    let session = PgSession {
+        pooler: match cli.pg_pooler {
+            PgPooler::Session => Pooler::Session,
+            PgPooler::Transaction => Pooler::Transaction,
+        },
+        read_only: schema == Schema::ReadOnly,
+    };
+    let backend = open(&database_url, opts, session, schema)
         .await
         .map_err(|e| e.to_string())?;
-    backend.migrate().await.map_err(|e| e.to_string())?;
     let clock = Clock::follow(&backend).await.map_err(|e| e.to_string())?;
     let store = Store::new(backend, clock);
     let now = store.clock.now();

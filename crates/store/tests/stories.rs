@@ -1426,8 +1426,9 @@ async fn a_completion_comes_to_what_its_plan_says(b: Arc<dyn Backend>) {
 }
 
 /// One test per story and backend, so a failing story hides none of the
-/// others: `stories::sqlite::NAME` and `stories::postgres::NAME`. The
-/// PostgreSQL ones share a throwaway cluster, each in a fresh database.
+/// others: `stories::sqlite::NAME`, `stories::postgres::NAME` and
+/// `stories::pgbouncer::NAME`. The PostgreSQL ones share a throwaway
+/// cluster (and PgBouncer), each in a fresh database.
 macro_rules! stories {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -1447,6 +1448,22 @@ macro_rules! stories {
                     let cluster = crate::support::shared_cluster();
                     let url = cluster.fresh_database().await;
                     super::$name(crate::support::pg_backend(&url).await).await;
+                }
+            )*
+        }
+
+        // Through PgBouncer in transaction mode (the store set up for it):
+        // statements unnamed, each transaction bounding its own statements.
+        mod pgbouncer {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(bounced) = crate::support::shared_bouncer() else {
+                        return;
+                    };
+                    let url = bounced.fresh_database().await;
+                    let seal = idemgate_store::sealing::Seal::off();
+                    super::$name(crate::support::bounced_backend(&url, seal).await).await;
                 }
             )*
         }

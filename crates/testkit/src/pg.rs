@@ -292,6 +292,11 @@ impl PgCluster {
     /// One query's result as `psql -At` prints it (fields `|`-separated,
     /// one row a line), trimmed.
     pub fn query(&self, sql: &str) -> String {
+        self.query_in("postgres", sql)
+    }
+
+    /// [`PgCluster::query`] in database `db`, as the superuser `idem`.
+    pub fn query_in(&self, db: &str, sql: &str) -> String {
         let port = self.port.to_string();
         let out = self.run(
             "psql",
@@ -303,7 +308,7 @@ impl PgCluster {
                 "-U",
                 "idem",
                 "-d",
-                "postgres",
+                db,
                 "-At",
                 "-c",
                 sql,
@@ -364,7 +369,13 @@ impl PgCluster {
     }
 
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://idem@127.0.0.1:{}/{db}", self.port)
+        self.url_as("idem", db)
+    }
+
+    /// The URL of database `db` for role `user` (authentication is `trust`:
+    /// the role's grants are what limit it).
+    pub fn url_as(&self, user: &str, db: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// A new, empty database in this cluster.

@@ -20,7 +20,7 @@ use futures_util::future::{join, join_all};
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 
 use super::operations::COMPLETE;
-use super::pool::unavailable;
+use super::pool::On;
 use super::rows::{CLAIM, CLAIM_NEW};
 use super::Postgres;
 use crate::backend::{Answer, Backend, Call, ClaimOutcome, Result, StoreError};
@@ -69,24 +69,24 @@ impl Postgres {
             return none();
         };
         let prepared = async {
-            let claim = client.prepare_cached(&CLAIM).await?;
-            let complete = client.prepare_cached(&COMPLETE).await?;
-            Ok::<_, tokio_postgres::Error>((claim, complete))
+            let claim = client.prepare(&CLAIM).await?;
+            let complete = client.prepare(&COMPLETE).await?;
+            Ok::<_, StoreError>((claim, complete))
         };
         let (claim, complete) = match prepared.await {
             Ok(prepared) => prepared,
             Err(e) => {
-                tracing::warn!("postgres: a batch goes call by call: {}", unavailable(e));
+                tracing::warn!("postgres: a batch goes call by call: {e}");
                 return none();
             }
         };
         // The claims that may be new keys, claimed together (if two or more).
         let mut together = new_key_claims(calls);
         let claim_new = if together.len() > 1 {
-            match client.prepare_cached(&CLAIM_NEW).await {
+            match client.prepare(&CLAIM_NEW).await {
                 Ok(stmt) => Some(stmt),
                 Err(e) => {
-                    tracing::warn!("postgres: a batch's claims go one by one: {}", unavailable(e));
+                    tracing::warn!("postgres: a batch's claims go one by one: {e}");
                     together.clear();
                     None
                 }
@@ -166,7 +166,7 @@ impl Postgres {
     async fn claim_alone(
         &self,
         client: &super::pool::Client,
-        stmt: &tokio_postgres::Statement,
+        stmt: &super::pool::Stmt<'_>,
         req: &ClaimRequest,
         now: i64,
         deadline: Option<Instant>,

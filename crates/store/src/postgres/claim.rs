@@ -6,10 +6,10 @@ use std::time::Instant;
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, ClaimDecision, Transition};
-use tokio_postgres::{Row, Statement};
+use tokio_postgres::Row;
 
 use super::generation::{event, lock, set_unknown, to_history};
-use super::pool::{unavailable, Client};
+use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::Postgres;
 use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
@@ -107,7 +107,7 @@ impl Postgres {
         let columns = KeyColumns::of(&req.scope);
         let claimed = Claimed::of(req, now);
         let mut client = self.connections.client().await?;
-        let claim_stmt = client.prepare_cached(&CLAIM).await.map_err(unavailable)?;
+        let claim_stmt = client.prepare(&CLAIM).await?;
         for _ in 0..MAX_ATTEMPTS {
             // Nobody waits for this claim any more: committing it would only
             // leave a record that its filter is abandoning.
@@ -115,7 +115,7 @@ impl Postgres {
                 return Err(StoreError::Late);
             }
             let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
-            let query = client.query(&claim_stmt, &params);
+            let query = client.rows(&claim_stmt, &params);
             let rows = match deadline {
                 None => query.await,
                 Some(d) => match tokio::time::timeout_at(d.into(), query).await {
@@ -139,8 +139,7 @@ impl Postgres {
                         return Err(StoreError::Late);
                     }
                 },
-            }
-            .map_err(unavailable)?;
+            }?;
             match self.read_claim_row(req, &claimed, &key, rows.first(), now)? {
                 Read::Decided(outcome) => return Ok(outcome),
                 // Lost a race with a concurrent insert we cannot see yet: look again.
@@ -219,7 +218,7 @@ impl Postgres {
     pub(super) async fn claim_pipelined(
         &self,
         client: &Client,
-        stmt: &Statement,
+        stmt: &Stmt<'_>,
         req: &ClaimRequest,
         now: i64,
         deadline: Option<Instant>,
@@ -231,9 +230,9 @@ impl Postgres {
         let columns = KeyColumns::of(&req.scope);
         let claimed = Claimed::of(req, now);
         let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
-        let rows = match client.query(stmt, &params).await {
+        let rows = match client.rows(stmt, &params).await {
             Ok(rows) => rows,
-            Err(e) => return Some(Err(unavailable(e))),
+            Err(e) => return Some(Err(e)),
         };
         match self.read_claim_row(req, &claimed, &key, rows.first(), now) {
             Ok(Read::Decided(outcome)) => Some(Ok(outcome)),
@@ -255,7 +254,7 @@ impl Postgres {
         deadline: Option<Instant>,
     ) -> Result<Option<ClaimOutcome>> {
         let key = ScopeDigest::of(&req.scope);
-        let tx = client.transaction().await.map_err(unavailable)?;
+        let tx = client.begin().await?;
         let Some((loaded, body)) = lock(&tx, &key).await? else {
             return Ok(None);
         };
@@ -275,14 +274,11 @@ impl Postgres {
                     now,
                 )
                 .await?;
-                let stmt = tx
-                    .prepare_cached(&REPLACE_GENERATION)
-                    .await
-                    .map_err(unavailable)?;
+                let stmt = tx.prepare(&REPLACE_GENERATION).await?;
                 let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
                 let mut params: Vec<Param<'_>> = vec![&key];
                 params.extend(claimed.params(&[&old_fence, &old_state]));
-                let row = tx.query_one(&stmt, &params).await.map_err(unavailable)?;
+                let row = tx.one(&stmt, &params).await?;
                 let fence = row.unsigned("fence")?;
                 events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);
                 ClaimOutcome::answer(ClaimReply::Owned { fence })
@@ -303,7 +299,7 @@ impl Postgres {
         {
             return Err(StoreError::Late);
         }
-        tx.commit().await.map_err(unavailable)?;
+        tx.commit().await?;
         self.log_all(&events);
         Ok(Some(outcome))
     }

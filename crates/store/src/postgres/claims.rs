@@ -7,10 +7,9 @@
 use std::collections::HashMap;
 
 use idemgate_core::protocol::ClaimRequest;
-use tokio_postgres::Statement;
 
 use super::claim::Claimed;
-use super::pool::{unavailable, Client};
+use super::pool::{Client, On, Stmt};
 use super::Postgres;
 use crate::backend::{Result, StoreError};
 use crate::columns::{ColumnReader, KeyColumns, ScopeDigest};
@@ -29,7 +28,7 @@ impl Postgres {
     pub(super) async fn claim_new(
         &self,
         client: &Client,
-        stmt: &Statement,
+        stmt: &Stmt<'_>,
         claims: &[&ClaimRequest],
         now: i64,
     ) -> Result<HashMap<usize, u64>> {
@@ -47,7 +46,7 @@ impl Postgres {
         let attempts: Vec<Option<&str>> = claimed.iter().map(|c| c.attempt).collect();
         let [v, t, p, r, n, k] = &scope_columns;
         let rows = client
-            .query(
+            .rows(
                 stmt,
                 &[
                     &digests,
@@ -65,8 +64,7 @@ impl Postgres {
                     &attempts,
                 ],
             )
-            .await
-            .map_err(unavailable)?;
+            .await?;
         let index: HashMap<&ScopeDigest, usize> = keys.iter().enumerate().map(|(i, k)| (k, i)).collect();
         let mut owned = HashMap::with_capacity(rows.len());
         for row in &rows {

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use idemgate_core::record::{self, State, Transition};
 
-use super::pool::{unavailable, Tx};
+use super::pool::{On, Tx};
 use super::rows::{Bind, Param, TO_HISTORY};
 use crate::backend::{EventInfo, Result};
 use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
@@ -17,8 +17,7 @@ pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
 
 /// Runs a statement about the record of `key`, its own parameters from `$2`.
 pub(super) async fn execute(tx: &Tx<'_>, sql: &str, key: &ScopeDigest, extra: &[Param<'_>]) -> Result<u64> {
-    let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
-    tx.execute(&stmt, &key.bind(extra)).await.map_err(unavailable)
+    tx.execute(sql, &key.bind(extra)).await
 }
 
 /// A transition of the current record, written in `tx` and returned for the log.
@@ -45,11 +44,9 @@ pub(super) async fn noted_event(
     );
     let (transition, actor, detail) = by;
     let name = transition.as_str();
-    let stmt = tx.prepare_cached(SQL).await.map_err(unavailable)?;
     let rows = tx
-        .query(&stmt, &key.bind(&[&now, &name, &actor, &detail, &reason]))
-        .await
-        .map_err(unavailable)?;
+        .query(SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))
+        .await?;
     rows.iter().map(EventInfo::read).collect()
 }
 
@@ -93,8 +90,8 @@ pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(Loade
             key_where!()
         )
     });
-    let stmt = tx.prepare_cached(&SQL).await.map_err(unavailable)?;
-    let Some(row) = tx.query_opt(&stmt, &key.bind(&[])).await.map_err(unavailable)? else {
+    let stmt = tx.prepare(&SQL).await?;
+    let Some(row) = tx.opt(&stmt, &key.bind(&[])).await? else {
         return Ok(None);
     };
     use crate::columns::ColumnReader;

@@ -22,7 +22,7 @@ use idemgate_core::scope::Scope;
 
 use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, PoolStats,
-    RecordInfo, Resolution, Result, SweepPolicy, SweepReport,
+    RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
@@ -49,8 +49,8 @@ mod rows;
 mod sweep;
 mod tls;
 
-pub use pool::PgTimeouts;
 use pool::{unavailable, Connections, Tx};
+pub use pool::{PgSession, PgTimeouts, Pooler};
 use rows::{Param, INFO_COLUMNS};
 
 /// The schema, one file per version, applied in order.
@@ -61,6 +61,26 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("migrations/0004_scope_digest.sql")),
     (5, include_str!("migrations/0005_response_keys.sql")),
 ];
+
+/// The schema version this store reads and writes: the last migration's.
+pub const LATEST_SCHEMA: i64 = 5;
+const _: () = assert!(MIGRATIONS.len() as i64 == LATEST_SCHEMA);
+
+/// The first column of the first row of a simple query's answer, as an
+/// integer (`None` when it is NULL or there is no row).
+fn first_integer(messages: &[tokio_postgres::SimpleQueryMessage]) -> Result<Option<i64>> {
+    let value = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
+        _ => None,
+    });
+    match value.flatten() {
+        None => Ok(None),
+        Some(text) => text
+            .parse()
+            .map(Some)
+            .map_err(|_| StoreError::Unavailable(format!("postgres: {text:?} is not a schema version"))),
+    }
+}
 
 /// Pending replay counts, one row per record. The fence and state guard keep
 /// a late count off a newer record under the same key.
@@ -145,7 +165,19 @@ impl Postgres {
         log_ids: LogIds,
         seal: Seal,
     ) -> Result<Postgres> {
-        let connections = Connections::open(url, pool_size, timeouts)?;
+        Postgres::connect_with(url, pool_size, timeouts, PgSession::default(), log_ids, seal)
+    }
+
+    /// [`Postgres::connect`] with sessions set up as `session` says.
+    pub fn connect_with(
+        url: &str,
+        pool_size: usize,
+        timeouts: PgTimeouts,
+        session: PgSession,
+        log_ids: LogIds,
+        seal: Seal,
+    ) -> Result<Postgres> {
+        let connections = Connections::open(url, pool_size, timeouts, session)?;
         let replays = Arc::new(ReplayCounts {
             connections: connections.clone(),
             tally: ReplayTally::default(),
@@ -157,6 +189,42 @@ impl Postgres {
             log_ids,
             seal,
         })
+    }
+
+    /// The schema version the database is at (`None`: never migrated),
+    /// read without locking or writing anything.
+    pub async fn schema_version(&self) -> Result<Option<i64>> {
+        let client = self.connections.client().await?;
+        // Simple queries: nothing is prepared, whatever pools the connections.
+        let exists = client
+            .simple_query("SELECT 1 WHERE to_regclass('idempotency_schema_migrations') IS NOT NULL")
+            .await
+            .map_err(unavailable)?;
+        if first_integer(&exists)?.is_none() {
+            return Ok(None);
+        }
+        let read = client
+            .simple_query("SELECT max(version) FROM idempotency_schema_migrations")
+            .await
+            .map_err(unavailable)?;
+        first_integer(&read)
+    }
+
+    /// Refuses a schema this store cannot use as it is: behind (not yet
+    /// migrated: `idempotency-store migrate` does that, as the schema's
+    /// owner) or ahead (a newer store migrated it).
+    pub async fn require_current_schema(&self) -> Result<()> {
+        let applied = self.schema_version().await?;
+        crate::backend::known_schema(applied, Some(LATEST_SCHEMA))?;
+        if applied == Some(LATEST_SCHEMA) {
+            return Ok(());
+        }
+        let at = applied.map_or_else(|| "not created".to_string(), |v| format!("at version {v}"));
+        Err(StoreError::Config(format!(
+            "the database's schema is {at}, this store needs version {LATEST_SCHEMA}: \
+             run `idempotency-store migrate` as the schema's owner first, or pass --migrate to `serve` \
+             (docs/operations.md#roles-and-migrations)"
+        )))
     }
 
     /// Logs events that have been committed.
@@ -186,10 +254,10 @@ impl Postgres {
     ) -> Result<T> {
         let key = ScopeDigest::of(scope);
         let mut client = self.connections.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
+        let tx = client.begin().await?;
         let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
         let (out, events) = work(&tx, &key, locked).await?;
-        tx.commit().await.map_err(unavailable)?;
+        tx.commit().await?;
         self.log_all(&events);
         Ok(out)
     }
@@ -211,48 +279,42 @@ impl Backend for Postgres {
     }
 
     async fn migrate(&self) -> Result<()> {
+        // A current schema is left alone: no lock, no DDL, so a role
+        // without DDL rights may call this.
+        if self.schema_version().await? == Some(LATEST_SCHEMA) {
+            return Ok(());
+        }
         let mut client = self.connections.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
+        let tx = client.begin().await?;
         // Replicas starting together take turns; the lock ends with the transaction.
         // A migration may rewrite a large table: the per-statement bound is
         // for the request path.
-        tx.batch_execute("SET LOCAL statement_timeout = 0")
+        tx.batch_execute(
+            "SET LOCAL statement_timeout = 0; SELECT pg_advisory_xact_lock(7201865443); \
+             CREATE TABLE IF NOT EXISTS idempotency_schema_migrations \
+             (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .await
+        .map_err(unavailable)?;
+        let applied = tx
+            .simple_query("SELECT max(version) FROM idempotency_schema_migrations")
             .await
             .map_err(unavailable)?;
-        tx.execute("SELECT pg_advisory_xact_lock(7201865443)", &[])
-            .await
-            .map_err(unavailable)?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)")
-            .await
-            .map_err(unavailable)?;
-        let applied: Option<i32> = tx
-            .query_one("SELECT max(version) FROM idempotency_schema_migrations", &[])
-            .await
-            .map_err(unavailable)?
-            .get(0);
-        crate::backend::known_schema(
-            applied.map(i64::from),
-            MIGRATIONS.last().map(|(v, _)| i64::from(*v)),
-        )?;
+        let applied = first_integer(&applied)?;
+        crate::backend::known_schema(applied, Some(LATEST_SCHEMA))?;
         for (version, sql) in MIGRATIONS {
-            let done = tx
-                .query_opt(
-                    "SELECT version FROM idempotency_schema_migrations WHERE version = $1",
-                    &[version],
-                )
-                .await
-                .map_err(unavailable)?;
-            if done.is_none() {
-                tx.batch_execute(sql).await.map_err(unavailable)?;
-                tx.execute(
-                    "INSERT INTO idempotency_schema_migrations (version, applied_at) VALUES ($1, $2)",
-                    &[version, &crate::clock::system_now()],
-                )
-                .await
-                .map_err(unavailable)?;
+            if applied.is_some_and(|a| a >= i64::from(*version)) {
+                continue;
             }
+            tx.batch_execute(sql).await.map_err(unavailable)?;
+            tx.batch_execute(&format!(
+                "INSERT INTO idempotency_schema_migrations (version, applied_at) VALUES ({version}, {})",
+                crate::clock::system_now()
+            ))
+            .await
+            .map_err(unavailable)?;
         }
-        tx.commit().await.map_err(unavailable)
+        tx.commit().await
     }
 
     async fn database_now_us(&self) -> Result<Option<i64>> {

@@ -7,10 +7,9 @@ use std::sync::LazyLock;
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
-use tokio_postgres::Statement;
 
 use super::generation::{end_generation, execute, noted_event, set_unknown};
-use super::pool::{unavailable, Client, Tx};
+use super::pool::{unavailable, Client, On, Stmt, Tx};
 use super::rows::{bind_with_columns, Bind, Param};
 use super::Postgres;
 use crate::backend::{EventInfo, Resolution, Result};
@@ -85,10 +84,10 @@ pub(super) async fn carry_out<R>(
                 let fence = match fence {
                     Fence::Held(f) => f,
                     Fence::New => {
-                        let next = tx
-                            .query_one("SELECT nextval('idempotency_fence_seq') AS fence", &[])
-                            .await
-                            .map_err(unavailable)?;
+                        let stmt = tx
+                            .prepare("SELECT nextval('idempotency_fence_seq') AS fence")
+                            .await?;
+                        let next = tx.one(&stmt, &[]).await?;
                         u64_from(next.try_get("fence").map_err(unavailable)?, "fence")?
                     }
                 };
@@ -129,10 +128,8 @@ pub(super) async fn carry_out<R>(
                            route, namespace, idem_key, attempt, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                            ON CONFLICT DO NOTHING";
                 let columns = KeyColumns::of(scope);
-                let stmt = tx.prepare_cached(sql).await.map_err(unavailable)?;
-                tx.execute(&stmt, &bind_with_columns(key, &columns, &[&attempt, &now]))
-                    .await
-                    .map_err(unavailable)?;
+                tx.execute(sql, &bind_with_columns(key, &columns, &[&attempt, &now]))
+                    .await?;
             }
         }
     }
@@ -147,7 +144,7 @@ impl Postgres {
         now: i64,
     ) -> Result<FenceReply> {
         let client = self.connections.client().await?;
-        let stmt = client.prepare_cached(&COMPLETE).await.map_err(unavailable)?;
+        let stmt = client.prepare(&COMPLETE).await?;
         self.complete_on(&client, &stmt, req, body, now).await
     }
 
@@ -156,7 +153,7 @@ impl Postgres {
     pub(super) async fn complete_on(
         &self,
         client: &Client,
-        stmt: &Statement,
+        stmt: &Stmt<'_>,
         req: &CompleteRequest,
         body: &[u8],
         now: i64,
@@ -179,7 +176,7 @@ impl Postgres {
             &now,
             &sealed.key_id,
         ]);
-        let rows = client.query(stmt, &params).await.map_err(unavailable)?;
+        let rows = client.rows(stmt, &params).await?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
         self.log_all(&events);
         Ok(if events.is_empty() {

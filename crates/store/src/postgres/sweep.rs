@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 
 use super::operations::carry_out;
-use super::pool::unavailable;
+use super::pool::On;
 use super::rows::{pick, Param};
 use super::Postgres;
 use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
@@ -45,7 +45,7 @@ impl Postgres {
         let batch = i64::from(policy.batch);
         let mut report = SweepReport::default();
         let mut client = self.connections.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
+        let tx = client.begin().await?;
         let mut events = Vec::new();
         let phases: [(&LazyLock<String>, Due); 4] = [
             // Leases that ran out: released or turned unknown, as the claim's policy said.
@@ -57,11 +57,7 @@ impl Postgres {
             (&EXPIRED, Due::Expired),
         ];
         for (sql, due) in phases {
-            for row in tx
-                .query(sql.as_str(), &[&now, &batch])
-                .await
-                .map_err(unavailable)?
-            {
+            for row in tx.query(sql.as_str(), &[&now, &batch]).await? {
                 let (key, loaded) = (row.scope_digest()?, LoadedRecord::read(&row)?);
                 let plan = plan::sweep(Some(&loaded), due, now);
                 let (swept, written) = carry_out(&tx, (&key, &self.seal), plan, now).await?;
@@ -74,14 +70,13 @@ impl Postgres {
         // Abandoned attempts whose claims can no longer land.
         let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
         tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
-            .await
-            .map_err(unavailable)?;
+            .await?;
         // Past the audit retention: archived generations, history, events.
         let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
         let params: [Param<'_>; 2] = [&cutoff, &batch];
         let delete = |sql: &'static str| {
             let (tx, params) = (&tx, &params);
-            async move { tx.execute(sql, params).await.map_err(unavailable) }
+            async move { tx.execute(sql, params).await }
         };
         report.purged = delete(PURGE_ARCHIVED).await?
             + delete(
@@ -93,7 +88,7 @@ impl Postgres {
             "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= $1 LIMIT $2)",
         )
         .await?;
-        tx.commit().await.map_err(unavailable)?;
+        tx.commit().await?;
         self.log_all(&events);
         Ok(report)
     }

@@ -1,7 +1,7 @@
 //! Test harness: throwaway PostgreSQL clusters, the store started in-process
 //! or as the real binary, and a small HTTP client.
 
-pub use idemgate_testkit::{free_port, pg};
+pub use idemgate_testkit::{free_port, pg, pgbouncer};
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -141,6 +141,66 @@ pub fn shared_cluster() -> Arc<pg::PgCluster> {
     let cluster = Arc::new(pg::PgCluster::start());
     *shared = Arc::downgrade(&cluster);
     cluster
+}
+
+/// PgBouncer in transaction mode in front of the shared cluster.
+pub struct Bounced {
+    pub cluster: Arc<pg::PgCluster>,
+    pub bouncer: pgbouncer::PgBouncer,
+}
+
+impl Bounced {
+    /// A new, empty database, reached through PgBouncer.
+    pub async fn fresh_database(&self) -> String {
+        let direct = self.cluster.fresh_database().await;
+        let name = direct.rsplit('/').next().unwrap_or_default();
+        self.bouncer.url(name)
+    }
+}
+
+/// [`Bounced`], shared like [`shared_cluster`]; `None` (said on standard
+/// error) when PgBouncer is not installed.
+pub fn shared_bouncer() -> Option<Arc<Bounced>> {
+    static SHARED: Mutex<Weak<Bounced>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(bounced) = shared.upgrade() {
+        return Some(bounced);
+    }
+    let cluster = shared_cluster();
+    // Fewer server connections than a store's pool: transactions of
+    // different clients take turns on the same server connections.
+    let Some(bouncer) = pgbouncer::PgBouncer::start(&cluster, pgbouncer::PoolMode::Transaction, 4, &[])
+    else {
+        eprintln!("skipped: PgBouncer is not installed (scripts/setup.sh installs it; or set PGBOUNCER_BIN)");
+        return None;
+    };
+    let bounced = Arc::new(Bounced { cluster, bouncer });
+    *shared = Arc::downgrade(&bounced);
+    Some(bounced)
+}
+
+/// A migrated backend at `url` (through a pooler in transaction mode),
+/// sealing stored responses with `seal`.
+pub async fn bounced_backend(url: &str, seal: Seal) -> Arc<dyn Backend> {
+    bounced_backend_with(url, seal, idemgate_store::postgres::PgTimeouts::default()).await
+}
+
+/// [`bounced_backend`] with these timeouts.
+pub async fn bounced_backend_with(
+    url: &str,
+    seal: Seal,
+    timeouts: idemgate_store::postgres::PgTimeouts,
+) -> Arc<dyn Backend> {
+    use idemgate_store::postgres::{PgSession, Pooler, Postgres};
+    let session = PgSession {
+        pooler: Pooler::Transaction,
+        read_only: false,
+    };
+    let log_ids = idemgate_store::log_ids::LogIds::random().unwrap();
+    let b: Arc<dyn Backend> =
+        Arc::new(Postgres::connect_with(url, 16, timeouts, session, log_ids, seal).unwrap());
+    b.migrate().await.unwrap();
+    b
 }
 
 pub async fn pg_backend(url: &str) -> Arc<dyn Backend> {
