@@ -276,9 +276,6 @@ pub struct OperatorArgs {
     /// Minutes without use after which a console session ends.
     #[arg(long, env = "IDEMGATE_CONSOLE_IDLE_MINUTES", default_value_t = 15)]
     pub console_idle_minutes: u64,
-    /// Seconds instead of minutes (tests), overriding --console-idle-minutes.
-    #[arg(long, env = "IDEMGATE_CONSOLE_IDLE_SECS", hide = true)]
-    pub console_idle_secs: Option<u64>,
 }
 
 impl OperatorArgs {
@@ -726,10 +723,7 @@ async fn serve(store: Store, s: Serve, admin: Option<String>, url: &str) -> Resu
              the console opens no session and the admin API changes no record"
         );
     }
-    let idle = match s.operators.console_idle_secs {
-        Some(secs) => Duration::from_secs(secs.max(1)),
-        None => Duration::from_secs(s.operators.console_idle_minutes.max(1).saturating_mul(60)),
-    };
+    let idle = Duration::from_secs(s.operators.console_idle_minutes.max(1).saturating_mul(60));
     let console = crate::console::ConsoleSettings {
         enabled: !s.no_console,
         secure_cookies: s.console_secure_cookies,

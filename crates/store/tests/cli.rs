@@ -59,8 +59,21 @@ fn help_documents_every_subcommand_and_flag() {
         "--tenant-new-keys-per-sec",
         "--tenant-new-keys-burst",
         "IDEMGATE_API_TOKEN",
+        "--operator-header",
+        "--operator-trusted-peers",
+        "--operator-proxy-secret-file",
+        "--operator-proxy-secret-header",
+        "--console-idle-minutes",
+        "IDEMGATE_CONSOLE_IDLE_MINUTES",
     ] {
         assert!(out.contains(flag), "{flag} missing from serve --help:\n{out}");
+    }
+    for command in ["resolve", "purge"] {
+        let (ok, out, _) = cli("sqlite://unused.db", &[command, "--help"]);
+        assert!(ok);
+        for flag in ["--actor", "--reason"] {
+            assert!(out.contains(flag), "{flag} missing from {command} --help:\n{out}");
+        }
     }
 }
 
