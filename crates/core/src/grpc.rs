@@ -30,6 +30,7 @@ pub mod code {
     pub const ABORTED: u8 = 10;
     pub const OUT_OF_RANGE: u8 = 11;
     pub const UNIMPLEMENTED: u8 = 12;
+    pub const INTERNAL: u8 = 13;
     pub const UNAVAILABLE: u8 = 14;
     pub const UNAUTHENTICATED: u8 = 16;
     /// The highest code gRPC defines (`UNAUTHENTICATED`).
@@ -73,7 +74,9 @@ pub fn is_grpc(content_type: &[u8]) -> bool {
 
 /// The `grpc-status` among response header or trailer fields.
 pub fn status(fields: &[(String, Vec<u8>)]) -> Option<u8> {
-    let (_, value) = fields.iter().find(|(name, _)| name.eq_ignore_ascii_case("grpc-status"))?;
+    let (_, value) = fields
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("grpc-status"))?;
     std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
@@ -187,14 +190,22 @@ fn status_proto(code: u8, message: &str, reason: &str, retry_ms: Option<u64>) ->
     let mut status = Vec::new();
     varint_field(&mut status, 1, u64::from(code));
     field(&mut status, 2, message.as_bytes());
-    field(&mut status, 3, &any("type.googleapis.com/google.rpc.ErrorInfo", &info));
+    field(
+        &mut status,
+        3,
+        &any("type.googleapis.com/google.rpc.ErrorInfo", &info),
+    );
     if let Some(ms) = retry_ms {
         let mut duration = Vec::new();
         varint_field(&mut duration, 1, ms / 1000);
         varint_field(&mut duration, 2, (ms % 1000) * 1_000_000);
         let mut retry = Vec::new();
         field(&mut retry, 1, &duration);
-        field(&mut status, 3, &any("type.googleapis.com/google.rpc.RetryInfo", &retry));
+        field(
+            &mut status,
+            3,
+            &any("type.googleapis.com/google.rpc.RetryInfo", &retry),
+        );
     }
     status
 }
@@ -265,10 +276,19 @@ mod tests {
 
     #[test]
     fn only_grpc_content_types_are_grpc() {
-        for yes in ["application/grpc", "application/grpc+proto", "application/grpc;charset=x"] {
+        for yes in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc;charset=x",
+        ] {
             assert!(is_grpc(yes.as_bytes()), "{yes}");
         }
-        for no in ["application/grpc-web", "application/json", "application/grpcx", ""] {
+        for no in [
+            "application/grpc-web",
+            "application/json",
+            "application/grpcx",
+            "",
+        ] {
             assert!(!is_grpc(no.as_bytes()), "{no}");
         }
     }
@@ -304,7 +324,10 @@ mod tests {
             .decode(header(DETAILS_HEADER).unwrap_or_default())
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&details);
-        assert!(text.contains("REQUEST_IN_PROGRESS") && text.contains(DOMAIN), "{text}");
+        assert!(
+            text.contains("REQUEST_IN_PROGRESS") && text.contains(DOMAIN),
+            "{text}"
+        );
         assert!(text.contains("google.rpc.RetryInfo"), "{text}");
         // code 10 as field 1, then the message as field 2
         assert_eq!(&details[..2], &[0x08, 10]);

@@ -40,6 +40,7 @@ pub mod openapi;
 pub mod plan;
 pub mod postgres;
 pub mod problem;
+mod replay;
 mod replays;
 pub mod sealing;
 pub mod service;
@@ -149,6 +150,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", idemgate_core::protocol::MARK_UNKNOWN_PATH),
     ("post", idemgate_core::protocol::ABANDON_PATH),
     ("post", idemgate_core::protocol::BATCH_PATH),
+    ("post", idemgate_core::protocol::REPLAY_PATH),
     ("post", admin::LOOKUP_PATH),
     ("get", admin::UNKNOWN_PATH),
     ("get", admin::STUCK_PATH),
@@ -209,6 +211,7 @@ pub fn surface(state: AppState, surface: Surface) -> Router {
         routes = routes
             .route("/metrics", get(metrics::serve))
             .route("/openapi.json", get(openapi::serve))
+            .route(idemgate_core::protocol::REPLAY_PATH, post(replay::serve))
             .merge(v1);
     }
     if surface != Surface::Api {

@@ -9,7 +9,7 @@ use crate::admin;
 use crate::console::paths as console;
 use idemgate_core::protocol::{
     ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, PROTOCOL_HEADER, PROTOCOL_OFFER,
-    RELEASE_PATH,
+    RELEASE_PATH, REPLAY_PATH,
 };
 
 fn frame_body(what: &str) -> Value {
@@ -256,6 +256,14 @@ pub fn document() -> Value {
         ),
     );
     paths.insert(
+        REPLAY_PATH.into(),
+        json!({ "post": {
+            "summary": "Send a stored gRPC response back as it came (Envoy's replay route for gRPC policies): ReplayRequest metadata, then the message frames; answered over HTTP/2 with those headers, frames and trailers. Reads and writes nothing, so it takes no credential",
+            "requestBody": frame_body("ReplayRequest"),
+            "responses": { "200": { "description": "The stored gRPC response (application/grpc), its trailers as HTTP/2 trailers; a frame that is not a replay gets a trailers-only gRPC status" } },
+        }}),
+    );
+    paths.insert(
         admin::LOOKUP_PATH.into(),
         admin_post(
             "Every generation (archived and ended ones included) and every event of a tenant's key; the key travels in the body, never in the URL",
@@ -334,6 +342,7 @@ pub fn document() -> Value {
                     "original_status": { "type": "integer" }, "retry_after_ms": { "type": "integer" } } },
                 "CompleteRequest": { "type": "object", "required": ["scope", "fence", "status", "headers", "body_stored"] },
                 "FenceRequest": { "type": "object", "required": ["scope", "fence"] },
+                "ReplayRequest": { "type": "object", "required": ["headers", "trailers"], "properties": { "headers": { "type": "array" }, "trailers": { "type": "array" } } },
                 "AbandonRequest": { "type": "object", "required": ["scope", "attempt"] },
                 "Batch": { "type": "object", "required": ["calls"], "properties": { "calls": { "type": "array", "maxItems": 64, "items": { "type": "object", "required": ["path", "len"], "properties": { "path": { "type": "string" }, "len": { "type": "integer" } } } } } },
                 "BatchReply": { "type": "object", "required": ["results"], "properties": { "results": { "type": "array", "items": { "type": "object", "required": ["status", "len"], "properties": { "status": { "type": "integer" }, "len": { "type": "integer" } } } } } },

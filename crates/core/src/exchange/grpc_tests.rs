@@ -51,7 +51,10 @@ fn answered(ex: &mut Exchange, reply: ClaimReply, body: &[u8]) -> Step {
 
 fn owned() -> Exchange {
     let (mut ex, _) = begin(Some("k1"));
-    assert_eq!(answered(&mut ex, ClaimReply::Owned { fence: 7 }, b""), Step::Continue);
+    assert_eq!(
+        answered(&mut ex, ClaimReply::Owned { fence: 7 }, b""),
+        Step::Continue
+    );
     ex
 }
 
@@ -95,7 +98,10 @@ fn the_filters_own_answers_are_grpc_statuses() {
         code::FAILED_PRECONDITION
     );
     let (mut ex, _) = begin(Some("k1"));
-    assert_eq!(status_of(&answered(&mut ex, ClaimReply::Unknown, b"")), code::UNKNOWN);
+    assert_eq!(
+        status_of(&answered(&mut ex, ClaimReply::Unknown, b"")),
+        code::UNKNOWN
+    );
     let (mut ex, _) = begin(Some("k1"));
     let Step::Deliver(_, then) = ex.store_reply(None) else {
         panic!("a claim without an answer is abandoned")
@@ -106,11 +112,19 @@ fn the_filters_own_answers_are_grpc_statuses() {
 #[test]
 fn a_response_with_messages_is_stored_with_its_trailers() {
     let mut ex = owned();
-    let headers = [("content-type", "application/grpc"), ("x-ledger", "L1"), ("x-other", "o")];
+    let headers = [
+        ("content-type", "application/grpc"),
+        ("x-ledger", "L1"),
+        ("x-other", "o"),
+    ];
     assert_eq!(response(&mut ex, &headers, false), Step::Pause);
     let body = message(b"\x0a\x02ok");
     assert_eq!(ex.response_body(&body, false), Step::Pause);
-    let step = ex.response_trailers(&fields(&[("grpc-status", "0"), ("grpc-message", ""), ("x-t", "t")]));
+    let step = ex.response_trailers(&fields(&[
+        ("grpc-status", "0"),
+        ("grpc-message", ""),
+        ("x-t", "t"),
+    ]));
     let Step::Call(call) = &step else {
         panic!("expected the completion, got {step:?}")
     };
@@ -119,13 +133,19 @@ fn a_response_with_messages_is_stored_with_its_trailers() {
     assert!(request.body_stored);
     assert_eq!(
         request.headers,
-        vec![("content-type".into(), "application/grpc".into()), ("x-ledger".into(), "L1".into())]
+        vec![
+            ("content-type".into(), "application/grpc".into()),
+            ("x-ledger".into(), "L1".into())
+        ]
     );
     let (messages, trailers) = grpc::split_trailers(stored).unwrap();
     assert_eq!(messages, body.as_slice());
     assert_eq!(
         trailers,
-        vec![("grpc-status".into(), "0".into()), ("grpc-message".into(), String::new())],
+        vec![
+            ("grpc-status".into(), "0".into()),
+            ("grpc-message".into(), String::new())
+        ],
         "unlisted trailing metadata is not kept"
     );
 }
@@ -133,7 +153,11 @@ fn a_response_with_messages_is_stored_with_its_trailers() {
 #[test]
 fn a_trailers_only_error_the_server_acted_on_is_stored() {
     let mut ex = owned();
-    let step = response(&mut ex, &[("content-type", "application/grpc"), ("grpc-status", "6")], true);
+    let step = response(
+        &mut ex,
+        &[("content-type", "application/grpc"), ("grpc-status", "6")],
+        true,
+    );
     assert_eq!(settled_on(&step), COMPLETE_PATH);
 }
 
@@ -142,7 +166,11 @@ fn refused_before_acting_releases_the_key() {
     for status in ["3", "16", "5"] {
         let mut ex = owned();
         let step = response(&mut ex, &[("grpc-status", status)], true);
-        assert_eq!(settled_on(&step), RELEASE_PATH, "code {status} (5 is the policy's)");
+        assert_eq!(
+            settled_on(&step),
+            RELEASE_PATH,
+            "code {status} (5 is the policy's)"
+        );
     }
     let mut ex = owned();
     assert_eq!(response(&mut ex, &[], false), Step::Pause);
@@ -160,7 +188,10 @@ fn a_deadline_cancellation_or_missing_status_is_unknown() {
     }
     let mut ex = owned();
     response(&mut ex, &[], false);
-    assert_eq!(settled_on(&ex.response_body(&message(b""), true)), MARK_UNKNOWN_PATH);
+    assert_eq!(
+        settled_on(&ex.response_body(&message(b""), true)),
+        MARK_UNKNOWN_PATH
+    );
 }
 
 #[test]
@@ -175,8 +206,15 @@ fn idempotency_control_in_the_trailers_decides() {
     assert_eq!(settled_on(&step), COMPLETE_PATH, "the headers said so");
     let mut ex = owned();
     response(&mut ex, &[("idempotency-control", "store")], false);
-    let step = ex.response_trailers(&fields(&[("grpc-status", "0"), ("idempotency-control", "uncertain")]));
-    assert_eq!(settled_on(&step), MARK_UNKNOWN_PATH, "the safest of headers and trailers wins");
+    let step = ex.response_trailers(&fields(&[
+        ("grpc-status", "0"),
+        ("idempotency-control", "uncertain"),
+    ]));
+    assert_eq!(
+        settled_on(&step),
+        MARK_UNKNOWN_PATH,
+        "the safest of headers and trailers wins"
+    );
 }
 
 #[test]
@@ -237,7 +275,10 @@ fn grpc_policies_refuse_what_cannot_work() {
         assert!(e.contains(field), "{extra}: {e}");
     }
     let codes = |list: &str| {
-        policy("").replace(r#""grpc": {}"#, &format!(r#""grpc": {{"release_codes": {list}}}"#))
+        policy("").replace(
+            r#""grpc": {}"#,
+            &format!(r#""grpc": {{"release_codes": {list}}}"#),
+        )
     };
     for bad in ["[0]", "[17]"] {
         let e = Config::parse(codes(bad).as_bytes()).unwrap_err().to_string();
