@@ -1,6 +1,6 @@
 //! gRPC unary calls through the real Envoy (`envoy/grpc.yaml`) with the
 //! real store, between a real gRPC server and a real gRPC client: Python's
-//! `grpcio` from PyPI (`tests/grpc/ledger.py`, installed into the venv by
+//! `grpcio` from PyPI (`examples/ledger/ledger.py`, installed into the venv by
 //! `scripts/setup.sh`). The client reads every answer as an application
 //! would: status, message, metadata, and `google.rpc.Status` details.
 //!
@@ -102,7 +102,7 @@ fn python() -> PathBuf {
 }
 
 fn script() -> PathBuf {
-    e2e::repo_root().join("tests/grpc/ledger.py")
+    e2e::repo_root().join("examples/ledger/ledger.py")
 }
 
 fn metadata<'a>(answer: &'a Value, part: &str, name: &str) -> Option<&'a str> {

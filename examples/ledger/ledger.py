@@ -1,4 +1,5 @@
-"""A real gRPC ledger and its client, from PyPI's grpcio, for the gRPC tests.
+"""A real gRPC ledger and its client, from PyPI's grpcio: the gRPC service of
+`make demo` and of the gRPC tests (tests/tests/grpc.rs).
 
   ledger.py serve PORT          a gRPC server with ledger.v1.Ledger/Transfer,
                                 which counts its executions per idempotency
