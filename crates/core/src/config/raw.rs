@@ -404,6 +404,12 @@ impl RawPolicy {
             raw_fingerprint.headers,
         )
         .map_err(|m| err(f("fingerprint"), m))?;
+        if grpc.is_some() && !matches!(path, PathMatch::Exact(_)) {
+            return Err(err(
+                f("match.path"),
+                "a gRPC policy names each unary method exactly ({\"exact\": \"/package.Service/Method\"}): a prefix or template would also cover the service's streaming methods, which cannot be replayed",
+            ));
+        }
         if grpc.is_some() && !self.release_statuses.is_empty() {
             return Err(err(
                 f("release_statuses"),

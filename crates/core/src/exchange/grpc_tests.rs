@@ -261,7 +261,7 @@ fn grpc_policies_refuse_what_cannot_work() {
     let policy = |extra: &str| {
         format!(
             r#"{{"store": {{"cluster": "s", "token": "t"}}, "policies": [{{"name": "g",
-            "match": {{"path": {{"prefix": "/g."}}}}, "anonymous": true, "grpc": {{}}{extra}}}]}}"#
+            "match": {{"path": {{"exact": "/g.S/M"}}}}, "anonymous": true, "grpc": {{}}{extra}}}]}}"#
         )
     };
     assert!(Config::parse(policy("").as_bytes()).is_ok());
@@ -274,6 +274,9 @@ fn grpc_policies_refuse_what_cannot_work() {
         let e = Config::parse(policy(extra).as_bytes()).unwrap_err().to_string();
         assert!(e.contains(field), "{extra}: {e}");
     }
+    let prefix = policy("").replace(r#"{"exact": "/g.S/M"}"#, r#"{"prefix": "/g.S/"}"#);
+    let e = Config::parse(prefix.as_bytes()).unwrap_err().to_string();
+    assert!(e.contains("match.path") && e.contains("streaming"), "{e}");
     let codes = |list: &str| {
         policy("").replace(
             r#""grpc": {}"#,
