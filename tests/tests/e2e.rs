@@ -662,6 +662,44 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
     );
 }
 
+/// A canary (partial enforcement): the listed tenant is enforced, every
+/// other tenant observed, on the same route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_canary_enforces_its_tenants_and_observes_the_rest() {
+    let h = Harness::start().await;
+    for (tenant, enforced) in [("canary-tenant", true), ("other-tenant", false)] {
+        let k = key(&format!("canary-{tenant}"));
+        let first = send(h.post_as(tenant, "u", "/canary", Some(&k), PAYMENT)).await;
+        assert_eq!(first.status, 201, "{tenant}");
+        let again = send(h.post_as(tenant, "u", "/canary", Some(&k), PAYMENT)).await;
+        let other = send(h.post_as(tenant, "u", "/canary", Some(&k), r#"{"amount": 1}"#)).await;
+        if enforced {
+            assert_eq!(again.header("idempotent-replayed"), Some("true"), "{tenant}");
+            assert_problem(&other, 422, "key-reused");
+            assert_eq!(h.upstream.executions(&k), 1, "{tenant}");
+        } else {
+            assert!(again.header("idempotent-replayed").is_none(), "{tenant}");
+            assert_eq!(other.status, 201, "{tenant}");
+            assert_eq!(h.upstream.executions(&k), 3, "{tenant}");
+        }
+    }
+    eventually(
+        "the observed tenant's would-be answers are counted",
+        Duration::from_secs(10),
+        || async {
+            let text = h.admin_text("/stats/prometheus").await;
+            ["would_replay", "would_reject"].iter().all(|outcome| {
+                text.lines().any(|l| {
+                    l.starts_with("idemgate_requests{")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                        && l.contains("policy=\"canary\"")
+                })
+            })
+        },
+    )
+    .await;
+}
+
 /// Access logs read how the filter handled each request from its filter
 /// state: outcome, observe mode's reason, policy and claim attempt.
 #[tokio::test(flavor = "multi_thread")]

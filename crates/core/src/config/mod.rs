@@ -73,7 +73,42 @@ pub struct Policy {
     forwarding: Forwarding,
     settle: Settle,
     grpc: Option<GrpcPolicy>,
+    canary: Option<Canary>,
 }
+
+/// Partial enforcement: the requests a policy in `enforce` mode enforces;
+/// it observes the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canary {
+    /// Of every 10,000 keys, how many are enforced: picked by a hash of the
+    /// whole scope, so a key's retries are always treated alike.
+    basis_points: u16,
+    /// Tenants enforced whatever their keys.
+    tenants: Vec<String>,
+}
+
+impl Canary {
+    fn enforces(&self, tenant: Option<&[u8]>, scope: Option<&crate::scope::Scope>) -> bool {
+        let listed = tenant.is_some_and(|t| self.tenants.iter().any(|n| n.as_bytes() == t));
+        if self.basis_points >= 10_000 || listed {
+            return true;
+        }
+        let Some(scope) = scope else {
+            return false;
+        };
+        use sha2::Digest;
+        let digest = sha2::Sha256::new()
+            .chain_update(CANARY_LABEL)
+            .chain_update(scope.encode())
+            .finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        u64::from_be_bytes(first) % 10_000 < u64::from(self.basis_points)
+    }
+}
+
+/// Keeps the canary's hash of a scope apart from every other hash of it.
+const CANARY_LABEL: &[u8] = b"idemgate canary\0";
 
 /// What a policy covering gRPC unary methods adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,8 +185,20 @@ impl Policy {
     pub fn replay_headers(&self) -> &[String] {
         &self.replay_headers
     }
+    /// The configured mode; see [`Policy::mode_for`] for one request's.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+    /// The mode of one request: its tenant (as the identity source gave it)
+    /// and its scope, once known. A policy with a canary enforces the
+    /// tenants it lists and its share of keys, and observes the rest; a
+    /// request without a usable key is enforced only for a listed tenant
+    /// (or a share of 100%).
+    pub fn mode_for(&self, tenant: Option<&[u8]>, scope: Option<&crate::scope::Scope>) -> Mode {
+        match &self.canary {
+            Some(canary) if self.mode == Mode::Enforce && !canary.enforces(tenant, scope) => Mode::Observe,
+            _ => self.mode,
+        }
     }
     /// How soon a request that found its key in progress is told to come
     /// back (never later than the owner's lease ends).

@@ -118,6 +118,48 @@ struct RawPolicy {
     settle: Option<Settle>,
     #[serde(default)]
     grpc: Option<RawGrpc>,
+    #[serde(default)]
+    canary: Option<RawCanary>,
+}
+
+/// Partial enforcement under `mode: enforce`: these requests are enforced,
+/// the rest observed.
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    /// The share of keys enforced, in percent (0-100, two decimals).
+    #[serde(default)]
+    percent: f64,
+    /// Tenants enforced whatever their keys.
+    #[serde(default)]
+    tenants: Vec<String>,
+}
+
+impl RawCanary {
+    fn validate(self, at: &str, mode: Mode) -> Result<Canary, ConfigError> {
+        let f = |name: &str| format!("{at}.canary.{name}");
+        if mode != Mode::Enforce {
+            return Err(err(
+                format!("{at}.canary"),
+                "a canary picks what `enforce` mode enforces; an observing policy observes everything",
+            ));
+        }
+        let basis_points = (self.percent * 100.0).round();
+        if !(0.0..=10_000.0).contains(&basis_points) || (self.percent * 100.0 - basis_points).abs() > 1e-6 {
+            return Err(err(
+                f("percent"),
+                "must be between 0 and 100, with at most two decimals",
+            ));
+        }
+        if let Some(t) = self.tenants.iter().find(|t| t.is_empty() || t.len() > 255) {
+            return Err(err(f("tenants"), format!("`{t}` is not a tenant (1-255 bytes)")));
+        }
+        Ok(Canary {
+            basis_points: basis_points as u16,
+            tenants: self.tenants,
+        })
+    }
 }
 
 /// Present on a policy covering gRPC unary methods.
@@ -517,6 +559,8 @@ impl RawPolicy {
                 ),
             ));
         }
+        let mode = self.mode.unwrap_or_default();
+        let canary = self.canary.map(|c| c.validate(at, mode)).transpose()?;
         let lease_ms = lease_s.saturating_mul(1000);
         let forwarding = match self.forwarding {
             None => Forwarding::Streaming,
@@ -554,11 +598,12 @@ impl RawPolicy {
             max_request_body,
             max_stored_body,
             replay_headers,
-            mode: self.mode.unwrap_or_default(),
+            mode,
             in_progress_retry_after_ms,
             forwarding,
             settle: self.settle.unwrap_or_default(),
             grpc,
+            canary,
         })
     }
 }

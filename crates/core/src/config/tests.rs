@@ -84,6 +84,7 @@ fn the_minimal_config_parses_with_the_defaults() {
         forwarding: Forwarding::Streaming,
         settle: Settle::BeforeResponse,
         grpc: None,
+        canary: None,
     };
     assert_eq!(config.policies, vec![Rc::new(want)]);
 }

@@ -82,6 +82,8 @@ pub struct Exchange {
     attempt: Attempt,
     scope: Option<Scope>,
     phase: Phase,
+    /// This request's mode: the policy's, or under a canary, what it picks.
+    mode: Mode,
     handling: Handling,
     /// See [`Exchange::reason`].
     reason: Option<Handling>,
@@ -116,6 +118,7 @@ impl Exchange {
             attempt,
             scope: None,
             phase: Phase::Passing,
+            mode: Mode::Enforce,
             handling: Handling::Passed,
             reason: None,
             settlement: None,
@@ -194,6 +197,7 @@ impl Exchange {
     }
 
     fn start(&mut self, head: RequestHead) -> Step {
+        self.mode = self.policy.mode_for(head.tenant.as_deref(), None);
         let fields: Vec<&[u8]> = head.key_fields.iter().map(Vec::as_slice).collect();
         let key = match parse_key(&fields, self.policy.key_rules()) {
             Ok(Some(key)) => {
@@ -215,7 +219,10 @@ impl Exchange {
             key,
         );
         match scope {
-            Ok(scope) => self.scope = Some(scope),
+            Ok(scope) => {
+                self.mode = self.policy.mode_for(head.tenant.as_deref(), Some(&scope));
+                self.scope = Some(scope);
+            }
             Err(e) => return self.reject(Handling::IdentityMissing, Problem::identity_missing(e)),
         }
         if head
@@ -231,7 +238,8 @@ impl Exchange {
             &head.path,
             &head.fingerprint_headers,
         );
-        self.upstream = head.upstream;
+        // Observing never changes how traffic flows.
+        self.upstream = head.upstream.filter(|_| self.mode == Mode::Enforce);
         if head.end_of_stream {
             return self.claim(fingerprint);
         }
@@ -362,7 +370,7 @@ impl Exchange {
                 headers,
                 completed_at,
             } => {
-                if self.policy.mode() == Mode::Observe {
+                if self.mode == Mode::Observe {
                     return self.pass(Handling::WouldReplay);
                 }
                 self.handling = Handling::Replayed;
@@ -504,7 +512,7 @@ impl Exchange {
     /// Answer with a problem, or in observe mode note what would have happened
     /// and let the request through.
     fn reject(&mut self, handling: Handling, problem: Problem) -> Step {
-        if self.policy.mode() == Mode::Observe {
+        if self.mode == Mode::Observe {
             let would = handling.observed();
             if would != handling {
                 self.reason = Some(handling);
@@ -555,6 +563,8 @@ impl Exchange {
     }
 }
 
+#[cfg(test)]
+mod canary_tests;
 #[cfg(test)]
 mod grpc_tests;
 #[cfg(test)]
