@@ -20,6 +20,9 @@ NAMES = {
     "replay": "5. replay of completed keys (SQLite)",
     "peer-base": "6a. Express handler alone (peer baseline)",
     "peer": "6. express-idempotency + Redis, new keys",
+    "grpc-reference": "8. gRPC passthrough (gRPC baseline; mean of its runs)",
+    "grpc-new": "8a. gRPC unary calls + store on SQLite, new keys",
+    "grpc-replay": "8b. gRPC unary calls, replay of completed keys (SQLite)",
 }
 SHORT = {
     "reference": "1 baseline",
@@ -32,9 +35,15 @@ SHORT = {
     "replay": "5 replay",
     "peer-base": "6a peer base",
     "peer": "6 peer",
+    "grpc-reference": "8 gRPC baseline",
+    "grpc-new": "8a gRPC new keys",
+    "grpc-replay": "8b gRPC replay",
 }
 ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "postgres",
-         "replay", "peer-base", "peer"]
+         "replay", "peer-base", "peer", "grpc-reference", "grpc-new", "grpc-replay"]
+# The gRPC scenarios (8): their own Envoys, upstream and load generator, so
+# their own baseline ("grpc-base@<name>" rounds, pooled as "grpc-reference").
+GRPC = ("grpc-reference", "grpc-new", "grpc-replay")
 WITH_STORE = ("sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "replay", "postgres")
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 # Raw lines that come once per scale point, kept as lists.
@@ -67,21 +76,29 @@ def load(path):
         else:
             extra.update(d)
     scen = merge_rounds(scen)
-    # The reference row: the mean of the baseline runs (one before each of 2-5).
-    bases = [v for n, v in scen.items() if n.startswith("baseline")]
-    if bases:
-        ref = {"scenario": "reference"}
-        for w in ("wrk", "wrk1"):
-            runs = [b[w] for b in bases if w in b]
-            if runs:
-                ref[w] = {f: sum(r[f] for r in runs) / len(runs) for f in WRK_FIELDS}
-                ref[w].update({f: sum(r[f] for r in runs) for f in runs[0] if f not in WRK_FIELDS})
-        cpus = [b["cpu_ms"] for b in bases if "cpu_ms" in b]
-        if cpus and len(cpus) == len(bases):
-            ref["cpu_ms"] = {k: sum(c.get(k, 0) for c in cpus) for k in cpus[0]}
-        scen["reference"] = ref
-        meta["baseline_runs_rps"] = [round(r["wrk"]["rps"]) for b in bases for r in b.get("rounds", [b])]
+    # The reference rows: the mean of the baseline runs (one before each of
+    # 2-5), and of the gRPC baseline runs (one before each of 8a-8b).
+    for prefix, name, runs_key in (("baseline", "reference", "baseline_runs_rps"),
+                                   ("grpc-base", "grpc-reference", "grpc_baseline_runs_rps")):
+        bases = [v for n, v in scen.items() if n.startswith(prefix + "@")]
+        if bases:
+            scen[name] = pooled(name, bases)
+            meta[runs_key] = [round(r["wrk"]["rps"]) for b in bases for r in b.get("rounds", [b])]
     return meta, scen, extra, probes
+
+
+def pooled(name, bases):
+    """A reference row: the mean of its baseline runs."""
+    ref = {"scenario": name}
+    for w in ("wrk", "wrk1"):
+        runs = [b[w] for b in bases if w in b]
+        if runs:
+            ref[w] = {f: sum(r[f] for r in runs) / len(runs) for f in WRK_FIELDS}
+            ref[w].update({f: sum(r[f] for r in runs) for f in runs[0] if f not in WRK_FIELDS})
+    cpus = [b["cpu_ms"] for b in bases if "cpu_ms" in b]
+    if cpus and len(cpus) == len(bases):
+        ref["cpu_ms"] = {k: sum(c.get(k, 0) for c in cpus) for k in cpus[0]}
+    return ref
 
 
 def median(values):
@@ -184,7 +201,7 @@ def build_row(name, label, scen, refs):
     the peer's, at 32 connections and at 1)."""
     base, base1, peer_base, peer_base1 = refs
     w = scen[name]["wrk"]
-    paired = scen.get(f"baseline@{name}")
+    paired = scen.get(f"baseline@{name}") or scen.get(f"grpc-base@{name}")
     if paired:
         base_of = paired["wrk"]
     else:
@@ -251,9 +268,10 @@ def summarize(meta, scen, extra, probes):
     base1 = scen.get("reference", {}).get("wrk1")
     peer_base1 = scen.get("peer-base", {}).get("wrk1")
     refs = (base, base1, peer_base, peer_base1)
+    grpc_refs = (scen.get("grpc-reference", {}).get("wrk"), scen.get("grpc-reference", {}).get("wrk1"), None, None)
     for name in ORDER:
         if name in scen:
-            rows.append(build_row(name, NAMES[name], scen, refs))
+            rows.append(build_row(name, NAMES[name], scen, grpc_refs if name in GRPC else refs))
     callout = [build_row(f"callout-{n}", f"{n} callout{'s' if n != 1 else ''} per request", scen, refs)
                for n in range(3) if f"callout-{n}" in scen]
     scale = scale_rows(scen, extra, refs)
@@ -297,9 +315,11 @@ def summarize(meta, scen, extra, probes):
             "bytes_per_record": r["used_memory_delta"] / r["records"],
         }
     ref_cpu = next((r.get("cpu_us_total") for r in rows if r["scenario"] == "reference"), None)
+    grpc_cpu = next((r.get("cpu_us_total") for r in rows if r["scenario"] == "grpc-reference"), None)
     for r in rows + callout + [p[k] for p in scale["points"] for k in ("new", "replay") if p.get(k)]:
-        if ref_cpu and r.get("cpu_us_total"):
-            r["cpu_x"] = r["cpu_us_total"] / ref_cpu
+        own_cpu = grpc_cpu if r["scenario"] in GRPC else ref_cpu
+        if own_cpu and r.get("cpu_us_total"):
+            r["cpu_x"] = r["cpu_us_total"] / own_cpu
     return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes,
             "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
             "store_claims": extra.get("store_claims")}
@@ -480,11 +500,58 @@ def forwarding_modes(summary):
     return "Detached vs streaming (3a vs 3): " + "; ".join(parts) + "."
 
 
+GRPC_SETUP = (
+    "Rows 8–8b are gRPC unary calls (`bench/grpc.yaml`): a `POST` of one length-prefixed message frame "
+    "(`content-type: application/grpc`, `te: trailers`) with `x-tenant-id`/`x-user-id` and an "
+    "`idempotency-key` metadata entry, to `/bench.v1.Ledger/Transfer`, which a policy with `\"grpc\": {{}}` "
+    "covers. They run through a pair of Envoys of their own (the same bootstrap with and without the "
+    "filter; with it, the replay route to the store's `/idemgate.v1.Store/Replay` over HTTP/2) in front "
+    "of a trivial Rust gRPC server (`idempotency-grpc-bench upstream`: the message echoed, then the "
+    "trailers `grpc-status: 0`), store on a fresh SQLite file. The load generator is "
+    "`idempotency-grpc-bench load` (hyper's HTTP/2 client; wrk cannot speak HTTP/2): {conc} calls in "
+    "flight over {conns} HTTP/2 connections (Envoy's listener balances them exactly over its two "
+    "workers), then one call at a time on one connection (\"@1\"). A call counts as good when its "
+    "`grpc-status` is 0 and, in 8b, when it carries `idempotent-replayed: true`; the others are in "
+    "\"non-2xx\". 8a and 8b alternate with their own baseline, the same calls with new keys through the "
+    "Envoy without the filter (row 8 pools those runs): their ratios and added latencies are to it, not "
+    "to 1. That upstream answers in microseconds where the HTTP rows' Express handler takes a few "
+    "hundred, so the gRPC ratios show more of the filter's cost, not a slower filter."
+)
+
+
+def grpc_summary(summary):
+    """One sentence on the gRPC rows (8a, 8b) against their own baseline; None without them."""
+    parts = []
+    for name, what in (("grpc-new", "new keys"), ("grpc-replay", "replays")):
+        r = row_of(summary, name)
+        if not r:
+            continue
+        bit = (f"{what} {r.get('rps_x', 0):.2f}× the baseline's calls/s, added p50 {r.get('added_p50_ms', 0):+.2f} ms "
+               f"and p99 {r.get('added_p99_ms', 0):+.2f} ms at {summary['meta'].get('concurrency')} calls in flight")
+        if "one_added_p50_ms" in r:
+            bit += (f", {r['one_added_p50_ms']:+.2f} ms and {r.get('one_added_p99_ms', 0):+.2f} ms at one "
+                    f"connection")
+        parts.append(bit)
+    if not parts:
+        return None
+    return "gRPC unary calls (8a, 8b), each against its own gRPC baseline: " + "; ".join(parts) + "."
+
+
 def fmt_counters(c):
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
 
 
 def conditions(meta):
+    runs = []
+    if meta.get("baseline_runs_rps"):
+        runs.append(f"The baseline's own runs in this run ranged {min(meta['baseline_runs_rps'])}–"
+                    f"{max(meta['baseline_runs_rps'])} req/s")
+    if meta.get("grpc_baseline_runs_rps"):
+        runs.append(f"{'the' if runs else 'The'} gRPC baseline's {min(meta['grpc_baseline_runs_rps'])}–"
+                    f"{max(meta['grpc_baseline_runs_rps'])} calls/s")
+    noise = (" and ".join(runs) + ": on a shared 2-core machine throughput ratios carry that much noise, and CPU "
+             "time per request is the steadier measure.") if runs else ""
+    only = (f" Only the {meta['only']} scenarios ran (`BENCH_ONLY={meta['only']}`)." if meta.get("only") else "")
     return (
         f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
         f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
@@ -493,10 +560,7 @@ def conditions(meta):
         f"then {meta.get('latency_seconds')} s at one connection (`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
-        f"(no fsync per write). The baseline's own runs in this run ranged "
-        f"{min(meta.get('baseline_runs_rps') or [0])}–{max(meta.get('baseline_runs_rps') or [0])} req/s: "
-        f"on a shared 2-core machine throughput ratios carry that much noise, and CPU time per request "
-        f"is the steadier measure."
+        f"(no fsync per write). " + noise + only
     )
 
 
@@ -518,6 +582,8 @@ def markdown(summary):
         "baseline runs. Latencies in ms; \"@1\" is the one-connection run after each measurement.",
         "",
     ]
+    if any(r["scenario"] in GRPC for r in rows):
+        out += [GRPC_SETUP.format(conns=meta.get("grpc_connections", "?"), conc=meta.get("concurrency")), ""]
     if row_of(summary, "sqlite-detached"):
         out += [FORWARDING_MODES, ""]
     out += [
@@ -536,6 +602,9 @@ def markdown(summary):
     modes = forwarding_modes(summary)
     if modes:
         out += ["", modes]
+    grpc = grpc_summary(summary)
+    if grpc:
+        out += ["", grpc]
     out += store_calls_section(summary)
     out += callout_section(summary)
     out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
@@ -557,8 +626,9 @@ def markdown(summary):
                     "(`idempotency-store-bench --claims-only`): the stage means come from the store's "
                     "`idemgate_store_write_*_seconds` histograms, the context switches from every thread "
                     "of the process.", "", "```", claims.strip(), "```"]
-    out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
-            "| stack | answers | executions |", "|---|---|--:|"]
+    if summary["probes"]:
+        out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
+                "| stack | answers | executions |", "|---|---|--:|"]
     for name, label in (("idemgate", "idemgate (Envoy + filter + store on SQLite)"),
                         ("peer", "express-idempotency + Redis")):
         p = summary["probes"].get(name)
@@ -568,23 +638,27 @@ def markdown(summary):
     out += ["", "## CPU time per request (µs, user + system, during the measured run)", "",
             "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. In 4",
             "the PostgreSQL server's processes (backends, WAL writer, checkpointer, autovacuum) are counted",
-            "too: on a machine of its own in production, it shares the two cores here.", "",
-            "| scenario | Envoy | store | PostgreSQL server | upstream Node | peer Node | Redis | total | × baseline |",
+            "too: on a machine of its own in production, it shares the two cores here.", ""]
+    if any(r["scenario"] in GRPC for r in summary["rows"]):
+        out += ["The gRPC rows (8) have an upstream of their own (the Rust gRPC server of `idempotency-grpc-bench`),",
+                "in the \"upstream\" column, and their \"× baseline\" is to the gRPC baseline (8).", ""]
+    out += ["| scenario | Envoy | store | PostgreSQL server | upstream (Node; 8: Rust) | peer Node | Redis | total "
+            "| × baseline |",
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
-    base_cpu = None
     for r in summary["rows"]:
         c = r.get("cpu_us_per_request")
         if not c:
             continue
         total = sum(c.values())
-        if r["scenario"] == "reference":
-            base_cpu = total
         cell = lambda k: f"{c[k]:.0f}" if k in c else "–"  # noqa: E731
         node_up = cell("upstream") if "upstream" in c else (cell("node") if r["scenario"] == "peer-base" else "–")
         node_peer = cell("node") if r["scenario"] == "peer" else "–"
+        x = r.get("cpu_x", 1.0 if r["scenario"] in ("reference", "grpc-reference") else 0)
         out.append(f"| {r['label']} | {cell('envoy')} | {cell('store')} | {cell('postgres')} | {node_up} | {node_peer} "
                    f"| {cell('redis')} "
-                   f"| {total:.0f} | {total / base_cpu if base_cpu else 0:.2f} |")
+                   f"| {total:.0f} | {x:.2f} |")
+    if meta.get("only"):
+        return "\n".join(out + ["", "![chart](latest.svg)", ""])
     m = summary["memory"]
     kb = lambda k: f"{m[k] / 1024:.1f} MiB" if m.get(k) else "–"  # noqa: E731
     out += ["", "## Memory (VmRSS after the scenario; VmHWM = peak)", "", "| process | RSS | peak |", "|---|--:|--:|",
@@ -622,7 +696,7 @@ def fmt_per(v, digits=2):
 
 def store_calls_section(summary):
     """Envoy's counters of the store's cluster per covered request, every scenario with the filter."""
-    rows = [r for r in summary["rows"] if r["scenario"] not in ("reference", "peer", "peer-base")]
+    rows = [r for r in summary["rows"] if r["scenario"] not in ("reference", "peer", "peer-base", "grpc-reference")]
     for p in summary["scale"]["points"]:
         rows += [p[k] for k in ("new", "replay") if p.get(k)]
         if p.get("sweep"):

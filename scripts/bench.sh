@@ -26,6 +26,16 @@
 #                  on a day's worth of expiries (archive and purge) under load
 #   6 peer         the same handler behind express-idempotency + Redis, new keys
 #                  (its own baseline, "peer-base", is the handler without it)
+#   8 gRPC         gRPC unary calls (bench/grpc.yaml) through a third pair of
+#                  Envoys, with and without the filter, to a trivial Rust gRPC
+#                  upstream (idempotency-grpc-bench upstream), store on a fresh
+#                  SQLite file: 8a new keys, 8b replays of completed keys, each
+#                  alternating with its own gRPC baseline ("grpc-base": the
+#                  same calls through the Envoy without the filter) in rounds.
+#                  The load generator is idempotency-grpc-bench load (HTTP/2,
+#                  a key per call; wrk cannot speak HTTP/2): $CONC calls in
+#                  flight over BENCH_GRPC_CONNECTIONS (4) connections, and one
+#                  call at a time on one connection.
 #   + the duplicate-execution probe: 50 identical requests at once, one key,
 #     a 200 ms handler, for the peer and for idemgate.
 # Every Envoy scenario also reads Envoy's counters of the store's cluster
@@ -42,7 +52,12 @@
 # IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_CALLOUT_WASM
 # (target/callout.wasm), BENCH_OUT (bench/results), BENCH_README
 # (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (6,
-# the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir.
+# the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir,
+# IDEMGATE_GRPC_BENCH_BIN (target/release/idempotency-grpc-bench),
+# BENCH_GRPC_CONNECTIONS (4). BENCH_ONLY=grpc runs scenario 8 alone (about
+# 2 minutes with the defaults; needs neither wrk, Node, Redis nor PostgreSQL)
+# and writes its report to bench/results/only-grpc/ (BENCH_OUT), leaving
+# latest.* and the README alone.
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js and the peer's npm packages here) and says what it installs.
 #
@@ -68,12 +83,22 @@ ENVOY=${ENVOY_BIN:-$ROOT/.tools/venv/bin/envoy}
 STORE_BIN=${IDEMGATE_STORE_BIN:-$ROOT/target/release/idempotency-store}
 WASM=${IDEMGATE_WASM:-$ROOT/target/idemgate.wasm}
 CALLOUT_WASM=${IDEMGATE_CALLOUT_WASM:-$ROOT/target/callout.wasm}
+GRPC_BIN=${IDEMGATE_GRPC_BENCH_BIN:-$ROOT/target/release/idempotency-grpc-bench}
+GRPC_CONNS=${BENCH_GRPC_CONNECTIONS:-4}
+ONLY=${BENCH_ONLY:-}
+case $ONLY in
+'' | grpc) ;;
+*)
+    echo "bench: BENCH_ONLY=$ONLY: the only selection is grpc (scenario 8)" >&2
+    exit 2
+    ;;
+esac
 SCALE=${BENCH_SCALE-1e5 1e6 1e7}
 SWEEP_MAX=${BENCH_SWEEP_MAX_SECONDS:-600}
 # The filter's store timeout in the bench's configuration: the bound on the
 # sweep's p99.9.
 STORE_TIMEOUT_MS=$(sed -n 's/.*"timeout_ms": *\([0-9]*\).*/\1/p' bench/envoy.yaml | head -1)
-OUT=${BENCH_OUT:-$ROOT/bench/results}
+OUT=${BENCH_OUT:-$ROOT/bench/results${ONLY:+/only-$ONLY}}
 PG_BIN=${PG_BIN:-$(dirname "$(compgen -G '/usr/lib/postgresql/*/bin/initdb' | sort -V | tail -1)")}
 API_TOKEN=bench-api-token
 ADMIN_TOKEN=bench-admin-token
@@ -94,18 +119,22 @@ install_debs() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${missing[@]}"
 }
 need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-cli >/dev/null || need+=(redis-tools)
-command -v node >/dev/null || need+=(nodejs)
-command -v npm >/dev/null || need+=(npm)
+if [[ -z $ONLY ]]; then
+    command -v wrk >/dev/null || need+=(wrk)
+    command -v redis-server >/dev/null || need+=(redis-server)
+    command -v redis-cli >/dev/null || need+=(redis-tools)
+    command -v node >/dev/null || need+=(nodejs)
+    command -v npm >/dev/null || need+=(npm)
+fi
 command -v curl >/dev/null || need+=(curl)
 ((${#need[@]})) && install_debs "${need[@]}"
-if [[ ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
+if [[ -z $ONLY && ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
     echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
-for f in "$STORE_BIN" "$WASM" "$CALLOUT_WASM"; do
+needed=("$STORE_BIN" "$WASM" "$GRPC_BIN")
+[[ -n $ONLY ]] || needed+=("$CALLOUT_WASM")
+for f in "${needed[@]}"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
 done
 
@@ -171,18 +200,18 @@ declare -A port admin pid_of
 port[without]=$(free_port) admin[without]=$(free_port)
 port[with]=$(free_port) admin[with]=$(free_port)
 
-envoy_config() { # with|without -> path
+envoy_config() { # name (with|without|grpc-with|grpc-without) template upstream-port -> path
     local f=$W/envoy-$1.yaml
-    sed -e "s|@PORT@|${port[$1]}|; s|@ADMIN_PORT@|${admin[$1]}|; s|@UPSTREAM_PORT@|$UP_PORT|" \
-        -e "s|@STORE_PORT@|$STORE_PORT|; s|@WASM@|$WASM|" bench/envoy.yaml >"$f"
-    if [[ $1 == without ]]; then
+    sed -e "s|@PORT@|${port[$1]}|; s|@ADMIN_PORT@|${admin[$1]}|; s|@UPSTREAM_PORT@|$3|" \
+        -e "s|@STORE_PORT@|$STORE_PORT|; s|@WASM@|$WASM|" "$2" >"$f"
+    if [[ $1 == *without ]]; then
         sed -i '/# BEGIN idemgate/,/# END idemgate/d' "$f"
     fi
     echo "$f"
 }
-start_envoy() { # with|without
+start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
     local cfg
-    cfg=$(envoy_config "$1")
+    cfg=$(envoy_config "$1" "${2:-bench/envoy.yaml}" "${3:-$UP_PORT}")
     start "envoy-$1" "$ENVOY" -c "$cfg" --concurrency 2 --disable-hot-restart -l warn
     pid_of[$1]=$last_pid
     wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
@@ -198,8 +227,8 @@ start_store() { # database-url [flags]; the server's CPU is counted for PostgreS
     store_pid=$last_pid
     wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)"
 }
-filter_stats() { # -> "name value" lines of the filter's counters
-    curl -fsS "http://127.0.0.1:${admin[with]}/stats?filter=idemgate" 2>/dev/null |
+filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
+    curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
         sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
 }
 to_json() { # "name value" lines -> {"name": value, ...}
@@ -261,6 +290,10 @@ cpu_json() { # "before" and "after" arrays of cpu_ms over $cpu_pids -> {"name": 
 # spent during it, the one-connection run, and Envoy's counters just before
 # and after the measurement (measured_stats).
 load() { # url mode prefix [pool]
+    if [[ ${LOADER:-wrk} == grpc ]]; then
+        load_grpc "$@"
+        return
+    fi
     local before=() after=() p s0 s1
     wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
     s0=$(measured_stats)
@@ -272,16 +305,38 @@ load() { # url mode prefix [pool]
     wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
     echo "{\"before\":$s0,\"after\":$s1}"
 }
-scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memory and filter counters)
+# The same four lines for gRPC unary calls, from idempotency-grpc-bench load:
+# $CONC calls in flight over $GRPC_CONNS HTTP/2 connections, then one call at
+# a time on one connection. Modes: unique (a new key per call), replay (keys
+# PREFIX-<n mod POOL>, completed before; a call is good only if replayed).
+load_grpc() { # url mode prefix [pool]
+    local before=() after=() p s0 s1 hostport=${1#http://} keys=(--mode unique)
+    local target=${hostport%%/*} path=/${hostport#*/}
+    # Each run opens its own connections, as wrk does (the warm-up's are closed first).
+    [[ $2 == replay ]] && keys=(--mode pool --pool "${4:-1000}" --expect-replayed)
+    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3$([[ $2 == replay ]] || echo -warm)" \
+        --connections "$GRPC_CONNS" --streams "$CONC" --warmup 0 --seconds "$WARMUP" >/dev/null
+    s0=$(measured_stats)
+    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
+    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3" \
+        --connections "$GRPC_CONNS" --streams "$CONC" --warmup 0 --seconds "$SECS" | tail -1
+    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
+    s1=$(measured_stats)
+    cpu_json
+    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3$([[ $2 == replay ]] || echo -one)" \
+        --connections 1 --streams 1 --warmup 0 --seconds "$LAT_SECS" | tail -1
+    echo "{\"before\":$s0,\"after\":$s1}"
+}
+scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mode prefix [pool]  (memory and filter counters)
     local name=$1 envoy=$2 before after result one cpu measured url="http://127.0.0.1:${port[$2]}$3"
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
     cpu_pids="envoy=${pid_of[$envoy]} upstream=$up_pid"
     stat_admin= stat_cluster=
     case $envoy in
-    with)
+    with | grpc-with)
         [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid$store_db_cpu"
-        stat_admin=${admin[with]} stat_cluster=idempotency_store
+        stat_admin=${admin[$envoy]} stat_cluster=idempotency_store
         ;;
     callout-*)
         cpu_pids+=" sink=$sink_pid"
@@ -299,13 +354,21 @@ scenario() { # name envoy(with|without|callout-N) path mode prefix [pool]  (memo
     record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after,\"measured\":$measured}"
 }
 
-say "machine: $(nproc) cores; Envoy $("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); node $(node --version); $(redis-server --version | cut -d' ' -f1-3); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
-record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | cut -d/ -f2)\",\"node\":\"$(node --version)\",\"redis\":\"$(redis-server --version | awk '{print $3}' | cut -d= -f2)\",\"postgres\":\"$("$PG_BIN/postgres" --version | awk '{print $3}')\",\"store_timeout_ms\":$STORE_TIMEOUT_MS,\"scale\":\"$SCALE\"}}"
+# Versions of what this run uses ("none" for what BENCH_ONLY leaves out).
+v_envoy=$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p')
+v_wrk=$(command -v wrk >/dev/null && wrk -v 2>&1 | head -1 | cut -d' ' -f1-2 || echo "wrk none")
+v_node=$(command -v node >/dev/null && node --version || echo none)
+v_redis=$(command -v redis-server >/dev/null && redis-server --version | awk '{print $3}' | cut -d= -f2 || echo none)
+v_pg=$([[ -x $PG_BIN/postgres ]] && "$PG_BIN/postgres" --version | awk '{print $3}' || echo none)
+say "machine: $(nproc) cores; Envoy $v_envoy; $v_wrk; node $v_node; Redis $v_redis; PostgreSQL $v_pg${ONLY:+; only: $ONLY}"
+record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$(cut -d/ -f2 <<<"$v_envoy")\",\"node\":\"$v_node\",\"redis\":\"$v_redis\",\"postgres\":\"$v_pg\",\"store_timeout_ms\":$STORE_TIMEOUT_MS,\"scale\":\"$SCALE\",\"only\":\"$ONLY\",\"grpc_connections\":$GRPC_CONNS}}"
 
-# The upstream of every Envoy scenario: the Express handler, alone.
-start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
-up_pid=$last_pid
-wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
+# The upstream of every HTTP Envoy scenario: the Express handler, alone.
+if [[ -z $ONLY ]]; then
+    start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
+    up_pid=$last_pid
+    wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
+fi
 
 # Both Envoys run side by side (they differ by the filter only). Every filter
 # scenario alternates with the baseline in $ROUNDS rounds (baseline, scenario,
@@ -318,12 +381,63 @@ paired() { # name envoy path mode prefix [pool]
     LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
     for ((r = 1; r <= ROUNDS; r++)); do
         prefix=$5-$r
-        [[ $4 == pool || $4 == spool ]] && prefix=$5 # the replay keys stay the completed ones
-        scenario "baseline@$1#$r" without /pay unique "b-$1-$r"
+        [[ $4 == pool || $4 == spool || $4 == replay ]] && prefix=$5 # the replay keys stay the completed ones
+        scenario "${BASE_NAME:-baseline}@$1#$r" "${BASE_ENVOY:-without}" "${BASE_PATH:-/pay}" unique "b-$1-$r"
         scenario "$1#$r" "$2" "$3" "$4" "$prefix" "${6:-}"
     done
     SECS=$secs LAT_SECS=$lat
 }
+
+# 8. gRPC unary calls: a pair of Envoys of their own (bench/grpc.yaml, with
+# and without the filter) in front of a trivial Rust gRPC upstream, the store
+# on a fresh SQLite file. New keys, then replays of 1000 completed keys, each
+# alternating with its own baseline: the same calls (new keys) through the
+# Envoy without the filter ("grpc-base@..."). The load generator is
+# idempotency-grpc-bench load, and the HTTP scenarios' Express upstream is
+# not in the path (its CPU is not counted).
+GRPC_PATH=/bench.v1.Ledger/Transfer
+grpc_scenarios() {
+    local http_up_pid=${up_pid:-} grpc_up_port i
+    grpc_up_port=$(free_port)
+    start grpc-upstream "$GRPC_BIN" upstream --listen "127.0.0.1:$grpc_up_port"
+    up_pid=$last_pid
+    for ((i = 0; i < 100; i++)); do
+        grep -q listening "$W/grpc-upstream.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    start_store "sqlite://$W/store-grpc.db"
+    for e in grpc-without grpc-with; do
+        port[$e]=$(free_port) admin[$e]=$(free_port)
+        start_envoy "$e" bench/grpc.yaml "$grpc_up_port"
+    done
+    LOADER=grpc filter_envoy=grpc-with BASE_NAME=grpc-base BASE_ENVOY=grpc-without BASE_PATH=$GRPC_PATH
+    paired grpc-new grpc-with "$GRPC_PATH" unique gn
+    say "gRPC replay: completing 1000 keys, then retrying them"
+    "$GRPC_BIN" load --target "127.0.0.1:${port[grpc-with]}" --path "$GRPC_PATH" --mode pool --pool 1000 --prime \
+        --prefix grp --connections "$GRPC_CONNS" --streams "$CONC" --warmup 0 --seconds 0 >/dev/null
+    paired grpc-replay grpc-with "$GRPC_PATH" replay grp 1000
+    LOADER= filter_envoy= BASE_NAME= BASE_ENVOY= BASE_PATH=
+    stop "${pid_of[grpc-with]}"
+    stop "${pid_of[grpc-without]}"
+    stop "$up_pid"
+    stop "$store_pid"
+    store_pid=
+    up_pid=$http_up_pid
+}
+
+report() { # the raw lines -> $OUT (and, for a whole run, the README's Performance section)
+    say "report"
+    mkdir -p "$OUT"
+    cp "$RAW" "$OUT/latest.raw.jsonl"
+    # Re-render without re-running: python3 bench/report.py bench/results/latest.raw.jsonl bench/results README.md
+    python3 bench/report.py "$OUT/latest.raw.jsonl" "$OUT" "$1"
+}
+
+if [[ $ONLY == grpc ]]; then
+    grpc_scenarios
+    report "${BENCH_README:-}"
+    exit 0
+fi
 
 # 1c. The callout microbenchmark: a third Envoy whose listeners run the trivial
 # filter of bench/callout with 0, 1 and 2 sequential callouts per request to a
@@ -396,6 +510,8 @@ stop "$store_pid"
 start_store "sqlite://$W/store-background.db"
 paired sqlite-background with /pay-background unique sg
 stop "$store_pid"
+
+grpc_scenarios
 
 # What one durable commit costs on this disk: a small write and its fsync, the
 # floor under a claim's latency at one connection (SQLite synchronous=full).
@@ -582,8 +698,4 @@ probe=$(node bench/burst.js "http://127.0.0.1:$PEER_PORT/pay/slow" "burst-peer-$
 echo "$probe"
 record "{\"probe\":\"peer\",\"result\":$probe}"
 
-say "report"
-mkdir -p "$OUT"
-cp "$RAW" "$OUT/latest.raw.jsonl"
-# Re-render without re-running: python3 bench/report.py bench/results/latest.raw.jsonl bench/results README.md
-python3 bench/report.py "$OUT/latest.raw.jsonl" "$OUT" "${BENCH_README:-README.md}"
+report "${BENCH_README:-README.md}"

@@ -432,10 +432,22 @@ async fn load(load: Load) -> Result<(), String> {
         // Warm-up keys are new ones of their own, except in pool mode (the
         // replays stay those of the completed keys).
         let phase = if load.mode == Mode::Pool { "" } else { "-warm" };
-        run(&load, &senders, keys(phase), Instant::now() + Duration::from_secs_f64(load.warmup)).await;
+        run(
+            &load,
+            &senders,
+            keys(phase),
+            Instant::now() + Duration::from_secs_f64(load.warmup),
+        )
+        .await;
     }
     let start = Instant::now();
-    let mut tally = run(&load, &senders, keys(""), start + Duration::from_secs_f64(load.seconds)).await;
+    let mut tally = run(
+        &load,
+        &senders,
+        keys(""),
+        start + Duration::from_secs_f64(load.seconds),
+    )
+    .await;
     let seconds = start.elapsed().as_secs_f64();
     tally.latencies_us.sort_unstable();
     let lat = &tally.latencies_us;
