@@ -37,7 +37,7 @@ BENCH_MODE=plain PORT=$UP node bench/peer/app.js >"$W/upstream.log" 2>&1 &
 pids+=($!)
 db=${1:-sqlite}
 [[ $db == sqlite ]] && db=sqlite://$W/store.db
-RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$W/callgrind.out" \
+RUST_LOG=warn IDEMGATE_MIGRATE=true valgrind --tool=callgrind --callgrind-out-file="$W/callgrind.out" \
     "$BIN" serve --listen "127.0.0.1:$STORE" --database-url "$db" \
     --api-token bench-api-token --admin-token bench-admin-token >"$W/store.log" 2>&1 &
 store_pid=$!

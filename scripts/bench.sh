@@ -222,7 +222,9 @@ start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
 start_store() { # database-url [flags]; the server's CPU is counted for PostgreSQL
     store_db_cpu=
     [[ $1 == postgres://* ]] && store_db_cpu=" postgres=pg:$(head -1 "$pg_data/postmaster.pid")"
-    start store env RUST_LOG=warn "$STORE_BIN" serve --listen "127.0.0.1:$STORE_PORT" --database-url "$1" \
+    # A fresh PostgreSQL database has no schema yet: the store migrates it
+    # (in production `idempotency-store migrate` does, as the schema's owner).
+    start store env RUST_LOG=warn IDEMGATE_MIGRATE=true "$STORE_BIN" serve --listen "127.0.0.1:$STORE_PORT" --database-url "$1" \
         --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
     store_pid=$last_pid
     wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)"
