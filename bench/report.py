@@ -552,11 +552,18 @@ def conditions(meta):
     noise = (" and ".join(runs) + ": on a shared 2-core machine throughput ratios carry that much noise, and CPU "
              "time per request is the steadier measure.") if runs else ""
     only = (f" Only the {meta['only']} scenarios ran (`BENCH_ONLY={meta['only']}`)." if meta.get("only") else "")
+    if meta.get("only") == "grpc":
+        tool = (f"`idempotency-grpc-bench load`, {meta.get('concurrency')} calls in flight over "
+                f"{meta.get('grpc_connections')} HTTP/2 connections")
+        paired = "8a and 8b"
+    else:
+        tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
+        paired = "1c–5, 7 and 8" if "grpc_connections" in meta else "1c–5 and 7"
     return (
         f"{meta.get('date', '?')}, {meta.get('cores', '?')} cores shared by everything (load generator, Envoy with "
         f"`--concurrency 2`, upstream, store, databases); load average {meta.get('loadavg', '?')} at the start. "
-        f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`, {meta.get('seconds')} s measured per scenario "
-        f"(for 1c–5 and 7 in {meta.get('rounds', 1)} alternating rounds, each after a {meta.get('warmup')} s warm-up), "
+        f"{tool}, {meta.get('seconds')} s measured per scenario "
+        f"(for {paired} in {meta.get('rounds', 1)} alternating rounds, each after a {meta.get('warmup')} s warm-up), "
         f"then {meta.get('latency_seconds')} s at one connection (`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
