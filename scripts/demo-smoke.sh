@@ -2,11 +2,17 @@
 # Runs the demo exactly as examples/README.md tells a reader to, and checks it:
 #
 #   1. `make demo` in the background (its own process group, output to a log);
-#   2. polls until Envoy, the store and the upstream answer;
+#   2. polls until Envoy, the store and the upstreams (payments, the gRPC
+#      ledger) answer;
 #   3. runs every ```sh block of examples/README.md in order, in one shell, and
 #      compares each answer with the ```http / ```json / ```text block after it
-#      (status line, the headers shown, the body; `…` matches anything);
-#   4. stops the demo the way Ctrl-C does (SIGINT to make's process group) and
+#      (status line, the headers shown, the body; `…` matches anything); then
+#      the same for the gRPC walkthrough, examples/ledger/README.md;
+#   4. checks the gRPC step: the commands `make demo` prints are the ones the
+#      gRPC walkthrough runs, and their answers say what the step promises (the
+#      retry is a replay, another body under the key is KEY_REUSED, the ledger
+#      executed the key once);
+#   5. stops the demo the way Ctrl-C does (SIGINT to make's process group) and
 #      checks that no process of it is left and its ports are free.
 #
 #   scripts/demo-smoke.sh                 log: target/demo-smoke.log
@@ -16,7 +22,9 @@ cd "$(dirname "$0")/.."
 
 LOG=target/demo-smoke.log
 WALKTHROUGH=examples/README.md
-PORTS=(10000 9901 8787 8080)
+GRPC_WALKTHROUGH=examples/ledger/README.md
+OUTPUTS=target/demo-smoke-steps.json # each step's command and answer, for step 4
+PORTS=(10000 9901 8787 8080 50051)
 START_TIMEOUT=${DEMO_SMOKE_START_TIMEOUT:-1200}
 
 say() { printf 'demo-smoke: %s\n' "$*"; }
@@ -69,56 +77,69 @@ deadline=$((SECONDS + START_TIMEOUT))
 until grep -q '^\[demo\] ready' "$LOG" 2>/dev/null &&
     curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:9901/ready &&
     curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:8787/readyz &&
-    curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:8080/_demo/executions; do
+    curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:8080/_demo/executions &&
+    port_open 50051; do
     kill -0 "$pgid" 2>/dev/null || fail "\`make demo\` exited before it was ready"
     ((SECONDS < deadline)) || fail "the demo was not ready within ${START_TIMEOUT}s"
     sleep 0.5
 done
-say "ready; running the walkthrough in $WALKTHROUGH"
+say "ready; running the walkthroughs in $WALKTHROUGH and $GRPC_WALKTHROUGH"
 
 pids=()
-for name in store payments envoy; do
+for name in store payments ledger envoy; do
     [[ -s .demo/$name.pid ]] || fail ".demo/$name.pid is missing"
     pids+=("$(cat ".demo/$name.pid")")
 done
 
-python3 - "$WALKTHROUGH" <<'PY'
-"""Runs the ```sh blocks of a walkthrough and checks the answers shown after them."""
+rm -f "$OUTPUTS"
+python3 - "$OUTPUTS" "$WALKTHROUGH" "$GRPC_WALKTHROUGH" <<'PY'
+"""Runs the ```sh blocks of each walkthrough (one shell per page) and checks
+the answers shown after them; writes each step's command and answer to the
+file named first."""
 import json
 import re
 import subprocess
 import sys
 
 WILD = "…"
-text = open(sys.argv[1], encoding="utf-8").read()
-blocks = re.findall(r"^```(\w*)\n(.*?)^```\s*$", text, re.M | re.S)
 
-steps = []  # (command, kind, expected)
-i = 0
-while i < len(blocks):
-    lang, body = blocks[i]
-    if lang == "sh":
-        kind, expected = None, None
-        if i + 1 < len(blocks) and blocks[i + 1][0] in ("http", "json", "text"):
-            kind, expected = blocks[i + 1]
-            i += 1
-        steps.append((body, kind, expected))
-    i += 1
-if not steps:
-    sys.exit("no ```sh blocks found")
 
-script = ["set -u"]
-for n, (command, _, _) in enumerate(steps):
-    script.append(f"printf '\\n@@step {n}@@\\n'")
-    script.append(command)
-script.append("printf '\\n@@end@@\\n'")
-run = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
-out = run.stdout.decode("utf-8", "replace").replace("\r\n", "\n")
-parts = re.split(r"\n@@step (\d+)@@\n", out)
-outputs = {int(parts[k]): parts[k + 1] for k in range(1, len(parts) - 1, 2)}
-if "@@end@@" not in out:
-    sys.exit(f"the walkthrough did not run to its end; stderr:\n{run.stderr.decode('utf-8', 'replace')}")
-outputs[len(steps) - 1] = outputs.get(len(steps) - 1, "").split("\n@@end@@")[0]
+def steps_of(path):
+    """(command, kind, expected) for each ```sh block of a page."""
+    text = open(path, encoding="utf-8").read()
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```\s*$", text, re.M | re.S)
+    steps = []
+    i = 0
+    while i < len(blocks):
+        lang, body = blocks[i]
+        if lang == "sh":
+            kind, expected = None, None
+            if i + 1 < len(blocks) and blocks[i + 1][0] in ("http", "json", "text"):
+                kind, expected = blocks[i + 1]
+                i += 1
+            steps.append((body, kind, expected))
+        i += 1
+    if not steps:
+        sys.exit(f"{path}: no ```sh blocks found")
+    return steps
+
+
+def run(path, steps):
+    """Runs a page's steps in one shell; the output of each."""
+    script = ["set -u"]
+    for n, (command, _, _) in enumerate(steps):
+        script.append(f"printf '\\n@@step {n}@@\\n'")
+        script.append(command)
+    script.append("printf '\\n@@end@@\\n'")
+    run = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
+    out = run.stdout.decode("utf-8", "replace").replace("\r\n", "\n")
+    parts = re.split(r"\n@@step (\d+)@@\n", out)
+    outputs = {int(parts[k]): parts[k + 1] for k in range(1, len(parts) - 1, 2)}
+    stderr = run.stderr.decode("utf-8", "replace")
+    if "@@end@@" not in out:
+        sys.exit(f"{path}: the walkthrough did not run to its end; stderr:\n{stderr}")
+    outputs[len(steps) - 1] = outputs.get(len(steps) - 1, "").split("\n@@end@@")[0]
+    return outputs, stderr
 
 
 def glob(pattern, value):
@@ -170,26 +191,124 @@ def check_http(want, got):
     return problems
 
 
-failures = 0
-for n, (command, kind, expected) in enumerate(steps):
-    got = outputs.get(n, "")
-    first = command.strip().split("\n")[0][:100]
-    if kind is None:
-        problems = []
-    elif kind == "http":
-        problems = check_http(expected, got)
-    elif not same_body(expected, got):
-        problems = [f"want {expected.strip()!r}, got {got.strip()[:400]!r}"]
-    else:
-        problems = []
-    print(f"{'ok  ' if not problems else 'FAIL'} step {n + 1:2}: {first}")
-    for p in problems:
-        print(f"        {p}")
-    failures += bool(problems)
+record, failures, total = {}, 0, 0
+for path in sys.argv[2:]:
+    steps = steps_of(path)
+    outputs, stderr = run(path, steps)
+    record[path] = [[command, outputs.get(n, "")] for n, (command, _, _) in enumerate(steps)]
+    print(f"{path}:")
+    failed = 0
+    for n, (command, kind, expected) in enumerate(steps):
+        got = outputs.get(n, "")
+        first = command.strip().split("\n")[0][:100]
+        if kind is None:
+            problems = []
+        elif kind == "http":
+            problems = check_http(expected, got)
+        elif not same_body(expected, got):
+            problems = [f"want {expected.strip()!r}, got {got.strip()[:400]!r}"]
+        else:
+            problems = []
+        print(f"{'ok  ' if not problems else 'FAIL'} step {n + 1:2}: {first}")
+        for p in problems:
+            print(f"        {p}")
+        failed += bool(problems)
+    if failed:
+        sys.stderr.write(stderr)
+    failures += failed
+    total += len(steps)
+with open(sys.argv[1], "w", encoding="utf-8") as f:
+    json.dump(record, f)
 if failures:
-    sys.stderr.write(run.stderr.decode("utf-8", "replace"))
-    sys.exit(f"{failures} of {len(steps)} walkthrough steps did not give the answer shown")
-print(f"all {len(steps)} walkthrough steps gave the answer shown")
+    sys.exit(f"{failures} of {total} walkthrough steps did not give the answer shown")
+print(f"all {total} walkthrough steps gave the answer shown")
+PY
+
+say "checking the gRPC step that \`make demo\` prints"
+python3 - "$LOG" "$OUTPUTS" "$GRPC_WALKTHROUGH" <<'PY'
+"""The gRPC step: what `make demo` prints is what the gRPC walkthrough ran,
+and the answers keep the promise: a transfer executes once, its retry is a
+replay, the same key with another body is refused with KEY_REUSED."""
+import json
+import re
+import sys
+
+log, outputs, page = sys.argv[1], json.load(open(sys.argv[2], encoding="utf-8")), sys.argv[3]
+problems = []
+
+
+def normal(command):
+    """A command as one line: continuations joined, comments and spacing dropped."""
+    command = re.sub(r"\\\n", " ", command)
+    command = re.sub(r"\s+#.*$", "", command.strip(), flags=re.M)
+    return " ".join(command.split())
+
+
+# The commands `make demo` printed: indented lines of its ready message.
+printed, current = [], None
+for line in open(log, encoding="utf-8", errors="replace"):
+    m = re.match(r"^\[demo\]   (.*)$", line.rstrip("\n"))
+    text = m.group(1) if m else None
+    if current is not None:
+        current += "\n" + (text or "")
+        if text is None or not text.rstrip().endswith("\\"):
+            printed.append(current)
+            current = None
+        continue
+    if text and "examples/ledger/ledger.py" in text:
+        if text.rstrip().endswith("\\"):
+            current = text
+        else:
+            printed.append(text)
+if len(printed) != 3:
+    problems.append(f"`make demo` printed {len(printed)} ledger.py commands, not 3: {printed}")
+
+ran = outputs[page]
+commands = [normal(c) for c, _ in ran]
+for command in printed:
+    if normal(command) not in commands:
+        problems.append(f"`make demo` prints a command {page} does not run: {normal(command)!r}")
+
+
+def answers(command):
+    """The answers to each run of `command` in the walkthrough, in order."""
+    return [out for c, out in ran if normal(c) == normal(command)]
+
+
+def field(out, name):
+    return [l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith(name + ":")]
+
+
+if len(printed) == 3:
+    transfer, reuse, executions = printed
+    key = re.search(r"--key (\S+)", normal(transfer)).group(1)
+    first = answers(transfer)
+    if len(first) != 2:
+        problems.append(f"the walkthrough runs the transfer {len(first)} times, not twice (the call and its retry)")
+    else:
+        call, retry = first
+        if field(call, "status") != ["OK (0)"] or "idempotent-replayed" in call:
+            problems.append(f"the first transfer is not an executed OK call: {call!r}")
+        if field(retry, "status") != ["OK (0)"] or "idempotent-replayed: true" not in retry:
+            problems.append(f"the retry is not a replay (OK with idempotent-replayed: true): {retry!r}")
+        if not field(call, "message") or field(retry, "message") != field(call, "message"):
+            problems.append(f"the replay's message differs: {field(call, 'message')} then {field(retry, 'message')}")
+    if f"--key {key} " not in normal(reuse) + " " or normal(reuse) == normal(transfer):
+        problems.append(f"`make demo`'s second command is not another request under {key}: {normal(reuse)!r}")
+    refused = answers(reuse)
+    if len(refused) != 1 or not refused[0].startswith("status:   FAILED_PRECONDITION (9)") \
+            or "reason KEY_REUSED, domain idemgate.dev" not in refused[0]:
+        problems.append(f"the same key with another body is not FAILED_PRECONDITION with KEY_REUSED: {refused!r}")
+    counted = answers(executions)
+    if f"--executions {key}" not in normal(executions) or len(counted) != 1 \
+            or counted[0].strip() != f"the ledger executed '{key}' 1 time":
+        problems.append(f"the ledger did not execute the key exactly once: {counted!r}")
+
+for p in problems:
+    print(f"FAIL {p}")
+if problems:
+    sys.exit("the gRPC step does not do what `make demo` says")
+print("ok   the gRPC step: one execution, a replay with idempotent-replayed: true, KEY_REUSED for another body")
 PY
 
 say "stopping the demo with SIGINT to make's process group (as Ctrl-C does)"
@@ -208,4 +327,4 @@ for port in "${PORTS[@]}"; do
     port_open "$port" && fail "port $port is still open"
 done
 grep -q '^\[demo\] stopped' "$LOG" || fail "the demo did not report that it stopped"
-say "ok: walkthrough as documented; after SIGINT nothing is left running and ports ${PORTS[*]} are free"
+say "ok: walkthroughs as documented (HTTP and gRPC); after SIGINT nothing is left running and ports ${PORTS[*]} are free"

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# `make demo`: the store (SQLite under .demo/), the demo upstream (payments) and
-# Envoy with the idemgate filter (envoy/demo.yaml), in the foreground. Each
-# process's lines are prefixed with its name. Ctrl-C stops everything.
+# `make demo`: the store (SQLite under .demo/), the demo upstreams (payments
+# over HTTP, the ledger over gRPC) and Envoy with the idemgate filter
+# (envoy/demo.yaml), in the foreground. Each process's lines are prefixed with
+# its name. Ctrl-C stops everything.
 #
-#   Envoy     127.0.0.1:10000   (admin 127.0.0.1:9901)
+#   Envoy     127.0.0.1:10000   (admin 127.0.0.1:9901); HTTP/1.1 and gRPC
 #   payments  127.0.0.1:8080
+#   ledger    127.0.0.1:50051   (gRPC, examples/ledger/ledger.py)
 #   store     127.0.0.1:8787
 #
 # `make demo` builds the wasm module and the store first; this script builds the
 # payments example. Run from anywhere; it works from the repository root.
-# ENVOY_BIN=/path/to/envoy uses another Envoy (>= 1.35).
+# ENVOY_BIN=/path/to/envoy uses another Envoy (>= 1.35); IDEMGATE_PYTHON
+# another Python with grpcio and grpcio-status (default: scripts/setup.sh's
+# .tools/venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY=${ENVOY_BIN:-.tools/venv/bin/envoy}
 STORE=target/debug/idempotency-store
 PAYMENTS=target/debug/payments
+PYTHON=${IDEMGATE_PYTHON:-.tools/venv/bin/python}
+LEDGER=examples/ledger/ledger.py
 DIR=.demo
 API_TOKEN=demo-api-token     # the same as store.token in envoy/demo.yaml
 ADMIN_TOKEN=demo-admin-token
@@ -25,8 +31,12 @@ say() { printf '[demo] %s\n' "$*"; }
 cargo build --quiet -p payments --bins
 [[ -f target/idemgate.wasm ]] || scripts/wasm.sh >/dev/null
 [[ -x $STORE ]] || cargo build --quiet -p idemgate-store
+if ! "$PYTHON" -c 'import grpc, grpc_status' 2>/dev/null; then
+    say "$PYTHON cannot import grpcio and grpcio-status, which the gRPC ledger needs; run scripts/setup.sh" >&2
+    exit 1
+fi
 
-for port in 10000 9901 8787 8080; do
+for port in 10000 9901 8787 8080 50051; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         say "port $port is already in use (another demo still running?); stop that first" >&2
         exit 1
@@ -38,7 +48,7 @@ done
 mkdir -p "$DIR"
 rm -f "$DIR"/store.db "$DIR"/store.db-*
 
-pids=()    # the three services
+pids=()    # the four services
 loggers=() # one line-prefixing sed per service
 start() { # name command...
     local name=$1 fifo="$DIR/$1.out"
@@ -89,12 +99,27 @@ ready() { # name url: poll until it answers 200, fail if the process died
     say "$name did not become ready at $url within 30 s" >&2
     exit 1
 }
+listening() { # name port: poll until it accepts connections (a gRPC server)
+    local name=$1 port=$2 i
+    for ((i = 0; i < 300; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        kill -0 "$(cat "$DIR/$name.pid")" 2>/dev/null || {
+            say "$name exited during start-up; its log is above" >&2
+            exit 1
+        }
+        sleep 0.1
+    done
+    say "$name did not listen on 127.0.0.1:$port within 30 s" >&2
+    exit 1
+}
 
 start store env RUST_LOG="${RUST_LOG:-info}" "$STORE" serve --listen 127.0.0.1:8787 \
     --database-url "sqlite://$DIR/store.db" --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN"
 start payments "$PAYMENTS" --listen 127.0.0.1:8080
+start ledger "$PYTHON" -u "$LEDGER" serve 50051
 ready store http://127.0.0.1:8787/readyz
 ready payments http://127.0.0.1:8080/_demo/executions
+listening ledger 50051
 envoy_path=$(command -v "$ENVOY" || echo "$ENVOY")
 say "Envoy: $envoy_path ($("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p' | head -1)); the filter needs Envoy >= 1.35"
 start envoy "$ENVOY" -c envoy/demo.yaml --disable-hot-restart --concurrency 2 \
@@ -112,7 +137,21 @@ cat <<'MSG'
 [demo]        -d '{"amount": 4200, "currency": "EUR"}'
 [demo]   curl -s localhost:10000/_demo/executions     # what the upstream really executed
 [demo]
-[demo] The full walkthrough, one curl per behaviour: examples/README.md
+[demo] gRPC: a transfer through the same Envoy to the ledger, identity from the same
+[demo] token (as `authorization: Bearer` metadata). Run it twice: the second answer is a
+[demo] replay (the same message, `idempotent-replayed: true` in its metadata):
+[demo]
+[demo]   .tools/venv/bin/python examples/ledger/ledger.py call localhost:10000 --pretty \
+[demo]        --token "$TOKEN" --key transfer-1 --body 'amount=4200;to=acct-7'
+[demo]
+[demo] Then the same key with another body: FAILED_PRECONDITION, reason KEY_REUSED:
+[demo]
+[demo]   .tools/venv/bin/python examples/ledger/ledger.py call localhost:10000 --pretty \
+[demo]        --token "$TOKEN" --key transfer-1 --body 'amount=9900;to=acct-7'
+[demo]   .tools/venv/bin/python examples/ledger/ledger.py call localhost:50051 --pretty \
+[demo]        --executions transfer-1              # what the ledger really executed: 1
+[demo]
+[demo] The full walkthrough, one curl per behaviour: examples/README.md; gRPC: examples/ledger/README.md
 [demo] Ctrl-C stops everything.
 MSG
 

@@ -8,6 +8,11 @@
   ledger.py call TARGET ...     one or more Transfer calls; prints a JSON line
                                 per call: what the client read (status,
                                 message, metadata, error details)
+      --token JWT               also send `authorization: Bearer JWT` (the
+                                demo's identity; `make demo`)
+      --pretty                  print each answer for a human instead of JSON
+                                (without the per-hop headers date, server,
+                                content-length, x-envoy-upstream-service-time)
 
 Messages are raw bytes: the filter never reads them, so no schema is needed.
 A Transfer's request says what the handler does: `sleep=MS` waits first,
@@ -98,7 +103,7 @@ def details(call):
 
 def one_call(channel, args, body):
     transfer = channel.unary_unary(f"/{SERVICE}/Transfer")
-    metadata = [("x-tenant-id", args.tenant)]
+    metadata = [("x-tenant-id", args.tenant)] + _auth(args)
     if args.key is not None:
         metadata.append(("idempotency-key", args.key))
     try:
@@ -117,14 +122,56 @@ def one_call(channel, args, body):
     }
 
 
+def _auth(args):
+    return [("authorization", f"Bearer {args.token}")] if args.token else []
+
+
+def _status_name(code):
+    return next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
+
+
+# Added by each hop, different on every call: left out of --pretty's output.
+PER_HOP = {"date", "server", "content-length", "x-envoy-upstream-service-time"}
+
+
+def pretty(result):
+    """One answer as a person reads it: the status, the message, the
+    metadata (`idempotent-replayed` among it on a replay) and the filter's
+    error details."""
+    lines = [f"status:   {_status_name(result['code'])} ({result['code']})"]
+    if result["details"]:
+        lines[0] += f": {result['details']}"
+    if result["text"] is not None:
+        lines.append(f"message:  {result['text']}")
+    for part in ("initial", "trailing"):
+        label = "headers:" if part == "initial" else "trailers:"
+        for name, value in result[part]:
+            if name in PER_HOP:
+                continue
+            if name == "grpc-status-details-bin":
+                value = "(google.rpc.Status, read below)"
+            lines.append(f"{label:<9} {name}: {value}")
+            label = ""
+    if result["error"]:
+        lines.append("error:    " + ", ".join(f"{k} {v}" for k, v in result["error"].items()))
+    return "\n".join(lines)
+
+
 def call(args):
     with grpc.insecure_channel(args.target) as channel:
         if args.executions is not None:
             count = channel.unary_unary(f"/{SERVICE}/Executions")
-            print(json.dumps({"executions": int(count(args.executions.encode(), timeout=5))}))
+            n = int(count(args.executions.encode(), timeout=5, metadata=_auth(args)))
+            if args.pretty:
+                print(f"the ledger executed {args.executions!r} {n} time{'' if n == 1 else 's'}")
+            else:
+                print(json.dumps({"executions": n}))
             return
         with futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
             results = list(pool.map(lambda _: one_call(channel, args, args.body), range(args.parallel)))
+        if args.pretty:
+            print("\n\n".join(map(pretty, results)), flush=True)
+            return
         for result in results:
             print(json.dumps(result), flush=True)
 
@@ -142,6 +189,8 @@ def main():
     c.add_argument("--timeout", type=float, default=10.0)
     c.add_argument("--parallel", type=int, default=1)
     c.add_argument("--executions", help="print how often the upstream ran this key")
+    c.add_argument("--token", help="send `authorization: Bearer TOKEN` (a JWT, as the demo's Envoy asks)")
+    c.add_argument("--pretty", action="store_true", help="print each answer for a human, not as JSON")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args.port)
