@@ -1,0 +1,268 @@
+//! A pod stop with an Istio sidecar, through the real Envoy and the real
+//! store, while a detached request (contract §5) takes 10 s upstream; and
+//! what a worker holds in memory for detached requests in flight, the
+//! sizing note of docs/rollout.md §1.
+//!
+//! What is emulated is the sidecar agent's side of a pod stop (pilot-agent,
+//! `pkg/istio-agent`): Envoy runs with `--drain-strategy immediate` and a
+//! drain time (`--drain-time-s`, here 5); on the pod's SIGTERM the agent
+//! posts `/drain_listeners?inboundonly&graceful` to Envoy's admin, then
+//!
+//! - by default sleeps `terminationDrainDuration` (5 s unless the pod's
+//!   `proxy.istio.io/config` says otherwise) and kills Envoy (SIGKILL, Go's
+//!   `Process.Kill`);
+//! - with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`, sleeps
+//!   `MINIMUM_DRAIN_DURATION` (5 s), then reads `downstream_cx_active` every
+//!   second and kills Envoy once no downstream connection is left.
+//!
+//! The kubelet's own SIGKILL at `terminationGracePeriodSeconds` comes after
+//! that and is not emulated; neither are the application container and the
+//! endpoints update. The listener is marked `traffic_direction: INBOUND`, as
+//! Istio's inbound listener is, so the drain applies to it. The pod that
+//! replaces the stopped one is a fresh Envoy on the same store.
+//!
+//! The rule the examples derive the pod settings from (examples/istio):
+//! `terminationDrainDuration` = the largest detached `forwarding.timeout_ms`
+//! plus `store.timeout_ms` plus a margin, rounded up to seconds, and
+//! `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` false, since a detached request whose
+//! client left holds no downstream connection.
+
+// Test support: failing loudly is how a test reports.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use e2e::stack::{Database, Options, Stack};
+use e2e::{eventually, fresh_key, send, Answer};
+
+const PAYMENT: &str = r#"{"amount": 4200, "currency": "EUR"}"#;
+const ROUTE: &str = "payments.sidecar";
+/// The upstream's time to answer: longer than Istio's default drain, shorter
+/// than the policy's detached timeout.
+const UPSTREAM_MS: u64 = 10_000;
+/// The policy's `forwarding.timeout_ms`, and the bootstrap's `store.timeout_ms`.
+const DETACHED_TIMEOUT_MS: u64 = 12_000;
+const STORE_TIMEOUT_MS: u64 = 1_000;
+/// The policy's lease: its detached timeout plus one store call, as the
+/// configuration requires.
+const LEASE_SECONDS: u64 = 14;
+/// The margin the examples add (examples/istio/README.md).
+const MARGIN_SECONDS: u64 = 2;
+/// Istio's defaults: `terminationDrainDuration` and `MINIMUM_DRAIN_DURATION`.
+const ISTIO_DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+
+/// A detached policy with a timeout longer than the upstream takes.
+const POLICY: &str = r#"
+                        {"name": "payments.sidecar", "match": {"path": {"prefix": "/sidecar"}},
+                         "tenant": {"header": "x-tenant-id"}, "principal": {"header": "x-user-id"},
+                         "lease_seconds": 14,
+                         "forwarding": {"mode": "detached", "timeout_ms": 12000}},"#;
+
+/// `terminationDrainDuration` by the examples' rule.
+fn derived_drain() -> Duration {
+    Duration::from_secs((DETACHED_TIMEOUT_MS + STORE_TIMEOUT_MS).div_ceil(1000) + MARGIN_SECONDS)
+}
+
+async fn sidecar() -> Stack {
+    let mut options = Options::new("envoy/e2e.yaml", Database::Sqlite, 1);
+    options.envoy_args = ["--drain-time-s", "5", "--drain-strategy", "immediate"]
+        .map(String::from)
+        .to_vec();
+    options.edit = Some(Box::new(|config| {
+        assert!(
+            config.contains(r#""timeout_ms": 1000, "token""#),
+            "the store timeout changed"
+        );
+        config
+            .replacen(
+                "  - name: ingress\n",
+                "  - name: ingress\n    traffic_direction: INBOUND\n",
+                1,
+            )
+            .replacen(r#""policies": ["#, &format!(r#""policies": [{POLICY}"#), 1)
+    }));
+    Stack::start(options).await
+}
+
+fn pay(stack: &Stack, key: &str, delay_ms: u64) -> reqwest::RequestBuilder {
+    stack
+        .post("/sidecar/pay", Some(key), PAYMENT)
+        .header("x-test-delay-ms", delay_ms.to_string())
+}
+
+fn problem(a: &Answer) -> (u16, Option<String>) {
+    (a.status, a.problem())
+}
+
+async fn drain_inbound_listeners(stack: &Stack) {
+    let r = stack
+        .client
+        .post(stack.admin_url("/drain_listeners?inboundonly&graceful"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "drain_listeners");
+}
+
+/// The downstream connections the agent counts: every listener's but the
+/// admin's.
+async fn downstream_connections(stack: &Stack) -> u64 {
+    let text = stack.admin_text("/stats?filter=downstream_cx_active$").await;
+    text.lines()
+        .filter(|l| l.starts_with("listener.") && !l.starts_with("listener.admin."))
+        .filter_map(|l| l.rsplit_once(": "))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// How the agent ends the sidecar.
+enum Agent {
+    /// Sleeps `terminationDrainDuration`, then kills Envoy.
+    Sleep(Duration),
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`: sleeps `MINIMUM_DRAIN_DURATION`,
+    /// then kills Envoy once no downstream connection is left.
+    ExitOnZero(Duration),
+}
+
+/// The pod's stop, from the agent's SIGTERM to Envoy's SIGKILL; returns how
+/// long Envoy lived after the drain began.
+async fn stop_pod(stack: &mut Stack, agent: Agent) -> Duration {
+    let began = Instant::now();
+    drain_inbound_listeners(stack).await;
+    match agent {
+        Agent::Sleep(drain) => tokio::time::sleep(drain).await,
+        Agent::ExitOnZero(minimum) => {
+            tokio::time::sleep(minimum).await;
+            while downstream_connections(stack).await > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    assert!(
+        stack.envoy.as_ref().is_some_and(|p| p.alive()),
+        "Envoy exited before the agent killed it"
+    );
+    stack.kill_envoy();
+    began.elapsed()
+}
+
+/// A new pod: a fresh Envoy on the same store.
+async fn next_pod(stack: &mut Stack) {
+    stack.start_envoy();
+    stack.wait_envoy().await;
+}
+
+/// The request is cut with Envoy: its record stays in progress until its
+/// lease runs out, then is unknown; it never runs again.
+async fn assert_lost(stack: &Stack, key: &str, claimed_at: Instant) {
+    let early = send(pay(stack, key, 0)).await;
+    assert_eq!(
+        problem(&early),
+        (409, Some("request-in-progress".into())),
+        "within the lease: {early:?}"
+    );
+    let lease_over = claimed_at + Duration::from_secs(LEASE_SECONDS) + Duration::from_millis(1_500);
+    tokio::time::sleep(lease_over.saturating_duration_since(Instant::now())).await;
+    let late = send(pay(stack, key, 0)).await;
+    assert_eq!(
+        problem(&late),
+        (409, Some("outcome-unknown".into())),
+        "after the lease: {late:?}"
+    );
+    assert_eq!(
+        stack.transitions("tenant-a", "alice", ROUTE, key).await,
+        ["claimed", "lease_expired"]
+    );
+    assert_eq!(stack.upstream.executions(key), 1, "executions of {key}");
+}
+
+/// Istio's defaults: the agent kills Envoy 5 s into a 10 s detached request
+/// whose client is still waiting. The client sees the connection cut, the
+/// upstream's answer is never recorded, and the key ends unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn istios_default_drain_cuts_a_10s_detached_request() {
+    let mut stack = sidecar().await;
+    let k = fresh_key("default-drain");
+    let claimed_at = Instant::now();
+    let waiting = tokio::spawn(
+        pay(&stack, &k, UPSTREAM_MS)
+            .timeout(Duration::from_secs(30))
+            .send(),
+    );
+    eventually(
+        "the upstream to get the request",
+        Duration::from_secs(5),
+        || async { stack.upstream.executions(&k) == 1 },
+    )
+    .await;
+    let lived = stop_pod(&mut stack, Agent::Sleep(ISTIO_DEFAULT_DRAIN)).await;
+    assert!(lived < Duration::from_millis(UPSTREAM_MS), "{lived:?}");
+    let cut = waiting.await.unwrap();
+    assert!(cut.is_err(), "the client got an answer: {cut:?}");
+    next_pod(&mut stack).await;
+    assert_lost(&stack, &k, claimed_at).await;
+}
+
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true` ends the sidecar once downstream
+/// connections are gone, and a detached request whose client left has none:
+/// it is cut after `MINIMUM_DRAIN_DURATION`, however long the drain is.
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_on_zero_active_connections_cuts_a_detached_request_whose_client_left() {
+    let mut stack = sidecar().await;
+    let k = fresh_key("exit-on-zero");
+    let claimed_at = Instant::now();
+    let gone = pay(&stack, &k, UPSTREAM_MS)
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client should have given up: {gone:?}");
+    assert_eq!(stack.upstream.executions(&k), 1);
+    let lived = stop_pod(&mut stack, Agent::ExitOnZero(ISTIO_DEFAULT_DRAIN)).await;
+    assert!(lived < Duration::from_millis(UPSTREAM_MS - 1_000), "{lived:?}");
+    next_pod(&mut stack).await;
+    assert_lost(&stack, &k, claimed_at).await;
+}
+
+/// The examples' setting: `terminationDrainDuration` covers the policy's
+/// detached timeout and one store call. The same 10 s request, its client
+/// gone, completes while Envoy drains; the retry on the next pod replays it.
+/// A client that waits gets its answer through the drain.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_derived_from_the_policies_lets_a_10s_detached_request_complete() {
+    let mut stack = sidecar().await;
+    let (gone_key, waiting_key) = (fresh_key("derived-gone"), fresh_key("derived-waiting"));
+    let waiting = tokio::spawn(
+        pay(&stack, &waiting_key, UPSTREAM_MS)
+            .timeout(Duration::from_secs(30))
+            .send(),
+    );
+    let gone = pay(&stack, &gone_key, UPSTREAM_MS)
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client should have given up: {gone:?}");
+    assert_eq!(stack.upstream.executions(&gone_key), 1);
+    assert_eq!(derived_drain(), Duration::from_secs(15));
+    let lived = stop_pod(&mut stack, Agent::Sleep(derived_drain())).await;
+    assert!(lived >= Duration::from_millis(UPSTREAM_MS), "{lived:?}");
+    let answered = Answer::of(waiting.await.unwrap().unwrap()).await;
+    assert_eq!(answered.status, 201, "the waiting client: {answered:?}");
+    next_pod(&mut stack).await;
+    for key in [&gone_key, &waiting_key] {
+        let retry = send(pay(&stack, key, 0)).await;
+        assert_eq!(retry.status, 201, "{key}: {retry:?}");
+        assert_eq!(
+            retry.header("idempotent-replayed"),
+            Some("true"),
+            "{key}: {retry:?}"
+        );
+        assert_eq!(stack.upstream.executions(key), 1, "executions of {key}");
+        assert_eq!(
+            stack.transitions("tenant-a", "alice", ROUTE, key).await,
+            ["claimed", "completed"]
+        );
+    }
+    let first = answered.json()["execution"].clone();
+    let again = send(pay(&stack, &waiting_key, 0)).await;
+    assert_eq!(again.json()["execution"], first);
+}
