@@ -499,3 +499,64 @@ fn main() -> Result<(), String> {
         Command::Load(args) => runtime(args.threads)?.block_on(load(args)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn a_message_frame_is_uncompressed_and_length_prefixed() {
+        assert_eq!(&message_frame(b"abc")[..], b"\0\0\0\0\x03abc");
+        assert_eq!(&message_frame(b"")[..], b"\0\0\0\0\0");
+    }
+
+    #[test]
+    fn percentiles_of_sorted_latencies() {
+        let lat: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile(&lat, 50.0), 501);
+        assert_eq!(percentile(&lat, 99.0), 991);
+        assert_eq!(percentile(&lat, 99.9), 1000);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
+
+    #[test]
+    fn keys_by_mode() {
+        let keys = |mode| Keys {
+            mode,
+            prefix: "p".into(),
+            pool: 3,
+            next: AtomicU64::new(0),
+        };
+        assert_eq!(keys(Mode::Unique).key(2, 7).as_deref(), Some("p-2-7"));
+        let pool = keys(Mode::Pool);
+        let got: Vec<_> = (0..4).filter_map(|n| pool.key(0, n)).collect();
+        assert_eq!(got, ["p-0", "p-1", "p-2", "p-0"]);
+        assert_eq!(keys(Mode::None).key(0, 0), None);
+    }
+
+    /// The load generator against the upstream: every call good, none replayed.
+    #[test]
+    fn the_load_generator_reads_the_upstreams_trailers() {
+        let rt = runtime(1).unwrap();
+        rt.block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            drop(listener);
+            tokio::spawn(upstream(addr));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let load = Load::parse_from(["load", "--target", &addr.to_string()]);
+            let mut sender = connect(load.target).await.unwrap();
+            assert!(matches!(
+                call(&mut sender, &load, Some("k".into())).await,
+                Outcome::Good
+            ));
+            let replayed = Load::parse_from(["load", "--target", &addr.to_string(), "--expect-replayed"]);
+            assert!(matches!(
+                call(&mut sender, &replayed, Some("k".into())).await,
+                Outcome::Bad(Bad::NotReplayed)
+            ));
+        });
+    }
+}
