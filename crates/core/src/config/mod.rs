@@ -18,6 +18,7 @@ use crate::key::KeyRules;
 
 mod matching;
 mod raw;
+mod sections;
 
 /// The JSON Schema (draft 2020-12) of the plugin configuration, generated
 /// from the types it is read into; published as `docs/config.schema.json`.
