@@ -700,6 +700,33 @@ async fn a_canary_enforces_its_tenants_and_observes_the_rest() {
     .await;
 }
 
+/// The rollout checker passes an enforced route and names what an
+/// observed one does not enforce.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rollout_checker_tells_an_enforced_route_from_an_observed_one() {
+    let h = Harness::start().await;
+    let check = |path: &str| {
+        let out = std::process::Command::new("python3")
+            .arg(e2e::repo_root().join("scripts/rollout-check.py"))
+            .arg(h.url(path))
+            .args(["-H", "x-tenant-id: rollout-test", "-H", "x-user-id: checker"])
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, report) = check("/pay");
+    assert!(ok, "{report}");
+    for name in ["new-key", "replay", "key-reused", "concurrent", "key-missing"] {
+        assert!(report.contains(&format!("PASS  {name}")), "{name}: {report}");
+    }
+    let (ok, report) = check("/observe");
+    assert!(!ok, "{report}");
+    assert!(
+        report.contains("NOT enforced: replay, key-reused, concurrent, key-missing"),
+        "{report}"
+    );
+}
+
 /// Access logs read how the filter handled each request from its filter
 /// state: outcome, observe mode's reason, policy and claim attempt.
 #[tokio::test(flavor = "multi_thread")]
