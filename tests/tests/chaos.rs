@@ -67,6 +67,7 @@ async fn chaos_run(run: &str, database: Database, replicas: usize) {
     for line in report.routes() {
         println!("{run}: route {line}");
     }
+    println!("{run}: {}", report.grpc());
     println!(
         "{run}: {} responses of at least 400 KiB ({} near 4 MiB); {} clients left a detached request, their keys ended {:?}",
         report.large_responses, report.huge_responses, report.left_detached, report.left_detached_ended

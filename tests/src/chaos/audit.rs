@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::answers::{check_answer, execution_number};
-use super::judge::{execution_scope, judge, released, sha256_hex, Generation};
+use super::answers::{check_answer, execution_number, grpc_status, is_grpc, problem_of, same_answer};
+use super::judge::{execution_scope, judge, released, sha256_hex, stored_len, Generation};
 use super::report::{LeftDetached, HUGE_RESPONSE, LARGE_RESPONSE};
 use super::traffic::LEAVES_AFTER;
 use super::{now_ms, policy, Audit, ScopeId, Sent, Traffic};
@@ -61,6 +61,7 @@ pub async fn audit(stack: &Stack, traffic: &Traffic) -> Audit {
     let sent = std::mem::take(&mut *traffic.sent.lock().unwrap_or_else(|e| e.into_inner()));
     audit.requests = sent.len();
     audit.executions = log.len();
+    audit.grpc_scenarios = traffic.grpc_scenarios.load(std::sync::atomic::Ordering::Relaxed);
     let mut evidence = Evidence {
         sent: BTreeMap::new(),
         execs: BTreeMap::new(),
@@ -377,7 +378,7 @@ fn records_agree_with_executions<'a>(evidence: &Evidence<'a>, audit: &mut Audit)
 fn outcome_text(s: &Sent) -> String {
     match &s.outcome {
         Err(e) => format!("no answer ({e})"),
-        Ok(a) => a.problem().unwrap_or_else(|| a.status.to_string()),
+        Ok(a) => problem_of(a).unwrap_or_else(|| a.status.to_string()),
     }
 }
 
@@ -409,16 +410,21 @@ fn answers_keep_the_contract(evidence: &Evidence<'_>, kept: &Kept<'_>, audit: &m
                 }
                 Ok(a) => {
                     audit.answers += 1;
-                    let unavailable = a.problem().as_deref() == Some("store-unavailable");
+                    let problem = problem_of(a);
+                    let unavailable = problem.as_deref() == Some("store-unavailable");
                     audit.answered_at.push((s.at_ms, unavailable));
-                    if a.header("idempotent-replayed").is_none() && a.problem().is_none() {
+                    if a.header("idempotent-replayed").is_none() && problem.is_none() {
                         if let Some(n) = execution_number(a) {
                             *fresh.entry(n).or_default() += 1;
                         }
                     }
-                    let label = match (a.problem(), a.header("idempotent-replayed")) {
+                    let label = match (problem, a.header("idempotent-replayed")) {
                         (Some(p), _) => p,
                         (None, Some(_)) => "replayed".to_string(),
+                        (None, None) if is_grpc(a) => match grpc_status(a) {
+                            Some(code) => format!("grpc-status {code}"),
+                            None => "grpc without status".to_string(),
+                        },
                         (None, None) => a.status.to_string(),
                     };
                     *audit
@@ -470,17 +476,19 @@ async fn records_replay_and_stay_unknown(
         let found = match (gen.state.as_str(), exec) {
             ("completed", Some(e)) => match list_body(list, &e.body_sha256) {
                 None => Some("executed a body nobody sent".into()),
-                Some(body) if route.too_large_to_store(e.response.len()) => {
+                Some(body) if route.too_large_to_store(stored_len(e)) => {
                     audit.unavailable_checked += 1;
                     stays_unavailable(traffic, scope, body, e).await
                 }
                 Some(body) => {
                     audit.replays_checked += 1;
+                    audit.grpc_replays_checked += usize::from(route.grpc);
                     replays_byte_identical(traffic, scope, body, e).await
                 }
             },
-            ("unknown", exec) if !policy(scope.route).release_on_unknown => {
+            ("unknown", exec) if !route.release_on_unknown => {
                 audit.unknown_checked += 1;
+                audit.grpc_unknown_checked += usize::from(route.grpc);
                 stays_unknown(traffic, scope, list, exec).await
             }
             _ => None,
@@ -508,20 +516,16 @@ async fn replays_byte_identical(
     e: &Execution,
 ) -> Option<String> {
     match settled(traffic, scope, body).await {
-        Ok(a)
-            if a.header("idempotent-replayed") == Some("true")
-                && a.status == e.status
-                && a.body == e.response =>
-        {
-            None
-        }
+        Ok(a) if a.header("idempotent-replayed") == Some("true") && same_answer(&a, e) => None,
         Ok(a) => Some(format!(
-            "completed record does not replay byte-identical: {} ({} bytes, execution {} answered {} / {} bytes) {:?}",
+            "completed record does not replay byte-identical: {} ({} bytes{}, execution {} answered {} / {} bytes{}) {:?}",
             a.status,
             a.body.len(),
+            grpc_status(&a).map(|c| format!(", grpc-status {c}")).unwrap_or_default(),
             e.n,
             e.status,
             e.response.len(),
+            e.grpc_status.map(|c| format!(", grpc-status {c}")).unwrap_or_default(),
             String::from_utf8_lossy(&a.body[..a.body.len().min(300)])
         )),
         Err(err) => Some(format!("replay failed: {err}")),
@@ -533,8 +537,8 @@ async fn replays_byte_identical(
 async fn stays_unavailable(traffic: &Traffic, scope: &ScopeId, body: &str, e: &Execution) -> Option<String> {
     match settled(traffic, scope, body).await {
         Ok(a)
-            if a.problem().as_deref() == Some("result-unavailable")
-                && a.json()["original_status"] == e.status =>
+            if problem_of(&a).as_deref() == Some("result-unavailable")
+                && (is_grpc(&a) || a.json()["original_status"] == e.status) =>
         {
             None
         }
@@ -564,7 +568,7 @@ async fn stays_unknown(
         .unwrap_or(&list[0].body)
         .to_string();
     match settled(traffic, scope, &body).await {
-        Ok(a) if a.problem().as_deref() == Some("outcome-unknown") => None,
+        Ok(a) if problem_of(&a).as_deref() == Some("outcome-unknown") => None,
         Ok(a) => Some(format!(
             "unknown record answered {} {:?}",
             a.status,
@@ -601,7 +605,7 @@ async fn settled(traffic: &Traffic, scope: &ScopeId, body: &str) -> Result<Answe
     for _ in 0..5 {
         last = traffic.send(scope, path_of(scope), body, &[]).await;
         match &last {
-            Ok(a) if a.problem().as_deref() == Some("store-unavailable") => {
+            Ok(a) if problem_of(a).as_deref() == Some("store-unavailable") => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             _ => break,

@@ -6,9 +6,35 @@ use std::collections::BTreeMap;
 use super::{route_of, Route, ScopeId};
 use crate::Execution;
 
-/// The upstream refused before acting: the store releases the claim.
+/// The upstream refused before acting: the store releases the claim. A gRPC
+/// call is released by its status (contract §10: `RESOURCE_EXHAUSTED` and
+/// the other codes meaning "refused before acting").
 pub(super) fn released(e: &Execution) -> bool {
-    matches!(e.status, 408 | 425 | 429) || e.control.as_deref() == Some("no-store")
+    let refused = match e.grpc_status {
+        Some(code) => idemgate_core::grpc::DEFAULT_RELEASE_CODES.contains(&code),
+        None => matches!(e.status, 408 | 425 | 429),
+    };
+    refused || e.control.as_deref() == Some("no-store")
+}
+
+/// How many bytes the store keeps of execution `e`'s response: its body;
+/// for a gRPC call, its message frames and then one frame (flag `0x80`)
+/// holding the status fields a replay sends back as `name: value\r\n`
+/// lines (contract §10: every `grpc-*` field, and the headers a policy
+/// replays, `content-type` among them, from a trailers-only answer).
+pub(super) fn stored_len(e: &Execution) -> usize {
+    if e.grpc_status.is_none() {
+        return e.response.len();
+    }
+    let kept: usize = e
+        .grpc_fields
+        .iter()
+        .filter(|(name, _)| {
+            name.starts_with("grpc-") || idemgate_core::config::BASE_REPLAY_HEADERS.contains(&name.as_str())
+        })
+        .map(|(name, value)| name.len() + 2 + value.len() + 2)
+        .sum();
+    e.response.len() + 5 + kept
 }
 
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {
@@ -301,11 +327,12 @@ fn records_against_executions(
         let (gen, ran) = (&gens[g], &by_gen[g]);
         match (gen.state.as_str(), ran.first()) {
             ("completed", Some(e)) => {
-                let body_ok = if route.too_large_to_store(e.response.len()) {
+                let len = stored_len(e);
+                let body_ok = if route.too_large_to_store(len) {
                     gen.body_stored != Some(true) && gen.body_len.unwrap_or(0) == 0
                 } else {
                     gen.archived_at.is_some()
-                        || (gen.body_stored != Some(false) && gen.body_len == Some(e.response.len() as u64))
+                        || (gen.body_stored != Some(false) && gen.body_len == Some(len as u64))
                 };
                 if gen.status != Some(e.status) || !body_ok {
                     found.push(format!(
@@ -315,7 +342,7 @@ fn records_against_executions(
                         gen.body_stored,
                         e.n,
                         e.status,
-                        e.response.len()
+                        len
                     ));
                 }
             }

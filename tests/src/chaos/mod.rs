@@ -7,12 +7,14 @@
 //! Workers send mixed traffic through Envoy for a fixed time (unique keys,
 //! retries, concurrent duplicates, changed bodies, slow, failing, resetting
 //! and uncertain upstream calls, one key shared by two tenants, responses
-//! near and above the route's `max_stored_body`) to seven routes: two with
+//! near and above the route's `max_stored_body`) to eight routes: two with
 //! the default policy, one with `on_unknown: release` and a 2 s lease, one
 //! with `after_expiry: new` and a 2 s TTL (retried after the expiry), one
 //! with detached forwarding (whose slow calls' clients stop waiting), one
-//! with `settle: background` and one that keeps responses up to 4 MiB (see
-//! [`ROUTES`]). Meanwhile a fault loop SIGKILLs and restarts store replicas,
+//! with `settle: background`, one that keeps responses up to 4 MiB, and a
+//! gRPC unary method called over HTTP/2 by a gRPC client (see [`ROUTES`]):
+//! its answers are gRPC statuses, and its replays come from the store's
+//! replay method, each judged in gRPC's terms by the same promises. Meanwhile a fault loop SIGKILLs and restarts store replicas,
 //! freezes one past the filter's store timeout (SIGSTOP, then SIGCONT),
 //! restarts Envoy and resets every upstream connection. Every request and its
 //! answer is recorded; the upstream logs every execution and when it arrived.
@@ -96,6 +98,10 @@ pub struct Route {
     /// `settle: background`: the response goes out before its record lands;
     /// a retry in between gets `409 request-in-progress`.
     pub background: bool,
+    /// A `grpc` policy on one unary method (`path` is the method, matched
+    /// exactly): called over HTTP/2 with gRPC framing, answered with gRPC
+    /// statuses (contract §10).
+    pub grpc: bool,
 }
 
 /// The default `max_stored_body` (512 KiB).
@@ -113,10 +119,11 @@ const DEFAULT: Route = Route {
     max_stored_body: STORED_BODY,
     detached: None,
     background: false,
+    grpc: false,
 };
 
 /// Every covered route of `envoy/chaos.yaml`; the first is the default.
-pub const ROUTES: [Route; 7] = [
+pub const ROUTES: [Route; 8] = [
     DEFAULT,
     Route {
         name: "orders.wait",
@@ -153,7 +160,16 @@ pub const ROUTES: [Route; 7] = [
         max_stored_body: LARGE_STORED_BODY,
         ..DEFAULT
     },
+    GRPC,
 ];
+
+/// The gRPC method of `envoy/chaos.yaml` (`ledger.transfer`).
+pub const GRPC: Route = Route {
+    name: "ledger.transfer",
+    path: "/chaos.v1.Ledger/Transfer",
+    grpc: true,
+    ..DEFAULT
+};
 
 impl Route {
     /// A response of `len` bytes is recorded without its body: its retries

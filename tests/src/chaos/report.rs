@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Faults, DETACHED_LEASE_MS, DETACHED_TIMEOUT_MS};
+use super::{Faults, DETACHED_LEASE_MS, DETACHED_TIMEOUT_MS, GRPC};
 
 /// What the audit found.
 #[derive(Debug, Default)]
@@ -27,6 +27,11 @@ pub struct Audit {
     pub shared_keys: usize,
     /// Each route's traffic, by policy name.
     pub by_route: BTreeMap<&'static str, RouteTraffic>,
+    /// Scenarios that called the gRPC method.
+    pub grpc_scenarios: usize,
+    /// Of the re-checked records, the gRPC method's: replays and unknown.
+    pub grpc_replays_checked: usize,
+    pub grpc_unknown_checked: usize,
     /// Executions whose response was at least [`LARGE_RESPONSE`] bytes, and
     /// those of them at least [`HUGE_RESPONSE`].
     pub large_responses: usize,
@@ -248,7 +253,34 @@ impl Audit {
                 self.large_responses, self.huge_responses, self.left_detached
             ));
         }
+        if self.grpc_scenarios > 0 {
+            let t = self.by_route.get(GRPC.name);
+            s.push_str(&format!(
+                ", {} gRPC scenarios ({} calls, {} executions)",
+                self.grpc_scenarios,
+                t.map_or(0, |t| t.requests),
+                t.map_or(0, |t| t.executions)
+            ));
+        }
         s
+    }
+
+    /// The gRPC method's share: scenarios, calls, keys, executions and
+    /// answers by outcome (`replayed`, a problem, `grpc-status n`).
+    pub fn grpc(&self) -> String {
+        let t = self.by_route.get(GRPC.name);
+        format!(
+            "gRPC {} ({}): {} scenarios, {} calls, {} scopes, {} executions, {} replays and {} unknown records re-checked; answers {:?}",
+            GRPC.name,
+            GRPC.path,
+            self.grpc_scenarios,
+            t.map_or(0, |t| t.requests),
+            t.map_or(0, |t| t.scopes),
+            t.map_or(0, |t| t.executions),
+            self.grpc_replays_checked,
+            self.grpc_unknown_checked,
+            t.map(|t| &t.outcomes).cloned().unwrap_or_default()
+        )
     }
 
     /// One line per route: its requests, scopes, executions, large

@@ -64,6 +64,8 @@ fn exec(n: u64, tenant: &str, body: &str, status: u16) -> Execution {
         response: bytes::Bytes::from(format!("{{\"execution\":{n}}}")),
         reset: false,
         header_names: Vec::new(),
+        grpc_status: None,
+        grpc_fields: Vec::new(),
     }
 }
 
@@ -190,8 +192,9 @@ fn the_routes_match_the_bootstrap() {
     let yaml = std::fs::read_to_string(crate::repo_root().join("envoy/chaos.yaml")).unwrap();
     for r in ROUTES {
         assert!(yaml.contains(&format!("\"name\": \"{}\"", r.name)), "{}", r.name);
+        let matched = if r.grpc { "exact" } else { "prefix" };
         assert!(
-            yaml.contains(&format!("{{\"prefix\": \"{}\"}}", r.path)),
+            yaml.contains(&format!("{{\"{matched}\": \"{}\"}}", r.path)),
             "{}",
             r.path
         );
@@ -199,6 +202,14 @@ fn the_routes_match_the_bootstrap() {
         assert_eq!(policy(r.name), r);
     }
     assert!(yaml.contains(r#""lease_seconds": 2, "on_unknown": "release"}"#));
+    // The gRPC method: its policy, its route to the upstream over HTTP/2, and
+    // the replay route (before the catch-all) to the store over HTTP/2.
+    assert!(yaml.contains(r#""lease_seconds": 3, "grpc": {}}"#));
+    let method = yaml.find(&format!("match: {{path: \"{}\"}}", GRPC.path)).unwrap();
+    let replay = yaml.find("match: {path: \"/idemgate.v1.Store/Replay\"}").unwrap();
+    let catch_all = yaml.find("match: {prefix: \"/\"}").unwrap();
+    assert!(method < catch_all && replay < catch_all);
+    assert!(yaml.contains("codec_type: AUTO"));
     assert!(yaml.contains(&format!(
         r#""lease_seconds": {}, "forwarding": {{"mode": "detached", "timeout_ms": {DETACHED_TIMEOUT_MS}}}}}"#,
         DETACHED_LEASE_MS / 1_000
@@ -573,4 +584,223 @@ fn a_detached_request_whose_client_left_must_complete_unless_a_fault_lost_it() {
     assert_eq!(judged(left(Some(5), 1_000, false), &stall), (0, 1));
     let later = faults(vec![("upstream reset", 30_000, 30_000)]);
     assert_eq!(judged(left(Some(5), 1_000, false), &later), (0, 1));
+}
+
+/// The filter's own answer to a gRPC call, as `idemgate_core::grpc::answer`
+/// writes it (trailers-only: everything in the headers).
+fn grpc_problem(problem: &idemgate_core::problem::Problem) -> Answer {
+    let reply = idemgate_core::grpc::answer(problem);
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (name, value) in &reply.headers {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        headers.append(name, value.parse().unwrap());
+    }
+    Answer {
+        status: reply.status,
+        headers,
+        body: bytes::Bytes::from(reply.body),
+    }
+}
+
+/// A gRPC execution of the upstream: one message and `grpc-status: 0` in
+/// the trailers, or, for another status, trailers-only.
+fn grpc_exec(n: u64, body: &str, code: u8) -> Execution {
+    let (response, fields) = if code == 0 {
+        let message = format!("{{\"execution\":{n}}}");
+        (
+            traffic::grpc_frame(message.as_bytes()),
+            vec![("grpc-status".to_string(), "0".to_string())],
+        )
+    } else {
+        let fields = vec![
+            ("content-type".to_string(), "application/grpc".to_string()),
+            ("grpc-status".to_string(), code.to_string()),
+            (
+                "grpc-message".to_string(),
+                format!("acted, then failed: execution {n}"),
+            ),
+        ];
+        (Vec::new(), fields)
+    };
+    Execution {
+        path: GRPC.path.into(),
+        status: 200,
+        response: bytes::Bytes::from(response),
+        grpc_status: Some(code),
+        grpc_fields: fields,
+        ..exec(n, "a", body, 200)
+    }
+}
+
+/// The answer a gRPC client reads for `e`: headers, then its trailers.
+fn grpc_answer_of(e: &Execution, extra: &[(&'static str, &str)]) -> Answer {
+    let mut a = answer(200, extra, "");
+    if e.grpc_fields.iter().all(|(n, _)| n != "content-type") {
+        a.headers
+            .insert("content-type", "application/grpc".parse().unwrap());
+    }
+    for (name, value) in &e.grpc_fields {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        a.headers.append(name, value.parse().unwrap());
+    }
+    a.body = e.response.clone();
+    a
+}
+
+fn sent_grpc(body: &str) -> Sent {
+    sent_to(GRPC).with_body(body)
+}
+
+impl Sent {
+    fn with_body(mut self, body: &str) -> Sent {
+        self.body = body.into();
+        self
+    }
+}
+
+#[test]
+fn a_grpc_answer_is_read_by_its_status_and_error_info() {
+    use idemgate_core::problem::Problem;
+    // The filter's answers: the reason of the ErrorInfo, in the contract's
+    // spelling, and its status per §10.
+    let busy = grpc_problem(&Problem::request_in_progress(1500));
+    assert_eq!(
+        answers::error_info(&busy),
+        Some(("REQUEST_IN_PROGRESS".to_string(), "idemgate.dev".to_string()))
+    );
+    assert_eq!(answers::problem_of(&busy).as_deref(), Some("request-in-progress"));
+    assert_eq!(answers::grpc_status(&busy), Some(10));
+    let s = sent_grpc("A");
+    assert_eq!(verdict(&s, &busy, &[], &["A"]), None);
+    for (problem, fits) in [
+        (Problem::outcome_unknown(), true),
+        (Problem::store_unavailable().retry_after_ms(500), true),
+        // The same message under the key: not another request.
+        (Problem::key_reused(), false),
+        // Nothing was stored, so nothing is unavailable.
+        (Problem::result_unavailable(200, 0), false),
+        // Never an answer to a well-formed chaos call.
+        (Problem::key_missing("POST", GRPC.path), false),
+    ] {
+        let a = grpc_problem(&problem);
+        assert_eq!(
+            verdict(&s, &a, &[], &["A"]).is_none(),
+            fits,
+            "{:?}",
+            answers::problem_of(&a)
+        );
+    }
+    assert_eq!(
+        verdict(
+            &sent_grpc("B"),
+            &grpc_problem(&Problem::key_reused()),
+            &[],
+            &["A", "B"]
+        ),
+        None
+    );
+    // An unknown outcome under on_unknown: release is a violation, as over HTTP.
+    let mut release = sent_grpc("A");
+    release.scope.route = ROUTES[2].name;
+    let mut unknown = grpc_problem(&Problem::outcome_unknown());
+    assert!(verdict(&release, &unknown, &[], &["A"]).is_some());
+    // The right reason under another status is a violation too.
+    unknown.headers.insert("grpc-status", "9".parse().unwrap());
+    assert!(verdict(&s, &unknown, &[], &["A"]).is_some());
+    // An HTTP problem is still read as one.
+    let http = answer(
+        409,
+        &[("content-type", "application/problem+json")],
+        r#"{"type":"https://x/outcome-unknown"}"#,
+    );
+    assert_eq!(answers::problem_of(&http).as_deref(), Some("outcome-unknown"));
+}
+
+#[test]
+fn a_grpc_replay_must_equal_its_execution_in_messages_and_status() {
+    let ok = grpc_exec(1, "A", 0);
+    let s = sent_grpc("A");
+    let e = [ok.clone()];
+    // The fresh answer, and its replay.
+    assert_eq!(verdict(&s, &grpc_answer_of(&ok, &[]), &e, &["A"]), None);
+    assert_eq!(verdict(&s, &grpc_answer_of(&ok, &[REPLAYED]), &e, &["A"]), None);
+    // Other message bytes, or another status, under the same execution.
+    let mut other = grpc_answer_of(&ok, &[REPLAYED]);
+    other.body = bytes::Bytes::from(traffic::grpc_frame(b"{\"execution\":1} "));
+    assert!(verdict(&s, &other, &e, &["A"]).is_some());
+    let mut status = grpc_answer_of(&ok, &[REPLAYED]);
+    status.headers.insert("grpc-status", "13".parse().unwrap());
+    assert!(verdict(&s, &status, &e, &["A"]).is_some());
+    // A replay for another message.
+    assert!(verdict(
+        &sent_grpc("B"),
+        &grpc_answer_of(&ok, &[REPLAYED]),
+        &e,
+        &["A", "B"]
+    )
+    .is_some());
+    // A trailers-only status after acting, by its grpc-message; and its
+    // replay, whose status comes in the trailers.
+    let failed = grpc_exec(2, "A", 13);
+    let e = [failed.clone()];
+    let fresh = grpc_answer_of(&failed, &[]);
+    assert_eq!(answers::execution_number(&fresh), Some(2));
+    assert_eq!(verdict(&s, &fresh, &e, &["A"]), None);
+    assert_eq!(
+        verdict(&s, &grpc_answer_of(&failed, &[REPLAYED]), &e, &["A"]),
+        None
+    );
+    let mut lost = grpc_answer_of(&failed, &[]);
+    lost.headers.remove("grpc-message");
+    assert!(verdict(&s, &lost, &e, &["A"]).is_some());
+    // RESOURCE_EXHAUSTED is refused before acting: released, never replayed.
+    let refused = grpc_exec(3, "A", 8);
+    assert!(released(&refused) && !released(&failed) && !released(&ok));
+    assert!(verdict(&s, &grpc_answer_of(&refused, &[REPLAYED]), &[refused], &["A"]).is_some());
+    // Envoy's own UNAVAILABLE carries its problem document; a bare one, or
+    // a reply that is not gRPC at all, is a violation.
+    let envoys = answer(
+        200,
+        &[
+            ("content-type", "application/grpc"),
+            ("grpc-status", "14"),
+            ("cache-control", "no-store"),
+            (
+                "grpc-message",
+                "{\"type\":\"about:blank\",\"title\":\"upstream connect error\",\"status\":503,\"detail\":\"upstream_reset_before_response_started%7Breset%7D\"}",
+            ),
+        ],
+        "",
+    );
+    assert_eq!(verdict(&s, &envoys, &[], &["A"]), None);
+    let bare = answer(
+        200,
+        &[("content-type", "application/grpc"), ("grpc-status", "14")],
+        "",
+    );
+    assert!(verdict(&s, &bare, &[], &["A"]).is_some());
+    let http = answer(503, &[("content-type", "text/plain")], "no healthy upstream");
+    assert!(verdict(&s, &http, &[], &["A"]).is_some());
+}
+
+#[test]
+fn a_grpc_record_keeps_the_messages_and_a_trailer_frame() {
+    for e in [grpc_exec(1, "A", 0), grpc_exec(2, "A", 13)] {
+        let mut stored = e.response.to_vec();
+        idemgate_core::grpc::append_trailers(&mut stored, &e.grpc_fields);
+        assert_eq!(judge::stored_len(&e), stored.len(), "{e:?}");
+        let record = Generation {
+            status: Some(200),
+            body_len: Some(stored.len() as u64),
+            ..generation(1, 0, "completed", None, Some(200))
+        };
+        let v = run(GRPC, std::slice::from_ref(&e), std::slice::from_ref(&record));
+        assert!(v.violations.is_empty(), "{v:?}");
+        // Without the trailer frame, the record is not the response.
+        let short = Generation {
+            body_len: Some(e.response.len() as u64),
+            ..record
+        };
+        assert_eq!(run(GRPC, &[e], &[short]).violations.len(), 1);
+    }
 }
