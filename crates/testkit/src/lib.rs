@@ -9,6 +9,7 @@
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod internals;
+pub mod patroni;
 pub mod pg;
 pub mod pgbouncer;
 pub mod process;

@@ -17,7 +17,9 @@ pub struct PgCluster {
     opts: String,
 }
 
-fn find_bin() -> PathBuf {
+/// The directory of the PostgreSQL server binaries (`PG_BIN`, else the
+/// newest under /usr/lib/postgresql).
+pub fn bin_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("PG_BIN") {
         let p = PathBuf::from(dir);
         assert!(p.join("initdb").exists(), "PG_BIN={} has no initdb", p.display());
@@ -47,7 +49,8 @@ fn find_bin() -> PathBuf {
     }
 }
 
-fn is_root() -> bool {
+/// Whether the tests run as root (PostgreSQL then runs as `postgres`).
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -131,7 +134,7 @@ impl PgCluster {
     /// A cluster not yet created: its directory (owned by the server's
     /// user), port, options and files.
     fn unstarted(settings: &[(&str, &str)], files: &[(&str, &[u8])]) -> PgCluster {
-        let bin = find_bin();
+        let bin = bin_dir();
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
         if as_root {
@@ -397,7 +400,7 @@ impl PgCluster {
 }
 
 /// The processes whose parent is `parent` (Linux `/proc`).
-fn children_of(parent: u32) -> Vec<u32> {
+pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
