@@ -33,6 +33,7 @@ impl Default for KeyRules {
 }
 
 /// A valid key: 1–255 visible ASCII characters (0x21–0x7E), no `"`, no `\`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Key(String);

@@ -20,6 +20,7 @@ pub const EVERYONE: &str = "*";
 /// The longest tenant, principal or route, in bytes.
 pub const MAX_COMPONENT_LEN: usize = 255;
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Namespace {
     /// Keys sent by clients.
@@ -41,6 +42,7 @@ impl Namespace {
 }
 
 /// `(scope_version, tenant, principal, route, namespace, key)`, validated.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawScope")]
 pub struct Scope {
@@ -53,12 +55,16 @@ pub struct Scope {
 }
 
 /// What the wire may say, before [`Scope`]'s checks.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScope {
     version: String,
+    #[cfg_attr(feature = "schema", schemars(length(max = 255)))]
     tenant: String,
+    #[cfg_attr(feature = "schema", schemars(length(max = 255)))]
     principal: String,
+    #[cfg_attr(feature = "schema", schemars(length(max = 255)))]
     route: String,
     namespace: Namespace,
     key: Key,

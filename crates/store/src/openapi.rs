@@ -328,31 +328,24 @@ pub fn document() -> Value {
                 "console": { "type": "apiKey", "in": "cookie", "name": crate::console::session::SESSION_COOKIE,
                     "description": "The console's session of the operator the trusted authenticating proxy names (every request on it must carry the same identity); it ends after --console-idle-minutes without use; every POST form also carries the session's CSRF token (field csrf)" }
             },
-            "schemas": {
-                "Scope": { "type": "object", "required": ["version", "tenant", "principal", "route", "namespace", "key"], "properties": {
-                    "version": { "const": "v1" }, "tenant": { "type": "string", "maxLength": 255 }, "principal": { "type": "string", "maxLength": 255 },
-                    "route": { "type": "string", "maxLength": 255 }, "namespace": { "enum": ["u", "s"] }, "key": { "type": "string", "minLength": 1, "maxLength": 255 } } },
-                "ClaimRequest": { "type": "object", "required": ["scope", "fingerprint", "lease_ms", "ttl_ms", "after_expiry", "on_unknown"], "properties": {
-                    "scope": { "$ref": "#/components/schemas/Scope" }, "fingerprint": { "type": ["string", "null"], "pattern": "^[0-9a-f]{64}$" },
-                    "lease_ms": { "type": "integer" }, "ttl_ms": { "type": "integer" }, "wait_ms": { "type": "integer", "default": 0 },
-                    "after_expiry": { "enum": ["reject", "new"] }, "on_unknown": { "enum": ["conflict", "release"] } } },
-                "ClaimReply": { "type": "object", "required": ["outcome"], "properties": {
-                    "outcome": { "enum": ["owned", "replay", "result_unavailable", "in_progress", "mismatch", "unknown", "expired"] },
-                    "fence": { "type": "integer" }, "status": { "type": "integer" }, "headers": { "type": "array" }, "completed_at": { "type": ["integer", "null"] },
-                    "original_status": { "type": "integer" }, "retry_after_ms": { "type": "integer" } } },
-                "CompleteRequest": { "type": "object", "required": ["scope", "fence", "status", "headers", "body_stored"] },
-                "FenceRequest": { "type": "object", "required": ["scope", "fence"] },
-                "ReplayRequest": { "type": "object", "required": ["headers", "trailers"], "properties": { "headers": { "type": "array" }, "trailers": { "type": "array" } } },
-                "AbandonRequest": { "type": "object", "required": ["scope", "attempt"] },
-                "Batch": { "type": "object", "required": ["calls"], "properties": { "calls": { "type": "array", "maxItems": 64, "items": { "type": "object", "required": ["path", "len"], "properties": { "path": { "type": "string" }, "len": { "type": "integer" } } } } } },
-                "BatchReply": { "type": "object", "required": ["results"], "properties": { "results": { "type": "array", "items": { "type": "object", "required": ["status", "len"], "properties": { "status": { "type": "integer" }, "len": { "type": "integer" } } } } } },
-                "FenceReply": { "type": "object", "properties": { "outcome": { "enum": ["done", "stale"] } } },
+            "schemas": schemas(),
+        }
+    })
+}
+
+/// The wire's types, derived from the types the store reads and writes
+/// them with, and the store's own answers.
+fn schemas() -> Value {
+    let mut schemas = idemgate_core::protocol::component_schemas();
+    let own = json!({
                 "Record": { "type": "object", "description": "Everything stored about a record except its body; log_id is the record's keyed-hash name in the logs, response_key the id of the key that sealed its stored response (null: plaintext)" },
                 "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" } } },
                 "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "retry_after_ms": { "type": "integer", "description": "key-rate-limited only: the wait in milliseconds" } } }
-            }
-        }
-    })
+    });
+    if let Value::Object(own) = own {
+        schemas.extend(own);
+    }
+    Value::Object(schemas)
 }
 
 pub async fn serve() -> Response {

@@ -575,6 +575,49 @@ async fn the_openapi_document_describes_exactly_the_routes() {
     }
 }
 
+/// The wire's schemas are the protocol types' own, and every reference in
+/// the document resolves; a claim the store accepts has every field its
+/// schema requires.
+#[tokio::test]
+async fn the_openapi_schemas_are_the_wire_types_and_every_reference_resolves() {
+    let h = harness().await;
+    let doc = h.send("GET", "/openapi.json", None, vec![]).await.json();
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    fn refs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(r) = m.get("$ref").and_then(|r| r.as_str()) {
+                    out.push(r.to_string());
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    assert!(all.len() > 20, "{all:?}");
+    for r in all {
+        let name = r
+            .strip_prefix("#/components/schemas/")
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(schemas.contains_key(name), "{r} does not resolve");
+    }
+    let claim = claim_json("acme", "openapi");
+    for field in schemas["ClaimRequest"]["required"].as_array().unwrap() {
+        assert!(
+            claim.get(field.as_str().unwrap()).is_some(),
+            "{field} required but not sent"
+        );
+    }
+    assert_eq!(
+        schemas["Scope"]["properties"]["tenant"]["maxLength"], 255,
+        "the scope's limits come with its type"
+    );
+    assert_eq!(schemas["ClaimReply"]["oneOf"].as_array().unwrap().len(), 7);
+}
+
 #[tokio::test]
 async fn operators_resolve_and_purge_over_http() {
     let h = harness().await;

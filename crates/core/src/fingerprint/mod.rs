@@ -24,6 +24,7 @@ const DOMAIN_TAG: &[u8] = b"idemgate-fp-v1";
 const RAW_BODY: u8 = b'R';
 const CANONICAL_JSON_BODY: u8 = b'J';
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Fingerprint([u8; 32]);
