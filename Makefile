@@ -99,8 +99,9 @@ demo: wasm
 # Side-by-side benchmark (scripts/bench.sh): Envoy with and without the filter,
 # the callout microbenchmark, the store on SQLite (new keys with streaming and
 # with detached forwarding) and PostgreSQL, the replay path, the store at
-# 10^5-10^7 records (BENCH_SCALE) with the sweeper catching up under load, and
-# express-idempotency as the peer. Writes bench/results/ and the README's
+# 10^5-10^7 records (BENCH_SCALE) with the sweeper catching up under load, gRPC
+# new keys and replays beside a gRPC baseline (BENCH_ONLY=grpc runs those
+# alone), and express-idempotency as the peer. Writes bench/results/ and the README's
 # Performance section. Takes about 80 minutes (see scripts/bench.sh).
 bench:
 	@scripts/setup.sh bench
