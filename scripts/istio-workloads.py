@@ -5,6 +5,8 @@
     scripts/istio-workloads.py POLICIES -o OUT     write them to OUT
     scripts/istio-workloads.py POLICIES --check OUT
                                                    fail unless OUT is exactly what POLICIES generates
+    scripts/istio-workloads.py POLICIES --pod-settings
+                                                   print each workload's sidecar stop settings
 
 POLICIES (e.g. examples/istio/workloads/policies.yaml) names the store, the
 environment variable of the proxy that holds the store's API token, and N
@@ -22,6 +24,12 @@ workload:
   - `store.token_env` and the VM's `host_env_keys`: the token never appears in
     the EnvoyFilter (set the variable on the istio-proxy container from a
     Secret: examples/kubernetes/payments.yaml).
+
+Each workload's pods also need sidecar stop settings derived from its
+policies (sidecar_settings below; the output's header lists them, and
+--pod-settings prints them as the pod template's annotation and grace period):
+Istio's default drain (5 s) cuts detached requests, which run up to their
+`forwarding.timeout_ms` (30 s by default) after the client's request.
 
 The module's pin (oci:// URI and sha256) is read from
 examples/istio/envoyfilter.yaml unless POLICIES gives `spec.module`.
@@ -58,6 +66,15 @@ ISTIO_ENVOY = {
 # ENVOY_VERSION). Add a minor here only when the tests run on it.
 TESTED_ENVOY = ("1.40",)
 DEFAULT_PRIORITY = 10
+
+# Sidecar stop (see examples/istio/README.md, "Stopping a pod"): Istio's
+# defaults, and the margins the derived settings add.
+ISTIO_TERMINATION_DRAIN_S = 5
+K8S_GRACE_PERIOD_S = 30
+DRAIN_MARGIN_MS = 1000
+GRACE_MARGIN_S = 5
+STORE_TIMEOUT_MS = 1000   # the filter's default store.timeout_ms
+LEASE_SECONDS = 60        # the filter's default lease_seconds
 
 
 def tested_istio_minors(tested=TESTED_ENVOY):
@@ -157,6 +174,78 @@ def check_input(doc):
                 fail(f"workloads {a['name']} and {b['name']} in {a['namespace']}: every pod "
                      f"{b['name']} selects is also {a['name']}'s, and would run the filter twice")
     return spec
+
+
+def detached_timeout_ms(policy, store_timeout_ms):
+    """How long a policy's detached request may take upstream (None: not detached).
+
+    The filter's default for `forwarding.timeout_ms` (docs/configuration.md):
+    30000, half the lease, or the lease minus the store timeout, whichever is
+    shortest.
+    """
+    forwarding = policy.get("forwarding") or {}
+    if forwarding.get("mode") != "detached":
+        return None
+    if "timeout_ms" in forwarding:
+        return int(forwarding["timeout_ms"])
+    lease_ms = int(policy.get("lease_seconds", LEASE_SECONDS)) * 1000
+    return min(30000, lease_ms // 2, lease_ms - store_timeout_ms)
+
+
+def sidecar_settings(store, policies):
+    """The pod settings that let a sidecar finish its detached requests when
+    the pod stops: `terminationDrainDuration` (how long pilot-agent keeps
+    Envoy after the drain begins) covers the largest detached timeout plus
+    `store.timeout_ms`, plus a margin of one more store call (the claim
+    before the upstream call and the completion after it) and 1 s; never
+    below Istio's 5 s. `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` stays false: a
+    detached request whose client left holds no downstream connection, so
+    the agent would stop Envoy under it. `terminationGracePeriodSeconds`
+    (the kubelet's SIGKILL) comes 5 s after the drain, and never below
+    Kubernetes' 30 s.
+    """
+    store_ms = int(store.get("timeout_ms", STORE_TIMEOUT_MS))
+    detached = [(detached_timeout_ms(p, store_ms), p.get("name", "?")) for p in policies]
+    detached = [(t, name) for t, name in detached if t is not None]
+    if detached:
+        timeout_ms, policy = max(detached, key=lambda d: d[0])
+        drain_ms = timeout_ms + store_ms + store_ms + DRAIN_MARGIN_MS
+        drain_s = max(ISTIO_TERMINATION_DRAIN_S, -(-drain_ms // 1000))
+        why = (f"{policy}: forwarding.timeout_ms {timeout_ms} + store.timeout_ms {store_ms} "
+               f"+ margin {store_ms + DRAIN_MARGIN_MS} ms")
+    else:
+        drain_s = ISTIO_TERMINATION_DRAIN_S
+        why = "no detached policy: Istio's default drain"
+    return {
+        "terminationDrainDuration": f"{drain_s}s",
+        "EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "false",
+        "terminationGracePeriodSeconds": max(K8S_GRACE_PERIOD_S, drain_s + GRACE_MARGIN_S),
+        "why": why,
+    }
+
+
+def pod_settings(policies_path):
+    """Each workload's sidecar stop settings, as the pod template needs them."""
+    with open(policies_path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    if len(docs) != 1:
+        fail(f"{policies_path}: expected one document, found {len(docs)}")
+    spec = check_input(docs[0])
+    out = []
+    for w in spec["workloads"]:
+        s = sidecar_settings(spec["store"], w["policies"])
+        proxy_config = (f"terminationDrainDuration: {s['terminationDrainDuration']}\n"
+                        "proxyMetadata:\n"
+                        f"  EXIT_ON_ZERO_ACTIVE_CONNECTIONS: \"{s['EXIT_ON_ZERO_ACTIVE_CONNECTIONS']}\"\n")
+        out.append({
+            "workload": f"{w['namespace']}/{w['name']}",
+            "derived_from": s["why"],
+            "template": {
+                "metadata": {"annotations": {"proxy.istio.io/config": Literal(proxy_config)}},
+                "spec": {"terminationGracePeriodSeconds": s["terminationGracePeriodSeconds"]},
+            },
+        })
+    return yaml.dump_all(out, Dumper=Dumper, sort_keys=False, width=100, default_flow_style=False)
 
 
 def plugin_json(plugin):
@@ -272,11 +361,22 @@ def generate(policies_path):
     regex = proxy_version_regex()
     filters = [envoy_filter(w, spec, uri, sha256, regex) for w in spec["workloads"]]
     rel = os.path.relpath(os.path.abspath(policies_path), ROOT)
+    settings = []
+    for w in spec["workloads"]:
+        s = sidecar_settings(spec["store"], w["policies"])
+        settings.append(
+            f"#   {w['namespace']}/{w['name']}: terminationDrainDuration {s['terminationDrainDuration']}, "
+            f"EXIT_ON_ZERO_ACTIVE_CONNECTIONS {s['EXIT_ON_ZERO_ACTIVE_CONNECTIONS']}, "
+            f"terminationGracePeriodSeconds {s['terminationGracePeriodSeconds']}\n"
+            f"#     ({s['why']})\n")
     header = (
         f"# GENERATED by scripts/istio-workloads.py from {rel}: do not edit.\n"
         f"# {len(filters)} EnvoyFilters, one per workload; proxyVersion admits Istio "
         f"{', '.join(tested_istio_minors())} (Envoy {', '.join(TESTED_ENVOY)}).\n"
         "# Apply these instead of envoyfilter.yaml, never next to it for the same workload.\n"
+        "# Each workload's pods stop their sidecar with (scripts/istio-workloads.py\n"
+        f"# {rel} --pod-settings prints them as pod template fields):\n"
+        + "".join(settings)
     )
     return header + yaml.dump_all(filters, Dumper=Dumper, sort_keys=False, width=100,
                                   default_flow_style=False)
@@ -285,6 +385,9 @@ def generate(policies_path):
 def main(argv):
     if len(argv) == 1:
         sys.stdout.write(generate(argv[0]))
+        return 0
+    if len(argv) == 2 and argv[1] == "--pod-settings":
+        sys.stdout.write(pod_settings(argv[0]))
         return 0
     if len(argv) == 3 and argv[1] in ("-o", "--check"):
         text = generate(argv[0])

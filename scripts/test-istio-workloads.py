@@ -5,6 +5,7 @@ examples/istio/ that depend on it (run by scripts/validate-manifests.sh).
     python3 scripts/test-istio-workloads.py [-v]
 """
 import importlib.util
+import json
 import os
 import re
 import unittest
@@ -136,6 +137,87 @@ class Generator(unittest.TestCase):
         spec["workloads"].append(dict(spec["workloads"][0], selector={"app": "b"}))
         with self.assertRaises(SystemExit):
             self.check(spec)
+
+
+class SidecarSettings(unittest.TestCase):
+    STORE = {"cluster": "c", "timeout_ms": 1000, "token_env": "T"}
+
+    def settings(self, *policies, store=None):
+        return gen.sidecar_settings(store or self.STORE, list(policies))
+
+    def test_the_drain_covers_the_largest_detached_timeout_the_store_and_a_margin(self):
+        s = self.settings({"name": "a", "forwarding": {"mode": "detached", "timeout_ms": 12000}},
+                          {"name": "b", "forwarding": {"mode": "detached", "timeout_ms": 3000}},
+                          {"name": "c"})
+        # 12000 + 1000 + (1000 + 1000): the value tests/tests/drain.rs runs.
+        self.assertEqual(s["terminationDrainDuration"], "15s")
+        self.assertEqual(s["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"], "false")
+        self.assertEqual(s["terminationGracePeriodSeconds"], 30)
+        self.assertIn("a:", s["why"])
+
+    def test_the_default_detached_timeout_is_the_filters(self):
+        # 30000 by default (a 60 s lease); with a 20 s lease, half of it: 10000.
+        self.assertEqual(self.settings({"forwarding": {"mode": "detached"}})["terminationDrainDuration"], "33s")
+        self.assertEqual(self.settings({"lease_seconds": 20, "forwarding": {"mode": "detached"}})
+                         ["terminationDrainDuration"], "13s")
+        store = dict(self.STORE, timeout_ms=2500)
+        s = self.settings({"forwarding": {"mode": "detached"}}, store=store)
+        self.assertEqual(s["terminationDrainDuration"], "36s")  # 30000 + 2500 + (2500 + 1000)
+        self.assertEqual(s["terminationGracePeriodSeconds"], 41)
+
+    def test_without_detached_policies_istios_default_drain_stays(self):
+        s = self.settings({"name": "p"}, {"forwarding": {"mode": "streaming"}})
+        self.assertEqual((s["terminationDrainDuration"], s["terminationGracePeriodSeconds"]), ("5s", 30))
+
+    def test_rounds_up_to_whole_seconds(self):
+        s = self.settings({"forwarding": {"mode": "detached", "timeout_ms": 1}})
+        self.assertEqual(s["terminationDrainDuration"], "5s")  # 3001 ms, below Istio's 5 s
+        s = self.settings({"forwarding": {"mode": "detached", "timeout_ms": 4001}})
+        self.assertEqual(s["terminationDrainDuration"], "8s")  # 7001 ms
+
+    def test_pod_settings_print_the_annotation_and_grace_period(self):
+        docs = list(yaml.safe_load_all(gen.pod_settings(POLICIES)))
+        by_name = {d["workload"]: d for d in docs}
+        payments = by_name["shop/payments"]["template"]
+        config = yaml.safe_load(payments["metadata"]["annotations"]["proxy.istio.io/config"])
+        self.assertEqual(config, {"terminationDrainDuration": "33s",
+                                  "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "false"}})
+        self.assertEqual(payments["spec"]["terminationGracePeriodSeconds"], 38)
+        ledger = by_name["finance/ledger"]["template"]
+        self.assertIn("terminationDrainDuration: 23s", ledger["metadata"]["annotations"]["proxy.istio.io/config"])
+
+    def test_the_payments_pod_carries_what_its_policies_derive(self):
+        """examples/kubernetes/payments.yaml against the payments policies of
+        examples/istio/envoyfilter.yaml (the delivery it is applied with)."""
+        with open(os.path.join(ROOT, "examples/istio/envoyfilter.yaml")) as f:
+            for doc in yaml.safe_load_all(f):
+                if doc and doc.get("kind") == "EnvoyFilter":
+                    for patch in doc["spec"]["configPatches"]:
+                        if patch["applyTo"] == "EXTENSION_CONFIG":
+                            config = patch["patch"]["value"]["typed_config"]["config"]
+                            plugin = json.loads(config["configuration"]["value"])
+        want = gen.sidecar_settings(plugin["store"], plugin["policies"])
+        with open(os.path.join(ROOT, "examples/kubernetes/payments.yaml")) as f:
+            deployment = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Deployment")
+        template = deployment["spec"]["template"]
+        proxy_config = yaml.safe_load(template["metadata"]["annotations"]["proxy.istio.io/config"])
+        self.assertEqual(proxy_config["terminationDrainDuration"], want["terminationDrainDuration"])
+        self.assertEqual(proxy_config["proxyMetadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"],
+                         want["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"])
+        self.assertEqual(template["spec"]["terminationGracePeriodSeconds"],
+                         want["terminationGracePeriodSeconds"])
+        # The same workload in workloads/policies.yaml derives the same.
+        with open(POLICIES) as f:
+            spec = yaml.safe_load(f)["spec"]
+        payments = next(w for w in spec["workloads"] if w["name"] == "payments")
+        self.assertEqual(gen.sidecar_settings(spec["store"], payments["policies"])["terminationDrainDuration"],
+                         want["terminationDrainDuration"])
+
+    def test_the_generated_header_lists_each_workloads_settings(self):
+        text = gen.generate(POLICIES)
+        self.assertIn("shop/payments: terminationDrainDuration 33s, EXIT_ON_ZERO_ACTIVE_CONNECTIONS false, "
+                      "terminationGracePeriodSeconds 38", text)
+        self.assertIn("finance/ledger: terminationDrainDuration 23s", text)
 
 
 if __name__ == "__main__":
