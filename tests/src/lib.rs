@@ -48,6 +48,14 @@ pub fn envoy_bin() -> PathBuf {
     env_path("ENVOY_BIN", ".tools/venv/bin/envoy")
 }
 
+/// The Python of the virtualenv `scripts/setup.sh` installs the SDKs and
+/// grpcio into; `IDEMGATE_PYTHON` names another.
+pub fn python() -> PathBuf {
+    std::env::var_os("IDEMGATE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/venv/bin/python"))
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -39,7 +39,7 @@ impl Ledger {
         let log = dir.path().join("ledger.log");
         let server = Proc::spawn(
             "ledger",
-            Command::new(python())
+            Command::new(e2e::python())
                 .arg(script())
                 .args(["serve", &port.to_string()]),
             log.clone(),
@@ -61,7 +61,7 @@ impl Ledger {
     /// Runs `ledger.py call` against Envoy; one JSON answer per call made.
     async fn call(&self, args: &[&str]) -> Vec<Value> {
         let target = format!("127.0.0.1:{}", self.stack.port);
-        let mut command = tokio::process::Command::new(python());
+        let mut command = tokio::process::Command::new(e2e::python());
         command
             .arg(script())
             .args(["call", &target])
@@ -70,7 +70,7 @@ impl Ledger {
         let out = tokio::time::timeout(Duration::from_secs(60), command.output())
             .await
             .unwrap_or_else(|_| panic!("ledger.py call {args:?} ran for more than 60 s"))
-            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", python().display()));
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", e2e::python().display()));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -93,12 +93,6 @@ impl Ledger {
             .as_u64()
             .unwrap()
     }
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("IDEMGATE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| e2e::repo_root().join(".tools/venv/bin/python"))
 }
 
 fn script() -> PathBuf {

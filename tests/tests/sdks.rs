@@ -13,7 +13,6 @@
 // Test support: failing loudly is how a test reports.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use e2e::stack::{Database, Options, Stack};
@@ -87,7 +86,7 @@ impl Demo {
 
     /// Runs `tests/sdks/<script>` as `tenant`'s client against this stack.
     async fn sdk(&self, tenant: &str, script: &str, args: &[&str]) -> Call {
-        let mut command = tokio::process::Command::new(python());
+        let mut command = tokio::process::Command::new(e2e::python());
         command
             .arg(e2e::repo_root().join("tests/sdks").join(script))
             .args(args)
@@ -97,7 +96,7 @@ impl Demo {
         let out = tokio::time::timeout(Duration::from_secs(60), command.output())
             .await
             .unwrap_or_else(|_| panic!("{script} ran for more than 60 s"))
-            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", python().display()));
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", e2e::python().display()));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -110,13 +109,6 @@ impl Demo {
             .unwrap_or_else(|e| panic!("{script} printed no report ({e}):\n{stdout}\n{stderr}"));
         Call(report)
     }
-}
-
-/// The interpreter of the virtualenv `scripts/setup.sh` installs the SDKs into.
-fn python() -> PathBuf {
-    std::env::var_os("IDEMGATE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| e2e::repo_root().join(".tools/venv/bin/python"))
 }
 
 /// A demo token for `tenant` (subject alice): what the SDKs send as their API key.
