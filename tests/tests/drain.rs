@@ -23,7 +23,8 @@
 //!
 //! The rule the examples derive the pod settings from (examples/istio):
 //! `terminationDrainDuration` = the largest detached `forwarding.timeout_ms`
-//! plus `store.timeout_ms` plus a margin, rounded up to seconds, and
+//! plus `store.timeout_ms` plus a margin, rounded up to seconds
+//! (`scripts/istio-workloads.py`, `sidecar_settings`), and
 //! `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` false, since a detached request whose
 //! client left holds no downstream connection.
 
@@ -46,7 +47,9 @@ const STORE_TIMEOUT_MS: u64 = 1_000;
 /// The policy's lease: its detached timeout plus one store call, as the
 /// configuration requires.
 const LEASE_SECONDS: u64 = 14;
-/// The margin the examples add (examples/istio/README.md).
+/// The margin the examples add (examples/istio/README.md, "Stopping a pod"):
+/// one more store call (the claim before the upstream call and the
+/// completion after it each take up to `store.timeout_ms`) and 1 s.
 const MARGIN_SECONDS: u64 = 2;
 /// Istio's defaults: `terminationDrainDuration` and `MINIMUM_DRAIN_DURATION`.
 const ISTIO_DEFAULT_DRAIN: Duration = Duration::from_secs(5);
