@@ -382,7 +382,6 @@ async fn detached_memory(clients_wait: bool) {
         stack.in_progress().await.is_some_and(|l| l.is_empty())
     })
     .await;
-    let completed = stack.counter("records_completed").await;
     let peak = envoy_kb(&stack, "VmHWM");
     let after = envoy_kb(&stack, "VmRSS");
     let growth = peak.saturating_sub(before);
@@ -390,7 +389,7 @@ async fn detached_memory(clients_wait: bool) {
     eprintln!(
         "sizing ({}): {in_flight} detached requests of {MAX_RESPONSE_BODY} B in flight (upstream calls within {spread} ms): \
          Envoy RSS {before} kB before, peak {peak} kB (sampled {sampled} kB), {after} kB after; \
-         growth {growth} kB, {per_request} B per request ({:.2} x max_response_body); {completed} records completed",
+         growth {growth} kB, {per_request} B per request ({:.2} x max_response_body)",
         if clients_wait { "clients waiting" } else { "clients gone" },
         per_request as f64 / MAX_RESPONSE_BODY as f64
     );
