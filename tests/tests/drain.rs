@@ -5,7 +5,9 @@
 //!
 //! What is emulated is the sidecar agent's side of a pod stop (pilot-agent,
 //! `pkg/istio-agent`): Envoy runs with `--drain-strategy immediate` and a
-//! drain time (`--drain-time-s`, here 5); on the pod's SIGTERM the agent
+//! drain time (`--drain-time-s`, here 5; Istio passes its `drainDuration`,
+//! 45 s by default, which decides when drained listeners stop accepting,
+//! not when Envoy is killed); on the pod's SIGTERM the agent
 //! posts `/drain_listeners?inboundonly&graceful` to Envoy's admin, then
 //!
 //! - by default sleeps `terminationDrainDuration` (5 s unless the pod's
