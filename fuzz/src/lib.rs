@@ -115,6 +115,7 @@ pub fn config(data: &[u8]) {
 
 const API: &str = "fuzz-api-token";
 const ADMIN: &str = "fuzz-admin-token";
+const PROXY_SECRET: &str = "fuzz-proxy-secret-0123456789";
 
 /// The endpoints a store request may go to; the first input byte picks one
 /// (low three bits) and a credential (next two bits).
@@ -155,7 +156,16 @@ fn store() -> &'static StoreUnderTest {
                 .unwrap_or_else(|e| panic!("backend: {e}"));
             backend.migrate().await.unwrap_or_else(|e| panic!("migrate: {e}"));
             let store = idemgate_store::Store::new(backend, idemgate_store::Clock::System);
-            idemgate_store::app(idemgate_store::AppState::new(store, API, ADMIN))
+            // Operators named by a proxy with its secret, so the changes
+            // (resolve, purge) are reached and their bodies parsed.
+            let console = idemgate_store::console::ConsoleSettings {
+                operators: idemgate_store::auth::OperatorSource {
+                    secret: Some(idemgate_store::auth::Credential::new(PROXY_SECRET)),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            idemgate_store::app(idemgate_store::AppState::new(store, API, ADMIN).with_console(console))
         });
         StoreUnderTest {
             runtime,
@@ -201,6 +211,11 @@ pub fn store_request(data: &[u8]) {
     let mut req = Request::builder().method(method).uri(&uri);
     if let Some(token) = credential {
         req = req.header("authorization", format!("Bearer {token}"));
+    }
+    if admin {
+        req = req
+            .header("x-forwarded-email", "fuzz@example.com")
+            .header("x-idemgate-proxy-secret", PROXY_SECRET);
     }
     let body = if method == "GET" {
         Vec::new()
