@@ -20,8 +20,8 @@ pub(super) fn released(e: &Execution) -> bool {
 /// How many bytes the store keeps of execution `e`'s response: its body;
 /// for a gRPC call, its message frames and then one frame (flag `0x80`)
 /// holding the status fields a replay sends back as `name: value\r\n`
-/// lines (contract §10: every `grpc-*` field, and the headers a policy
-/// replays, `content-type` among them, from a trailers-only answer).
+/// lines (contract §10: every `grpc-*` field; the chaos policy lists no
+/// other trailing metadata to replay).
 pub(super) fn stored_len(e: &Execution) -> usize {
     if e.grpc_status.is_none() {
         return e.response.len();
@@ -29,9 +29,7 @@ pub(super) fn stored_len(e: &Execution) -> usize {
     let kept: usize = e
         .grpc_fields
         .iter()
-        .filter(|(name, _)| {
-            name.starts_with("grpc-") || idemgate_core::config::BASE_REPLAY_HEADERS.contains(&name.as_str())
-        })
+        .filter(|(name, _)| name.starts_with("grpc-"))
         .map(|(name, value)| name.len() + 2 + value.len() + 2)
         .sum();
     e.response.len() + 5 + kept

@@ -284,9 +284,12 @@ impl Policy {
     }
 
     /// Whether a gRPC response's trailer is replayed: the status and its
-    /// details always, other trailing metadata as headers are.
+    /// details always, other trailing metadata if `replay_headers` lists it
+    /// (the headers replayed by default, `content-type` among them, are
+    /// headers, never trailers).
     pub fn replays_trailer(&self, name: &str) -> bool {
-        name.to_ascii_lowercase().starts_with("grpc-") || self.replays_header(name)
+        let name = name.to_ascii_lowercase();
+        name.starts_with("grpc-") || (self.replay_headers.contains(&name) && self.replays_header(&name))
     }
 
     /// Whether an upstream status means "refused before acting" (release the

@@ -153,12 +153,34 @@ fn a_response_with_messages_is_stored_with_its_trailers() {
 #[test]
 fn a_trailers_only_error_the_server_acted_on_is_stored() {
     let mut ex = owned();
-    let step = response(
-        &mut ex,
-        &[("content-type", "application/grpc"), ("grpc-status", "6")],
-        true,
-    );
+    let head = [
+        ("content-type", "application/grpc"),
+        ("grpc-status", "6"),
+        ("x-ledger", "L"),
+    ];
+    let step = response(&mut ex, &head, true);
     assert_eq!(settled_on(&step), COMPLETE_PATH);
+    let Step::Call(call) = &step else {
+        panic!("expected the completion, got {step:?}")
+    };
+    let (request, stored) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    assert_eq!(
+        request.headers,
+        vec![
+            ("content-type".into(), "application/grpc".into()),
+            ("x-ledger".into(), "L".into())
+        ]
+    );
+    let (messages, trailers) = grpc::split_trailers(stored).unwrap();
+    assert!(messages.is_empty());
+    assert_eq!(
+        trailers,
+        vec![
+            ("grpc-status".into(), "6".into()),
+            ("x-ledger".into(), "L".into())
+        ],
+        "the status, and listed metadata; content-type stays a header"
+    );
 }
 
 #[test]
