@@ -28,6 +28,12 @@ fn backend(url: &str, pooler: Pooler, timeouts: PgTimeouts) -> Arc<dyn Backend> 
 
 /// `idempotency-store ARGS` on `url`: success and standard error.
 fn store(url: &str, args: &[&str]) -> (bool, String) {
+    let (ok, _, err) = store_out(url, args);
+    (ok, err)
+}
+
+/// `idempotency-store ARGS` on `url`: success, standard output and error.
+fn store_out(url: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
         .env_remove("IDEMGATE_MIGRATE")
         .env_remove("IDEMGATE_PG_POOLER")
@@ -37,6 +43,7 @@ fn store(url: &str, args: &[&str]) -> (bool, String) {
         .unwrap();
     (
         out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
@@ -73,7 +80,7 @@ async fn the_session_setup_is_refused_and_the_transaction_setup_serves() {
     // The binary, set up for the pooler: migrates, then serves claims.
     let (ok, err) = store(&url, &["--pg-pooler", "transaction", "migrate"]);
     assert!(ok, "migrate through PgBouncer: {err}");
-    let served = StoreProcess::start_with(&url, "warn", |cmd| {
+    let mut served = StoreProcess::start_with(&url, "warn", |cmd| {
         cmd.env_remove("IDEMGATE_MIGRATE")
             .env("IDEMGATE_PG_POOLER", "transaction");
     })
@@ -89,6 +96,28 @@ async fn the_session_setup_is_refused_and_the_transaction_setup_serves() {
     let (replay, body) = claim_over_http(&c, &served, &claim(&s, Some(1))).await;
     assert!(matches!(replay, ClaimReply::Replay { .. }), "{replay:?}");
     assert_eq!(body, b"paid");
+    served.kill9();
+
+    // `inspect` through PgBouncer: its transactions begin READ ONLY, and
+    // the cluster's next transaction id does not move.
+    let next_xid = || cluster.query("SELECT pg_snapshot_xmax(pg_current_snapshot())");
+    let before = next_xid();
+    let (ok, out, err) = store_out(
+        &url,
+        &[
+            "--pg-pooler",
+            "transaction",
+            "inspect",
+            "--tenant",
+            "acme",
+            "--key",
+            "k-bounced",
+        ],
+    );
+    assert!(ok, "inspect through PgBouncer: {err}");
+    let history: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(history["records"][0]["state"], "completed", "{out}");
+    assert_eq!(next_xid(), before, "inspect wrote");
 }
 
 /// With `options` let through (ignored), named prepared statements still

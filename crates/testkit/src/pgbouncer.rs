@@ -1,7 +1,8 @@
 //! A throwaway PgBouncer in front of a [`PgCluster`]: a generated ini and
 //! user list in a temp directory, listening on a free port, killed on drop.
 //! Every database of the cluster is reachable through it under the same
-//! name (`* =` in `[databases]`).
+//! name (`* =` in `[databases]`); server connections left idle for 5 s are
+//! closed, so the databases of finished tests hold none of the cluster's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -77,6 +78,7 @@ impl PgBouncer {
                  max_client_conn = 2000\n\
                  max_db_connections = 0\n\
                  server_reset_query =\n\
+                 server_idle_timeout = 5\n\
                  ignore_startup_parameters = {ignore}\n\
                  pidfile = {pidfile}\n",
                 pg = cluster.port,

@@ -143,7 +143,7 @@ pub fn shared_cluster() -> Arc<pg::PgCluster> {
     cluster
 }
 
-/// PgBouncer in transaction mode in front of the shared cluster.
+/// PgBouncer in transaction mode in front of a throwaway cluster.
 pub struct Bounced {
     pub cluster: Arc<pg::PgCluster>,
     pub bouncer: pgbouncer::PgBouncer,
@@ -166,7 +166,9 @@ pub fn shared_bouncer() -> Option<Arc<Bounced>> {
     if let Some(bounced) = shared.upgrade() {
         return Some(bounced);
     }
-    let cluster = shared_cluster();
+    // A cluster of its own: the other variants' connections never wait
+    // behind PgBouncer's.
+    let cluster = Arc::new(pg::PgCluster::start());
     // Fewer server connections than a store's pool: transactions of
     // different clients take turns on the same server connections.
     let Some(bouncer) = pgbouncer::PgBouncer::start(&cluster, pgbouncer::PoolMode::Transaction, 4, &[])
