@@ -83,6 +83,8 @@ chaos: setup wasm
 	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
 	@# Patroni (with etcd) fails over on its own under the chaos traffic.
 	$(E2E_ENV) cargo test -p e2e --test patroni -- --ignored --nocapture
+	@# The stores behind PgBouncer in transaction mode, PgBouncer restarted mid-run.
+	$(E2E_ENV) cargo test -p e2e --test pgbouncer -- --ignored --nocapture
 
 # The soaks run the store's release build, as deployed.
 soak: setup wasm

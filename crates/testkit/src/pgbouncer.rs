@@ -4,7 +4,7 @@
 //! name (`* =` in `[databases]`); server connections left idle for 5 s are
 //! closed, so the databases of finished tests hold none of the cluster's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ pub enum PoolMode {
 pub struct PgBouncer {
     pub port: u16,
     proc: Proc,
+    bin: PathBuf,
+    ini: PathBuf,
+    restarts: u32,
     // Dropped after the process: it holds the ini, the user list and the log.
     _dir: tempfile::TempDir,
 }
@@ -93,7 +96,6 @@ impl PgBouncer {
             ),
         )
         .unwrap();
-        let mut cmd = Command::new(&bin);
         if is_root() {
             // It refuses to run as root; the directory is the postgres user's.
             let ok = Command::new("chown")
@@ -103,23 +105,27 @@ impl PgBouncer {
                 .unwrap()
                 .success();
             assert!(ok, "cannot chown the PgBouncer directory to the postgres user");
-            cmd.args(["-u", "postgres"]);
         }
-        cmd.arg(&ini);
-        let proc = Proc::spawn("pgbouncer", &mut cmd, log);
-        let ready = (0..500).any(|_| {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
-                assert!(proc.alive(), "PgBouncer exited:\n{}", proc.log());
-                std::thread::sleep(Duration::from_millis(10));
-                false
-            }
-        });
-        assert!(ready, "PgBouncer never listened:\n{}", proc.log());
+        let proc = spawn(&bin, &ini, port, log);
         Some(PgBouncer {
             port,
             proc,
+            bin,
+            ini,
+            restarts: 0,
             _dir: dir,
         })
+    }
+
+    /// Kills PgBouncer (SIGKILL: every client and server connection dropped
+    /// at once) and starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        self.restarts += 1;
+        let log = self
+            .ini
+            .with_file_name(format!("pgbouncer-{}.log", self.restarts));
+        self.proc = spawn(&self.bin, &self.ini, self.port, log);
     }
 
     /// The URL of database `db` through PgBouncer.
@@ -131,6 +137,25 @@ impl PgBouncer {
     pub fn log(&self) -> String {
         self.proc.log()
     }
+}
+
+/// PgBouncer on `ini`, once it accepts connections on `port`.
+fn spawn(bin: &Path, ini: &Path, port: u16, log: PathBuf) -> Proc {
+    let mut cmd = Command::new(bin);
+    if is_root() {
+        cmd.args(["-u", "postgres"]);
+    }
+    cmd.arg(ini);
+    let proc = Proc::spawn("pgbouncer", &mut cmd, log);
+    let ready = (0..500).any(|_| {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
+            assert!(proc.alive(), "PgBouncer exited:\n{}", proc.log());
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(ready, "PgBouncer never listened:\n{}", proc.log());
+    proc
 }
 
 fn is_root() -> bool {
