@@ -79,6 +79,7 @@ fuzz: setup
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh $(FUZZ_SECONDS)
 
 chaos: setup wasm
+	@scripts/setup.sh chaos
 	cargo build -p idemgate-store
 	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
 	@# Patroni (with etcd) fails over on its own under the chaos traffic.

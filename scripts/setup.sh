@@ -13,6 +13,7 @@
 #                            and the oldest Envoy the filter is tested on
 #                            (1.36, in its own virtualenv, .tools/envoy-1.36)
 #   scripts/setup.sh bench   the same, plus wrk
+#   scripts/setup.sh chaos   the same, plus Patroni, etcd and HAProxy
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy 1.40 install (an Envoy 1.36 to 1.40).
 # IDEMGATE_VENV moves the project-local virtualenv (default .tools/venv).
@@ -143,6 +144,12 @@ command -v kubectl >/dev/null || need_debs "kubectl (kustomize rendering)" kubec
 # (m) wrk, for benchmarks only.
 if [[ $mode == bench ]] && ! command -v wrk >/dev/null; then
     need_debs "wrk (HTTP load generator)" wrk
+fi
+
+# (n) Patroni with etcd (and HAProxy, for the documented topology), for
+# `make chaos`'s automatic failover run only.
+if [[ $mode == chaos ]]; then
+    need_debs "Patroni, etcd and HAProxy (make chaos's failover run)" patroni etcd-server haproxy
 fi
 
 if ((${#debs[@]})); then
