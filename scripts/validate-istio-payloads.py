@@ -11,7 +11,8 @@ which is what ECDS hands the sidecar). For wasmplugin.yaml, the Wasm filter
 Istio generates from it (its name, root_id, pluginConfig as a StringValue, the
 remote data source with cluster "_" and the sha256, the VM's environment) is
 built the way Istio builds it. For stats.yaml, each BOOTSTRAP patch is merged
-into a bootstrap that runs the filter. `envoy --mode validate` must accept
+into a bootstrap that runs the filter; each HTTP_ROUTE patch (grpc-replay.yaml)
+goes first into the virtual host of one. `envoy --mode validate` must accept
 each bootstrap.
 
 Before that, what `istioctl analyze` would warn about or Envoy cannot know:
@@ -186,6 +187,28 @@ def bootstrap_patches(filters):
     return out
 
 
+def route_patches(filters):
+    """(what, bootstrap) for each HTTP_ROUTE patch, inserted first into the
+    virtual host of a bootstrap with `filters`, its cluster defined."""
+    out = []
+    for file, doc in all_docs():
+        if doc.get("kind") != "EnvoyFilter":
+            continue
+        for patch in doc["spec"]["configPatches"]:
+            if patch["applyTo"] != "HTTP_ROUTE":
+                continue
+            route = patch["patch"]["value"]
+            b = bootstrap(filters)
+            listener = b["static_resources"]["listeners"][0]
+            hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+            hcm["route_config"]["virtual_hosts"][0]["routes"].insert(0, route)
+            cluster = json.loads(json.dumps(b["static_resources"]["clusters"][0]))
+            cluster["name"] = cluster["load_assignment"]["cluster_name"] = route["route"]["cluster"]
+            b["static_resources"]["clusters"].append(cluster)
+            out.append((f"{file} {doc['metadata']['name']}: route {route.get('name')}", b))
+    return out
+
+
 def main():
     envoy = sys.argv[1]
     problems = analyze()
@@ -196,6 +219,7 @@ def main():
         sys.exit(f"validate-istio-payloads: expected at least 6 payloads, found {len(found)}")
     boots = [(what, bootstrap([value])) for what, value in found]
     boots += bootstrap_patches([found[0][1]])
+    boots += route_patches([found[0][1]])
     failed = len(problems)
     with tempfile.TemporaryDirectory() as tmp:
         for i, (what, config) in enumerate(boots):
