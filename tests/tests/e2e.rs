@@ -712,7 +712,10 @@ async fn the_rollout_checker_tells_an_enforced_route_from_an_observed_one() {
             .args(["-H", "x-tenant-id: rollout-test", "-H", "x-user-id: checker"])
             .output()
             .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     };
     let (ok, report) = check("/pay");
     assert!(ok, "{report}");
