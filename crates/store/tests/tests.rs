@@ -1,6 +1,7 @@
 //! Integration tests of the store: one binary (ripgrep style).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod backup;
 mod cli;
 mod clock;
 mod concurrency;
