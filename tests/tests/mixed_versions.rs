@@ -85,12 +85,31 @@ async fn replays(stack: &Stack, label: &str, keys: &[(&'static str, String, Stri
     }
 }
 
+/// The reference bootstrap without the policies that use settings added
+/// since the previous release (a `canary`), which that release's filter
+/// would refuse: an operator upgrades the filters before using them.
+fn without_newer_policies(config: String) -> String {
+    let mut out = Vec::new();
+    let mut lines = config.lines();
+    while let Some(line) = lines.next() {
+        if line.contains(r#"{"name": "canary""#) {
+            lines.next(); // the policy's second line
+            continue;
+        }
+        out.push(line);
+    }
+    let config = out.join("\n") + "\n";
+    assert!(!config.contains(r#""canary":"#), "a policy with a canary is left");
+    config
+}
+
 /// The documented order: the store first (the old filters keep working
 /// against it, on the migrated database), then the filters; a filter rolled
 /// back still replays what the new one recorded.
 async fn upgrade_in_order(database: Database) {
     let (old_wasm, old_store) = previous();
     let mut options = Options::new("envoy/e2e.yaml", database, 1);
+    options.edit = Some(Box::new(without_newer_policies));
     options.wasm = Some(old_wasm.clone());
     options.store_bin = Some(old_store);
     let mut stack = Stack::start(options).await;
