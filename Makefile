@@ -9,7 +9,7 @@
 #   make soak    10 minutes at moderate load, then 30 minutes on millions of
 #                records with the sweeper at work; memory, WAL, errors (not in CI)
 # test, fuzz, chaos and soak write their rows of docs/reliability.md.
-# Point ENVOY_BIN at any Envoy >= 1.35 to use it instead of the pinned wheel.
+# Point ENVOY_BIN at another Envoy (tested: 1.36 to 1.40) to use it instead of the pinned wheel.
 
 # The virtualenv scripts/setup.sh installs Envoy and the e2e tests' SDKs into.
 VENV  := $(abspath $(or $(IDEMGATE_VENV),.tools/venv))

@@ -11,7 +11,7 @@
 #
 # `make demo` builds the wasm module and the store first; this script builds the
 # payments example. Run from anywhere; it works from the repository root.
-# ENVOY_BIN=/path/to/envoy uses another Envoy (>= 1.35); IDEMGATE_PYTHON
+# ENVOY_BIN=/path/to/envoy uses another Envoy (tested: 1.36 to 1.40); IDEMGATE_PYTHON
 # another Python with grpcio and grpcio-status (default: scripts/setup.sh's
 # .tools/venv/bin/python).
 set -euo pipefail
@@ -121,7 +121,7 @@ ready store http://127.0.0.1:8787/readyz
 ready payments http://127.0.0.1:8080/_demo/executions
 listening ledger 50051
 envoy_path=$(command -v "$ENVOY" || echo "$ENVOY")
-say "Envoy: $envoy_path ($("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p' | head -1)); the filter needs Envoy >= 1.35"
+say "Envoy: $envoy_path ($("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p' | head -1)); the filter is tested on Envoy 1.36 to 1.40"
 start envoy "$ENVOY" -c envoy/demo.yaml --disable-hot-restart --concurrency 2 \
     -l warn --component-log-level wasm:info --log-format '%l: %v'
 ready envoy http://127.0.0.1:9901/ready
