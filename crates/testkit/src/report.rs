@@ -1,7 +1,6 @@
 //! Rows of the results table in docs/reliability.md, written after the run's
-//! own checks with their verdict: `passed`, `FAILED`, `skipped (why)` for
-//! a run that could not happen here, or `measured` for a run that measures
-//! what the contract does not promise. A run writes its row only when
+//! own checks with their verdict: `passed`, `FAILED`, or `skipped (why)` for
+//! a run that could not happen here. A run writes its row only when
 //! `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
 //! `soak` targets set it), through scripts/reliability-row.sh, the same
 //! script scripts/fuzz.sh uses.
@@ -22,16 +21,6 @@ pub struct Row<'a> {
 pub fn write(row: &Row<'_>) {
     if let Some(file) = std::env::var_os("IDEMGATE_REPORT") {
         write_to(&file, row);
-    }
-}
-
-/// The row of a run that measures what the contract does not promise (an
-/// asynchronous standby's loss window): what it finds is the measurement,
-/// so its verdict is `measured` when the run's own checks held, never
-/// `passed`.
-pub fn write_measurement(row: &Row<'_>) {
-    if let Some(file) = std::env::var_os("IDEMGATE_REPORT") {
-        write_with_verdict(&file, row, if row.passed { "measured" } else { "FAILED" });
     }
 }
 

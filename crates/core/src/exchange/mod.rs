@@ -564,8 +564,4 @@ impl Exchange {
 }
 
 #[cfg(test)]
-mod canary_tests;
-#[cfg(test)]
-mod grpc_tests;
-#[cfg(test)]
 mod tests;

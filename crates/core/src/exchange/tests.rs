@@ -6,6 +6,9 @@ use crate::config::ENVOY_DEFAULT_BUFFER_LIMIT;
 use crate::limits;
 use crate::protocol::{decode_frame, encode_frame, CompleteRequest, COMPLETE_PATH};
 
+mod canary;
+mod grpc;
+
 const CONFIG: &str = r#"{
     "store": {"cluster": "store", "token": "t"},
     "policies": [

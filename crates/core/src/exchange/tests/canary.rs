@@ -2,7 +2,7 @@
 //! the rest observed (compiled only for tests).
 #![cfg(test)]
 
-use super::*;
+use super::super::*;
 
 fn config(canary: &str, extra: &str) -> Rc<Config> {
     let json = format!(

@@ -1,7 +1,7 @@
 //! The exchange on gRPC calls (compiled only for tests).
 #![cfg(test)]
 
-use super::*;
+use super::super::*;
 use crate::grpc::{self, code};
 use crate::protocol::{CompleteRequest, COMPLETE_PATH};
 
