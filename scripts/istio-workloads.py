@@ -43,7 +43,11 @@ import sys
 
 import yaml
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# scripts/manifests.py sits next to this script, whatever the working directory.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import manifests  # noqa: E402
+
+ROOT = manifests.ROOT
 WASM = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
 HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
@@ -122,15 +126,13 @@ def module_pin(spec):
         if set(module) != {"uri", "sha256"}:
             fail("spec.module needs exactly `uri` and `sha256`")
         return module["uri"], module["sha256"]
-    path = os.path.join(ROOT, "examples/istio/envoyfilter.yaml")
-    with open(path) as f:
-        for doc in yaml.safe_load_all(f):
-            if not doc or doc.get("kind") != "EnvoyFilter":
-                continue
-            for patch in doc["spec"]["configPatches"]:
-                if patch["applyTo"] == "EXTENSION_CONFIG":
-                    code = patch["patch"]["value"]["typed_config"]["config"]["vm_config"]["code"]["remote"]
-                    return code["http_uri"]["uri"], code["sha256"]
+    for doc in manifests.load_all(os.path.join(ROOT, "examples/istio/envoyfilter.yaml")):
+        if doc.get("kind") != "EnvoyFilter":
+            continue
+        for patch in doc["spec"]["configPatches"]:
+            if patch["applyTo"] == "EXTENSION_CONFIG":
+                code = patch["patch"]["value"]["typed_config"]["config"]["vm_config"]["code"]["remote"]
+                return code["http_uri"]["uri"], code["sha256"]
     fail("examples/istio/envoyfilter.yaml has no EXTENSION_CONFIG patch to take the module's pin from")
 
 
@@ -224,13 +226,17 @@ def sidecar_settings(store, policies):
     }
 
 
-def pod_settings(policies_path):
-    """Each workload's sidecar stop settings, as the pod template needs them."""
-    with open(policies_path) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+def read_policies(policies_path):
+    """The checked `spec` of the policies file, which holds one document."""
+    docs = manifests.load_all(policies_path)
     if len(docs) != 1:
         fail(f"{policies_path}: expected one document, found {len(docs)}")
-    spec = check_input(docs[0])
+    return check_input(docs[0])
+
+
+def pod_settings(policies_path):
+    """Each workload's sidecar stop settings, as the pod template needs them."""
+    spec = read_policies(policies_path)
     out = []
     for w in spec["workloads"]:
         s = sidecar_settings(spec["store"], w["policies"])
@@ -253,6 +259,19 @@ def plugin_json(plugin):
     policies = ",\n".join(f"    {json.dumps(p)}" for p in plugin["policies"])
     return (f'{{\n  "store": {json.dumps(plugin["store"])},\n'
             f'  "policies": [\n{policies}\n  ]\n}}\n')
+
+
+def sidecar_inbound(proxy, http_filter=None):
+    """The match of a patch to the inbound HTTP connection manager of the
+    sidecars `proxy` admits; relative to `http_filter` when one is named."""
+    manager = {"name": "envoy.filters.network.http_connection_manager"}
+    if http_filter:
+        manager["subFilter"] = {"name": http_filter}
+    return {
+        "context": "SIDECAR_INBOUND",
+        "proxy": dict(proxy),
+        "listener": {"filterChain": {"filter": manager}},
+    }
 
 
 def envoy_filter(workload, spec, uri, sha256, regex):
@@ -310,14 +329,7 @@ def envoy_filter(workload, spec, uri, sha256, regex):
                 },
                 {
                     "applyTo": "HTTP_FILTER",
-                    "match": {
-                        "context": "SIDECAR_INBOUND",
-                        "proxy": dict(proxy),
-                        "listener": {"filterChain": {"filter": {
-                            "name": "envoy.filters.network.http_connection_manager",
-                            "subFilter": {"name": "envoy.filters.http.router"},
-                        }}},
-                    },
+                    "match": sidecar_inbound(proxy, "envoy.filters.http.router"),
                     "patch": {"operation": "INSERT_BEFORE", "value": {
                         "name": ecds,
                         "config_discovery": {
@@ -328,13 +340,7 @@ def envoy_filter(workload, spec, uri, sha256, regex):
                 },
                 {
                     "applyTo": "HTTP_FILTER",
-                    "match": {
-                        "context": "SIDECAR_INBOUND",
-                        "proxy": dict(proxy),
-                        "listener": {"filterChain": {"filter": {
-                            "name": "envoy.filters.network.http_connection_manager",
-                        }}},
-                    },
+                    "match": sidecar_inbound(proxy),
                     "patch": {"operation": "INSERT_FIRST", "value": {
                         "name": "idemgate.strip-identity-headers",
                         "typed_config": {
@@ -352,11 +358,7 @@ def envoy_filter(workload, spec, uri, sha256, regex):
 
 
 def generate(policies_path):
-    with open(policies_path) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
-    if len(docs) != 1:
-        fail(f"{policies_path}: expected one document, found {len(docs)}")
-    spec = check_input(docs[0])
+    spec = read_policies(policies_path)
     uri, sha256 = module_pin(spec)
     regex = proxy_version_regex()
     filters = [envoy_filter(w, spec, uri, sha256, regex) for w in spec["workloads"]]
@@ -392,21 +394,9 @@ def main(argv):
     if len(argv) == 3 and argv[1] in ("-o", "--check"):
         text = generate(argv[0])
         if argv[1] == "-o":
-            with open(argv[2], "w") as f:
-                f.write(text)
-            print(f"istio-workloads: wrote {argv[2]}")
-            return 0
-        try:
-            with open(argv[2]) as f:
-                current = f.read()
-        except FileNotFoundError:
-            current = None
-        if current != text:
-            print(f"istio-workloads: {argv[2]} is not what {argv[0]} generates; run "
-                  f"scripts/istio-workloads.py {argv[0]} -o {argv[2]}", file=sys.stderr)
-            return 1
-        print(f"istio-workloads: {argv[2]} is up to date with {argv[0]}")
-        return 0
+            return manifests.write("istio-workloads", argv[2], argv[2], text)
+        return manifests.check("istio-workloads", argv[2], argv[2], text, [argv[0]],
+                               f"scripts/istio-workloads.py {argv[0]} -o {argv[2]}")
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -18,7 +18,11 @@ import sys
 
 import yaml
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# scripts/manifests.py sits next to this script, whatever the working directory.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import manifests  # noqa: E402
+
+ROOT = manifests.ROOT
 SOURCE = "examples/monitoring/alerts.yaml"
 SCRAPE = "examples/monitoring/prometheus.yml"
 OUTPUT = "examples/kubernetes/components/monitoring/monitoring.yaml"
@@ -78,8 +82,7 @@ RELABEL_FIELDS = {
 def metric_relabelings():
     """The `envoy` job's metric_relabel_configs of prometheus.yml, camelCased
     (each rule its own mapping: YAML aliases in the source are expanded)."""
-    with open(os.path.join(ROOT, SCRAPE)) as f:
-        scrape = yaml.safe_load(f)
+    scrape = manifests.load(os.path.join(ROOT, SCRAPE))
     jobs = [j for j in scrape.get("scrape_configs") or [] if j.get("job_name") == "envoy"]
     if len(jobs) != 1 or not jobs[0].get("metric_relabel_configs"):
         sys.exit(f"monitoring-crds: {SCRAPE} has no `envoy` job with metric_relabel_configs")
@@ -93,8 +96,7 @@ def metric_relabelings():
 
 
 def documents():
-    with open(os.path.join(ROOT, SOURCE)) as f:
-        alerts = yaml.safe_load(f)
+    alerts = manifests.load(os.path.join(ROOT, SOURCE))
     if not isinstance(alerts, dict) or not alerts.get("groups"):
         sys.exit(f"monitoring-crds: {SOURCE} has no rule groups")
     service_monitor = {
@@ -145,24 +147,12 @@ def main():
     text = render()
     path = os.path.join(ROOT, OUTPUT)
     if sys.argv[1:] == ["--check"]:
-        try:
-            with open(path) as f:
-                current = f.read()
-        except FileNotFoundError:
-            current = None
-        if current != text:
-            print(f"monitoring-crds: {OUTPUT} is not what {SOURCE} and {SCRAPE} generate; "
-                  f"run scripts/monitoring-crds.py", file=sys.stderr)
-            return 1
-        print(f"monitoring-crds: {OUTPUT} is up to date with {SOURCE} and {SCRAPE}")
-        return 0
+        return manifests.check("monitoring-crds", OUTPUT, path, text, [SOURCE, SCRAPE],
+                               "scripts/monitoring-crds.py")
     if sys.argv[1:]:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(path, "w") as f:
-        f.write(text)
-    print(f"monitoring-crds: wrote {OUTPUT}")
-    return 0
+    return manifests.write("monitoring-crds", OUTPUT, path, text)
 
 
 if __name__ == "__main__":
