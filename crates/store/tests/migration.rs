@@ -13,6 +13,9 @@ use idemgate_store::{Clock, Store};
 
 use crate::support::*;
 
+mod checks;
+mod schema;
+
 const T0: i64 = 1_800_000_000_000;
 const FAR: i64 = T0 + 1_000_000_000;
 

@@ -15,6 +15,7 @@
 //! record is opened by a POST carrying its scope), never in a URL, and
 //! nothing here logs a key, a form or a reason.
 
+mod form;
 pub mod page;
 pub mod session;
 
@@ -26,11 +27,11 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::admin;
-use crate::api::read_body;
 use crate::auth::Identified;
 use crate::backend::{Action, Listing, Lookup};
 use crate::problem::Refusal;
 use crate::AppState;
+use form::{lookup_of, resolution_of, Form};
 use session::{cookie, random_token, same_token, set_cookie, Current, Found, LOGIN_COOKIE, SESSION_COOKIE};
 
 pub use session::{ConsoleSettings, Sessions};
@@ -127,40 +128,6 @@ fn untrusted(why: &str) -> Response {
         None,
         &page::no_operator(why),
     )
-}
-
-/// An `application/x-www-form-urlencoded` body, field by field.
-struct Form(Vec<(String, String)>);
-
-impl Form {
-    async fn read(state: &AppState, body: Body) -> Result<Form, Refusal> {
-        let bytes = read_body(state, body).await?;
-        serde_urlencoded::from_bytes(&bytes)
-            .map(Form)
-            .map_err(|_| Refusal::bad_request("the form could not be read"))
-    }
-
-    /// The field's value, trimmed; empty when absent.
-    fn get(&self, name: &str) -> &str {
-        self.raw(name).trim()
-    }
-
-    /// The field's value as sent, line breaks as `\n`.
-    fn text(&self, name: &str) -> String {
-        self.raw(name).replace("\r\n", "\n")
-    }
-
-    fn raw(&self, name: &str) -> &str {
-        self.0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("")
-    }
-
-    fn optional(&self, name: &str) -> Option<String> {
-        Some(self.get(name)).filter(|v| !v.is_empty()).map(str::to_string)
-    }
 }
 
 /// Why a request has no session to use, and so which page it gets.
@@ -417,22 +384,6 @@ pub async fn stuck(
     }
 }
 
-/// The lookup a form asks for: tenant and key, and any other part of the
-/// scope it names.
-fn lookup_of(form: &Form) -> Lookup {
-    Lookup {
-        tenant: form.get("tenant").to_string(),
-        key: form.get("key").to_string(),
-        route: form.optional("route"),
-        principal: form.optional("principal"),
-        namespace: match form.get("namespace") {
-            "u" => Some(idemgate_core::scope::Namespace::Client),
-            "s" => Some(idemgate_core::scope::Namespace::Server),
-            _ => None,
-        },
-    }
-}
-
 /// A history page of `lookup`, `banner` above it.
 async fn history_page(
     state: &AppState,
@@ -468,36 +419,6 @@ pub async fn history(
         Err(resp) => return resp,
     };
     history_page(&state, &s, &lookup_of(&form), (StatusCode::OK, String::new())).await
-}
-
-/// What the resolve form asks for, or why it cannot be done.
-fn resolution_of(form: &Form) -> Result<(Action, String), String> {
-    let reason = form.text("reason");
-    if admin::validate_reason(Some(&reason))?.is_none() {
-        return Err("Say why: a reason is required, and it is kept in the record's history.".into());
-    }
-    let how = match form.get("action") {
-        "release" => Action::Release,
-        "complete" => {
-            let status = form
-                .get("status")
-                .parse::<u16>()
-                .map_err(|_| "The status must be a number between 100 and 599.".to_string())?;
-            let headers = form
-                .text("headers")
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(admin::parse_header)
-                .collect::<Result<Vec<_>, _>>()?;
-            Action::Complete {
-                status,
-                headers,
-                body: form.text("body"),
-            }
-        }
-        _ => return Err("Choose to store a response or to release the key.".into()),
-    };
-    Ok((how, reason))
 }
 
 pub async fn resolve(

@@ -5,7 +5,8 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::rfc3339_utc;
-use idemgate_core::scope::Scope;
+use idemgate_core::record::{self, State};
+use idemgate_core::scope::{Namespace, Scope};
 
 use crate::backend::{EventInfo, KeyHistory, RecordInfo};
 
@@ -377,8 +378,11 @@ pub fn history(h: &KeyHistory, csrf: &str, banner: Option<String>) -> String {
             .map(|r| r.log_id.as_str())
             .or_else(|| events.first().map(|e| e.log_id.as_str()))
             .unwrap_or("");
-        let open = current
-            .is_some_and(|r| r.archived_at.is_none() && (r.state == "unknown" || r.state == "in_progress"));
+        // The resolve forms only where a resolution would be taken: the
+        // record rule the store's resolve asks, not a list of state names.
+        let open = current.is_some_and(|r| {
+            State::parse(&r.state).is_some_and(|s| record::is_open(s, r.archived_at.is_some()))
+        });
         let state = current
             .map(|r| r.state.as_str())
             .unwrap_or("none (the key is free)");
@@ -392,7 +396,7 @@ pub fn history(h: &KeyHistory, csrf: &str, banner: Option<String>) -> String {
             tenant = esc(scope.tenant()),
             principal = esc(scope.principal()),
             route = esc(scope.route()),
-            ns = if scope.namespace().as_str() == "s" {
+            ns = if scope.namespace() == Namespace::Server {
                 "server keys"
             } else {
                 "client keys"
