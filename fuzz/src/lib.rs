@@ -165,7 +165,10 @@ fn store() -> &'static StoreUnderTest {
                 },
                 ..Default::default()
             };
-            idemgate_store::app(idemgate_store::AppState::new(store, API, ADMIN).with_console(console))
+            idemgate_store::app(
+                idemgate_store::AppState::new(store, idemgate_store::Settings::new(API, ADMIN))
+                    .with_console(console),
+            )
         });
         StoreUnderTest {
             runtime,

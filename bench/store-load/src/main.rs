@@ -261,14 +261,12 @@ async fn serve(backend: Arc<dyn Backend>) -> Result<Post, String> {
         enabled: false,
         ..SweepSettings::default()
     };
-    let state = AppState::with(
-        store,
-        "bench-api",
-        "bench-admin",
-        idemgate_core::config::DEFAULT_DOC_BASE.into(),
-        1 << 20,
+    let settings = idemgate_store::Settings {
+        max_body_bytes: 1 << 20,
         sweep,
-    );
+        ..idemgate_store::Settings::new("bench-api", "bench-admin")
+    };
+    let state = AppState::new(store, settings);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;

@@ -80,36 +80,26 @@ pub struct Settings {
     pub console: console::ConsoleSettings,
 }
 
-impl AppState {
-    pub fn new(store: Store, api_token: &str, admin_token: &str) -> AppState {
-        AppState::with(
-            store,
-            api_token,
-            admin_token,
-            idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
-            DEFAULT_MAX_BODY_BYTES,
-            sweeper::SweepSettings::default(),
-        )
+impl Settings {
+    /// The defaults (problem links, body limit, sweeper, console) with
+    /// these credentials.
+    pub fn new(api_token: &str, admin_token: &str) -> Settings {
+        Settings {
+            api_token: auth::Credential::new(api_token),
+            admin_token: auth::Credential::new(admin_token),
+            doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            sweep: sweeper::SweepSettings::default(),
+            console: console::ConsoleSettings::default(),
+        }
     }
+}
 
-    pub fn with(
-        store: Store,
-        api_token: &str,
-        admin_token: &str,
-        doc_base: String,
-        max_body_bytes: usize,
-        sweep: sweeper::SweepSettings,
-    ) -> AppState {
+impl AppState {
+    pub fn new(store: Store, settings: Settings) -> AppState {
         AppState {
             store,
-            settings: Arc::new(Settings {
-                api_token: auth::Credential::new(api_token),
-                admin_token: auth::Credential::new(admin_token),
-                doc_base,
-                max_body_bytes,
-                sweep,
-                console: console::ConsoleSettings::default(),
-            }),
+            settings: Arc::new(settings),
             sessions: Arc::default(),
         }
     }

@@ -1,24 +1,54 @@
 use clap::Parser;
+use idemgate_store::cli::{Cli, LogFormat};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Parsed first: the command line says how to log.
+    let cli = Cli::parse();
+    let format = cli.log_format();
+    init_logging(format);
+    match idemgate_store::cli::execute(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            match format {
+                LogFormat::Text => eprintln!("idempotency-store: {e}"),
+                // Every line on stderr parses, the last one included.
+                LogFormat::Json => eprintln!(
+                    "{}",
+                    serde_json::json!({
+                        "level": "ERROR",
+                        "target": "idempotency_store",
+                        "message": e.to_string(),
+                    })
+                ),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // The PostgreSQL driver logs statement parameters (raw keys, stored
     // bodies) at debug: never let it, whatever RUST_LOG says.
     if let Ok(cap) = "tokio_postgres=info".parse() {
         filter = filter.add_directive(cap);
     }
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cli = idemgate_store::cli::Cli::parse();
-    match idemgate_store::cli::execute(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("idempotency-store: {e}");
-            std::process::ExitCode::FAILURE
-        }
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // The event's fields at the top level, next to level, target and
+        // timestamp, so a pipeline indexes `event`, `record`, ... directly.
+        // The store's lines carry everything in their fields, not in spans.
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
     }
 }

@@ -1,6 +1,7 @@
 //! The operator's CLI against a real database file.
 
 use std::process::Command;
+use std::time::Duration;
 
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
 
@@ -210,4 +211,89 @@ fn the_database_url_can_come_from_a_file() {
         .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("database url file"));
+}
+
+/// Every line of `stderr` as JSON, or the line that is not.
+fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
+    (stderr.lines())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_put_every_line_in_one_object_with_the_event_fields_on_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("store.db").display());
+    let port = free_port();
+    let log = dir.path().join("stderr.log");
+    let mut child = idemgate_testkit::store::serve(
+        std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store")),
+        port,
+        &db,
+        API,
+        ADMIN,
+        "info",
+    )
+    .args(["--log-format", "json"])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let c = client();
+    let url = |path: &str| format!("http://127.0.0.1:{port}{path}");
+    eventually("the store to be ready", Duration::from_secs(30), || {
+        let (c, ready) = (c.clone(), url("/readyz"));
+        async move { matches!(c.get(ready.parse().unwrap()).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    let r = request(
+        &c,
+        "POST",
+        &url("/v1/claim"),
+        Some(API),
+        encode_frame(&claim(&scope("k-json"), Some(1)), b""),
+    )
+    .await;
+    assert!(matches!(
+        decode_frame::<ClaimReply>(&r.body).unwrap().0,
+        ClaimReply::Owned { .. }
+    ));
+    // A graceful stop, so the lines written on the way out are checked too.
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let lines = json_lines(&std::fs::read_to_string(&log).unwrap());
+    let claimed = (lines.iter())
+        .find(|l| l["target"] == "idemgate::events" && l["event"] == "claimed")
+        .unwrap_or_else(|| panic!("no claimed event in {lines:?}"));
+    assert_eq!(claimed["level"], "INFO");
+    assert_eq!(claimed["route"], "payments.create");
+    assert!(
+        claimed["record"].as_str().is_some_and(|r| r.len() == 12),
+        "{claimed}"
+    );
+    assert_eq!(claimed["generation"], 1);
+    assert!(claimed["fence"].is_u64(), "{claimed}");
+    assert_eq!(claimed["actor"], "filter");
+    assert!(lines.iter().any(|l| l["message"] == "shutting down"), "{lines:?}");
+
+    // A refusal to start is a JSON line too.
+    let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
+        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
+        .args(["--database-url", &db, "--api-token", API, "--admin-token", API])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let lines = json_lines(&String::from_utf8_lossy(&out.stderr));
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "ERROR");
+    assert_eq!(last["message"], "the API and admin tokens must differ");
 }

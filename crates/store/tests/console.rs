@@ -13,7 +13,7 @@ use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::Lookup;
 use idemgate_store::console::{paths, ConsoleSettings};
-use idemgate_store::{app, AppState, Clock, Store};
+use idemgate_store::{app, AppState, Clock, Settings, Store};
 use tower::ServiceExt;
 
 use crate::support::*;
@@ -88,7 +88,7 @@ impl Browser {
             ..console
         };
         Browser {
-            state: AppState::new(store, API, ADMIN).with_console(console),
+            state: AppState::new(store, Settings::new(API, ADMIN)).with_console(console),
             process: None,
             jar: HashMap::new(),
             urls: Vec::new(),

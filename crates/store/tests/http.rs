@@ -6,8 +6,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, FenceReply, FRAME_CONTENT_TYPE};
 use idemgate_store::backend::Lookup;
-use idemgate_store::sweeper::SweepSettings;
-use idemgate_store::{app, AppState, Clock, Store};
+use idemgate_store::{app, AppState, Clock, Settings, Store};
 use tower::ServiceExt;
 
 use crate::support::*;
@@ -20,15 +19,12 @@ struct Harness {
 async fn harness() -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(sqlite_backend(&dir).await, Clock::System);
-    let state = AppState::with(
-        store,
-        API,
-        ADMIN,
-        "https://docs.example/problems/".into(),
-        4096,
-        SweepSettings::default(),
-    )
-    .with_console(behind_proxy());
+    let settings = Settings {
+        doc_base: "https://docs.example/problems/".into(),
+        max_body_bytes: 4096,
+        ..Settings::new(API, ADMIN)
+    };
+    let state = AppState::new(store, settings).with_console(behind_proxy());
     Harness { state, _dir: dir }
 }
 

@@ -9,7 +9,7 @@ use idemgate_core::protocol::{
 };
 use idemgate_store::backend::Backend;
 use idemgate_store::budget::Budgets;
-use idemgate_store::{AppState, Clock, Store};
+use idemgate_store::{AppState, Clock, Settings, Store};
 
 use crate::support::*;
 
@@ -50,7 +50,7 @@ impl Api {
         let clock = Clock::manual(T0);
         let store = Store::new(backend, clock.clone()).with_budgets(Budgets::new(1.0, 2).unwrap());
         Api {
-            state: AppState::new(store, API, ADMIN),
+            state: AppState::new(store, Settings::new(API, ADMIN)),
             clock,
         }
     }

@@ -10,7 +10,7 @@ use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply, CompleteRe
 use idemgate_store::admin::ResolveRequest;
 use idemgate_store::backend::{Action, Backend, SweepPolicy};
 use idemgate_store::sealing::Seal;
-use idemgate_store::{AppState, Clock, Store};
+use idemgate_store::{AppState, Clock, Settings, Store};
 
 use crate::support::*;
 
@@ -32,7 +32,8 @@ struct Api {
 impl Api {
     fn new(backend: Arc<dyn Backend>) -> Api {
         Api {
-            state: AppState::new(Store::new(backend, Clock::System), API, ADMIN).with_console(behind_proxy()),
+            state: AppState::new(Store::new(backend, Clock::System), Settings::new(API, ADMIN))
+                .with_console(behind_proxy()),
         }
     }
 
