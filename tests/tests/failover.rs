@@ -17,10 +17,12 @@
 // Test support: failing loudly is how a helper reports a broken run.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use e2e::chaos::{at_full_speed, audit, now_ms, policy, route_of, Traffic};
+use e2e::chaos::failover::{
+    allow_answers_of_unwaited_losses, audit_failover, kept_by_a_synchronous_standby, lost_text,
+};
+use e2e::chaos::{at_full_speed, now_ms, route_of, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::ADMIN_TOKEN;
@@ -119,26 +121,21 @@ async fn failover_run(run: &str, synchronous: bool) {
     }
     let elapsed = started.elapsed().as_secs_f64();
 
+    // Log lines name a fingerprint by its keyed hash, under a key the stores
+    // derive from the admin credential.
+    let ids = LogIds::from_admin_credential(ADMIN_TOKEN).unwrap();
+    let log_id = |fp: &str| ids.of_fingerprint(fp);
+    let held = |sql: &str| standby.query(sql);
+    let audited = audit_failover(&stack, &traffic, frozen_at, Some(promoting_at), held, log_id).await;
     let window = Window {
         frozen_at,
         killed_at,
         promoting_at,
         promoted_at,
-        // No claim can be made between the kill and the promotion, and a
-        // claimed request reaches the upstream within milliseconds.
-        first_owned: (stack.upstream.log().iter())
-            .map(|e| e.at_ms)
-            .filter(|at| *at >= promoting_at)
-            .min(),
-        unavailable: (traffic.sent.lock().unwrap().iter())
-            .filter_map(|s| s.outcome.as_ref().ok())
-            .filter(|a| a.problem().as_deref() == Some("store-unavailable"))
-            .count(),
+        first_owned: audited.first_owned,
+        unavailable: audited.unavailable,
     };
-    stack.wait_envoy().await;
-    let mut report = audit(&stack, &traffic).await;
-    report.bound_unavailable(&[("failover", frozen_at, window.first_owned.unwrap_or(i64::MAX))]);
-    let lost = committed_but_lost(&stack, &standby);
+    let (mut report, lost) = (audited.report, audited.lost);
     println!(
         "{run}: {}; lost: {lost:?}; {}",
         window.summary(),
@@ -180,12 +177,9 @@ async fn failover_run(run: &str, synchronous: bool) {
         "no execution of an abandoned claim",
     );
     if synchronous {
-        check(report.burnt_keys.is_empty(), "no burnt key");
-        check(!lost.contains_key("claimed"), "no acknowledged claim lost");
-        check(
-            lost.keys().all(|what| what == UNWAITED),
-            "no transition lost that the store waited for",
-        );
+        for (ok, what) in kept_by_a_synchronous_standby(&report, &lost) {
+            check(ok, what);
+        }
     }
     // A retry may have been answered from a completion that was lost
     // since, a replay or result-unavailable: the contract (§5, "A
@@ -193,11 +187,7 @@ async fn failover_run(run: &str, synchronous: bool) {
     // database") allows it for a completion the store did not wait for.
     // Counted apart, never as a violation; on a route whose completions are
     // waited for, or in a run that lost none of those, it stays one.
-    let before = report.violations.len();
-    report
-        .violations
-        .retain(|v| !answer_of_an_unwaited_loss(v, &lost));
-    let allowed = before - report.violations.len();
+    let allowed = allow_answers_of_unwaited_losses(&mut report, &lost);
     if synchronous {
         check(
             report.violations.is_empty(),
@@ -210,21 +200,10 @@ async fn failover_run(run: &str, synchronous: bool) {
             "the replication lag lost what was committed in it",
         );
     }
-    let lost_text = match (lost.is_empty(), allowed) {
-        (true, 0) => "nothing committed lost".to_string(),
-        (true, n) => format!("{n} answers of a lost completion (allowed)"),
-        (false, 0) => format!("committed but lost: {lost:?}"),
-        (false, n) => format!("committed but lost: {lost:?}, {n} answers of a lost completion (allowed)"),
-    };
+    let lost_text = lost_text(&lost, allowed);
     write(&Row {
         run: &format!("{run} ({} s)", TRAFFIC.as_secs()),
-        load: format!(
-            "{} s, {WORKERS} clients, 2 store replicas: {} requests ({:.0}/s), {} upstream executions",
-            TRAFFIC.as_secs(),
-            report.requests,
-            report.requests as f64 / elapsed,
-            report.executions
-        ),
+        load: report.load(TRAFFIC, WORKERS, "2 store replicas", elapsed),
         faults: format!(
             "standby {} ms behind (WAL sender frozen), primary SIGKILLed, standby promoted: {}",
             LAG.as_millis(),
@@ -254,27 +233,6 @@ async fn failover_run(run: &str, synchronous: bool) {
     );
 }
 
-/// How [`committed_but_lost`] names completions the store commits without
-/// waiting for the WAL (routes that keep unknown outcomes).
-const UNWAITED: &str = "completed, not waited for";
-
-/// The audit's finding for an answer (a replay, result-unavailable) of a
-/// completion the store no longer has.
-const REPLAY_OF_LOST: &str = ", but nothing was stored";
-
-/// Whether an audit finding is the answer a retry got from a completion
-/// the contract lets a failover lose: the finding says nothing was stored,
-/// its route keeps unknown outcomes (so the store did not wait for its
-/// completions), and the run lost such a completion.
-fn answer_of_an_unwaited_loss(finding: &str, lost: &BTreeMap<String, usize>) -> bool {
-    // Findings start with the scope: `TENANT ROUTE KEY ...`.
-    let route = finding.split_whitespace().nth(1).unwrap_or_default();
-    finding.contains(REPLAY_OF_LOST)
-        && lost.get(UNWAITED).is_some_and(|n| *n > 0)
-        && policy(route).name == route
-        && !policy(route).release_on_unknown
-}
-
 /// The scopes (as the audit names them) executed while the standby lagged,
 /// or just before: their claims may not have reached it.
 fn lagging_scopes(stack: &Stack, frozen_at: i64, killed_at: i64) -> Vec<String> {
@@ -287,50 +245,6 @@ fn lagging_scopes(stack: &Stack, frozen_at: i64, killed_at: i64) -> Vec<String> 
         .filter(|e| (frozen_at - SHIPPING_MS..=killed_at).contains(&e.at_ms))
         .map(|e| format!("{} {} {}:", e.tenant, route_of(&e.path), e.key))
         .collect()
-}
-
-/// The transitions any store replica logged as committed (`idemgate::events`
-/// lines) that the promoted database does not hold, counted by kind;
-/// completions apart by whether their route keeps unknown outcomes (the
-/// store commits those without waiting for the WAL, so for the standby).
-fn committed_but_lost(stack: &Stack, promoted: &PgCluster) -> BTreeMap<String, usize> {
-    // A fence is drawn once per claim (a sequence, which may hand a lost
-    // claim's fence out again after an asynchronous failover), so it is
-    // named together with the body's fingerprint.
-    // Log lines name a fingerprint by its keyed hash, under a key the stores
-    // derive from the admin credential.
-    let ids = LogIds::from_admin_credential(ADMIN_TOKEN).unwrap();
-    let held: HashSet<String> = promoted
-        .query(
-            "SELECT transition || ' ' || fence || ' ' || coalesce(fingerprint, '-') FROM idempotency_events",
-        )
-        .lines()
-        .map(|line| match line.rsplit_once(' ') {
-            Some((event, fp)) if fp != "-" => format!("{event} {}", ids.of_fingerprint(fp)),
-            _ => line.to_string(),
-        })
-        .collect();
-    let mut lost = BTreeMap::new();
-    for (_, line) in stack.log_lines() {
-        if !line.contains("idemgate::events") {
-            continue;
-        }
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
-                .map_or("?", |v| v.trim_matches('"'))
-        };
-        let event = field("event");
-        if held.contains(&format!("{event} {} {}", field("fence"), field("fingerprint"))) {
-            continue;
-        }
-        let kind = match event {
-            "completed" if !policy(field("route")).release_on_unknown => UNWAITED.to_string(),
-            other => other.to_string(),
-        };
-        *lost.entry(kind).or_default() += 1;
-    }
-    lost
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,10 +18,12 @@
 // Test support: failing loudly is how a helper reports a broken run.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use e2e::chaos::{at_full_speed, audit, now_ms, policy, Traffic};
+use e2e::chaos::failover::{
+    allow_answers_of_unwaited_losses, audit_failover, kept_by_a_synchronous_standby, lost_text,
+};
+use e2e::chaos::{at_full_speed, now_ms, Traffic};
 use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::ADMIN_TOKEN;
@@ -38,14 +40,6 @@ const KILL_AT: Duration = Duration::from_secs(6);
 /// TTL, Patroni's promotion, and the stores' next connection, with room for
 /// a loaded two-core machine.
 const RECOVERY_BOUND_MS: i64 = (TTL_SECS as i64 + 10) * 1000;
-
-/// How [`committed_but_lost`] names completions the store commits without
-/// waiting for the WAL (routes that keep unknown outcomes).
-const UNWAITED: &str = "completed, not waited for";
-
-/// The audit's finding for an answer (a replay, result-unavailable) of a
-/// completion the store no longer has.
-const REPLAY_OF_LOST: &str = ", but nothing was stored";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a `make chaos` run: about a minute, and Debian's patroni and etcd-server"]
@@ -93,20 +87,12 @@ async fn patroni_fails_over_to_its_synchronous_standby_without_a_double_executio
         w.await.unwrap_or_else(|e| panic!("a worker failed: {e}"));
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let first_owned = promoted_at.and_then(|p| {
-        (stack.upstream.log().iter())
-            .map(|e| e.at_ms)
-            .filter(|at| *at >= p)
-            .min()
-    });
-    let unavailable = (traffic.sent.lock().unwrap().iter())
-        .filter_map(|s| s.outcome.as_ref().ok())
-        .filter(|a| a.problem().as_deref() == Some("store-unavailable"))
-        .count();
-    stack.wait_envoy().await;
-    let mut report = audit(&stack, &traffic).await;
-    report.bound_unavailable(&[("failover", killed_at, first_owned.unwrap_or(i64::MAX))]);
-    let lost = committed_but_lost(&stack, &cluster, standby);
+    let ids = LogIds::from_admin_credential(ADMIN_TOKEN).unwrap();
+    let log_id = |fp: &str| ids.of_fingerprint(fp);
+    let held = |sql: &str| cluster.psql(standby, sql);
+    let audited = audit_failover(&stack, &traffic, killed_at, promoted_at, held, log_id).await;
+    let (first_owned, unavailable) = (audited.first_owned, audited.unavailable);
+    let (mut report, lost) = (audited.report, audited.lost);
     let after = |t: Option<i64>| t.map_or("never".to_string(), |t| format!("{} ms", t - killed_at));
     let window = format!(
         "standby promoted by Patroni {} after the kill (leader key TTL {TTL_SECS} s); first claim executed {} \
@@ -136,46 +122,23 @@ async fn patroni_fails_over_to_its_synchronous_standby_without_a_double_executio
         report.abandoned_executed.is_empty(),
         "no execution of an abandoned claim",
     );
-    check(report.burnt_keys.is_empty(), "no burnt key");
-    check(!lost.contains_key("claimed"), "no acknowledged claim lost");
-    check(
-        lost.keys().all(|what| what == UNWAITED),
-        "no transition lost that the store waited for",
-    );
-    // As in tests/failover.rs: an answer from a completion the store did not
-    // wait for, lost since, is allowed (docs/contract.md §5).
-    let before = report.violations.len();
-    report.violations.retain(|v| {
-        let route = v.split_whitespace().nth(1).unwrap_or_default();
-        !(v.contains(REPLAY_OF_LOST)
-            && lost.get(UNWAITED).is_some_and(|n| *n > 0)
-            && policy(route).name == route
-            && !policy(route).release_on_unknown)
-    });
-    let allowed = before - report.violations.len();
+    for (ok, what) in kept_by_a_synchronous_standby(&report, &lost) {
+        check(ok, what);
+    }
+    // An answer from a completion the store did not wait for, lost since,
+    // is allowed (docs/contract.md §5).
+    let allowed = allow_answers_of_unwaited_losses(&mut report, &lost);
     check(
         report.violations.is_empty(),
         "no contract violation but answers of completions that were lost",
     );
-    let lost_text = match (lost.is_empty(), allowed) {
-        (true, 0) => "nothing committed lost".to_string(),
-        (true, n) => format!("{n} answers of a lost completion (allowed)"),
-        (false, 0) => format!("committed but lost: {lost:?}"),
-        (false, n) => format!("committed but lost: {lost:?}, {n} answers of a lost completion (allowed)"),
-    };
     write(&Row {
         run: &format!("{RUN} ({} s)", TRAFFIC.as_secs()),
-        load: format!(
-            "{} s, {WORKERS} clients, 2 store replicas (multi-host URL): {} requests ({:.0}/s), {} upstream executions",
-            TRAFFIC.as_secs(),
-            report.requests,
-            report.requests as f64 / elapsed,
-            report.executions
-        ),
+        load: report.load(TRAFFIC, WORKERS, "2 store replicas (multi-host URL)", elapsed),
         faults: format!("{faults}: {window}"),
         hostile: report.hostile(),
         fuzz_execs: "—".into(),
-        violations: format!("{}; {lost_text}", report.verdict()),
+        violations: format!("{}; {}", report.verdict(), lost_text(&lost, allowed)),
         passed: failed.is_empty(),
         table: "results",
     });
@@ -185,45 +148,4 @@ async fn patroni_fails_over_to_its_synchronous_standby_without_a_double_executio
         report.summary(),
         cluster.logs()
     );
-}
-
-/// The transitions any store replica logged as committed (`idemgate::events`
-/// lines) that the new leader does not hold, counted by kind; completions
-/// apart by whether their route keeps unknown outcomes (the store commits
-/// those without waiting for the WAL, so for the standby). As in
-/// tests/failover.rs.
-fn committed_but_lost(stack: &Stack, cluster: &PatroniCluster, leader: usize) -> BTreeMap<String, usize> {
-    let ids = LogIds::from_admin_credential(ADMIN_TOKEN).unwrap();
-    let held: HashSet<String> = cluster
-        .psql(
-            leader,
-            "SELECT transition || ' ' || fence || ' ' || coalesce(fingerprint, '-') FROM idempotency_events",
-        )
-        .lines()
-        .map(|line| match line.rsplit_once(' ') {
-            Some((event, fp)) if fp != "-" => format!("{event} {}", ids.of_fingerprint(fp)),
-            _ => line.to_string(),
-        })
-        .collect();
-    let mut lost = BTreeMap::new();
-    for (_, line) in stack.log_lines() {
-        if !line.contains("idemgate::events") {
-            continue;
-        }
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
-                .map_or("?", |v| v.trim_matches('"'))
-        };
-        let event = field("event");
-        if held.contains(&format!("{event} {} {}", field("fence"), field("fingerprint"))) {
-            continue;
-        }
-        let kind = match event {
-            "completed" if !policy(field("route")).release_on_unknown => UNWAITED.to_string(),
-            other => other.to_string(),
-        };
-        *lost.entry(kind).or_default() += 1;
-    }
-    lost
 }

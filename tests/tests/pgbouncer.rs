@@ -61,10 +61,7 @@ async fn chaos_through_pgbouncer_in_transaction_mode() {
         ("PgBouncer restart", bouncer_at, bouncer_back),
         ("store kill", store_at, store_back),
     ]);
-    let unavailable = (traffic.sent.lock().unwrap().iter())
-        .filter_map(|s| s.outcome.as_ref().ok())
-        .filter(|a| a.problem().as_deref() == Some("store-unavailable"))
-        .count();
+    let unavailable = traffic.store_unavailable();
     let window = format!(
         "PgBouncer back {} ms after its kill, the store replica ready {} ms after its kill; \
          {unavailable} answers 503 store-unavailable",
@@ -75,13 +72,11 @@ async fn chaos_through_pgbouncer_in_transaction_mode() {
     let passed = report.total_violations() == 0 && report.executions > 0 && report.replays_checked > 0;
     write(&Row {
         run: &format!("{RUN} ({} s)", TRAFFIC.as_secs()),
-        load: format!(
-            "{} s, {WORKERS} clients, 2 store replicas, 8 server connections: {} requests ({:.0}/s), {} upstream \
-             executions",
-            TRAFFIC.as_secs(),
-            report.requests,
-            report.requests as f64 / elapsed,
-            report.executions
+        load: report.load(
+            TRAFFIC,
+            WORKERS,
+            "2 store replicas, 8 server connections",
+            elapsed,
         ),
         faults: format!("{faults}: {window}"),
         hostile: report.hostile(),

@@ -4,7 +4,7 @@
 //! meet other sessions' statements on shared server connections. (The
 //! story suite runs through PgBouncer too: `stories::pgbouncer`.)
 
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,20 +32,10 @@ fn store(url: &str, args: &[&str]) -> (bool, String) {
     (ok, err)
 }
 
-/// `idempotency-store ARGS` on `url`: success, standard output and error.
+/// `idempotency-store ARGS` on `url`, as an operator runs it (the pooler
+/// only as `args` name it): success, standard output and error.
 fn store_out(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-        .env_remove("IDEMGATE_MIGRATE")
-        .env_remove("IDEMGATE_PG_POOLER")
-        .args(["--database-url", url])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    idemgate_testkit::store::run(Path::new(env!("CARGO_BIN_EXE_idempotency-store")), url, args)
 }
 
 macro_rules! bouncer_or_skip {
@@ -100,8 +90,7 @@ async fn the_session_setup_is_refused_and_the_transaction_setup_serves() {
 
     // `inspect` through PgBouncer: its transactions begin READ ONLY, and
     // the cluster's next transaction id does not move.
-    let next_xid = || cluster.query("SELECT pg_snapshot_xmax(pg_current_snapshot())");
-    let before = next_xid();
+    let before = cluster.next_xid();
     let (ok, out, err) = store_out(
         &url,
         &[
@@ -117,7 +106,7 @@ async fn the_session_setup_is_refused_and_the_transaction_setup_serves() {
     assert!(ok, "inspect through PgBouncer: {err}");
     let history: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(history["records"][0]["state"], "completed", "{out}");
-    assert_eq!(next_xid(), before, "inspect wrote");
+    assert_eq!(cluster.next_xid(), before, "inspect wrote");
 }
 
 /// With `options` let through (ignored), named prepared statements still

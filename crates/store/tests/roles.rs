@@ -3,7 +3,7 @@
 //! an application role that may only read and write rows, and operators
 //! inspect as a read-only role, which changes nothing.
 
-use std::process::Command;
+use std::path::Path;
 
 use idemgate_core::protocol::ClaimReply;
 
@@ -39,28 +39,10 @@ fn cluster_with_roles() -> pg::PgCluster {
     cluster
 }
 
-/// `idempotency-store ARGS` on `url`, without the tests' `IDEMGATE_MIGRATE`:
-/// success, standard output, standard error.
+/// `idempotency-store ARGS` on `url`, as an operator runs it: success,
+/// standard output, standard error.
 fn store(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-        .env_remove("IDEMGATE_MIGRATE")
-        .env_remove("IDEMGATE_DATABASE_URL")
-        .args(["--database-url", url])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The cluster's next transaction id: it moves when anything, anywhere in
-/// the cluster, writes (a row, a catalog entry, a sequence); reading it
-/// does not move it.
-fn next_xid(cluster: &pg::PgCluster) -> String {
-    cluster.query("SELECT pg_snapshot_xmax(pg_current_snapshot())")
+    idemgate_testkit::store::run(Path::new(env!("CARGO_BIN_EXE_idempotency-store")), url, args)
 }
 
 /// The schema's objects and the records' contents.
@@ -111,10 +93,10 @@ async fn the_owner_migrates_the_app_serves_and_a_reader_inspects_without_writing
         idemgate_store::postgres::LATEST_SCHEMA.to_string()
     );
     // Again: the schema is current, nothing is written.
-    let before = next_xid(&cluster);
+    let before = cluster.next_xid();
     let (ok, _, err) = store(&owner, &["migrate"]);
     assert!(ok, "migrate again: {err}");
-    assert_eq!(next_xid(&cluster), before, "a second migrate wrote");
+    assert_eq!(cluster.next_xid(), before, "a second migrate wrote");
 
     // The app role holds no DDL right, and serves.
     assert_eq!(
@@ -150,7 +132,7 @@ async fn the_owner_migrates_the_app_serves_and_a_reader_inspects_without_writing
 
     // Inspecting writes nothing, as the read-only role and as the owner,
     // who could: the commands' transactions are read-only.
-    let before = (next_xid(&cluster), contents(&cluster));
+    let before = (cluster.next_xid(), contents(&cluster));
     for url in [&reader, &owner] {
         let (ok, out, err) = store(url, &["inspect", "--tenant", "acme", "--key", "k-roles"]);
         assert!(ok, "inspect: {err}");
@@ -159,7 +141,7 @@ async fn the_owner_migrates_the_app_serves_and_a_reader_inspects_without_writing
         let (ok, out, err) = store(url, &["inspect", "--unknown"]);
         assert!(ok && out.trim() == "[]", "inspect --unknown: {out} {err}");
     }
-    assert_eq!((next_xid(&cluster), contents(&cluster)), before, "inspect wrote");
+    assert_eq!((cluster.next_xid(), contents(&cluster)), before, "inspect wrote");
     // The read-only role cannot change records through the other commands.
     let (ok, _, err) = store(&reader, &["sweep"]);
     assert!(!ok && err.contains("permission denied"), "{err}");

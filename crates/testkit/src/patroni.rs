@@ -63,13 +63,7 @@ impl PatroniCluster {
         let pg_bin = crate::pg::bin_dir();
         let dir = tempfile::tempdir().unwrap();
         if crate::pg::is_root() {
-            let ok = Command::new("chown")
-                .arg("postgres")
-                .arg(dir.path())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "cannot chown the Patroni directory to the postgres user");
+            crate::pg::give_to_postgres(dir.path(), "the Patroni directory");
         }
         let (client, peer) = (crate::free_port(), crate::free_port());
         let mut etcd = Command::new("etcd");
@@ -130,13 +124,7 @@ impl PatroniCluster {
         cmd.arg(&config).current_dir(&home);
         if crate::pg::is_root() {
             // PostgreSQL refuses to run as root.
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(&home)
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "cannot chown {name} to the postgres user");
+            crate::pg::give_to_postgres(&home, &name);
             use std::os::unix::process::CommandExt;
             cmd.uid(id("-u", "postgres")).gid(id("-g", "postgres"));
             cmd.env("HOME", &home);

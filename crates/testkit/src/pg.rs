@@ -58,6 +58,20 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Gives `path`, and all below it, to the `postgres` user: when the tests
+/// run as root the servers run as `postgres` (PostgreSQL, Patroni and
+/// PgBouncer refuse root), and must own their directories and files.
+/// `what` names it in the failure.
+pub fn give_to_postgres(path: &Path, what: &str) {
+    let ok = Command::new("chown")
+        .args(["-R", "postgres"])
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cannot chown {what} to the postgres user");
+}
+
 impl PgCluster {
     pub fn start() -> PgCluster {
         PgCluster::start_with(&[])
@@ -138,13 +152,7 @@ impl PgCluster {
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
         if as_root {
-            let ok = Command::new("chown")
-                .arg("postgres")
-                .arg(dir.path())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "cannot chown the cluster directory to the postgres user");
+            give_to_postgres(dir.path(), "the cluster directory");
         }
         let port = crate::free_port();
         let mut opts = format!(
@@ -156,13 +164,7 @@ impl PgCluster {
             std::fs::write(&file, contents).unwrap();
             std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
             if as_root {
-                let ok = Command::new("chown")
-                    .arg("postgres")
-                    .arg(&file)
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok, "cannot chown {name} to the postgres user");
+                give_to_postgres(&file, name);
             }
         }
         for (name, value) in settings {
@@ -298,6 +300,13 @@ impl PgCluster {
         self.query_in("postgres", sql)
     }
 
+    /// The cluster's next transaction id: it moves when anything, anywhere
+    /// in the cluster, writes (a row, a catalog entry, a sequence); reading
+    /// it does not move it.
+    pub fn next_xid(&self) -> String {
+        self.query("SELECT pg_snapshot_xmax(pg_current_snapshot())")
+    }
+
     /// [`PgCluster::query`] in database `db`, as the superuser `idem`.
     pub fn query_in(&self, db: &str, sql: &str) -> String {
         let port = self.port.to_string();
@@ -335,7 +344,9 @@ impl PgCluster {
             .unwrap()
     }
 
-    fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {
+    /// The server binary `tool` with `args`, as the server's user, in the
+    /// cluster's directory, reading nothing.
+    fn command(&self, tool: &str, args: &[&str]) -> Command {
         let exe = self.bin.join(tool);
         let mut cmd = if self.as_root {
             let mut cmd = Command::new("runuser");
@@ -345,24 +356,18 @@ impl PgCluster {
             Command::new(&exe)
         };
         cmd.args(args).current_dir(self.dir.path()).stdin(Stdio::null());
-        cmd.output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()))
+        cmd
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> std::process::Output {
+        self.command(tool, args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.join(tool).display()))
     }
 
     fn run_detached(&self, tool: &str, args: &[&str]) -> bool {
-        let exe = self.bin.join(tool);
-        let mut cmd = if self.as_root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(&exe);
-            cmd
-        } else {
-            Command::new(&exe)
-        };
-        cmd.args(args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut cmd = self.command(tool, args);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
         cmd.status().map(|s| s.success()).unwrap_or(false)
     }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::pg::PgCluster;
+use crate::pg::{is_root, PgCluster};
 use crate::Proc;
 
 /// How PgBouncer hands server connections to clients.
@@ -98,13 +98,7 @@ impl PgBouncer {
         .unwrap();
         if is_root() {
             // It refuses to run as root; the directory is the postgres user's.
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(dir.path())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "cannot chown the PgBouncer directory to the postgres user");
+            crate::pg::give_to_postgres(dir.path(), "the PgBouncer directory");
         }
         let proc = spawn(&bin, &ini, port, log);
         Some(PgBouncer {
@@ -156,12 +150,4 @@ fn spawn(bin: &Path, ini: &Path, port: u16, log: PathBuf) -> Proc {
     });
     assert!(ready, "PgBouncer never listened:\n{}", proc.log());
     proc
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }

@@ -125,18 +125,23 @@ impl Verdict {
         let Some(file) = self.file.take() else { return };
         write_with_verdict(
             &file,
-            &Row {
-                run: &self.run,
-                load: self.load.clone(),
-                faults: self.faults.clone(),
-                hostile: "—".into(),
-                fuzz_execs: "—".into(),
-                violations: "— (did not run)".into(),
-                passed: false,
-                table: "results",
-            },
+            &self.row("— (did not run)", false),
             &format!("skipped ({})", one_cell(reason)),
         );
+    }
+
+    /// The run's row: no counts, `violations` in their place.
+    fn row(&self, violations: &str, passed: bool) -> Row<'_> {
+        Row {
+            run: &self.run,
+            load: self.load.clone(),
+            faults: self.faults.clone(),
+            hostile: "—".into(),
+            fuzz_execs: "—".into(),
+            violations: violations.into(),
+            passed,
+            table: "results",
+        }
     }
 }
 
@@ -149,24 +154,12 @@ impl Drop for Verdict {
     fn drop(&mut self) {
         let Some(file) = &self.file else { return };
         let passed = !std::thread::panicking();
-        write_to(
-            file,
-            &Row {
-                run: &self.run,
-                load: self.load.clone(),
-                faults: self.faults.clone(),
-                hostile: "—".into(),
-                fuzz_execs: "—".into(),
-                violations: if passed {
-                    "0"
-                } else {
-                    "an assertion failed (see the test's log)"
-                }
-                .into(),
-                passed,
-                table: "results",
-            },
-        );
+        let violations = if passed {
+            "0"
+        } else {
+            "an assertion failed (see the test's log)"
+        };
+        write_to(file, &self.row(violations, passed));
     }
 }
 

@@ -24,3 +24,23 @@ pub fn serve(
         .env("RUST_LOG", rust_log);
     cmd
 }
+
+/// `bin ARGS --database-url database_url` run to its end, as an operator
+/// runs a command: without the tests' `IDEMGATE_MIGRATE` and without a
+/// database URL or pooler from the environment, so that only `args` decide.
+/// Whether it succeeded, its standard output and its standard error.
+pub fn run(bin: &Path, database_url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin)
+        .env_remove("IDEMGATE_MIGRATE")
+        .env_remove("IDEMGATE_DATABASE_URL")
+        .env_remove("IDEMGATE_PG_POOLER")
+        .args(["--database-url", database_url])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

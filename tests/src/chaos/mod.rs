@@ -2,7 +2,8 @@
 //! workers and what they sent), [`faults`] (the fault loop), [`audit`] (one
 //! function per promise, over the evidence), [`judge`] (one scope's
 //! executions against its store history), [`answers`] (one answer against
-//! the contract) and [`report`] (what the audit found, as text).
+//! the contract) and [`report`] (what the audit found, as text); what the
+//! database failover runs add to the audit is [`failover`]'s.
 //!
 //! Workers send mixed traffic through Envoy for a fixed time (unique keys,
 //! retries, concurrent duplicates, changed bodies, slow, failing, resetting
@@ -55,6 +56,7 @@
 
 pub mod answers;
 pub mod audit;
+pub mod failover;
 pub mod faults;
 pub mod judge;
 pub mod report;

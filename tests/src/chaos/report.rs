@@ -326,6 +326,19 @@ impl Audit {
         )
     }
 
+    /// The load a run's row names: `traffic` long, `workers` clients, through
+    /// `setup`, and what they sent and the upstream executed in the
+    /// `elapsed` seconds the traffic really took.
+    pub fn load(&self, traffic: std::time::Duration, workers: u64, setup: &str, elapsed: f64) -> String {
+        format!(
+            "{} s, {workers} clients, {setup}: {} requests ({:.0}/s), {} upstream executions",
+            traffic.as_secs(),
+            self.requests,
+            self.requests as f64 / elapsed,
+            self.executions
+        )
+    }
+
     pub fn summary(&self) -> String {
         let mut s = format!(
             "{} requests ({} answered, {} transport errors), {} scopes, {} executions, \

@@ -90,6 +90,14 @@ impl Traffic {
         })
     }
 
+    /// The answers so far that were 503 `store-unavailable`.
+    pub fn store_unavailable(&self) -> usize {
+        (self.sent.lock().unwrap().iter())
+            .filter_map(|s| s.outcome.as_ref().ok())
+            .filter(|a| a.problem().as_deref() == Some("store-unavailable"))
+            .count()
+    }
+
     pub async fn send(
         &self,
         scope: &ScopeId,
