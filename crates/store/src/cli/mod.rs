@@ -1,8 +1,8 @@
 //! Command line: `serve`, `migrate`, `inspect`, `resolve`, `purge`, `sweep`.
 //!
 //! [`args`] is what the operator types, [`settings`] what it adds up to
-//! (every rule between flags, checked before use), [`serve`] and
-//! [`commands`] what runs.
+//! (every rule between flags, checked before use), `serve` and `commands`
+//! what runs.
 
 pub mod args;
 mod commands;
