@@ -191,10 +191,10 @@ impl LoadedRecord {
         !self.view.archived && record::may_fence(self.view.state, self.view.fence, fence)
     }
 
-    /// Whether an operator may resolve it: in progress or unknown (the states
-    /// a fence call acts on), and not archived.
+    /// Whether an operator may resolve it: [`record::is_open`] (in progress
+    /// or unknown, the states a fence call acts on, and not archived).
     pub fn is_open(&self) -> bool {
-        self.may_fence(self.view.fence)
+        record::is_open(self.view.state, self.view.archived)
     }
 
     /// A replay of this record (the record of `key`): its stored headers
