@@ -179,11 +179,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_run_that_fails_an_assertion_writes_a_failed_row() {
+    /// An empty results table in a file of its own (kept while the
+    /// directory is).
+    fn tables() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("reliability.md");
         std::fs::write(&file, TABLES).unwrap();
+        (dir, file)
+    }
+
+    #[test]
+    fn a_run_that_fails_an_assertion_writes_a_failed_row() {
+        let (_dir, file) = tables();
         drop(verdict_in(&file, "holds"));
         let failing = file.clone();
         let run = std::thread::spawn(move || {
@@ -205,9 +212,7 @@ mod tests {
 
     #[test]
     fn a_run_that_is_skipped_writes_a_skipped_row_with_its_reason_not_a_passed_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("reliability.md");
-        std::fs::write(&file, TABLES).unwrap();
+        let (_dir, file) = tables();
         // The same run passed before on this commit: the skip replaces its row.
         drop(verdict_in(&file, "needs root"));
         let mut skipped = verdict_in(&file, "needs root");
