@@ -184,7 +184,7 @@ pub(super) fn in_force(backend: &str) -> BTreeMap<String, Table> {
         .join(backend)
         .join("migrations");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "sql"))
         .collect();
