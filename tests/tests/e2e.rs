@@ -774,6 +774,64 @@ async fn access_logs_show_each_requests_outcome_reason_policy_and_attempt() {
     );
 }
 
+/// From an access-log line to the store's history: the filter names each
+/// request (its `x-request-id`, its `traceparent`'s trace id) on its store
+/// calls, and the store's JSON event lines carry them with the attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn store_event_lines_carry_the_access_logs_request_id_attempt_and_trace_id() {
+    let h = Harness::start_serving(|c| c, vec!["--log-format".into(), "json".into()]).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let k = key("traced");
+    let traced = h
+        .post("/pay", Some(&k), PAYMENT)
+        .header("x-test-tag", "traced")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"));
+    assert_eq!(send(traced).await.status, 201);
+    let access = || {
+        h.envoy_log()
+            .lines()
+            .find(|l| l.starts_with("access tag=traced "))
+            .map(str::to_string)
+    };
+    eventually("the access log line", Duration::from_secs(30), || async { access().is_some() }).await;
+    let access = access().unwrap_or_default();
+    let field = |name: &str| {
+        access
+            .split(' ')
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let (request_id, attempt) = (field("request_id"), field("attempt"));
+    assert!(request_id.len() >= 16 && attempt.len() >= 16, "{access}");
+    let events = || {
+        let mut events = Vec::new();
+        for (file, line) in h.log_lines() {
+            if !file.contains("store") {
+                continue;
+            }
+            let json: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            if json["target"] == "idemgate::events" && json["trace_id"] == trace_id {
+                events.push(json);
+            }
+        }
+        events
+    };
+    eventually("the claimed and completed events", Duration::from_secs(10), || async {
+        events().len() >= 2
+    })
+    .await;
+    let events = events();
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(names, ["claimed", "completed"], "{events:?}");
+    for e in &events {
+        assert_eq!(e["request_id"], request_id.as_str(), "{e}");
+        assert_eq!(e["attempt"], attempt.as_str(), "{e}");
+    }
+}
+
 /// The emergency stop: a route whose `typed_per_filter_config` disables the
 /// filter (Envoy's own `FilterConfig {disabled: true}`) passes every request
 /// unprotected, without a store call, though a policy covers it.

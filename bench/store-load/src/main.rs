@@ -64,6 +64,7 @@ fn request(scope: Scope) -> ClaimRequest {
         on_unknown: OnUnknown::Conflict,
         attempt: None,
         deadline_ms: 0,
+        trace: Default::default(),
     }
 }
 
@@ -306,6 +307,7 @@ async fn http(post: Post, args: &Args) -> Result<Report, String> {
                 status: 201,
                 headers: vec![],
                 body_stored: true,
+                trace: Default::default(),
             };
             post("/v1/complete", encode_frame(&c, b"{\"ok\":true}")).await?;
             Ok(())
@@ -354,6 +356,7 @@ async fn http_batch(post: Post, args: &Args) -> Result<Report, String> {
                     status: 201,
                     headers: vec![],
                     body_stored: true,
+                    trace: Default::default(),
                 };
                 frames.push(encode_frame(&c, b"{\"ok\":true}"));
             }
@@ -388,6 +391,7 @@ async fn claim_and_complete(
         status: 201,
         headers,
         body_stored: true,
+        trace: Default::default(),
     };
     backend
         .complete(&c, b"{\"ok\":true}", now)

@@ -5,6 +5,7 @@
 
 use crate::config::{Forwarding, Identity, Mode, Policy, Source};
 use crate::exchange::{RequestHead, ResponseHead, UpstreamCall};
+use crate::trace::Trace;
 use crate::{limits, origin};
 
 /// Header names are compared case-insensitively; these are written lower-case.
@@ -229,6 +230,7 @@ pub fn request_head(
         content_length: content_length(lines),
         end_of_stream,
         upstream: upstream_call(policy, route_cluster, lines),
+        trace: Trace::of_request(lines),
     }
 }
 

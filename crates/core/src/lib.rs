@@ -25,6 +25,7 @@ pub mod problem;
 pub mod protocol;
 pub mod record;
 pub mod scope;
+pub mod trace;
 
 /// An HTTP response the filter sends itself (a replay or a problem).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use idemgate_core::protocol::{
     AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
 };
 use idemgate_core::scope::{Namespace, Scope};
+use idemgate_core::trace::Trace;
 use serde::{Deserialize, Serialize};
 
 use crate::log_ids::LogIds;
@@ -114,6 +115,18 @@ pub enum Call {
     Abandon(AbandonRequest),
 }
 
+impl Call {
+    /// The client request the call serves, named on its event lines.
+    pub fn trace(&self) -> &Trace {
+        match self {
+            Call::Claim { req, .. } => &req.trace,
+            Call::Complete { req, .. } => &req.trace,
+            Call::Release(req) | Call::MarkUnknown(req) => &req.trace,
+            Call::Abandon(req) => &req.trace,
+        }
+    }
+}
+
 /// A call's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -214,8 +227,10 @@ pub fn label_records(records: &mut [RecordInfo], ids: &LogIds) {
 impl EventInfo {
     /// The event's structured log line: what operators monitor. The record
     /// and the request fingerprint are named by their keyed hashes under
-    /// `ids`, never by the bare digests (contract §9).
-    pub fn log(&self, ids: &LogIds) {
+    /// `ids`, never by the bare digests (contract §9); `trace` names the
+    /// client request of the call that caused it, as Envoy's access log and
+    /// traces do.
+    pub fn log(&self, ids: &LogIds, trace: &Trace) {
         let fingerprint = self
             .fingerprint
             .as_deref()
@@ -234,6 +249,9 @@ impl EventInfo {
             duration_ms = self.duration_ms,
             actor = %self.actor,
             detail = self.detail.as_deref().unwrap_or("-"),
+            attempt = self.attempt.as_deref().unwrap_or("-"),
+            request_id = trace.request_id.as_deref().unwrap_or("-"),
+            trace_id = trace.trace_id.as_deref().unwrap_or("-"),
         );
     }
 }
@@ -454,6 +472,12 @@ pub struct WriterStages {
     pub transaction: prometheus_client::metrics::histogram::Histogram,
     /// Per transaction: the commit, durable as asked.
     pub commit: prometheus_client::metrics::histogram::Histogram,
+    /// Transactions committed; of those, the ones synced to disk before
+    /// anyone was answered; and the WAL checkpoints that ran (each syncs the
+    /// WAL and the database file when it copies anything).
+    pub commits: prometheus_client::metrics::counter::Counter,
+    pub durable_commits: prometheus_client::metrics::counter::Counter,
+    pub checkpoints: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for WriterStages {
@@ -465,6 +489,9 @@ impl Default for WriterStages {
             queued: h(),
             transaction: h(),
             commit: h(),
+            commits: Default::default(),
+            durable_commits: Default::default(),
+            checkpoints: Default::default(),
         }
     }
 }

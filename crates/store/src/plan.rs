@@ -421,6 +421,7 @@ mod tests {
             status: 201,
             headers: vec![("a".into(), "b".into())],
             body_stored: true,
+            trace: Default::default(),
         }
     }
 

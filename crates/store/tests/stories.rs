@@ -804,6 +804,7 @@ fn abandon(s: &Scope, a: &str) -> AbandonRequest {
     AbandonRequest {
         scope: s.clone(),
         attempt: Attempt::try_from(a.to_string()).unwrap(),
+        trace: Default::default(),
     }
 }
 

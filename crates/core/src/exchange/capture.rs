@@ -181,6 +181,7 @@ impl Exchange {
             status,
             headers,
             body_stored,
+            trace: self.trace.clone(),
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
         let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);

@@ -19,6 +19,7 @@ pub struct RequestHead {
     /// Under detached forwarding, the request the filter sends itself once
     /// it owns the key; `None`: through Envoy's router.
     pub upstream: Option<super::UpstreamCall>,
+    pub trace: crate::trace::Trace,
 }
 
 use crate::origin::Origin;

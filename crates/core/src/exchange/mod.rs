@@ -24,6 +24,7 @@ use crate::protocol::{
     ReplayRequest, ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH, REPLAY_PATH,
 };
 use crate::scope::Scope;
+use crate::trace::Trace;
 use crate::Reply;
 
 mod capture;
@@ -80,6 +81,8 @@ pub struct Exchange {
     policy: Rc<Policy>,
     /// Names this request's claim, so it can be abandoned unseen.
     attempt: Attempt,
+    /// Names the request on the store's log lines for its calls.
+    trace: Trace,
     scope: Option<Scope>,
     phase: Phase,
     /// This request's mode: the policy's, or under a canary, what it picks.
@@ -116,6 +119,7 @@ impl Exchange {
             config,
             policy,
             attempt,
+            trace: head.trace.clone(),
             scope: None,
             phase: Phase::Passing,
             mode: Mode::Enforce,
@@ -285,6 +289,7 @@ impl Exchange {
             attempt: Some(self.attempt.clone()),
             // The store must not commit a claim after we stopped waiting for it.
             deadline_ms: self.timeout_ms(wait_ms),
+            trace: self.trace.clone(),
         };
         self.phase = Phase::Claiming;
         Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
@@ -453,8 +458,12 @@ impl Exchange {
             Settlement::MarkedUnknown => MARK_UNKNOWN_PATH,
             Settlement::Completed | Settlement::Abandoned | Settlement::Failed => return None,
         };
-        let scope = self.scope.clone()?;
-        Some(self.call(path, encode_frame(&FenceRequest { scope, fence }, &[]), 0))
+        let request = FenceRequest {
+            scope: self.scope.clone()?,
+            fence,
+            trace: self.trace.clone(),
+        };
+        Some(self.call(path, encode_frame(&request, &[]), 0))
     }
 
     /// The client has left (Envoy's `on_log`), while a callout of this
@@ -491,6 +500,7 @@ impl Exchange {
         let request = AbandonRequest {
             scope: self.scope.clone()?,
             attempt: self.attempt.clone(),
+            trace: self.trace.clone(),
         };
         Some(self.call(ABANDON_PATH, encode_frame(&request, &[]), 0))
     }

@@ -30,6 +30,7 @@ fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) 
         (":path".to_string(), path.as_bytes().to_vec()),
         ("transfer-encoding".to_string(), b"chunked".to_vec()),
         ("x-trace".to_string(), b"t1".to_vec()),
+        ("x-request-id".to_string(), b"r-1".to_vec()),
     ];
     let head = RequestHead {
         method: "POST".into(),
@@ -38,6 +39,7 @@ fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) 
         tenant: Some(b"acme".to_vec()),
         end_of_stream: body.is_none(),
         upstream: crate::headers::upstream_call(&policy, Some("route"), &lines),
+        trace: crate::trace::Trace::of_request(&lines),
         ..RequestHead::default()
     };
     let (mut ex, step) = Exchange::begin(config, policy, head, attempt());
@@ -440,6 +442,7 @@ fn a_claim_names_its_attempt_and_the_deadline_of_its_caller() {
     let (_, step) = begin("/pay", Some("k"), Some("{}"));
     let claim = claim_of(&step);
     assert_eq!(claim.attempt, Some(attempt()));
+    assert_eq!(claim.trace.request_id.as_deref(), Some("r-1"));
     let Step::Call(call) = &step else { unreachable!() };
     assert_eq!(claim.deadline_ms, call.timeout_ms);
     // A waiting claim's caller waits longer.
@@ -454,6 +457,8 @@ fn a_client_gone_while_the_claim_is_in_flight_abandons_it() {
     assert_eq!(call.path, ABANDON_PATH);
     let abandon = decode_frame::<AbandonRequest>(&call.body).unwrap().0;
     assert_eq!(abandon.attempt, attempt());
+    // Its log lines name the request it served, as the claim's did.
+    assert_eq!(abandon.trace.request_id.as_deref(), Some("r-1"));
     assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
     assert_eq!(ex.finish(), None);
 }
@@ -686,7 +691,8 @@ fn forwarded() -> Exchange {
         call.headers,
         vec![
             (":path".to_string(), "/detached".to_string()),
-            ("x-trace".to_string(), "t1".to_string())
+            ("x-trace".to_string(), "t1".to_string()),
+            ("x-request-id".to_string(), "r-1".to_string())
         ]
     );
     assert!(ex.outlives_client());

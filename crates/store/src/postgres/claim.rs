@@ -177,7 +177,7 @@ impl Postgres {
             duration_ms: 0,
             reason: None,
         }
-        .log(&self.log_ids);
+        .log(&self.log_ids, &req.trace);
     }
 
     /// What the row [`CLAIM`] returned (if any) means for the claim.
@@ -300,7 +300,7 @@ impl Postgres {
             return Err(StoreError::Late);
         }
         tx.commit().await?;
-        self.log_all(&events);
+        self.log_all(&events, &req.trace);
         Ok(Some(outcome))
     }
 }

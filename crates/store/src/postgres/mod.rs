@@ -17,6 +17,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use idemgate_core::trace::Trace;
 use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
 
@@ -227,9 +228,10 @@ impl Postgres {
         )))
     }
 
-    /// Logs events that have been committed.
-    fn log_all(&self, events: &[EventInfo]) {
-        events.iter().for_each(|e| e.log(&self.log_ids));
+    /// Logs events that have been committed, caused by a call that serves
+    /// the request `trace` names.
+    fn log_all(&self, events: &[EventInfo], trace: &Trace) {
+        events.iter().for_each(|e| e.log(&self.log_ids, trace));
     }
 
     /// Counts a replay; the first one since the last flush spawns the task
@@ -249,7 +251,7 @@ impl Postgres {
     /// record (if any); its events are logged once it has committed.
     async fn in_tx<T: Send>(
         &self,
-        scope: &Scope,
+        (scope, trace): (&Scope, &Trace),
         work: impl for<'t> FnOnce(&'t Tx<'t>, &'t ScopeDigest, Option<LoadedRecord>) -> TxWork<'t, T> + Send,
     ) -> Result<T> {
         let key = ScopeDigest::of(scope);
@@ -258,7 +260,7 @@ impl Postgres {
         let locked = generation::lock(&tx, &key).await?.map(|(loaded, _)| loaded);
         let (out, events) = work(&tx, &key, locked).await?;
         tx.commit().await?;
-        self.log_all(&events);
+        self.log_all(&events, trace);
         Ok(out)
     }
 

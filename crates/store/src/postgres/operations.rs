@@ -5,6 +5,7 @@
 
 use std::sync::LazyLock;
 
+use idemgate_core::trace::Trace;
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
 
@@ -178,7 +179,7 @@ impl Postgres {
         ]);
         let rows = client.rows(stmt, &params).await?;
         let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
-        self.log_all(&events);
+        self.log_all(&events, &req.trace);
         Ok(if events.is_empty() {
             FenceReply::Stale
         } else {
@@ -190,7 +191,7 @@ impl Postgres {
     /// record and now) and carries the plan out, in one transaction.
     async fn planned<D, R>(
         &self,
-        scope: &Scope,
+        scope: (&Scope, &Trace),
         input: D,
         plan_for: for<'d> fn(&'d D, Option<&LoadedRecord>, i64) -> Plan<'d, R>,
         now: i64,
@@ -210,13 +211,13 @@ impl Postgres {
     }
 
     pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.planned(&req.scope, req.fence, |fence, l, _| plan::release(l, *fence), now)
+        self.planned((&req.scope, &req.trace), req.fence, |fence, l, _| plan::release(l, *fence), now)
             .await
     }
 
     pub(super) async fn mark_record_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         self.planned(
-            &req.scope,
+            (&req.scope, &req.trace),
             req.fence,
             |fence, l, now| plan::mark_unknown(l, *fence, now),
             now,
@@ -226,7 +227,7 @@ impl Postgres {
 
     pub(super) async fn abandon_record(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
         self.planned(
-            &req.scope,
+            (&req.scope, &req.trace),
             req.clone(),
             |req, l, _| plan::abandon(l, &req.scope, req.attempt.as_str()),
             now,
@@ -243,7 +244,7 @@ impl Postgres {
     ) -> Result<bool> {
         let input = (how.clone(), reason.map(str::to_string));
         self.planned(
-            scope,
+            (scope, &Trace::NONE),
             input,
             |(how, reason), l, now| plan::resolve(l, how, reason.as_deref(), now),
             now,
@@ -252,6 +253,6 @@ impl Postgres {
     }
 
     pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.planned(scope, (), |_, l, _| plan::purge(l), now).await
+        self.planned((scope, &Trace::NONE), (), |_, l, _| plan::purge(l), now).await
     }
 }

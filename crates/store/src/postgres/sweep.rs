@@ -5,6 +5,8 @@
 
 use std::sync::LazyLock;
 
+use idemgate_core::trace::Trace;
+
 use super::operations::carry_out;
 use super::pool::On;
 use super::rows::{pick, Param};
@@ -89,7 +91,7 @@ impl Postgres {
         )
         .await?;
         tx.commit().await?;
-        self.log_all(&events);
+        self.log_all(&events, &Trace::NONE);
         Ok(report)
     }
 }

@@ -27,6 +27,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
+use idemgate_core::trace::Trace;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
@@ -135,7 +136,7 @@ impl Sqlite {
                 f(w, &mut journal).map(|out| (out, journal))
             })
             .await?;
-        journal.iter().for_each(|e| e.log(&self.log_ids));
+        journal.iter().for_each(|e| e.log(&self.log_ids, &Trace::NONE));
         Ok(out)
     }
 
@@ -144,6 +145,7 @@ impl Sqlite {
     /// group (one transaction, a savepoint per call).
     async fn decide_calls(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
         let n = calls.len();
+        let traces: Vec<Trace> = calls.iter().map(|c| c.trace().clone()).collect();
         let settled: Result<Vec<Slot>> = if calls.iter().any(|c| matches!(c, Call::Claim { .. })) {
             let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
             self.engine
@@ -157,11 +159,11 @@ impl Sqlite {
             Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
         };
         let mut answers = Vec::with_capacity(n);
-        for slot in slots {
+        for (slot, trace) in slots.into_iter().zip(&traces) {
             answers.push(match slot {
                 Slot::Ready(answer) => engine::to_caller(answer),
                 Slot::Pending(pending) => pending.wait().await.map(|(answer, journal)| {
-                    journal.iter().for_each(|e| e.log(&self.log_ids));
+                    journal.iter().for_each(|e| e.log(&self.log_ids, trace));
                     answer
                 }),
             });

@@ -79,6 +79,7 @@ pub fn claim(scope: &Scope, fingerprint: Option<u8>) -> ClaimRequest {
         on_unknown: OnUnknown::Conflict,
         attempt: None,
         deadline_ms: 0,
+        trace: Default::default(),
     }
 }
 
@@ -89,6 +90,7 @@ pub fn complete(scope: &Scope, fence: u64, status: u16) -> CompleteRequest {
         status,
         headers: vec![("content-type".into(), "application/json".into())],
         body_stored: true,
+        trace: Default::default(),
     }
 }
 
@@ -96,6 +98,7 @@ pub fn fence(scope: &Scope, fence: u64) -> FenceRequest {
     FenceRequest {
         scope: scope.clone(),
         fence,
+        trace: Default::default(),
     }
 }
 
