@@ -146,7 +146,7 @@ fn store() -> &'static StoreUnderTest {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let url = format!("sqlite://{}", dir.path().join("fuzz.db").display());
         let app = runtime.block_on(async {
-            let opts = idemgate_store::backend::BackendOptions {
+            let opts = idemgate_store::database_url::BackendOptions {
                 sqlite_synchronous_full: Some(false),
                 pg_pool_size: None,
                 ..Default::default()

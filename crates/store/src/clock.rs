@@ -6,7 +6,19 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::backend::{Backend, Result};
+use async_trait::async_trait;
+
+use crate::error::Result;
+
+/// Where a followed clock reads the database server's time: any backend
+/// (`Backend::database_now_us`). The clock asks nothing else of it, so it
+/// needs only this and stays below the backends that read it.
+#[async_trait]
+pub trait DatabaseClock: Send + Sync {
+    /// µs since the Unix epoch; `None` when the store's own clock is the
+    /// only one.
+    async fn read_us(&self) -> Result<Option<i64>>;
+}
 
 #[derive(Clone, Debug)]
 pub enum Clock {
@@ -53,7 +65,7 @@ impl Clock {
     /// step; else the system clock. Followed to within half a round trip,
     /// compared again every [`FOLLOW_EVERY`] until the store stops, and
     /// corrected when a reading is [`WITHIN_US`] or more off.
-    pub async fn follow(backend: &Arc<dyn Backend>) -> Result<Clock> {
+    pub async fn follow<D: DatabaseClock + ?Sized + 'static>(backend: &Arc<D>) -> Result<Clock> {
         // The quickest of a few readings: the least room for error.
         let mut best: Option<Reading> = None;
         for _ in 0..FIRST_READINGS {
@@ -111,9 +123,9 @@ struct Reading {
 const WITHIN_US: i64 = 5_000;
 
 impl Reading {
-    async fn take(backend: &dyn Backend) -> Result<Option<Reading>> {
+    async fn take<D: DatabaseClock + ?Sized>(backend: &D) -> Result<Option<Reading>> {
         let (monotonic, started) = (monotonic_us(), Instant::now());
-        let Some(database) = backend.database_now_us().await? else {
+        let Some(database) = backend.read_us().await? else {
             return Ok(None);
         };
         let round_trip = started.elapsed();

@@ -11,7 +11,10 @@ use idemgate_core::key::Key;
 use idemgate_core::record::{self, RecordView, State};
 use idemgate_core::scope::{Namespace, Scope};
 
-use crate::backend::{ClaimOutcome, EventInfo, RecordInfo, Result, StoreError};
+use crate::calls::ClaimOutcome;
+use crate::error::{Result, StoreError};
+use crate::records::{EventInfo, OpenRecords, RecordInfo};
+pub use crate::scope_digest::ScopeDigest;
 use crate::sealing::Seal;
 
 /// The scope columns, in [`KeyColumns`] order.
@@ -80,29 +83,6 @@ pub fn record_list(each: impl Fn(&str) -> Option<String>) -> String {
         .join(", ")
 }
 
-/// A current record's primary key (`scope_digest`): the SHA-256 of its
-/// scope ([`Scope::digest`]). 32 bytes compare faster and index smaller than
-/// the six scope columns, whose first five are the same for every key of a
-/// tenant's route; the columns are still stored, for operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScopeDigest(pub [u8; 32]);
-
-impl ScopeDigest {
-    pub fn of(s: &Scope) -> ScopeDigest {
-        ScopeDigest(s.digest())
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<ScopeDigest> {
-        <[u8; 32]>::try_from(bytes)
-            .map(ScopeDigest)
-            .map_err(|_| StoreError::Corrupt(format!("scope_digest of {} bytes", bytes.len())))
-    }
-}
-
 /// The six columns of a record's scope, in table order ([`Scope::parts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyColumns<'a>(pub [&'a str; 6]);
@@ -113,10 +93,10 @@ impl<'a> KeyColumns<'a> {
     }
 }
 
-impl crate::backend::OpenRecords {
+impl OpenRecords {
     /// The row of [`crate::conditions::OPEN_RECORDS`].
-    pub fn read(row: &impl ColumnReader) -> Result<crate::backend::OpenRecords> {
-        Ok(crate::backend::OpenRecords {
+    pub fn read(row: &impl ColumnReader) -> Result<OpenRecords> {
+        Ok(OpenRecords {
             oldest_in_progress: row.optional_int("oldest_in_progress")?,
             unknown: row.unsigned("unknown")?,
             oldest_unknown: row.optional_int("oldest_unknown")?,

@@ -29,19 +29,24 @@ pub mod api;
 pub mod auth;
 pub mod backend;
 pub mod budget;
+pub mod calls;
 pub mod cli;
 pub mod clock;
 pub mod columns;
 pub mod conditions;
 pub mod console;
+pub mod database_url;
+pub mod error;
 pub mod log_ids;
 pub mod metrics;
 pub mod openapi;
 pub mod plan;
 pub mod postgres;
 pub mod problem;
+pub mod records;
 mod replay;
 mod replays;
+pub mod scope_digest;
 pub mod sealing;
 pub mod service;
 pub mod sqlite;
@@ -54,8 +59,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
-pub use backend::{open_backend, Backend, StoreError};
+pub use backend::{Backend, StoreError};
 pub use clock::Clock;
+pub use database_url::open_backend;
 pub use service::Store;
 
 /// Everything a request handler needs: the store, the service's settings

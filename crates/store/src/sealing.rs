@@ -43,8 +43,8 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
-use crate::backend::{Result, StoreError};
-use crate::columns::ScopeDigest;
+use crate::error::{Result, StoreError};
+use crate::scope_digest::ScopeDigest;
 
 const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate_core::protocol::{encode_frame, ClaimReply, ClaimRequest, FenceReply};
-use idemgate_store::backend::{open_backend, Backend, BackendOptions, Listing, StoreError, SweepPolicy};
+use idemgate_store::backend::{Backend, Listing, StoreError, SweepPolicy};
 use idemgate_store::clock::system_now;
+use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::postgres::PgTimeouts;
 use idemgate_testkit::report::verdict;
 use idemgate_testkit::tmpfs::{SmallDisk, Tmpfs};

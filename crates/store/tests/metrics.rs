@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use idemgate_store::backend::{open_backend, Backend, BackendOptions, Call};
+use idemgate_store::backend::{Backend, Call};
+use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::{Clock, Store};
 
 use crate::support::*;

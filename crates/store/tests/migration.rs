@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use idemgate_core::protocol::{Attempt, ClaimReply, FenceReply};
-use idemgate_store::backend::{open_backend, Backend, BackendOptions, Lookup, SweepPolicy};
+use idemgate_store::backend::{Backend, Lookup, SweepPolicy};
+use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::{Clock, Store};
 
 use crate::support::*;

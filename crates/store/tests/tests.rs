@@ -9,6 +9,7 @@ mod console;
 mod crash;
 mod faults;
 mod http;
+mod layers;
 mod log_ids;
 mod metrics;
 mod migration;

@@ -11,7 +11,7 @@ use crate::backend::{Action, Listing, Lookup, Resolution, SweepReport};
 use crate::service::Store;
 
 pub fn migrate(database_url: &str) -> Result<(), CliError> {
-    tracing::info!(database = %crate::backend::redact_url(database_url), "migrations applied");
+    tracing::info!(database = %crate::database_url::redact_url(database_url), "migrations applied");
     Ok(())
 }
 

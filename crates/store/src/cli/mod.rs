@@ -16,8 +16,9 @@ pub use args::{Cli, Command, LogFormat};
 pub use error::CliError;
 pub use serve::shutdown_signal;
 
-use crate::backend::{open_backend, Backend, BackendOptions, StoreError};
+use crate::backend::{Backend, StoreError};
 use crate::clock::Clock;
+use crate::database_url::{open_backend, BackendOptions};
 use crate::log_ids::LogIds;
 use crate::postgres::{PgSession, Postgres};
 use crate::service::Store;

@@ -31,7 +31,7 @@ pub async fn serve(
     };
     tracing::info!(
         backend = store.backend.name(),
-        database = %crate::backend::redact_url(database_url),
+        database = %crate::database_url::redact_url(database_url),
         "database ready"
     );
     if !settings.http.console.operators.configured() {

@@ -17,7 +17,8 @@ use idemgate_core::protocol::{
     decode_frame, encode_frame, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
 };
 use idemgate_core::scope::{Namespace, Scope};
-use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+use idemgate_store::backend::Backend;
+use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::sealing::Seal;
 pub use idemgate_testkit::{eventually, Proc};
 

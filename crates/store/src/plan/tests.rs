@@ -1,0 +1,318 @@
+use idemgate_core::key::Key;
+use idemgate_core::record::RecordView;
+use idemgate_core::scope::Namespace;
+
+use super::*;
+
+const NOW: i64 = 100_000;
+
+fn loaded(state: State) -> LoadedRecord {
+    LoadedRecord {
+        view: RecordView {
+            state,
+            fingerprint: None,
+            fence: 7,
+            lease_until: 2_000,
+            status: (state == State::Completed).then_some(201),
+            body_stored: state == State::Completed,
+            completed_at: (state == State::Completed).then_some(1_000),
+            expires_at: (state != State::InProgress).then_some(50_000),
+            archived: false,
+            attempt: Some("a".into()),
+        },
+        ttl_ms: 10_000,
+        headers_column: None,
+        response_key: None,
+        release_on_unknown: false,
+    }
+}
+
+fn archived(state: State) -> LoadedRecord {
+    let mut l = loaded(state);
+    l.view.archived = true;
+    l
+}
+
+fn releasing(state: State) -> LoadedRecord {
+    let mut l = loaded(state);
+    l.release_on_unknown = true;
+    l
+}
+
+fn scope() -> Scope {
+    Scope::new(
+        "t",
+        "p",
+        "r",
+        Namespace::Client,
+        Key::try_from("k".to_string()).unwrap(),
+    )
+    .unwrap()
+}
+
+fn completion(fence: u64) -> CompleteRequest {
+    CompleteRequest {
+        scope: scope(),
+        fence,
+        status: 201,
+        headers: vec![("a".into(), "b".into())],
+        body_stored: true,
+        trace: Default::default(),
+    }
+}
+
+fn event(by: By<'static>) -> Write<'static> {
+    Write::Event { by, note: None }
+}
+
+fn end(last: State, by: By<'static>) -> Write<'static> {
+    Write::EndGeneration { last, by, note: None }
+}
+
+#[test]
+fn a_completion_under_the_current_fence_stores_the_response_of_an_open_record() {
+    let req = completion(7);
+    for state in [State::InProgress, State::Unknown] {
+        let plan = complete(Some(&loaded(state)), &req, Some(b"ok"), NOW);
+        assert_eq!(plan.reply, FenceReply::Done);
+        assert_eq!(
+            plan.writes,
+            vec![
+                Write::Complete {
+                    response: Response {
+                        status: 201,
+                        headers: &req.headers,
+                        body: Some(b"ok"),
+                        body_stored: true,
+                    },
+                    fence: Fence::Held(7),
+                    expires_at: NOW + 10_000,
+                    durable: false,
+                },
+                event((Transition::Completed, actor::FILTER, None)),
+            ]
+        );
+    }
+    let plan = complete(Some(&releasing(State::InProgress)), &req, None, NOW);
+    assert!(matches!(plan.writes[0], Write::Complete { durable: true, .. }));
+}
+
+#[test]
+fn a_fence_call_on_a_settled_archived_superseded_or_missing_record_is_stale() {
+    let (req, other) = (completion(7), completion(8));
+    let cases = [
+        (Some(loaded(State::Completed)), &req),
+        (Some(archived(State::Unknown)), &req),
+        (Some(archived(State::InProgress)), &req),
+        (Some(loaded(State::InProgress)), &other),
+        (None, &req),
+    ];
+    for (l, req) in &cases {
+        let l = l.as_ref();
+        let stale = Plan::only(FenceReply::Stale);
+        // An archived unknown record still takes a late completion (below).
+        if !l.is_some_and(|l| l.view.archived && l.view.state == State::Unknown) {
+            assert_eq!(complete(l, req, Some(b"x"), NOW), stale);
+        }
+        assert_eq!(release(l, req.fence), stale);
+        assert_eq!(mark_unknown(l, req.fence, NOW), stale);
+    }
+}
+
+#[test]
+fn a_late_completion_of_an_archived_unknown_record_is_recorded_without_its_body() {
+    let req = completion(7);
+    let plan = complete(Some(&archived(State::Unknown)), &req, Some(b"x"), NOW);
+    assert_eq!(plan.reply, FenceReply::Done);
+    assert!(matches!(
+        &plan.writes[0],
+        Write::Complete { response, .. } if response.body.is_none() && !response.body_stored
+    ));
+}
+
+#[test]
+fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
+    for state in [State::InProgress, State::Unknown] {
+        let by = (Transition::Released, actor::FILTER, None);
+        assert_eq!(
+            release(Some(&loaded(state)), 7),
+            Plan::of(FenceReply::Done, vec![end(state, by)])
+        );
+    }
+    assert_eq!(
+        mark_unknown(Some(&loaded(State::InProgress)), 7, NOW),
+        Plan::of(
+            FenceReply::Done,
+            vec![
+                Write::SetUnknown {
+                    read_with: (7, State::InProgress),
+                    expires_at: NOW + 10_000,
+                },
+                event((Transition::MarkedUnknown, actor::FILTER, None)),
+            ]
+        )
+    );
+    assert_eq!(
+        mark_unknown(Some(&loaded(State::Unknown)), 7, NOW),
+        Plan::only(FenceReply::Done)
+    );
+}
+
+#[test]
+fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
+    let s = scope();
+    let by = (Transition::Abandoned, actor::FILTER, None);
+    let open = loaded(State::InProgress);
+    assert_eq!(
+        abandon(Some(&open), &s, "a"),
+        Plan::of(FenceReply::Done, vec![end(State::InProgress, by)])
+    );
+    let remember = Plan::of(
+        FenceReply::Done,
+        vec![Write::RememberAbandon {
+            scope: &s,
+            attempt: "b",
+        }],
+    );
+    assert_eq!(abandon(Some(&open), &s, "b"), remember);
+    assert_eq!(abandon(None, &s, "b"), remember);
+    let stale = Plan::only(FenceReply::Stale);
+    assert_eq!(abandon(Some(&loaded(State::Completed)), &s, "a"), stale);
+    // Unknown only because its lease ran out, and since archived: it never ran.
+    assert_eq!(
+        abandon(Some(&archived(State::Unknown)), &s, "a"),
+        Plan::of(FenceReply::Done, vec![end(State::Unknown, by)])
+    );
+}
+
+#[test]
+fn an_operator_resolves_only_an_open_record() {
+    let by = |action| Resolution {
+        action,
+        by: "alice@example.com".into(),
+    };
+    let release_it = by(Action::Release);
+    let complete_it = by(Action::Complete {
+        status: 200,
+        headers: vec![],
+        body: "done".into(),
+    });
+    for how in [&release_it, &complete_it] {
+        assert_eq!(resolve(None, how, None, NOW), Plan::only(false));
+        for l in [loaded(State::Completed), archived(State::Unknown)] {
+            assert_eq!(resolve(Some(&l), how, None, NOW), Plan::only(false));
+        }
+    }
+    let unknown = loaded(State::Unknown);
+    assert_eq!(
+        resolve(Some(&unknown), &release_it, Some("why"), NOW),
+        Plan::of(
+            true,
+            vec![Write::EndGeneration {
+                last: State::Unknown,
+                by: (Transition::Resolved, "alice@example.com", Some("release")),
+                note: Some("why"),
+            }]
+        )
+    );
+    let plan = resolve(Some(&unknown), &complete_it, Some("why"), NOW);
+    assert!(plan.reply);
+    assert_eq!(
+        plan.writes,
+        vec![
+            Write::Complete {
+                response: Response {
+                    status: 200,
+                    headers: &[],
+                    body: Some(b"done"),
+                    body_stored: true,
+                },
+                fence: Fence::New,
+                expires_at: NOW + 10_000,
+                durable: false,
+            },
+            Write::Event {
+                by: (Transition::Resolved, "alice@example.com", Some("complete")),
+                note: Some("why"),
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_purge_ends_whatever_is_there() {
+    assert_eq!(purge(None), Plan::only(false));
+    let by = (Transition::Purged, actor::OPERATOR, None);
+    for l in [loaded(State::Completed), archived(State::Unknown)] {
+        assert_eq!(purge(Some(&l)), Plan::of(true, vec![end(l.view.state, by)]));
+    }
+    // An operator's purge names the operator and keeps the reason.
+    let how = Resolution {
+        action: Action::Purge,
+        by: "bob@example.com".into(),
+    };
+    assert_eq!(resolve(None, &how, Some("gdpr"), NOW), Plan::only(false));
+    for l in [loaded(State::Completed), archived(State::Unknown)] {
+        assert_eq!(
+            resolve(Some(&l), &how, Some("gdpr"), NOW),
+            Plan::of(
+                true,
+                vec![Write::EndGeneration {
+                    last: l.view.state,
+                    by: (Transition::Purged, "bob@example.com", None),
+                    note: Some("gdpr"),
+                }]
+            )
+        );
+    }
+}
+
+#[test]
+fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_expired() {
+    let swept = |l: &LoadedRecord, due| sweep(Some(l), due, NOW);
+    let open = loaded(State::InProgress);
+    assert_eq!(
+        swept(&open, Due::LeaseRanOut),
+        Plan::of(
+            Some(Swept::MarkedUnknown),
+            vec![
+                Write::SetUnknown {
+                    read_with: (7, State::InProgress),
+                    expires_at: NOW + 10_000,
+                },
+                event((Transition::LeaseExpired, actor::SWEEPER, Some("unknown"))),
+            ]
+        )
+    );
+    let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
+    assert_eq!(
+        swept(&releasing(State::InProgress), Due::LeaseRanOut),
+        Plan::of(Some(Swept::Released), vec![end(State::InProgress, by)])
+    );
+    let by = (Transition::Abandoned, actor::SWEEPER, None);
+    assert_eq!(
+        swept(&open, Due::LandedAbandoned),
+        Plan::of(Some(Swept::Abandoned), vec![end(State::InProgress, by)])
+    );
+    assert_eq!(
+        swept(&loaded(State::Completed), Due::Expired),
+        Plan::of(
+            Some(Swept::Archived),
+            vec![
+                Write::Archive,
+                event((Transition::Archived, actor::SWEEPER, None))
+            ]
+        )
+    );
+    assert_eq!(sweep(None, Due::Expired, NOW), Plan::only(None));
+    let mut report = SweepReport::default();
+    for s in [
+        Swept::Released,
+        Swept::MarkedUnknown,
+        Swept::Abandoned,
+        Swept::Archived,
+    ] {
+        s.count(&mut report);
+    }
+    assert_eq!(report.total(), 4);
+}
