@@ -24,7 +24,8 @@ use idemgate_core::protocol::{
     CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
 };
 use idemgate_core::scope::{Namespace, Scope};
-use idemgate_store::backend::{open_backend, Backend, BackendOptions};
+use idemgate_store::backend::Backend;
+use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::sweeper::SweepSettings;
 use idemgate_store::{AppState, Clock, Store};
 
