@@ -177,22 +177,38 @@ fn context_switches() -> u64 {
         .sum()
 }
 
-/// The sum and count of each of the backend's write stage timers, by name.
-fn stage_totals(backend: &Arc<dyn Backend>) -> Vec<(String, f64, f64)> {
+/// The backend's write metrics (stage timers, commit and checkpoint
+/// counters) as `/metrics` renders them.
+fn writer_metrics(backend: &Arc<dyn Backend>) -> String {
     let mut metrics = idemgate_store::metrics::Metrics::new();
     metrics.writer_stages(backend.writer_stages());
-    let text = metrics.render();
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
+    metrics.render()
+}
+
+/// The value of the series `name` in rendered metrics (0 when absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// The backend's commits, durable commits and WAL checkpoints so far.
+fn commit_counts(backend: &Arc<dyn Backend>) -> [f64; 3] {
+    let text = writer_metrics(backend);
+    ["write_commits", "write_durable_commits", "wal_checkpoints"]
+        .map(|c| metric(&text, &format!("idemgate_store_{c}_total")))
+}
+
+/// The sum and count of each of the backend's write stage timers, by name.
+fn stage_totals(backend: &Arc<dyn Backend>) -> Vec<(String, f64, f64)> {
+    let text = writer_metrics(backend);
+    let value = |name: &str| metric(&text, name);
     ["queued", "transaction", "commit"]
         .iter()
         .map(|stage| {
@@ -222,6 +238,7 @@ fn stage_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> S
 async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f64), String> {
     let before = context_switches();
     let stages = stage_totals(&backend);
+    let counts = commit_counts(&backend);
     let probe = backend.clone();
     let report = measure(args.concurrency, args.seconds, move |w, i| {
         let backend = backend.clone();
@@ -243,6 +260,18 @@ async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f6
     let means = stage_means(&stages, &stage_totals(&probe));
     if !means.is_empty() {
         println!("write stages, mean: {means}");
+    }
+    let [commits, durable, checkpoints] = {
+        let now = commit_counts(&probe);
+        [0, 1, 2].map(|i| now[i] - counts[i])
+    };
+    if commits > 0.0 {
+        // A durable commit syncs the WAL once; a checkpoint syncs the WAL
+        // and the database file when it copies anything.
+        println!(
+            "commits {commits} ({durable} durable), WAL checkpoints {checkpoints}: {:.3} per durable commit",
+            checkpoints / durable.max(1.0)
+        );
     }
     Ok((report, switches))
 }

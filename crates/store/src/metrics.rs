@@ -287,7 +287,8 @@ impl Metrics {
             .set(1);
     }
 
-    /// Registers the backend's write stage timers, if it keeps them.
+    /// Registers the backend's write stage timers and commit counters, if it
+    /// keeps them.
     pub fn writer_stages(&mut self, stages: Option<WriterStages>) {
         let Some(stages) = stages else { return };
         for (name, help, h) in [
@@ -308,6 +309,21 @@ impl Metrics {
             ),
         ] {
             self.registry.register(name, help, h);
+        }
+        for (name, help, c) in [
+            ("write_commits", "Transactions the writer committed", stages.commits),
+            (
+                "write_durable_commits",
+                "Of the writer's commits, the ones synced to disk before anyone was answered",
+                stages.durable_commits,
+            ),
+            (
+                "wal_checkpoints",
+                "WAL checkpoints run, off the writer's commits (each syncs the WAL and the database file when it copies anything)",
+                stages.checkpoints,
+            ),
+        ] {
+            self.registry.register(name, help, c);
         }
     }
 

@@ -7,17 +7,17 @@
 use std::cell::Cell;
 use std::sync::{mpsc, Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
 use rusqlite::Connection;
 
 use super::engine::unavailable;
 use crate::backend::{Result, StoreError};
 
-/// The checkpointer looks for commits to copy into the database this often,
-/// and whenever the writer nudges it.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// The writer nudges the checkpointer each time the WAL has grown by this
-/// many frames (pages) since the last nudge...
+/// many frames (pages) since the last nudge, and only then does it copy:
+/// a checkpoint syncs the WAL and the database file, two syncs beside the
+/// commits' one per batch, so one per few dozen batches, never one per
+/// batch as a timer would run while claims trickle in...
 const NUDGE_FRAMES: u64 = 256;
 
 /// ...and past this many, copies what is left itself, so that its next
@@ -43,36 +43,31 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
 /// `PRAGMA wal_checkpoint(RESTART)`, on the writer: waits (at most the busy
 /// timeout) for the checkpointer and for readers on older snapshots, copies
 /// the rest of the WAL, and makes the next transaction start it over.
-/// Whether it did (false: something still held it).
+/// Whether it did (false: something still held it). Not TRUNCATE: the WAL
+/// keeps its size, so a commit overwrites blocks the file already has, and
+/// its sync need not also record the file's growth.
 fn restart(conn: &Connection) -> rusqlite::Result<bool> {
     conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
         .map(|busy| busy == 0)
 }
 
 /// Copies committed WAL frames into the database on its own thread, so that
-/// nobody waits for the copy: every [`CHECKPOINT_EVERY`] when the writer
-/// has committed since, and whenever the writer nudges it. Ends with the
-/// writer.
+/// nobody waits for the copy, each time the writer nudges it. Ends with the
+/// writer. A WAL left short of a nudge when the writes stop stays as it is:
+/// readers find its pages through the WAL's index, and SQLite copies it when
+/// the last connection closes.
 fn checkpointer_loop(
     conn: &Connection,
     (nudges, turn): (&mpsc::Receiver<()>, &Mutex<()>),
-    commits: impl Fn() -> Option<u64>,
+    checkpoints: &Counter,
 ) {
-    let mut copied = 0;
-    loop {
-        if let Err(mpsc::RecvTimeoutError::Disconnected) = nudges.recv_timeout(CHECKPOINT_EVERY) {
-            return;
-        }
-        let Some(commits) = commits() else {
-            return;
-        };
-        if commits == copied {
-            continue;
-        }
+    while nudges.recv().is_ok() {
         // The writer's restart waits for this round, never the reverse.
         let Ok(_turn) = turn.lock() else { return };
         match checkpoint(conn) {
-            Ok(()) => copied = commits,
+            Ok(()) => {
+                checkpoints.inc();
+            }
             Err(e) => tracing::warn!("sqlite: checkpoint: {e}"),
         }
     }
@@ -90,16 +85,18 @@ pub(super) struct Checkpoints {
     /// meets another with "busy" at once, and a restart that keeps missing
     /// the checkpointer's rounds lets the WAL grow without bound.
     turn: Arc<Mutex<()>>,
+    /// Checkpoints run, by either side.
+    checkpoints: Counter,
 }
 
 impl Checkpoints {
     /// Takes the checkpoints off `writer`'s commits and starts the
-    /// checkpointer on its own connection; `commits` counts the writer's
-    /// commits (`None` once the engine is gone).
+    /// checkpointer on its own connection; `checkpoints` counts the
+    /// checkpoints either side runs.
     pub(super) fn start(
         writer: &Connection,
         checkpointer: Connection,
-        commits: impl Fn() -> Option<u64> + Send + 'static,
+        checkpoints: Counter,
     ) -> Result<Checkpoints> {
         writer
             .execute_batch("PRAGMA wal_autocheckpoint=0")
@@ -108,14 +105,16 @@ impl Checkpoints {
         let (nudge, nudges) = mpsc::sync_channel(1);
         let turn = Arc::new(Mutex::new(()));
         let theirs = Arc::clone(&turn);
+        let counted = checkpoints.clone();
         std::thread::Builder::new()
             .name("sqlite-checkpointer".into())
-            .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &theirs), commits))
+            .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &theirs), &counted))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Checkpoints {
             nudge,
             nudged_at: 0,
             turn,
+            checkpoints,
         })
     }
 
@@ -125,7 +124,11 @@ impl Checkpoints {
         if frames >= RESTART_FRAMES {
             // Tried again after the next commit if it could not be done now.
             let Ok(_turn) = self.turn.lock() else { return };
-            match restart(conn) {
+            let restarted = restart(conn);
+            if restarted.is_ok() {
+                self.checkpoints.inc();
+            }
+            match restarted {
                 Ok(true) => {
                     WAL_FRAMES.with(|f| f.set(0));
                     self.nudged_at = 0;
