@@ -1,9 +1,10 @@
 //! The storage trait both backends implement, and the types of its calls
 //! and answers. It is the bottom of the backends' stack: it names neither
-//! backend (the `--database-url` picks one in [`crate::database_url`]), and
-//! the small types it shares with the column mapping, the sealing and the
-//! clock live below it ([`crate::error`], [`crate::calls`],
-//! [`crate::records`]) and are re-exported here.
+//! backend (the `--database-url` picks one in [`crate::database_url`]). The
+//! types it shares with the column mapping live below both
+//! ([`crate::error`], [`crate::calls`], [`crate::records`]) and are
+//! re-exported here; the clock reads the database's time through its own
+//! [`DatabaseClock`], which every backend is.
 
 use async_trait::async_trait;
 use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};

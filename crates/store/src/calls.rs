@@ -47,7 +47,7 @@ impl ClaimOutcome {
 /// One call of the filter's API, validated, as a backend decides it.
 #[derive(Debug, Clone)]
 pub enum Call {
-    /// `deadline`: the caller stops waiting then (see [`Backend::claim`]).
+    /// `deadline`: the caller stops waiting then (see [`Backend::claim`](crate::backend::Backend::claim)).
     Claim {
         req: ClaimRequest,
         deadline: Option<std::time::Instant>,

@@ -10,6 +10,7 @@ use crate::error::{Result, StoreError};
 use crate::log_ids::LogIds;
 use crate::sealing::Seal;
 
+/// How to open a backend, beyond what its URL says.
 #[derive(Debug, Clone, Default)]
 pub struct BackendOptions {
     /// SQLite: `PRAGMA synchronous=FULL` (the default) or `NORMAL`.
