@@ -53,7 +53,7 @@ echo "== new keys, $SECS s at 4 connections (store under callgrind)"
 wrk -t1 -c4 -d"${SECS}s" -s bench/lua/post.lua "http://127.0.0.1:$PORT/pay" -- unique prof | tail -1
 echo "== retries of 200 completed keys, $SECS s"
 wrk -t1 -c4 -d"${SECS}s" -s bench/lua/post.lua "http://127.0.0.1:$PORT/pay" -- pool rp 200 | tail -1
-curl -fsS "http://127.0.0.1:$ADMIN/stats?filter=idemgate.requests" | grep -v ': 0$' || true
+curl -fsS "http://127.0.0.1:$ADMIN/stats?filter=idemgate.requests_total" | grep -v ': 0$' || true
 kill -INT "$store_pid"
 wait "$store_pid" 2>/dev/null || true
 mkdir -p "$OUT"

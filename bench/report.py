@@ -52,7 +52,7 @@ STORE_RQ = "cluster.idempotency_store.upstream_rq_total"
 STORE_CX = "cluster.idempotency_store.upstream_cx_total"
 SINK_RQ = "cluster.callout_sink.upstream_rq_total"
 SINK_CX = "cluster.callout_sink.upstream_cx_total"
-HANDLED = "wasmcustom.idemgate.requests."
+HANDLED = "wasmcustom.idemgate.requests_total."
 COUNTERS = ["owned", "replayed", "conflict", "store_error", "passed", "invalid", "missing"]
 
 
@@ -713,7 +713,7 @@ def store_calls_section(summary):
     out = ["", "## Store callouts per covered request", "",
            "Envoy's counters of the store's cluster (`cluster.idempotency_store.upstream_rq_total` and",
            "`upstream_cx_total`) over each measured run, divided by the requests the filter handled in it",
-           "(the sum of its `idemgate.requests.*` counters). A new key takes two store calls (claim, then",
+           "(the sum of its `idemgate.requests_total.*` counters). A new key takes two store calls (claim, then",
            "completion) and a replay one; the filter group-commits them per Envoy worker (one callout in",
            "flight per worker, the calls arriving meanwhile sent together as one `POST /v1/batch`), so",
            "fewer callouts than calls is the batching at work. Connections per request near 0 means the",

@@ -249,7 +249,7 @@ measured_stats() {
     fi
     {
         curl -fsS -G "http://127.0.0.1:$stat_admin/stats" \
-            --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests\..*)\$" \
+            --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests_total\..*)\$" \
             2>/dev/null || true
     } | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json
 }
@@ -262,7 +262,7 @@ m = json.load(sys.stdin)
 d = {k: v - m.get("before", {}).get(k, 0) for k, v in m.get("after", {}).items()}
 rq = sum(v for k, v in d.items() if k.endswith("upstream_rq_total"))
 cx = sum(v for k, v in d.items() if k.endswith("upstream_cx_total"))
-covered = sum(v for k, v in d.items() if ".idemgate.requests." in k)
+covered = sum(v for k, v in d.items() if ".idemgate.requests_total." in k)
 per = f" ({rq / covered:.3f} and {cx / covered:.4f} per covered request; {covered} covered)" if covered else ""
 print(f"callouts: {rq} requests, {cx} connections{per}")'
 

@@ -54,11 +54,11 @@ HEADER = f"""\
 # `http-metrics`, the sidecar's merged endpoint (:15020/stats/prometheus, the
 # store's own /metrics included, outside mTLS). Without Istio, scrape port
 # `http` on path /metrics instead.
-# The filter's series (idemgate_requests, idemgate_records) come from the
+# The filter's series (idemgate_requests_total, idemgate_records_total) come from the
 # sidecars of the protected workloads (namespace shop here), on Istio's
 # `http-envoy-prom` port (:15090/stats/prometheus). Istio no longer applies
 # BOOTSTRAP patches, so a sidecar exposes the filter's counters under flat
-# names (idemgate_requests_outcome_owned_policy_payments_create). The
+# names (idemgate_requests_total_outcome_owned_policy_payments_create). The
 # PodMonitor's metricRelabelings rebuild the outcome, reason and policy
 # labels from them, and leave series that already have labels alone: the
 # `envoy` job's metric_relabel_configs of

@@ -68,6 +68,15 @@ pub fn counter(name: &str) -> Option<u32> {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }
 
+/// Defines the gauge `name` and sets it to `value`.
+pub fn set_gauge(name: &str, value: u64) {
+    let set =
+        hostcalls::define_metric(MetricType::Gauge, name).and_then(|id| hostcalls::record_metric(id, value));
+    if set.is_err() {
+        log(LogLevel::Warn, &format!("could not set the gauge {name}"));
+    }
+}
+
 pub fn increment(metric: Option<u32>) {
     if let Some(id) = metric {
         let _ = hostcalls::increment_metric(id, 1);

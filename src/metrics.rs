@@ -1,19 +1,24 @@
 //! The filter's counters as Envoy stats, labelled by outcome and policy.
 //!
 //! A proxy-wasm counter is a bare name, so each name carries its labels:
-//! `idemgate.requests.outcome.<handling>.policy.<policy>` (observe mode's
+//! `idemgate.requests_total.outcome.<handling>.policy.<policy>` (observe mode's
 //! `would_conflict` and `would_reject` with `.reason.<answer>` before the
-//! policy) and `idemgate.records.outcome.<settlement>.policy.<policy>`. The bootstrap's
+//! policy) and `idemgate.records_total.outcome.<settlement>.policy.<policy>`. The bootstrap's
 //! `stats_config.stats_tags` (see `envoy/e2e.yaml`) cut the labels out of the
 //! name, so that `/stats/prometheus` shows
-//! `idemgate_requests{outcome="owned",policy="payments.create"}`. The policy
+//! `idemgate_requests_total{outcome="owned",policy="payments.create"}`. The policy
 //! comes last because its name may hold dots.
 //!
 //! Every counter of every policy is defined with the configuration, so each
 //! series exists (at 0) before its first request: rates and ratios over them
 //! then return data from the start.
+//!
+//! Two info gauges say what runs: `idemgate.build_info.version.<version>`
+//! (1) and `idemgate.policy_info.mode.<rollout>.policy.<policy>`, 1 for the
+//! policy's rollout and 0 for the others. Each configuration sets them all,
+//! so a push that flips a policy's mode flips its series at once.
 
-use idemgate_core::config::Config;
+use idemgate_core::config::{Config, ROLLOUTS};
 use idemgate_core::exchange::{Handling, Settlement};
 use proxy_wasm::types::LogLevel;
 
@@ -38,14 +43,17 @@ pub struct Metrics {
 
 /// The stat name of one request counter.
 pub fn request_stat(handling: Handling, policy: &str) -> String {
-    format!("idemgate.requests.outcome.{}.policy.{policy}", handling.as_str())
+    format!(
+        "idemgate.requests_total.outcome.{}.policy.{policy}",
+        handling.as_str()
+    )
 }
 
 /// The stat name of observe mode's counter of the requests enforce mode
 /// would have answered with `reason`.
 pub fn reason_stat(reason: Handling, policy: &str) -> String {
     format!(
-        "idemgate.requests.outcome.{}.reason.{}.policy.{policy}",
+        "idemgate.requests_total.outcome.{}.reason.{}.policy.{policy}",
         reason.observed().as_str(),
         reason.as_str()
     )
@@ -56,13 +64,36 @@ fn by_reason(handling: Handling) -> bool {
     Handling::REASONS.iter().any(|r| r.observed() == handling)
 }
 
+/// The stat name of a policy's info gauge for `rollout`.
+pub fn policy_info_stat(rollout: &str, policy: &str) -> String {
+    format!("idemgate.policy_info.mode.{rollout}.policy.{policy}")
+}
+
+/// Sets the info gauges for `config`.
+fn inform(config: &Config) {
+    host::set_gauge(
+        &format!("idemgate.build_info.version.{}", env!("CARGO_PKG_VERSION")),
+        1,
+    );
+    for policy in config.policies() {
+        for rollout in ROLLOUTS {
+            let on = rollout == policy.rollout();
+            host::set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
+        }
+    }
+}
+
 /// The stat name of one record counter.
 pub fn record_stat(settlement: Settlement, policy: &str) -> String {
-    format!("idemgate.records.outcome.{}.policy.{policy}", settlement.as_str())
+    format!(
+        "idemgate.records_total.outcome.{}.policy.{policy}",
+        settlement.as_str()
+    )
 }
 
 impl Metrics {
     pub fn define(config: &Config) -> Metrics {
+        inform(config);
         let policies = config
             .policies()
             .iter()
@@ -87,8 +118,8 @@ impl Metrics {
             .collect();
         Metrics {
             policies,
-            config_errors: host::counter("idemgate.config_errors"),
-            store_queue_full: host::counter("idemgate.store_queue_full"),
+            config_errors: host::counter("idemgate.config_errors_total"),
+            store_queue_full: host::counter("idemgate.store_queue_full_total"),
         }
     }
 
@@ -154,15 +185,19 @@ mod tests {
     fn a_stat_name_carries_its_outcome_and_then_its_policy() {
         assert_eq!(
             request_stat(Handling::Owned, "payments.create"),
-            "idemgate.requests.outcome.owned.policy.payments.create"
+            "idemgate.requests_total.outcome.owned.policy.payments.create"
         );
         assert_eq!(
             reason_stat(Handling::Mismatch, "payments.create"),
-            "idemgate.requests.outcome.would_reject.reason.mismatch.policy.payments.create"
+            "idemgate.requests_total.outcome.would_reject.reason.mismatch.policy.payments.create"
         );
         assert_eq!(
             record_stat(Settlement::Failed, "p"),
-            "idemgate.records.outcome.settle_failed.policy.p"
+            "idemgate.records_total.outcome.settle_failed.policy.p"
+        );
+        assert_eq!(
+            policy_info_stat("canary", "payments.create"),
+            "idemgate.policy_info.mode.canary.policy.payments.create"
         );
     }
 }

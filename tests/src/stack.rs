@@ -430,17 +430,17 @@ impl Stack {
 
     /// The filter's counter `name` as Envoy's Prometheus endpoint shows it,
     /// summed over policies: `requests_<outcome>` and `records_<outcome>` are
-    /// `idemgate_requests{outcome="<outcome>"}` and
-    /// `idemgate_records{outcome="<outcome>"}` (labels the bootstrap's
+    /// `idemgate_requests_total{outcome="<outcome>"}` and
+    /// `idemgate_records_total{outcome="<outcome>"}` (labels the bootstrap's
     /// `stats_tags` cut out of the stat names), anything else `idemgate_<name>`.
     pub async fn counter(&self, name: &str) -> u64 {
         let text = self.admin_text("/stats/prometheus").await;
         let (metric, outcome) = match name.split_once('_') {
             Some((family @ ("requests" | "records"), outcome)) => (
-                format!("idemgate_{family}"),
+                format!("idemgate_{family}_total"),
                 Some(format!("outcome=\"{outcome}\"")),
             ),
-            _ => (format!("idemgate_{name}"), None),
+            _ => (format!("idemgate_{name}_total"), None),
         };
         text.lines()
             .filter_map(|l| l.rsplit_once(' '))

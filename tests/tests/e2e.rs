@@ -647,7 +647,7 @@ async fn observe_mode_forwards_everything_and_counts_what_it_would_do() {
     // Each would-be refusal is counted under its reason.
     let text = h.admin_text("/stats/prometheus").await;
     let missing = text.lines().find(|l| {
-        l.starts_with("idemgate_requests{")
+        l.starts_with("idemgate_requests_total{")
             && [
                 "outcome=\"would_reject\"",
                 "reason=\"missing\"",
@@ -690,7 +690,7 @@ async fn a_canary_enforces_its_tenants_and_observes_the_rest() {
             let text = h.admin_text("/stats/prometheus").await;
             ["would_replay", "would_reject"].iter().all(|outcome| {
                 text.lines().any(|l| {
-                    l.starts_with("idemgate_requests{")
+                    l.starts_with("idemgate_requests_total{")
                         && l.contains(&format!("outcome=\"{outcome}\""))
                         && l.contains("policy=\"canary\"")
                 })

@@ -278,7 +278,7 @@ async fn every_expression_has_data(prometheus: &Prometheus) -> (usize, usize) {
             signal(rule["query"].as_str().unwrap()),
         ));
     }
-    assert_eq!(expressions.len(), 9, "{expressions:?}");
+    assert_eq!(expressions.len(), 12, "{expressions:?}");
     for expr in dashboard_expressions() {
         expressions.push(("dashboard".to_string(), expr));
     }
@@ -335,13 +335,13 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
 
     // The filter's counters arrive with their labels.
     for (outcome, n) in [("owned", 2.0), ("replayed", 1.0), ("mismatch", 1.0)] {
-        let expr = format!(r#"sum(idemgate_requests{{outcome="{outcome}",policy="payments.create"}})"#);
+        let expr = format!(r#"sum(idemgate_requests_total{{outcome="{outcome}",policy="payments.create"}})"#);
         eventually(&expr, Duration::from_secs(15), || async {
             prometheus.value(&expr).await == Some(n)
         })
         .await;
     }
-    let unknown = r#"sum(idemgate_records{outcome="marked_unknown",policy="payments.create"})"#;
+    let unknown = r#"sum(idemgate_records_total{outcome="marked_unknown",policy="payments.create"})"#;
     eventually(unknown, Duration::from_secs(15), || async {
         prometheus.value(unknown).await == Some(1.0)
     })
@@ -349,11 +349,11 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
     // The relabeling for flat names leaves labelled series alone: a policy
     // keeps its `-` (the flat-name path would read `fail.open`).
     assert!(!prometheus
-        .query(r#"idemgate_requests{policy="fail-open"}"#)
+        .query(r#"idemgate_requests_total{policy="fail-open"}"#)
         .await
         .is_empty());
     assert!(prometheus
-        .query(r#"idemgate_requests{policy="fail.open"}"#)
+        .query(r#"idemgate_requests_total{policy="fail.open"}"#)
         .await
         .is_empty());
 
@@ -412,7 +412,7 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
     .await;
     let ratio = prometheus
         .value(&format!(
-            r#"sum(increase(idemgate_requests{{outcome="mismatch",policy="payments.create"}}[{RATE_INTERVAL}])) / sum(increase(idemgate_requests{{policy="payments.create"}}[{RATE_INTERVAL}]))"#
+            r#"sum(increase(idemgate_requests_total{{outcome="mismatch",policy="payments.create"}}[{RATE_INTERVAL}])) / sum(increase(idemgate_requests_total{{policy="payments.create"}}[{RATE_INTERVAL}]))"#
         ))
         .await;
     assert!(ratio.is_some_and(|r| r > 0.0), "422 ratio {ratio:?}");
@@ -422,6 +422,138 @@ async fn prometheus_reads_every_series_the_alerts_and_the_dashboard_use() {
         "prometheus: {expressions} expressions with data ({rules} rules) in {:.1} s",
         took.as_secs_f64()
     );
+}
+
+/// Whether alert `name` fires.
+async fn firing(prometheus: &Prometheus, name: &str) -> bool {
+    let alerts = prometheus.api("/api/v1/alerts").await;
+    alerts["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
+}
+
+/// A filter VM that fails (the fault-injection build, under e2e.yaml's
+/// `failure_policy: FAIL_RELOAD`) fires IdemgateWasmVmFailed from Envoy's
+/// own VM counters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_filter_vm_fires_its_alert() {
+    let mut options = Options::new("envoy/e2e.yaml", Database::Sqlite, 1);
+    options.wasm = Some(e2e::env_path(
+        "IDEMGATE_FAULTY_WASM",
+        "target/idemgate-faulty.wasm",
+    ));
+    let stack = Stack::start(options).await;
+    let prometheus = Prometheus::start(&stack).await;
+    let created = "envoy_wasm_envoy_wasm_runtime_v8_created";
+    eventually(
+        "Envoy's VM counter scraped twice",
+        Duration::from_secs(20),
+        || async { prometheus.value(&format!("count_over_time({created}[1m])")).await >= Some(2.0) },
+    )
+    .await;
+    assert!(
+        !firing(&prometheus, "IdemgateWasmVmFailed").await,
+        "fires before any failure"
+    );
+    let vms = "wasm.envoy.wasm.runtime.v8.created";
+    let before = stack.stat(vms).await;
+    let failed = send(
+        stack
+            .post("/pay", Some(&fresh_key("vm-alert")), PAYMENT)
+            .header("x-idemgate-fault", "request"),
+    )
+    .await;
+    assert!(failed.status == 0 || failed.status == 503, "{failed:?}");
+    // Envoy reloads a failed VM when a request of its worker needs it, after
+    // its backoff: new connections until one lands there.
+    eventually("the VM to be reloaded", Duration::from_secs(20), || async {
+        let probe = reqwest::Client::new()
+            .post(stack.url("/pay"))
+            .header("idempotency-key", fresh_key("vm-probe"))
+            .header("x-tenant-id", "tenant-a")
+            .header("x-user-id", "alice")
+            .header("content-type", "application/json")
+            .body(PAYMENT)
+            .send()
+            .await;
+        drop(probe);
+        stack.stat(vms).await > before
+    })
+    .await;
+    eventually(
+        "IdemgateWasmVmFailed to fire",
+        Duration::from_secs(30),
+        || async { firing(&prometheus, "IdemgateWasmVmFailed").await },
+    )
+    .await;
+}
+
+/// The info gauges on the stats_tags path: the running version, and each
+/// policy's rollout (1 for its own, 0 for the others).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_info_gauges_name_the_version_and_each_policys_rollout() {
+    let stack = Stack::start(Options::new("envoy/e2e.yaml", Database::Sqlite, 1)).await;
+    let text = stack.admin_text("/stats/prometheus").await;
+    // A series' value, whatever the order of its labels.
+    let value = |family: &str, labels: &[(&str, &str)]| {
+        text.lines().find_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let inner = series
+                .strip_prefix(family)?
+                .strip_prefix('{')?
+                .strip_suffix('}')?;
+            let mut got: Vec<&str> = inner.split(',').collect();
+            let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            (got == want).then(|| v.parse::<f64>().ok()).flatten()
+        })
+    };
+    // The filter's series pass Prometheus's own lint (counters end in
+    // `_total`, among its rules).
+    let ours: String = text
+        .lines()
+        .filter(|l| l.contains(" idemgate_") || l.starts_with("idemgate_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut lint = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut lint.stdin.take().unwrap(), ours.as_bytes()).unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    // Envoy writes no HELP lines for any stat: not the filter's to fix.
+    let problems: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.ends_with("no help text"))
+        .collect();
+    assert!(problems.is_empty(), "promtool check metrics: {problems:?}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        value("idemgate_build_info", &[("version", version)]),
+        Some(1.0),
+        "{text}"
+    );
+    for (mode, policy, on) in [
+        ("enforce", "payments.create", 1.0),
+        ("observe", "payments.create", 0.0),
+        ("canary", "payments.create", 0.0),
+        ("observe", "observe", 1.0),
+        ("canary", "canary", 1.0),
+    ] {
+        let labels = [("mode", mode), ("policy", policy)];
+        assert_eq!(value("idemgate_policy_info", &labels), Some(on), "{labels:?}");
+    }
 }
 
 #[test]
@@ -464,7 +596,7 @@ fn every_bootstrap_cuts_the_same_labels_out_of_the_filters_stat_names() {
     }
     let reference = tags("envoy/e2e.yaml");
     let names: Vec<&str> = reference.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["outcome", "policy", "reason"]);
+    assert_eq!(names, ["outcome", "policy", "reason", "mode", "version"]);
     for file in [
         "envoy/chaos.yaml",
         "envoy/demo.yaml",
@@ -502,7 +634,7 @@ type Series = (String, String, Option<String>, String);
 
 fn tagged(name: &str) -> Option<Series> {
     let rest = name.strip_prefix("wasmcustom.idemgate.")?;
-    let (family, rest) = rest.split_once(".outcome.")?;
+    let (family, rest) = rest.split_once("_total.outcome.")?;
     let (outcome, rest) = rest.split_once('.')?;
     let (reason, policy) = match rest.strip_prefix("reason.") {
         Some(r) => {
@@ -539,12 +671,12 @@ fn relabelled(policy: &str) -> String {
     chars.into_iter().collect()
 }
 
-/// Every series of `idemgate_requests` and `idemgate_records` Prometheus
+/// Every series of `idemgate_requests_total` and `idemgate_records_total` Prometheus
 /// holds, with its value.
 async fn labelled_series(prometheus: &Prometheus) -> BTreeMap<Series, u64> {
     let mut out = BTreeMap::new();
     for family in ["requests", "records"] {
-        for sample in prometheus.query(&format!("idemgate_{family}")).await {
+        for sample in prometheus.query(&format!("idemgate_{family}_total")).await {
             let label = |l: &str| sample["metric"][l].as_str().map(str::to_string);
             let value: f64 = sample["value"][1].as_str().unwrap().parse().unwrap();
             out.insert(
@@ -579,7 +711,7 @@ async fn expected_series(stack: &Stack) -> BTreeMap<Series, u64> {
 
 /// Istio's path: no `stats_tags` in Envoy's bootstrap, so the filter's
 /// counters reach `/stats/prometheus` as flat names
-/// (`idemgate_requests_outcome_owned_policy_payments_create`), and the
+/// (`idemgate_requests_total_outcome_owned_policy_payments_create`), and the
 /// relabeling of the shipped prometheus.yml rebuilds the labelled series the
 /// alerts and the dashboard query. After traffic with every outcome they
 /// name (owned, replayed, 422, in progress, unknown, store errors, fail-open,
@@ -598,7 +730,7 @@ async fn without_stats_tags_the_shipped_relabeling_rebuilds_the_labelled_series(
     assert!(
         exposed
             .lines()
-            .any(|l| l.starts_with("idemgate_requests_outcome_owned_policy_payments_create{")),
+            .any(|l| l.starts_with("idemgate_requests_total_outcome_owned_policy_payments_create{")),
         "no flat name in Envoy's /stats/prometheus:\n{}",
         exposed
             .lines()
@@ -608,7 +740,7 @@ async fn without_stats_tags_the_shipped_relabeling_rebuilds_the_labelled_series(
             .join("\n")
     );
     assert!(
-        !exposed.lines().any(|l| l.starts_with("idemgate_requests{")),
+        !exposed.lines().any(|l| l.starts_with("idemgate_requests_total{")),
         "Envoy still labels the filter's counters"
     );
     let prometheus = Prometheus::start(&stack).await;
@@ -726,9 +858,32 @@ async fn without_stats_tags_the_shipped_relabeling_rebuilds_the_labelled_series(
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let flat = prometheus
-        .query(r#"{__name__=~"idemgate_(requests|records)_.+"}"#)
+        .query(r#"{__name__=~"idemgate_(requests|records)_total_.+"}"#)
         .await;
     assert!(flat.is_empty(), "flat names left: {flat:?}");
+    // The info gauges too.
+    let version = env!("CARGO_PKG_VERSION");
+    for (series, on) in [
+        (format!(r#"idemgate_build_info{{version="{version}"}}"#), 1.0),
+        (
+            r#"idemgate_policy_info{mode="enforce",policy="payments.create"}"#.to_string(),
+            1.0,
+        ),
+        (
+            r#"idemgate_policy_info{mode="observe",policy="payments.create"}"#.to_string(),
+            0.0,
+        ),
+        (
+            r#"idemgate_policy_info{mode="observe",policy="observe"}"#.to_string(),
+            1.0,
+        ),
+    ] {
+        assert_eq!(prometheus.value(&series).await, Some(on), "{series}");
+    }
+    let flat = prometheus
+        .query(r#"{__name__=~"idemgate_(build|policy)_info_.+"}"#)
+        .await;
+    assert!(flat.is_empty(), "flat info names left: {flat:?}");
 
     let (rules, expressions) = every_expression_has_data(&prometheus).await;
     println!(

@@ -167,3 +167,39 @@ async fn a_configuration_push_finishes_what_outlives_the_requests() {
     }
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// The info gauges follow a push: a policy switched to observe mode shows
+/// as observed (and no longer enforced) once Envoy has built the new chain.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_that_flips_a_policys_mode_flips_its_info_gauge() {
+    let dir = tempfile::tempdir().unwrap();
+    let lds: PathBuf = dir.path().join("lds");
+    std::fs::create_dir(&lds).unwrap();
+    std::fs::write(lds.join("listeners.yaml"), "resources: []\n").unwrap();
+    let mut options = Options::new("envoy/reload.yaml", Database::Sqlite, 1);
+    let lds_path = lds.display().to_string();
+    options.edit = Some(Box::new(move |config| config.replace(LDS_DIR, &lds_path)));
+    options.envoy_args = vec!["--drain-time-s".into(), DRAIN_SECONDS.into()];
+    let stack = Stack::start(options).await;
+    let info = |mode: &str| format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.payments.create");
+    push(&stack, &lds, |l| l);
+    eventually("the enforced policy's gauge", Duration::from_secs(20), || async {
+        stat(&stack, &info("enforce")).await == 1 && stat(&stack, &info("observe")).await == 0
+    })
+    .await;
+    let version = format!(
+        "wasmcustom.idemgate.build_info.version.{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(stat(&stack, &version).await, 1);
+    push(&stack, &lds, |l| {
+        l.replace(
+            r#""max_request_body": 65536"#,
+            r#""max_request_body": 65536, "mode": "observe""#,
+        )
+    });
+    eventually("the observed policy's gauge", Duration::from_secs(20), || async {
+        stat(&stack, &info("enforce")).await == 0 && stat(&stack, &info("observe")).await == 1
+    })
+    .await;
+}

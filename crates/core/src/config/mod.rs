@@ -201,6 +201,15 @@ impl Policy {
             _ => self.mode,
         }
     }
+    /// How far the policy is rolled out: one of [`ROLLOUTS`], the `mode`
+    /// of the `idemgate_policy_info` metric.
+    pub fn rollout(&self) -> &'static str {
+        match (self.mode, &self.canary) {
+            (Mode::Observe, _) => "observe",
+            (Mode::Enforce, Some(_)) => "canary",
+            (Mode::Enforce, None) => "enforce",
+        }
+    }
     /// How soon a request that found its key in progress is told to come
     /// back (never later than the owner's lease ends).
     pub fn in_progress_retry_after_ms(&self) -> u64 {
@@ -371,6 +380,10 @@ pub enum Mode {
     Enforce,
     Observe,
 }
+
+/// What [`Policy::rollout`] says: observed, enforced for a canary (and
+/// observed for the rest), or enforced.
+pub const ROLLOUTS: [&str; 3] = ["observe", "canary", "enforce"];
 
 /// When the client gets the response of a request that owned its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -132,3 +132,21 @@ fn a_canary_is_refused_where_it_cannot_mean_anything() {
         assert!(e.contains(field), "{canary}{extra}: {e}");
     }
 }
+
+#[test]
+fn the_rollout_a_policy_reports_is_observe_canary_or_enforce() {
+    let rollout = |policy: &str| {
+        let json = format!(
+            r#"{{"store": {{"cluster": "s", "token": "t"}}, "policies": [{{"name": "pay",
+            "match": {{"path": {{"prefix": "/pay"}}}}, "anonymous": true{policy}}}]}}"#
+        );
+        let config = Config::parse(json.as_bytes()).unwrap();
+        config.policies()[0].rollout()
+    };
+    assert_eq!(rollout(""), "enforce");
+    assert_eq!(rollout(r#", "mode": "observe""#), "observe");
+    assert_eq!(rollout(r#", "canary": {"percent": 5}"#), "canary");
+    for r in ["enforce", "observe", "canary"] {
+        assert!(crate::config::ROLLOUTS.contains(&r));
+    }
+}
