@@ -146,3 +146,6 @@ impl Checkpoints {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
