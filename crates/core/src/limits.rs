@@ -19,12 +19,41 @@ pub const MAX_DEADLINE_MS: u64 = 2 * MAX_WAIT_MS;
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEADER_NAME: usize = 256;
 pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+/// Most bytes of names and values the stored headers of one response hold
+/// together: escaped to JSON and sealed, they stay well inside the
+/// database's bound on the column (1 MiB). Envoy's own default limit on a
+/// response's headers is 60 KiB.
+pub const MAX_STORED_HEADER_BYTES: usize = 256 * 1024;
 /// Largest response body a policy may keep for replay (`max_stored_body`).
 pub const MAX_STORED_BODY: usize = 4 * 1024 * 1024;
 /// Largest frame the store accepts by default: the largest stored body plus
 /// its metadata line (scope, and up to [`MAX_HEADERS`] headers of the longest
 /// allowed size, JSON-escaped) with room to spare.
 pub const MAX_FRAME: usize = 8 * 1024 * 1024;
+
+/// Whether a response's status and headers may be stored as they are: the
+/// store refuses a completion that breaks this, and the filter completes
+/// without the response instead of sending one.
+pub fn response_fits(status: u16, headers: &[(String, String)]) -> Result<(), String> {
+    if !(100..=599).contains(&status) {
+        return Err("status must be between 100 and 599".into());
+    }
+    if headers.len() > MAX_HEADERS {
+        return Err(format!("at most {MAX_HEADERS} headers"));
+    }
+    if let Some((name, _)) = headers.iter().find(|(n, v)| !header_fits(n, v)) {
+        return Err(format!(
+            "header {name:?} is not a valid HTTP token, or its value is too long or contains control characters"
+        ));
+    }
+    let bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    if bytes > MAX_STORED_HEADER_BYTES {
+        return Err(format!(
+            "the headers hold {bytes} bytes, at most {MAX_STORED_HEADER_BYTES} are stored"
+        ));
+    }
+    Ok(())
+}
 
 /// Whether a response header may be stored as it is.
 pub fn header_fits(name: &str, value: &str) -> bool {
@@ -55,5 +84,22 @@ mod tests {
         assert!(!header_fits("x", &"v".repeat(MAX_HEADER_VALUE + 1)));
         assert!(!header_fits("x", "a\u{1}b"));
         assert!(!header_fits("x", "a\u{7f}b"));
+    }
+
+    #[test]
+    fn a_response_fits_by_status_count_each_header_and_their_total() {
+        let header = |i: usize| (format!("x-{i}"), "v".repeat(MAX_HEADER_VALUE - 8));
+        assert!(response_fits(201, &[("etag".into(), "\"1\"".into())]).is_ok());
+        assert!(response_fits(99, &[]).is_err());
+        assert!(response_fits(600, &[]).is_err());
+        let many: Vec<_> = (0..=MAX_HEADERS)
+            .map(|i| (format!("x-{i}"), "v".into()))
+            .collect();
+        assert!(response_fits(200, &many).is_err());
+        let fits = MAX_STORED_HEADER_BYTES / MAX_HEADER_VALUE;
+        assert!(response_fits(200, &(0..fits).map(header).collect::<Vec<_>>()).is_ok());
+        let over: Vec<_> = (0..fits + 1).map(header).collect();
+        assert!(over.len() <= MAX_HEADERS);
+        assert!(response_fits(200, &over).unwrap_err().contains("at most 262144"));
     }
 }

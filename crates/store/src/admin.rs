@@ -19,7 +19,7 @@ use idemgate_core::problem::ProblemKind;
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{read_body, validate_response};
+use crate::api::read_body;
 use crate::backend::{Action, KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepPolicy, SweepReport};
 use crate::problem::Refusal;
 use crate::AppState;
@@ -209,7 +209,7 @@ pub async fn resolve_record(
     operator: &Operator,
 ) -> Result<(), Refusal> {
     if let Action::Complete { status, headers, .. } = how {
-        validate_response(*status, headers).map_err(Refusal::bad_request)?;
+        idemgate_core::limits::response_fits(*status, headers).map_err(Refusal::bad_request)?;
     }
     let reason = required_reason(reason).map_err(Refusal::bad_request)?;
     let now = state.store.clock.now();

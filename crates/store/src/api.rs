@@ -74,22 +74,6 @@ pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
     Ok(())
 }
 
-/// A response status and headers fit to be stored and replayed.
-pub fn validate_response(status: u16, headers: &[(String, String)]) -> Result<(), String> {
-    if !(100..=599).contains(&status) {
-        return Err("status must be between 100 and 599".into());
-    }
-    if headers.len() > limits::MAX_HEADERS {
-        return Err(format!("at most {} headers", limits::MAX_HEADERS));
-    }
-    if let Some((name, _)) = headers.iter().find(|(n, v)| !limits::header_fits(n, v)) {
-        return Err(format!(
-            "header {name:?} is not a valid HTTP token, or its value is too long or contains control characters"
-        ));
-    }
-    Ok(())
-}
-
 /// A call's answer: its status and frame.
 type Answered = (StatusCode, Vec<u8>);
 
@@ -125,7 +109,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes) -> Result<Parsed, Refusal> 
         }
         COMPLETE_PATH => {
             let (req, rest) = decode::<CompleteRequest>(&bytes)?;
-            validate_response(req.status, &req.headers).map_err(Refusal::bad_request)?;
+            limits::response_fits(req.status, &req.headers).map_err(Refusal::bad_request)?;
             if !req.body_stored && !rest.is_empty() {
                 return Err(Refusal::bad_request(
                     "body_stored is false but the frame carries bytes",

@@ -132,6 +132,11 @@ impl AppState {
 /// filter accepts plus a metadata line.
 pub const DEFAULT_MAX_BODY_BYTES: usize = idemgate_core::limits::MAX_FRAME;
 
+/// The largest `--max-body-bytes`: a stored body, sealed, must fit the
+/// database's bound on the column (64 MiB), or the store would accept a
+/// completion it then fails to write.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024 - sealing::OVERHEAD;
+
 /// Every API route the service answers, as (method, path). The router and
 /// the OpenAPI document are both checked against this list and
 /// [`console::ROUTES`] in tests.

@@ -56,8 +56,7 @@ impl Exchange {
             .collect();
         // Headers the store would refuse: keep the outcome, not the response
         // (a retry gets result-unavailable rather than a partial replay).
-        let keepable =
-            headers.len() <= limits::MAX_HEADERS && headers.iter().all(|(n, v)| limits::header_fits(n, v));
+        let keepable = limits::response_fits(head.status, &headers).is_ok();
         self.phase = Phase::Capturing {
             fence,
             status: head.status,

@@ -53,7 +53,7 @@ pub async fn resolve(store: &Store, r: Resolve) -> Result<(), CliError> {
             let headers = (r.headers.iter())
                 .map(|h| crate::admin::parse_header(h).map_err(|e| CliError::Invalid(format!("--{e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
-            crate::api::validate_response(status, &headers).map_err(CliError::Invalid)?;
+            idemgate_core::limits::response_fits(status, &headers).map_err(CliError::Invalid)?;
             Action::Complete {
                 status,
                 headers,

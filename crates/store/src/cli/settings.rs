@@ -200,13 +200,27 @@ impl ServeSettings {
                 api_token,
                 admin_token: Credential::new(&admin),
                 doc_base: args.doc_base.clone(),
-                max_body_bytes: args.max_body_bytes,
+                max_body_bytes: max_body_bytes(args.max_body_bytes)?,
                 sweep: sweep_settings(args),
                 console: console_settings(args)?,
             },
             new_keys,
         })
     }
+}
+
+/// A request size limit whose bodies the database can store.
+pub fn max_body_bytes(n: usize) -> Result<usize, CliError> {
+    if n > crate::MAX_BODY_BYTES {
+        return Err(CliError::flag(
+            "max-body-bytes",
+            format!(
+                "at most {} (the database's bound on a stored body, less sealing)",
+                crate::MAX_BODY_BYTES
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 /// The admin credential must differ from every API one, so a filter's

@@ -17,9 +17,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use idemgate_core::trace::Trace;
 use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
+use idemgate_core::trace::Trace;
 
 use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, PoolStats,

@@ -5,9 +5,9 @@
 
 use std::sync::LazyLock;
 
-use idemgate_core::trace::Trace;
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
 use idemgate_core::scope::Scope;
+use idemgate_core::trace::Trace;
 
 use super::generation::{end_generation, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client, On, Stmt, Tx};
@@ -211,8 +211,13 @@ impl Postgres {
     }
 
     pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.planned((&req.scope, &req.trace), req.fence, |fence, l, _| plan::release(l, *fence), now)
-            .await
+        self.planned(
+            (&req.scope, &req.trace),
+            req.fence,
+            |fence, l, _| plan::release(l, *fence),
+            now,
+        )
+        .await
     }
 
     pub(super) async fn mark_record_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
@@ -253,6 +258,7 @@ impl Postgres {
     }
 
     pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.planned((scope, &Trace::NONE), (), |_, l, _| plan::purge(l), now).await
+        self.planned((scope, &Trace::NONE), (), |_, l, _| plan::purge(l), now)
+            .await
     }
 }

@@ -245,6 +245,17 @@ fn serve_keeps_its_addresses_and_http_limits() {
 }
 
 #[test]
+fn the_request_size_limit_stays_within_what_the_database_stores() {
+    let most = crate::MAX_BODY_BYTES.to_string();
+    assert_eq!(
+        serve(&["--max-body-bytes", &most]).unwrap().http.max_body_bytes,
+        crate::MAX_BODY_BYTES
+    );
+    let over = (crate::MAX_BODY_BYTES + 1).to_string();
+    assert!(refusal(&["--max-body-bytes", &over]).contains("--max-body-bytes: at most"));
+}
+
+#[test]
 fn only_serve_chooses_the_log_format() {
     assert_eq!(
         cli(&["serve", "--log-format", "json"]).log_format(),
