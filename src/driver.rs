@@ -59,6 +59,7 @@ impl Driver {
 
     /// Carries out a step.
     pub fn act(&mut self, step: Step, direction: Direction) -> Action {
+        let _about = host::about(self.exchange.attempt().as_str());
         let action = self.carry_out(step, direction);
         self.note_outcome();
         action
@@ -160,6 +161,7 @@ impl Driver {
         let Some(waiting) = self.waiting.take_if(|w| w.upstream == upstream) else {
             return;
         };
+        let _about = host::about(self.exchange.attempt().as_str());
         if self.attached {
             host::set_effective_context(self.owner);
         }
@@ -185,6 +187,7 @@ impl Driver {
     /// without it (a detached request or its completion is in flight);
     /// otherwise settles what was left open and counts the request.
     pub fn client_left(&mut self) -> bool {
+        let _about = host::about(self.exchange.attempt().as_str());
         self.attached = false;
         let ended = match self.exchange.client_left(self.pending()) {
             Left::GoesOn => {
@@ -197,14 +200,11 @@ impl Driver {
             Left::Ended(letter) => letter,
         };
         if self.exchange.settlement() == Some(Settlement::Failed) {
-            // The attempt id, not a hash of the key: it is random, and the
-            // record's history in the store carries it.
-            let attempt = self.exchange.attempt().as_str();
+            // Named by the attempt id (see `host::about`), not a hash of the
+            // key: it is random, and the record's history carries it.
             host::log(
                 LogLevel::Warn,
-                &format!(
-                    "attempt {attempt}: the store did not record the outcome; its lease will turn it unknown"
-                ),
+                "the store did not record the outcome; its lease will turn it unknown",
             );
         }
         // The store's answer to a call sent from here would find nobody:

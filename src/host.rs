@@ -1,6 +1,8 @@
 //! Every call into Envoy goes through here. Host errors become `None`/`false`
 //! and a log line, never a panic; untrusted header values stay bytes.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
@@ -10,8 +12,35 @@ use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
 
+thread_local! {
+    /// The claim attempt of the request being handled, if any: the id the
+    /// access log, the store's event lines and the record's history carry.
+    static ABOUT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// While it lives, log lines are about the request of `attempt`.
+pub struct About(Option<String>);
+
+pub fn about(attempt: &str) -> About {
+    About(ABOUT.with(|a| a.replace(Some(attempt.to_string()))))
+}
+
+impl Drop for About {
+    fn drop(&mut self) {
+        ABOUT.with(|a| *a.borrow_mut() = self.0.take());
+    }
+}
+
+/// `message`, named by the request it is about.
+fn line(message: &str) -> Cow<'_, str> {
+    ABOUT.with(|a| match a.borrow().as_deref() {
+        Some(attempt) => Cow::Owned(format!("attempt {attempt}: {message}")),
+        None => Cow::Borrowed(message),
+    })
+}
+
 pub fn log(level: LogLevel, message: &str) {
-    let _ = hostcalls::log(level, message);
+    let _ = hostcalls::log(level, &line(message));
 }
 
 pub fn plugin_configuration() -> Option<Bytes> {
@@ -294,4 +323,24 @@ pub fn store_answer(num_headers: usize, body_size: usize) -> StoreAnswer {
         .flatten()?;
     let status = std::str::from_utf8(&status).ok()?.parse::<u16>().ok()?;
     Some((status, call_response_body(body_size)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_name_the_request_they_are_about_while_it_is_handled() {
+        assert_eq!(line("x"), "x");
+        {
+            let _outer = about("a-1");
+            assert_eq!(line("x"), "attempt a-1: x");
+            {
+                let _inner = about("b-2");
+                assert_eq!(line("x"), "attempt b-2: x");
+            }
+            assert_eq!(line("x"), "attempt a-1: x");
+        }
+        assert_eq!(line("x"), "x");
+    }
 }

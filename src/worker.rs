@@ -192,6 +192,7 @@ impl Worker {
             policy,
             attempt,
         } = letter;
+        let _about = host::about(attempt.as_str());
         if let Delivery::Decided(answer) = &delivery {
             if settled(answer) {
                 self.metrics.count_settlement(&policy, settles);
@@ -208,8 +209,7 @@ impl Worker {
         host::log(
             LogLevel::Warn,
             &format!(
-                "attempt {}: {why} {} (a record {}); its lease will settle it",
-                attempt.as_str(),
+                "{why} {} (a record {}); its lease will settle it",
                 call.path,
                 settles.as_str()
             ),
