@@ -3,6 +3,7 @@
 #![cfg(test)]
 
 use super::super::*;
+use crate::protocol::ClaimReply;
 
 fn config(canary: &str, extra: &str) -> Rc<Config> {
     let json = format!(

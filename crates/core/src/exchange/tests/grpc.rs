@@ -3,6 +3,7 @@
 
 use super::super::*;
 use crate::grpc::{self, code};
+use crate::protocol::{decode_frame, ClaimReply, ReplayRequest, REPLAY_PATH};
 use crate::protocol::{CompleteRequest, COMPLETE_PATH};
 
 const CONFIG: &str = r#"{
