@@ -58,22 +58,6 @@ fn decode<T: DeserializeOwned>(bytes: &Bytes) -> Result<(T, Bytes), Refusal> {
     Ok((meta, bytes.slice_ref(rest)))
 }
 
-pub fn validate_claim(req: &ClaimRequest) -> Result<(), String> {
-    if req.lease_ms == 0 || req.lease_ms > limits::MAX_LEASE_MS {
-        return Err(format!("lease_ms must be between 1 and {}", limits::MAX_LEASE_MS));
-    }
-    if req.ttl_ms == 0 || req.ttl_ms > limits::MAX_TTL_MS {
-        return Err(format!("ttl_ms must be between 1 and {}", limits::MAX_TTL_MS));
-    }
-    if req.wait_ms > limits::MAX_WAIT_MS {
-        return Err(format!("wait_ms must be at most {}", limits::MAX_WAIT_MS));
-    }
-    if req.deadline_ms > limits::MAX_DEADLINE_MS {
-        return Err(format!("deadline_ms must be at most {}", limits::MAX_DEADLINE_MS));
-    }
-    Ok(())
-}
-
 /// A call's answer: its status and frame.
 type Answered = (StatusCode, Vec<u8>);
 
@@ -103,7 +87,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes) -> Result<Parsed, Refusal> 
     let (call, path, record) = match path {
         CLAIM_PATH => {
             let req = bare_frame::<ClaimRequest>(&bytes)?;
-            validate_claim(&req).map_err(Refusal::bad_request)?;
+            req.check().map_err(Refusal::bad_request)?;
             let record = log_id(&req.scope);
             (Call::Claim { req, deadline: None }, CLAIM_PATH, record)
         }

@@ -953,3 +953,52 @@ fn a_refusal_too_large_to_relay_is_not_called_executed() {
     assert!(!text.contains("was executed"), "{text}");
     assert!(text.contains("retry with the same key"), "{text}");
 }
+
+/// The configuration's limits and the store's are one: a policy at every
+/// limit makes claims the store accepts, and one past any limit is refused
+/// when the configuration is loaded.
+#[test]
+fn a_policy_at_every_limit_makes_claims_the_store_accepts() {
+    let config = |lease: u64, ttl: u64, wait: u64| {
+        let timeout = limits::MAX_DEADLINE_MS - limits::MAX_WAIT_MS;
+        let json = format!(
+            r#"{{"store": {{"cluster": "s", "token": "t", "timeout_ms": {timeout}}}, "policies": [{{"name": "max",
+            "match": {{"path": {{"prefix": "/max"}}}}, "anonymous": true, "lease_seconds": {lease},
+            "ttl_seconds": {ttl}, "in_flight": "wait", "wait_max_ms": {wait}}}]}}"#
+        );
+        Config::parse(json.as_bytes()).map(Rc::new)
+    };
+    let (lease, ttl, wait) = (
+        limits::MAX_LEASE_MS / 1000,
+        limits::MAX_TTL_MS / 1000,
+        limits::MAX_WAIT_MS,
+    );
+    let at_limits = config(lease, ttl, wait).unwrap();
+    let policy = at_limits.policy_for("POST", "h", "/max").unwrap().clone();
+    let head = RequestHead {
+        method: "POST".into(),
+        path: "/max".into(),
+        key_fields: vec![b"k".to_vec()],
+        end_of_stream: true,
+        ..RequestHead::default()
+    };
+    let (_, step) = Exchange::begin(at_limits, policy, head, attempt());
+    let claim = claim_of(&step);
+    assert_eq!(claim.check(), Ok(()));
+    assert_eq!(
+        (claim.lease_ms, claim.ttl_ms, claim.wait_ms, claim.deadline_ms),
+        (
+            limits::MAX_LEASE_MS,
+            limits::MAX_TTL_MS,
+            limits::MAX_WAIT_MS,
+            limits::MAX_DEADLINE_MS
+        )
+    );
+    for (lease, ttl, wait) in [
+        (lease + 1, ttl, wait),
+        (lease, ttl + 1, wait),
+        (lease, ttl, wait + 1),
+    ] {
+        assert!(config(lease, ttl, wait).is_err(), "{lease} {ttl} {wait}");
+    }
+}

@@ -17,7 +17,7 @@ use idemgate_core::limits;
 use idemgate_core::protocol::Attempt as AttemptId;
 use idemgate_core::record::State;
 use idemgate_core::scope::{Namespace, Scope, SCOPE_VERSION};
-use idemgate_store::{admin, api, columns, sealing};
+use idemgate_store::{admin, columns, sealing};
 
 use super::schema::{apply, bound, in_force, one_of, statements, Bound, Table};
 use crate::support::*;
@@ -103,7 +103,7 @@ fn agreements() -> BTreeMap<(&'static str, &'static str), Agreement> {
         let with = |ttl_ms: u64| {
             let mut c = claim(&scope("k"), None);
             c.ttl_ms = ttl_ms;
-            api::validate_claim(&c).is_ok()
+            c.check().is_ok()
         };
         assert!(!with(0) && with(1) && with(limits::MAX_TTL_MS) && !with(limits::MAX_TTL_MS + 1));
         Bound::Value {
