@@ -112,14 +112,86 @@ impl Transition {
 
 /// How a generation that left the current records ended (the history's
 /// `state` column): a state it was in, or the transition that ended it.
-pub fn ended_as(last: State, by: Transition) -> &'static str {
+pub fn ended_as(last: State, by: Transition) -> Standing {
     match (last, by) {
-        (_, Transition::Released | Transition::Abandoned | Transition::Purged) => by.as_str(),
-        (_, Transition::Resolved) => Transition::Released.as_str(),
-        (State::InProgress, _) => Transition::LeaseExpired.as_str(),
-        (state, _) => state.as_str(),
+        (_, Transition::Released | Transition::Abandoned | Transition::Purged) => Standing::EndedBy(by),
+        (_, Transition::Resolved) => Standing::EndedBy(Transition::Released),
+        (State::InProgress, _) => Standing::EndedBy(Transition::LeaseExpired),
+        (state, _) => Standing::In(state),
     }
 }
+
+/// What a generation's `state` column holds: the record's [`State`] while
+/// the generation is current; once it ended, [`ended_as`]: the state it was
+/// left in, or the transition that ended it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Standing {
+    In(State),
+    EndedBy(Transition),
+}
+
+impl Standing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::In(state) => state.as_str(),
+            Standing::EndedBy(t) => t.as_str(),
+        }
+    }
+
+    /// A state's spelling, or that of a transition [`ended_as`] ends a
+    /// generation with. States come first: [`ended_as`] writes a state that
+    /// outlived its generation (`completed`) in the state's own spelling.
+    pub fn parse(s: &str) -> Option<Standing> {
+        if let Some(state) = State::parse(s) {
+            return Some(Standing::In(state));
+        }
+        let by = Standing::EndedBy(Transition::parse(s)?);
+        Standing::endings().any(|e| e == by).then_some(by)
+    }
+
+    /// The state, while it is one.
+    pub fn state(self) -> Option<State> {
+        match self {
+            Standing::In(state) => Some(state),
+            Standing::EndedBy(_) => None,
+        }
+    }
+
+    /// Every value [`ended_as`] gives (with repeats).
+    pub fn endings() -> impl Iterator<Item = Standing> {
+        State::ALL
+            .into_iter()
+            .flat_map(|s| Transition::ALL.into_iter().map(move |t| ended_as(s, t)))
+    }
+}
+
+/// The columns' spellings ([`State::as_str`], [`Transition::as_str`],
+/// [`Standing::as_str`]) are also the enums' text in logs and JSON, written
+/// and read here so that nothing spells them twice.
+macro_rules! spelled {
+    ($($t:ty: $what:literal),*) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                <$t>::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown {} {s:?}", $what)))
+            }
+        }
+    )*};
+}
+
+spelled!(State: "state", Transition: "transition", Standing: "state");
 
 /// What the claim rules need to know about an existing record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -215,7 +215,7 @@ pub async fn resolve_record(
     let now = state.store.clock.now();
     let decision = Resolution {
         action: how.clone(),
-        by: operator.as_str().to_string(),
+        by: operator.actor(),
     };
     if !state
         .store

@@ -31,7 +31,7 @@ use idemgate_core::problem::ProblemKind;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
-use crate::backend::actor;
+use crate::backend::Actor;
 use crate::problem::Refusal;
 use crate::AppState;
 
@@ -337,7 +337,7 @@ impl Operator {
         if value.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err("the operator identity contains a space or a control character".into());
         }
-        if actor::RESERVED.contains(&value) || value.starts_with(actor::CLI_PREFIX) {
+        if Actor::RESERVED.iter().any(|a| a.as_str() == value) || value.starts_with(Actor::CLI_PREFIX) {
             return Err(format!("{value:?} is not an operator identity the store accepts"));
         }
         Ok(Operator(value.to_string()))
@@ -347,7 +347,12 @@ impl Operator {
     /// `cli:NAME`: nobody verified it, and the history says so.
     pub fn declared(name: &str) -> Result<Operator, String> {
         let named = Operator::named(name)?;
-        Ok(Operator(format!("{}{}", actor::CLI_PREFIX, named.0)))
+        Ok(Operator(format!("{}{}", Actor::CLI_PREFIX, named.0)))
+    }
+
+    /// The actor of the events the operator causes.
+    pub fn actor(&self) -> Actor {
+        Actor::Named(self.0.clone())
     }
 }
 

@@ -15,7 +15,7 @@ pub use crate::calls::{Answer, Call, ClaimOutcome};
 use crate::clock::DatabaseClock;
 pub use crate::error::{Result, StoreError};
 use crate::log_ids::LogIds;
-pub use crate::records::{actor, label_records, EventInfo, KeyHistory, OpenRecords, RecordInfo};
+pub use crate::records::{label_records, Actor, EventInfo, KeyHistory, OpenRecords, RecordInfo};
 
 /// How long an abandon that found no record is remembered: a claim still on
 /// its way to the database under that attempt is released by the sweeper
@@ -70,7 +70,7 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolution {
     pub action: Action,
-    pub by: String,
+    pub by: Actor,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,12 +8,12 @@
 use idemgate_core::config::OnUnknown;
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::Key;
-use idemgate_core::record::{self, RecordView, State};
+use idemgate_core::record::{self, RecordView, Standing, State, Transition};
 use idemgate_core::scope::{Namespace, Scope};
 
 use crate::calls::ClaimOutcome;
 use crate::error::{Result, StoreError};
-use crate::records::{EventInfo, OpenRecords, RecordInfo};
+use crate::records::{Actor, EventInfo, OpenRecords, RecordInfo};
 pub use crate::scope_digest::ScopeDigest;
 use crate::sealing::Seal;
 
@@ -145,6 +145,34 @@ pub trait ColumnReader {
         }
     }
 
+    /// A current record's `state`.
+    fn state(&self) -> Result<State> {
+        let state = self.text("state")?;
+        State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))
+    }
+
+    /// A generation's `state`: a [`State`] while it is current (`ended`
+    /// false), what [`record::ended_as`] wrote once it ended.
+    fn standing(&self, ended: bool) -> Result<Standing> {
+        if !ended {
+            return self.state().map(Standing::In);
+        }
+        let state = self.text("state")?;
+        Standing::parse(&state)
+            .filter(|s| Standing::endings().any(|e| e == *s))
+            .ok_or_else(|| StoreError::Corrupt(format!("ended generation's state {state:?}")))
+    }
+
+    fn transition(&self) -> Result<Transition> {
+        let t = self.text("transition")?;
+        Transition::parse(&t).ok_or_else(|| StoreError::Corrupt(format!("transition {t:?}")))
+    }
+
+    fn actor(&self) -> Result<Actor> {
+        let actor = self.text("actor")?;
+        Actor::parse(&actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))
+    }
+
     fn status(&self, name: &str) -> Result<Option<u16>> {
         Ok(self.optional_int(name)?.map(|s| u16::try_from(s).unwrap_or(0)))
     }
@@ -202,10 +230,9 @@ impl LoadedRecord {
     /// `completed_at`, `expires_at`, `archived` (a flag), `attempt` and
     /// `release_on_unknown`.
     pub fn read(row: &impl ColumnReader) -> Result<LoadedRecord> {
-        let state = row.text("state")?;
         Ok(LoadedRecord {
             view: RecordView {
-                state: State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+                state: row.state()?,
                 fingerprint: fingerprint_from(row.optional_text("fingerprint")?)?,
                 fence: row.unsigned("fence")?,
                 lease_until: row.int("lease_until")?,
@@ -242,10 +269,11 @@ impl RecordInfo {
                     None
                 }
             };
+        let ended_at = row.optional_int("ended_at")?;
         Ok(RecordInfo {
             log_id: String::new(),
             scope,
-            state: row.text("state")?,
+            state: row.standing(ended_at.is_some())?,
             fingerprint: row.optional_text("fingerprint")?,
             fence,
             lease_until: row.int("lease_until")?,
@@ -269,7 +297,7 @@ impl RecordInfo {
             replay_count: row.unsigned("replay_count")?,
             generation: row.unsigned("generation")?,
             attempt: row.optional_text("attempt")?,
-            ended_at: row.optional_int("ended_at")?,
+            ended_at,
         })
     }
 }
@@ -283,12 +311,12 @@ impl EventInfo {
             scope,
             generation: row.unsigned("generation")?,
             at: row.int("at")?,
-            transition: row.text("transition")?,
+            transition: row.transition()?,
             attempt: row.optional_text("attempt")?,
             fence: row.unsigned("fence")?,
             fingerprint: row.optional_text("fingerprint")?,
             status: row.status("status")?,
-            actor: row.text("actor")?,
+            actor: row.actor()?,
             detail: row.optional_text("detail")?,
             duration_ms: row.int("duration_ms")?,
             reason: row.optional_text("reason")?,

@@ -19,31 +19,42 @@
 
 use std::sync::LazyLock;
 
-use idemgate_core::record::{self, State};
+use idemgate_core::record::{self, State, Transition};
 
-/// Every state, in the order of [`position`].
-const STATES: [State; 3] = [State::InProgress, State::Completed, State::Unknown];
+use crate::records::Actor;
 
-/// Where a state sits in [`STATES`]: a state added to the core is a compile
-/// error here until it is listed.
-#[cfg_attr(not(test), allow(dead_code))]
-const fn position(s: State) -> usize {
-    match s {
-        State::InProgress => 0,
-        State::Completed => 1,
-        State::Unknown => 2,
-    }
+/// A state as an SQL literal, spelled by [`State::as_str`]: no statement
+/// spells a state of its own.
+pub fn state(s: State) -> String {
+    quoted(s.as_str())
+}
+
+/// A transition as an SQL literal ([`Transition::as_str`]).
+pub fn transition(t: Transition) -> String {
+    quoted(t.as_str())
+}
+
+/// One of the store's own actors as an SQL literal ([`Actor::as_str`]).
+pub fn actor(a: &Actor) -> String {
+    quoted(a.as_str())
+}
+
+/// The enums' spellings are lowercase words and underscores: a quote
+/// around them makes a literal; a name with a quote in it (only an
+/// operator's, which is always a parameter) is doubled all the same.
+fn quoted(spelling: &str) -> String {
+    format!("'{}'", spelling.replace('\'', "''"))
 }
 
 /// `state = '...'` or `state IN (...)` for the states `accepted` admits, in
-/// [`STATES`] order. One state is written with `=`: that is the form a
+/// [`State::ALL`] order. One state is written with `=`: that is the form a
 /// partial index on that state (`WHERE state = 'in_progress'`) is matched
 /// against, and SQLite does not match `IN` with a single value to it.
 fn states_where(accepted: impl Fn(State) -> bool) -> String {
-    let states: Vec<String> = STATES
+    let states: Vec<String> = State::ALL
         .into_iter()
         .filter(|s| accepted(*s))
-        .map(|s| format!("'{}'", s.as_str()))
+        .map(state)
         .collect();
     match states.as_slice() {
         [one] => format!("state = {one}"),
@@ -127,10 +138,56 @@ mod tests {
     }
 
     #[test]
-    fn every_state_is_listed_once() {
-        for s in STATES {
-            assert_eq!(STATES[position(s)], s);
+    fn the_literals_are_the_enums_spellings() {
+        assert_eq!(state(State::InProgress), "'in_progress'");
+        assert_eq!(transition(Transition::LeaseExpired), "'lease_expired'");
+        assert_eq!(actor(&Actor::Filter), "'filter'");
+        assert_eq!(actor(&Actor::Named("o'brien".into())), "'o''brien'");
+    }
+
+    /// Every `'...'` literal in the store's statements that spells a
+    /// state, a transition or one of the store's actors: none may, they are
+    /// built from the enums. Comments and the unit tests (which state the
+    /// expected SQL) are not statements.
+    #[test]
+    fn no_statement_spells_a_state_a_transition_or_an_actor() {
+        let spellings: Vec<String> = (State::ALL.into_iter().map(state))
+            .chain(Transition::ALL.into_iter().map(transition))
+            .chain(Actor::RESERVED.iter().map(actor))
+            .collect();
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
+        let mut found = Vec::new();
+        let mut read = 0;
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let rust = path.extension().is_some_and(|e| e == "rs");
+                if !rust || path.file_name().is_some_and(|n| n == "tests.rs") {
+                    continue;
+                }
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                read += 1;
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                    for s in spellings.iter().filter(|s| line.contains(s.as_str())) {
+                        found.push(format!("{}: {s} in {line}", path.display()));
+                    }
+                }
+            }
         }
+        assert!(read > 10, "the store's sources were not found");
+        assert_eq!(found, Vec::<String>::new());
     }
 
     #[test]

@@ -17,12 +17,12 @@ use idemgate_core::protocol::{CompleteRequest, FenceReply};
 use idemgate_core::record::{self, AbandonDecision, State, Transition};
 use idemgate_core::scope::Scope;
 
-use crate::backend::{actor, Action, Resolution, SweepReport};
+use crate::backend::{Action, Actor, Resolution, SweepReport};
 use crate::columns::LoadedRecord;
 
-/// A transition, who caused it (an operator's name lives as long as the
-/// plan), and an optional detail.
-pub type By<'a> = (Transition, &'a str, Option<&'static str>);
+/// A transition, who caused it (an operator lives as long as the plan), and
+/// an optional detail.
+pub type By<'a> = (Transition, &'a Actor, Option<&'static str>);
 
 /// A response to store in the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +139,7 @@ pub fn complete<'a>(
                 durable: l.release_on_unknown,
             },
             Write::Event {
-                by: (Transition::Completed, actor::FILTER, None),
+                by: (Transition::Completed, &Actor::Filter, None),
                 note: None,
             },
         ],
@@ -154,7 +154,7 @@ pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Plan<'static, Fence
             FenceReply::Done,
             vec![Write::EndGeneration {
                 last: l.view.state,
-                by: (Transition::Released, actor::FILTER, None),
+                by: (Transition::Released, &Actor::Filter, None),
                 note: None,
             }],
         ),
@@ -175,7 +175,7 @@ pub fn mark_unknown(loaded: Option<&LoadedRecord>, fence: u64, now: i64) -> Plan
                     expires_at: record::unknown_expiry(now, l.ttl_ms),
                 },
                 Write::Event {
-                    by: (Transition::MarkedUnknown, actor::FILTER, None),
+                    by: (Transition::MarkedUnknown, &Actor::Filter, None),
                     note: None,
                 },
             ],
@@ -194,7 +194,7 @@ pub fn abandon<'a>(
             FenceReply::Done,
             vec![Write::EndGeneration {
                 last: l.view.state,
-                by: (Transition::Abandoned, actor::FILTER, None),
+                by: (Transition::Abandoned, &Actor::Filter, None),
                 note: None,
             }],
         ),
@@ -215,7 +215,7 @@ pub fn resolve<'a>(
     reason: Option<&'a str>,
     now: i64,
 ) -> Plan<'a, bool> {
-    let by = how.by.as_str();
+    let by = &how.by;
     let Some(l) = loaded else {
         return Plan::only(false);
     };
@@ -268,7 +268,7 @@ pub fn purge(loaded: Option<&LoadedRecord>) -> Plan<'static, bool> {
             true,
             vec![Write::EndGeneration {
                 last: l.view.state,
-                by: (Transition::Purged, actor::OPERATOR, None),
+                by: (Transition::Purged, &Actor::Operator, None),
                 note: None,
             }],
         ),
@@ -320,7 +320,7 @@ pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static,
             Swept::Released,
             vec![Write::EndGeneration {
                 last: l.view.state,
-                by: (Transition::LeaseExpired, actor::SWEEPER, Some("released")),
+                by: (Transition::LeaseExpired, &Actor::Sweeper, Some("released")),
                 note: None,
             }],
         ),
@@ -332,7 +332,7 @@ pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static,
                     expires_at: record::unknown_expiry(now, l.ttl_ms),
                 },
                 Write::Event {
-                    by: (Transition::LeaseExpired, actor::SWEEPER, Some("unknown")),
+                    by: (Transition::LeaseExpired, &Actor::Sweeper, Some("unknown")),
                     note: None,
                 },
             ],
@@ -341,7 +341,7 @@ pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static,
             Swept::Abandoned,
             vec![Write::EndGeneration {
                 last: l.view.state,
-                by: (Transition::Abandoned, actor::SWEEPER, None),
+                by: (Transition::Abandoned, &Actor::Sweeper, None),
                 note: None,
             }],
         ),
@@ -350,7 +350,7 @@ pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static,
             vec![
                 Write::Archive,
                 Write::Event {
-                    by: (Transition::Archived, actor::SWEEPER, None),
+                    by: (Transition::Archived, &Actor::Sweeper, None),
                     note: None,
                 },
             ],

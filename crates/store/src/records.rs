@@ -4,6 +4,7 @@
 //! sit below both it and the [`Backend`](crate::backend::Backend) trait.
 
 use idemgate_core::config::OnUnknown;
+use idemgate_core::record::{Standing, Transition};
 use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,9 @@ pub struct RecordInfo {
     /// ([`crate::log_ids::LogIds`]); filled in by [`KeyHistory::label`] or
     /// [`label_records`] before the record leaves the store.
     pub log_id: String,
-    pub state: String,
+    /// The record's state while the generation is current; once it ended,
+    /// how it ended ([`idemgate_core::record::ended_as`]).
+    pub state: Standing,
     pub fingerprint: Option<String>,
     pub fence: u64,
     pub lease_until: i64,
@@ -63,16 +66,12 @@ pub struct EventInfo {
     pub log_id: String,
     pub generation: u64,
     pub at: i64,
-    pub transition: String,
+    pub transition: Transition,
     pub attempt: Option<String>,
     pub fence: u64,
     pub fingerprint: Option<String>,
     pub status: Option<u16>,
-    /// `filter` or `sweeper`; for an operator's change, the operator's
-    /// identity as the trusted authenticating proxy gave it
-    /// (`alice@example.com`), or `cli:NAME` for the name a command-line
-    /// operator declared (`--actor`).
-    pub actor: String,
+    pub actor: Actor,
     pub detail: Option<String>,
     /// Since the generation was claimed.
     pub duration_ms: i64,
@@ -131,19 +130,71 @@ impl EventInfo {
     }
 }
 
-/// Who caused a transition. An operator's changes name the operator
-/// ([`Resolution::by`](crate::backend::Resolution::by));
-/// [`OPERATOR`](actor::OPERATOR) is only what
+/// Who caused a transition: `filter` or `sweeper`; for an operator's
+/// change, the operator ([`Resolution::by`](crate::backend::Resolution::by)).
+/// [`Actor::Operator`] is only what
 /// [`Backend::purge`](crate::backend::Backend::purge) writes, which the
 /// store's own surfaces never call.
-pub mod actor {
-    pub const FILTER: &str = "filter";
-    pub const SWEEPER: &str = "sweeper";
-    pub const OPERATOR: &str = "operator";
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Actor {
+    Filter,
+    Sweeper,
+    Operator,
+    /// An operator's identity as the trusted authenticating proxy gave it
+    /// (`alice@example.com`), or `cli:NAME` for the name a command-line
+    /// operator declared (`--actor`).
+    Named(String),
+}
+
+impl Actor {
     /// The names the store writes itself: no operator may take one.
-    pub const RESERVED: &[&str] = &[FILTER, SWEEPER, OPERATOR];
+    pub const RESERVED: [Actor; 3] = [Actor::Filter, Actor::Sweeper, Actor::Operator];
     /// What a command-line operator's declared name is written after.
-    pub const CLI_PREFIX: &str = "cli:";
+    pub const CLI_PREFIX: &'static str = "cli:";
+
+    /// The spelling in the events table, the logs and the admin API.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Actor::Filter => "filter",
+            Actor::Sweeper => "sweeper",
+            Actor::Operator => "operator",
+            Actor::Named(name) => name,
+        }
+    }
+
+    /// An actor as [`Actor::as_str`] spells it: a reserved name is the
+    /// store's own, any other names an operator. `None` for an empty name,
+    /// which no event is written with.
+    pub fn parse(s: &str) -> Option<Actor> {
+        if s.is_empty() {
+            return None;
+        }
+        Some(
+            Actor::RESERVED
+                .into_iter()
+                .find(|a| a.as_str() == s)
+                .unwrap_or_else(|| Actor::Named(s.to_string())),
+        )
+    }
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Actor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Actor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Actor, D::Error> {
+        let s = String::deserialize(d)?;
+        Actor::parse(&s).ok_or_else(|| serde::de::Error::custom("an empty actor"))
+    }
 }
 
 /// The records that want watching, at one moment.
@@ -155,4 +206,32 @@ pub struct OpenRecords {
     pub unknown: u64,
     /// Creation time of the oldest of them.
     pub oldest_unknown: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_actor_reads_back_as_it_was_written() {
+        for a in Actor::RESERVED {
+            assert_eq!(Actor::parse(a.as_str()), Some(a));
+        }
+        let alice = Actor::Named("alice@example.com".into());
+        assert_eq!(Actor::parse("alice@example.com"), Some(alice.clone()));
+        assert_eq!(
+            Actor::parse("cli:bob").map(|a| a.to_string()),
+            Some("cli:bob".into())
+        );
+        assert_eq!(Actor::parse(""), None);
+        assert_eq!(
+            serde_json::to_string(&alice).ok().as_deref(),
+            Some("\"alice@example.com\"")
+        );
+        assert_eq!(
+            serde_json::from_str::<Actor>("\"sweeper\"").ok(),
+            Some(Actor::Sweeper)
+        );
+        assert!(serde_json::from_str::<Actor>("\"\"").is_err());
+    }
 }

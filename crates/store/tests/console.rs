@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use idemgate_core::protocol::{decode_frame, encode_frame, ClaimReply};
+use idemgate_core::record::Transition;
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::Lookup;
 use idemgate_store::console::{paths, ConsoleSettings};
@@ -260,7 +261,7 @@ impl Browser {
         h.records
             .into_iter()
             .find(|r| r.ended_at.is_none())
-            .map(|r| r.state)
+            .map(|r| r.state.to_string())
     }
 }
 
@@ -602,8 +603,12 @@ async fn a_completion_is_stored_and_its_reason_kept() {
         )
         .await
         .unwrap();
-    let resolved = h.events.iter().find(|e| e.transition == "resolved").unwrap();
-    assert_eq!(resolved.actor, ALICE, "the operator the proxy named");
+    let resolved = h
+        .events
+        .iter()
+        .find(|e| e.transition == Transition::Resolved)
+        .unwrap();
+    assert_eq!(resolved.actor.as_str(), ALICE, "the operator the proxy named");
     assert_eq!(resolved.reason.as_deref(), Some("ledger: charge ch_9 succeeded"));
 
     // A bad status or header is refused before anything is written.

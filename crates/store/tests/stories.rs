@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::protocol::{AbandonRequest, Attempt, ClaimReply, FenceReply};
+use idemgate_core::record::{Standing, State, Transition};
 use idemgate_core::scope::Namespace;
 use idemgate_core::scope::Scope;
 use idemgate_store::backend::{
-    Action, Backend, KeyHistory, Listing, Lookup, OpenRecords, Resolution, StoreError, SweepPolicy,
+    Action, Actor, Backend, KeyHistory, Listing, Lookup, OpenRecords, Resolution, StoreError, SweepPolicy,
 };
 use idemgate_store::{Clock, Store};
 
@@ -115,7 +116,7 @@ async fn claim_complete_replay(b: Arc<dyn Backend>) {
         .unwrap()
         .records[0];
     assert_eq!(rec.replay_count, 2);
-    assert_eq!(rec.state, "completed");
+    assert_eq!(rec.state, Standing::In(State::Completed));
     assert_eq!(rec.body_len, Some(8));
     // Completing twice is refused: the record is no longer open.
     assert_eq!(
@@ -453,7 +454,7 @@ async fn release_frees_the_key(b: Arc<dyn Backend>) {
         .unwrap()
         .records
         .iter()
-        .all(|r| r.ended_at.is_some() && r.state == "released"));
+        .all(|r| r.ended_at.is_some() && r.state == Standing::EndedBy(Transition::Released)));
     // Even with another fingerprint: the released request never happened.
     cx.owned(&claim(&s, Some(2))).await;
 }
@@ -562,8 +563,8 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     assert_eq!(cx.sweep_batch(retention, 4).await.marked_unknown, 4);
     for (i, k) in keys.iter().enumerate() {
         let state = cx.newest(&format!("{k}-lease")).await.map(|r| r.state);
-        let expected = if i < 4 { "unknown" } else { "in_progress" };
-        assert_eq!(state.as_deref(), Some(expected), "{k}");
+        let expected = if i < 4 { State::Unknown } else { State::InProgress };
+        assert_eq!(state, Some(Standing::In(expected)), "{k}");
     }
 }
 
@@ -703,8 +704,8 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     let reasons = |h: KeyHistory| -> Vec<(String, Option<String>)> {
         h.events
             .into_iter()
-            .filter(|e| e.transition == "resolved")
-            .inspect(|e| assert_eq!(e.actor, OPERATOR, "{e:?}"))
+            .filter(|e| e.transition == Transition::Resolved)
+            .inspect(|e| assert_eq!(e.actor.as_str(), OPERATOR, "{e:?}"))
             .map(|e| (e.detail.unwrap_or_default(), e.reason))
             .collect()
     };
@@ -730,13 +731,17 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
     // An operator's purge ends whatever is current, named and with its reason.
     let purge = Resolution {
         action: Action::Purge,
-        by: "bob@example.com".into(),
+        by: Actor::Named("bob@example.com".into()),
     };
     let why = Some("customer asked for erasure");
     assert!(cx.backend().resolve(&stuck, &purge, why, cx.now()).await.unwrap());
     assert!(!cx.backend().resolve(&stuck, &purge, why, cx.now()).await.unwrap());
     let history = cx.backend().lookup(&lookup(&stuck), 10).await.unwrap();
-    let purged = history.events.iter().find(|e| e.transition == "purged").unwrap();
+    let purged = history
+        .events
+        .iter()
+        .find(|e| e.transition == Transition::Purged)
+        .unwrap();
     assert_eq!(
         (purged.actor.as_str(), purged.reason.as_deref()),
         ("bob@example.com", why)
@@ -753,7 +758,7 @@ const OPERATOR: &str = "alice@example.com";
 fn by(action: Action) -> Resolution {
     Resolution {
         action,
-        by: OPERATOR.into(),
+        by: Actor::Named(OPERATOR.into()),
     }
 }
 
@@ -1053,7 +1058,7 @@ async fn a_new_generation_keeps_the_old_one_and_its_events(b: Arc<dyn Backend>) 
     cx.store.release(&fence(&s, third)).await.unwrap();
     let h = history(&cx, "k-generations").await;
     assert_eq!(h.records.len(), 3);
-    assert_eq!(h.records[0].state, "released");
+    assert_eq!(h.records[0].state, Standing::EndedBy(Transition::Released));
     assert_eq!(transitions(&h).last(), Some(&"released"));
 }
 
@@ -1303,10 +1308,10 @@ async fn a_batch_of_new_keys_claims_each_once(b: Arc<dyn Backend>) {
 /// The record as the plans see it, rebuilt from what an operator sees.
 fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::columns::LoadedRecord {
     use idemgate_core::fingerprint::Fingerprint;
-    use idemgate_core::record::{RecordView, State};
+    use idemgate_core::record::RecordView;
     idemgate_store::columns::LoadedRecord {
         view: RecordView {
-            state: State::parse(&r.state).unwrap(),
+            state: r.state.state().unwrap(),
             fingerprint: r.fingerprint.clone().map(|h| Fingerprint::try_from(h).unwrap()),
             fence: r.fence,
             lease_until: r.lease_until,
@@ -1345,7 +1350,7 @@ async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol:
             ..
         }, Write::Event { by, .. }] => {
             let (was, now) = (&before.records[0], &after.records[0]);
-            assert_eq!(now.state, "completed", "{key}");
+            assert_eq!(now.state, Standing::In(State::Completed), "{key}");
             assert_eq!(now.fence, *fence, "{key}");
             assert_eq!(now.status, Some(response.status), "{key}");
             assert_eq!(now.headers.as_deref(), Some(response.headers), "{key}");
@@ -1366,7 +1371,7 @@ async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol:
                     event.actor.as_str(),
                     event.detail.as_deref()
                 ),
-                (by.0.as_str(), by.1, by.2),
+                (by.0.as_str(), by.1.as_str(), by.2),
                 "{key}"
             );
             assert_eq!(

@@ -220,18 +220,30 @@ fn transitions_round_trip_and_name_how_a_generation_ended() {
     for t in Transition::ALL {
         assert_eq!(Transition::parse(t.as_str()), Some(t));
     }
-    assert_eq!(ended_as(State::InProgress, Transition::Abandoned), "abandoned");
-    assert_eq!(ended_as(State::Completed, Transition::Reclaimed), "completed");
-    assert_eq!(ended_as(State::Unknown, Transition::Reclaimed), "unknown");
     assert_eq!(
-        ended_as(State::InProgress, Transition::LeaseExpired),
+        ended_as(State::InProgress, Transition::Abandoned).as_str(),
+        "abandoned"
+    );
+    assert_eq!(
+        ended_as(State::Completed, Transition::Reclaimed).as_str(),
+        "completed"
+    );
+    assert_eq!(
+        ended_as(State::Unknown, Transition::Reclaimed).as_str(),
+        "unknown"
+    );
+    assert_eq!(
+        ended_as(State::InProgress, Transition::LeaseExpired).as_str(),
         "lease_expired"
     );
     assert_eq!(
-        ended_as(State::InProgress, Transition::Reclaimed),
+        ended_as(State::InProgress, Transition::Reclaimed).as_str(),
         "lease_expired"
     );
-    assert_eq!(ended_as(State::Unknown, Transition::Resolved), "released");
+    assert_eq!(
+        ended_as(State::Unknown, Transition::Resolved).as_str(),
+        "released"
+    );
 }
 
 #[test]
@@ -266,4 +278,44 @@ fn states_round_trip_through_their_column_spelling() {
         assert_eq!(State::parse(s.as_str()), Some(s));
     }
     assert_eq!(State::parse("released"), None);
+}
+
+#[test]
+fn a_generations_state_column_reads_back_as_it_was_written() {
+    for s in State::ALL {
+        assert_eq!(Standing::parse(s.as_str()), Some(Standing::In(s)));
+    }
+    for ended in Standing::endings() {
+        assert_eq!(Standing::parse(ended.as_str()), Some(ended));
+    }
+    // A transition that never ends a generation is no value of the column.
+    assert_eq!(Standing::parse("claimed"), None);
+    assert_eq!(Standing::parse("resolved"), None);
+    assert_eq!(
+        Standing::parse("released"),
+        Some(Standing::EndedBy(Transition::Released))
+    );
+    assert_eq!(Standing::parse(""), None);
+}
+
+#[test]
+fn the_enums_serialize_as_their_column_spelling() {
+    for s in State::ALL {
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json, format!("\"{}\"", s.as_str()));
+        assert_eq!(serde_json::from_str::<State>(&json).unwrap(), s);
+        assert_eq!(s.to_string(), s.as_str());
+    }
+    for t in Transition::ALL {
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(json, format!("\"{}\"", t.as_str()));
+        assert_eq!(serde_json::from_str::<Transition>(&json).unwrap(), t);
+        assert_eq!(t.to_string(), t.as_str());
+    }
+    for e in Standing::endings() {
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<Standing>(&json).unwrap(), e);
+    }
+    assert!(serde_json::from_str::<State>("\"released\"").is_err());
+    assert!(serde_json::from_str::<Transition>("\"finished\"").is_err());
 }

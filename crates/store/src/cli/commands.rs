@@ -105,7 +105,7 @@ async fn change(
 ) -> Result<(), CliError> {
     let how = Resolution {
         action,
-        by: operator.as_str().to_string(),
+        by: operator.actor(),
     };
     let now = store.clock.now();
     let changed = store.backend.resolve(scope, &how, Some(reason), now).await?;

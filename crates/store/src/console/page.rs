@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::rfc3339_utc;
-use idemgate_core::record::{self, State};
+use idemgate_core::record;
 use idemgate_core::scope::{Namespace, Scope};
 
 use crate::backend::{EventInfo, KeyHistory, RecordInfo};
@@ -284,7 +284,7 @@ fn generations_table(records: &[&RecordInfo]) -> String {
         };
         rows.push_str(&format!(
             r#"<tr class="state-{class}"><td>{generation}</td><td>{state}</td><td>{fence}</td><td>{created}</td><td>{completed}</td><td>{expires}</td><td>{ended}</td><td>{response}</td><td>{replays}</td><td><code>{attempt}</code></td></tr>"#,
-            class = esc(&r.state),
+            class = esc(r.state.as_str()),
             generation = r.generation,
             state = esc(&state),
             fence = r.fence,
@@ -308,8 +308,8 @@ fn events_table(events: &[&EventInfo]) -> String {
             r#"<tr class="event-{transition}"><td>{at}</td><td>{generation}</td><td><strong>{transition}</strong></td><td>{actor}</td><td>{detail}</td><td>{status}</td><td>{fence}</td><td>{since}</td><td class="reason">{reason}</td></tr>"#,
             at = time(e.at),
             generation = e.generation,
-            transition = esc(&e.transition),
-            actor = esc(&e.actor),
+            transition = esc(e.transition.as_str()),
+            actor = esc(e.actor.as_str()),
             detail = esc(e.detail.as_deref().unwrap_or("")),
             status = e.status.map(|s| s.to_string()).unwrap_or_default(),
             fence = e.fence,
@@ -381,7 +381,9 @@ pub fn history(h: &KeyHistory, csrf: &str, banner: Option<String>) -> String {
         // The resolve forms only where a resolution would be taken: the
         // record rule the store's resolve asks, not a list of state names.
         let open = current.is_some_and(|r| {
-            State::parse(&r.state).is_some_and(|s| record::is_open(s, r.archived_at.is_some()))
+            r.state
+                .state()
+                .is_some_and(|s| record::is_open(s, r.archived_at.is_some()))
         });
         let state = current
             .map(|r| r.state.as_str())

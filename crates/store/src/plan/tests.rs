@@ -89,7 +89,7 @@ fn a_completion_under_the_current_fence_stores_the_response_of_an_open_record() 
                     expires_at: NOW + 10_000,
                     durable: false,
                 },
-                event((Transition::Completed, actor::FILTER, None)),
+                event((Transition::Completed, &Actor::Filter, None)),
             ]
         );
     }
@@ -133,7 +133,7 @@ fn a_late_completion_of_an_archived_unknown_record_is_recorded_without_its_body(
 #[test]
 fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
     for state in [State::InProgress, State::Unknown] {
-        let by = (Transition::Released, actor::FILTER, None);
+        let by = (Transition::Released, &Actor::Filter, None);
         assert_eq!(
             release(Some(&loaded(state)), 7),
             Plan::of(FenceReply::Done, vec![end(state, by)])
@@ -148,7 +148,7 @@ fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
                     read_with: (7, State::InProgress),
                     expires_at: NOW + 10_000,
                 },
-                event((Transition::MarkedUnknown, actor::FILTER, None)),
+                event((Transition::MarkedUnknown, &Actor::Filter, None)),
             ]
         )
     );
@@ -161,7 +161,7 @@ fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
 #[test]
 fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
     let s = scope();
-    let by = (Transition::Abandoned, actor::FILTER, None);
+    let by = (Transition::Abandoned, &Actor::Filter, None);
     let open = loaded(State::InProgress);
     assert_eq!(
         abandon(Some(&open), &s, "a"),
@@ -187,9 +187,10 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
 
 #[test]
 fn an_operator_resolves_only_an_open_record() {
+    let alice = Actor::Named("alice@example.com".into());
     let by = |action| Resolution {
         action,
-        by: "alice@example.com".into(),
+        by: alice.clone(),
     };
     let release_it = by(Action::Release);
     let complete_it = by(Action::Complete {
@@ -210,7 +211,7 @@ fn an_operator_resolves_only_an_open_record() {
             true,
             vec![Write::EndGeneration {
                 last: State::Unknown,
-                by: (Transition::Resolved, "alice@example.com", Some("release")),
+                by: (Transition::Resolved, &alice, Some("release")),
                 note: Some("why"),
             }]
         )
@@ -232,7 +233,7 @@ fn an_operator_resolves_only_an_open_record() {
                 durable: false,
             },
             Write::Event {
-                by: (Transition::Resolved, "alice@example.com", Some("complete")),
+                by: (Transition::Resolved, &alice, Some("complete")),
                 note: Some("why"),
             },
         ]
@@ -242,14 +243,14 @@ fn an_operator_resolves_only_an_open_record() {
 #[test]
 fn a_purge_ends_whatever_is_there() {
     assert_eq!(purge(None), Plan::only(false));
-    let by = (Transition::Purged, actor::OPERATOR, None);
+    let by = (Transition::Purged, &Actor::Operator, None);
     for l in [loaded(State::Completed), archived(State::Unknown)] {
         assert_eq!(purge(Some(&l)), Plan::of(true, vec![end(l.view.state, by)]));
     }
     // An operator's purge names the operator and keeps the reason.
     let how = Resolution {
         action: Action::Purge,
-        by: "bob@example.com".into(),
+        by: Actor::Named("bob@example.com".into()),
     };
     assert_eq!(resolve(None, &how, Some("gdpr"), NOW), Plan::only(false));
     for l in [loaded(State::Completed), archived(State::Unknown)] {
@@ -259,7 +260,7 @@ fn a_purge_ends_whatever_is_there() {
                 true,
                 vec![Write::EndGeneration {
                     last: l.view.state,
-                    by: (Transition::Purged, "bob@example.com", None),
+                    by: (Transition::Purged, &how.by, None),
                     note: Some("gdpr"),
                 }]
             )
@@ -280,16 +281,16 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
                     read_with: (7, State::InProgress),
                     expires_at: NOW + 10_000,
                 },
-                event((Transition::LeaseExpired, actor::SWEEPER, Some("unknown"))),
+                event((Transition::LeaseExpired, &Actor::Sweeper, Some("unknown"))),
             ]
         )
     );
-    let by = (Transition::LeaseExpired, actor::SWEEPER, Some("released"));
+    let by = (Transition::LeaseExpired, &Actor::Sweeper, Some("released"));
     assert_eq!(
         swept(&releasing(State::InProgress), Due::LeaseRanOut),
         Plan::of(Some(Swept::Released), vec![end(State::InProgress, by)])
     );
-    let by = (Transition::Abandoned, actor::SWEEPER, None);
+    let by = (Transition::Abandoned, &Actor::Sweeper, None);
     assert_eq!(
         swept(&open, Due::LandedAbandoned),
         Plan::of(Some(Swept::Abandoned), vec![end(State::InProgress, by)])
@@ -300,7 +301,7 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
             Some(Swept::Archived),
             vec![
                 Write::Archive,
-                event((Transition::Archived, actor::SWEEPER, None))
+                event((Transition::Archived, &Actor::Sweeper, None))
             ]
         )
     );

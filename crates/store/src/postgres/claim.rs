@@ -12,7 +12,7 @@ use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::Postgres;
-use crate::backend::{actor, ClaimOutcome, EventInfo, Result, StoreError};
+use crate::backend::{Actor, ClaimOutcome, EventInfo, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
 /// What a claim's [`CLAIM`] row says.
@@ -167,12 +167,12 @@ impl Postgres {
             scope: req.scope.clone(),
             generation: fence,
             at: now,
-            transition: Transition::Claimed.as_str().into(),
+            transition: Transition::Claimed,
             attempt: claimed.attempt.map(String::from),
             fence,
             fingerprint: claimed.fingerprint.clone(),
             status: None,
-            actor: actor::FILTER.into(),
+            actor: Actor::Filter,
             detail: None,
             duration_ms: 0,
             reason: None,
@@ -280,13 +280,13 @@ impl Postgres {
                 params.extend(claimed.params(&[&old_fence, &old_state]));
                 let row = tx.one(&stmt, &params).await?;
                 let fence = row.unsigned("fence")?;
-                events.extend(event(&tx, &key, (Transition::Reclaimed, actor::FILTER, None), now).await?);
+                events.extend(event(&tx, &key, (Transition::Reclaimed, &Actor::Filter, None), now).await?);
                 ClaimOutcome::answer(ClaimReply::Owned { fence })
             }
             ClaimDecision::BecomeUnknown => {
                 let expires_at = record::unknown_expiry(now, loaded.ttl_ms);
                 set_unknown(&tx, &key, (view.fence, view.state), expires_at).await?;
-                let by = (Transition::LeaseExpired, actor::FILTER, Some("unknown"));
+                let by = (Transition::LeaseExpired, &Actor::Filter, Some("unknown"));
                 events.extend(event(&tx, &key, by, now).await?);
                 ClaimOutcome {
                     reply: ClaimReply::Unknown,

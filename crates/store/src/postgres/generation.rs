@@ -5,15 +5,15 @@
 
 use std::sync::LazyLock;
 
-use idemgate_core::record::{self, State, Transition};
+use idemgate_core::record::{self, Standing, State, Transition};
 
 use super::pool::{On, Tx};
 use super::rows::{Bind, Param, TO_HISTORY};
-use crate::backend::{EventInfo, Result};
+use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 
 /// A transition, who caused it, and an optional detail.
-pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
+pub(super) type By<'a> = (Transition, &'a Actor, Option<&'a str>);
 
 /// Runs a statement about the record of `key`, its own parameters from `$2`.
 pub(super) async fn execute(tx: &Tx<'_>, sql: &str, key: &ScopeDigest, extra: &[Param<'_>]) -> Result<u64> {
@@ -43,7 +43,7 @@ pub(super) async fn noted_event(
         event_columns!()
     );
     let (transition, actor, detail) = by;
-    let name = transition.as_str();
+    let (name, actor) = (transition.as_str(), actor.as_str());
     let rows = tx
         .query(SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))
         .await?;
@@ -51,8 +51,10 @@ pub(super) async fn noted_event(
 }
 
 /// Moves the current generation to the history as `ended`.
-pub(super) async fn to_history(tx: &Tx<'_>, key: &ScopeDigest, ended: &str, now: i64) -> Result<()> {
-    execute(tx, &TO_HISTORY, key, &[&ended, &now]).await.map(drop)
+pub(super) async fn to_history(tx: &Tx<'_>, key: &ScopeDigest, ended: Standing, now: i64) -> Result<()> {
+    execute(tx, &TO_HISTORY, key, &[&ended.as_str(), &now])
+        .await
+        .map(drop)
 }
 
 /// Ends the current generation (state `last`): its event (with an
@@ -107,13 +109,15 @@ pub(super) async fn set_unknown(
     read_with: (u64, State),
     expires_at: i64,
 ) -> Result<()> {
-    let sql = concat!(
-        "UPDATE idempotency_records SET state = 'unknown', expires_at = $3 WHERE ",
-        key_where!(),
-        " AND fence = $2 AND state = $4"
-    );
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idempotency_records SET state = {}, expires_at = $3 WHERE {} AND fence = $2 AND state = $4",
+            crate::conditions::state(State::Unknown),
+            key_where!()
+        )
+    });
     let (fence, state) = (i64_from(read_with.0), read_with.1.as_str());
-    execute(tx, sql, key, &[&fence, &expires_at, &state])
+    execute(tx, &SQL, key, &[&fence, &expires_at, &state])
         .await
         .map(drop)
 }

@@ -6,6 +6,7 @@
 use std::sync::LazyLock;
 
 use idemgate_core::protocol::{AbandonRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::record::{State, Transition};
 use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 
@@ -13,7 +14,7 @@ use super::generation::{end_generation, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client, On, Stmt, Tx};
 use super::rows::{bind_with_columns, Bind, Param};
 use super::Postgres;
-use crate::backend::{EventInfo, Resolution, Result};
+use crate::backend::{Actor, EventInfo, Resolution, Result};
 use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
 use crate::plan::{self, Fence, Plan, Write};
@@ -37,7 +38,7 @@ use crate::sealing::Seal;
 /// execution, so that completion waits for the flush like every other write.
 pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     conditions::expand(&format!(
-        "WITH done AS (UPDATE idempotency_records SET state = 'completed', response_status = $3, \
+        "WITH done AS (UPDATE idempotency_records SET state = {completed}, response_status = $3, \
            response_headers = $4, response_body = CASE WHEN archived_at IS NULL THEN $5::bytea END, \
            body_stored = $6 AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
            lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 \
@@ -47,8 +48,11 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
            set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
              AS commit_mode) \
          INSERT INTO idempotency_events ({events}) SELECT scope_version, tenant, principal, route, namespace, idem_key, \
-           generation, $7, 'completed', attempt, fence, fingerprint, response_status, 'filter', NULL, $7 - created_at, NULL \
+           generation, $7, {completion}, attempt, fence, fingerprint, response_status, {filter}, NULL, $7 - created_at, NULL \
            FROM done WHERE commit_mode IS NOT NULL RETURNING {events}",
+        completed = conditions::state(State::Completed),
+        completion = conditions::transition(Transition::Completed),
+        filter = conditions::actor(&Actor::Filter),
         expiry = conditions::completion_expiry("$7"),
         key = key_where!(),
         events = crate::columns::EVENT_COLUMNS,
@@ -94,12 +98,15 @@ pub(super) async fn carry_out<R>(
                 };
                 // Sealed under the fence the record holds from now on.
                 let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
-                let sql = concat!(
-                    "UPDATE idempotency_records SET state = 'completed', fence = $2, response_status = $3, \
-                     response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, \
-                     expires_at = $8, lease_until = $7, response_key = $9 WHERE ",
-                    key_where!()
-                );
+                static SQL: LazyLock<String> = LazyLock::new(|| {
+                    format!(
+                        "UPDATE idempotency_records SET state = {}, fence = $2, response_status = $3, \
+                         response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, \
+                         expires_at = $8, lease_until = $7, response_key = $9 WHERE {}",
+                        conditions::state(State::Completed),
+                        key_where!()
+                    )
+                });
                 let (fence, status, body) = (
                     i64_from(fence),
                     i32::from(response.status),
@@ -115,7 +122,7 @@ pub(super) async fn carry_out<R>(
                     &expires_at,
                     &sealed.key_id,
                 ];
-                execute(tx, sql, key, &params).await?;
+                execute(tx, &SQL, key, &params).await?;
             }
             Write::Archive => {
                 let sql = concat!(

@@ -4,10 +4,11 @@
 use std::sync::LazyLock;
 
 use bytes::BytesMut;
+use idemgate_core::record::{State, Transition};
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::backend::{Result, StoreError};
+use crate::backend::{Actor, Result, StoreError};
 use crate::columns::{record_list, ColumnReader, KeyColumns, ScopeDigest, RECORD_COLUMNS};
 
 /// A statement parameter.
@@ -132,8 +133,8 @@ fn fresh_value(column: &str, fence: &str, first: usize) -> Option<String> {
         "release_on_unknown" => param(3),
         "created_at" => param(4),
         "attempt" => param(5),
+        "state" => crate::conditions::state(State::InProgress),
         fixed => match fixed {
-            "state" => "'in_progress'",
             "body_stored" => "false",
             "replay_count" => "0",
             "response_status" | "response_headers" | "response_body" | "response_key" | "completed_at"
@@ -158,7 +159,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
            INSERT INTO idempotency_records (scope_digest, {columns}) SELECT $1, {values} FROM f \
            ON CONFLICT DO NOTHING RETURNING fence), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT $2, $3, $4, $5, $6, $7, fence, $12, 'claimed', $13, fence, $8, NULL, 'filter', NULL, 0, NULL FROM ins) \
+           SELECT $2, $3, $4, $5, $6, $7, fence, $12, {claimed}, $13, fence, $8, NULL, {filter}, NULL, 0, NULL FROM ins) \
          SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, \
            NULL::bigint AS ttl_ms, NULL::integer AS response_status, NULL::text AS response_headers, \
            NULL::text AS response_key, NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \
@@ -171,6 +172,8 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
         columns = record_list(|_| None),
         events = crate::columns::EVENT_COLUMNS,
         key = key_where!(),
+        claimed = crate::conditions::transition(Transition::Claimed),
+        filter = crate::conditions::actor(&Actor::Filter),
     ))
 });
 
@@ -204,11 +207,13 @@ pub(super) static CLAIM_NEW: LazyLock<String> = LazyLock::new(|| {
            RETURNING scope_digest, scope_version, tenant, principal, route, namespace, idem_key, fence, attempt, \
              fingerprint), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT scope_version, tenant, principal, route, namespace, idem_key, fence, $12::bigint, 'claimed', \
-             attempt, fence, fingerprint, NULL, 'filter', NULL, 0, NULL FROM ins ORDER BY fence) \
+           SELECT scope_version, tenant, principal, route, namespace, idem_key, fence, $12::bigint, {claimed}, \
+             attempt, fence, fingerprint, NULL, {filter}, NULL, 0, NULL FROM ins ORDER BY fence) \
          SELECT scope_digest, fence FROM ins",
         columns = record_list(|_| None),
         events = crate::columns::EVENT_COLUMNS,
+        claimed = crate::conditions::transition(Transition::Claimed),
+        filter = crate::conditions::actor(&Actor::Filter),
     )
 });
 

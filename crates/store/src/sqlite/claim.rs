@@ -14,7 +14,7 @@ use super::engine::{Durability, Engine, Job, Pending, Writer};
 use super::generation::{apply_replays, event, insert_generation, set_unknown, to_history, Journal};
 use super::rows::load_with;
 use super::Logged;
-use crate::backend::{actor, Answer, ClaimOutcome, Result, StoreError};
+use crate::backend::{Actor, Answer, ClaimOutcome, Result, StoreError};
 use crate::columns::ScopeDigest;
 use crate::replays::ReplayTally;
 use crate::sealing::Seal;
@@ -170,7 +170,7 @@ fn claim_absent(
     if !insert_generation(w, req, key, fence, now, false)? {
         return Ok(None);
     }
-    event(w, key, (Transition::Claimed, actor::FILTER, None), now, journal)?;
+    event(w, key, (Transition::Claimed, &Actor::Filter, None), now, journal)?;
     Ok(Some(fence))
 }
 
@@ -204,7 +204,7 @@ fn claim_on_writer(
             };
             let fence = w.next_fence()?;
             insert_generation(w, req, key, fence, now, true)?;
-            event(w, key, (transition, actor::FILTER, None), now, journal)?;
+            event(w, key, (transition, &Actor::Filter, None), now, journal)?;
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
         ClaimDecision::Replay { status, completed_at } => {
@@ -221,7 +221,7 @@ fn claim_on_writer(
         ClaimDecision::BecomeUnknown => {
             let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
             set_unknown(w, key, record::unknown_expiry(now, ttl_ms))?;
-            let by = (Transition::LeaseExpired, actor::FILTER, Some("unknown"));
+            let by = (Transition::LeaseExpired, &Actor::Filter, Some("unknown"));
             event(w, key, by, now, journal)?;
             Ok(ClaimOutcome {
                 reply: ClaimReply::Unknown,

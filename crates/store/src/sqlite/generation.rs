@@ -7,12 +7,12 @@ use std::sync::LazyLock;
 
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::ClaimRequest;
-use idemgate_core::record::{self, State, Transition};
+use idemgate_core::record::{self, Standing, State, Transition};
 use rusqlite::Connection;
 
 use super::engine::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
-use crate::backend::{EventInfo, Result};
+use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{i64_from, KeyColumns, ScopeDigest};
 use crate::conditions;
 use crate::replays::ReplayTally;
@@ -21,7 +21,7 @@ use crate::replays::ReplayTally;
 pub(super) type Journal = Vec<EventInfo>;
 
 /// A transition, who caused it, and an optional detail.
-pub(super) type By<'a> = (Transition, &'a str, Option<&'a str>);
+pub(super) type By<'a> = (Transition, &'a Actor, Option<&'a str>);
 
 /// Records a transition of the current record of `key` (which must exist).
 pub(super) fn event(
@@ -53,7 +53,7 @@ pub(super) fn noted_event(
         event_columns!()
     );
     let (transition, actor, detail) = by;
-    let name = transition.as_str();
+    let (name, actor) = (transition.as_str(), actor.as_str());
     journal.extend(query_events(
         conn,
         SQL,
@@ -63,10 +63,10 @@ pub(super) fn noted_event(
 }
 
 /// Moves the current generation of `key` to the history as `ended`.
-pub(super) fn to_history(conn: &Connection, key: &ScopeDigest, ended: &str, now: i64) -> Result<()> {
+pub(super) fn to_history(conn: &Connection, key: &ScopeDigest, ended: Standing, now: i64) -> Result<()> {
     conn.prepare_cached(&TO_HISTORY)
         .map_err(unavailable)?
-        .execute(key.bind(&[&ended, &now]).as_slice())
+        .execute(key.bind(&[&ended.as_str(), &now]).as_slice())
         .map_err(unavailable)?;
     Ok(())
 }
@@ -154,11 +154,14 @@ pub(super) fn insert_generation(
 /// No guard: the writer is the only one that changes records, so the record
 /// is as its job read it.
 pub(super) fn set_unknown(conn: &Connection, key: &ScopeDigest, expires_at: i64) -> Result<()> {
-    let sql = concat!(
-        "UPDATE idempotency_records SET state = 'unknown', expires_at = ?2 WHERE ",
-        key_where!()
-    );
-    execute(conn, sql, key, &[&expires_at])
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idempotency_records SET state = {}, expires_at = ?2 WHERE {}",
+            conditions::state(State::Unknown),
+            key_where!()
+        )
+    });
+    execute(conn, &SQL, key, &[&expires_at])
 }
 
 /// Adds the pending replay counts; only ever called on the writer. The fence

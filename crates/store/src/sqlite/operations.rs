@@ -9,6 +9,9 @@
 //! second execution, so such a completion asks for a durable commit (the
 //! plan's `durable`).
 
+use std::sync::LazyLock;
+
+use idemgate_core::record::State;
 use idemgate_core::scope::Scope;
 
 use super::engine::Writer;
@@ -16,6 +19,7 @@ use super::generation::{end_generation, execute, noted_event, set_unknown, Journ
 use super::rows::load;
 use crate::backend::Result;
 use crate::columns::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
+use crate::conditions;
 use crate::plan::{Fence, Plan, Write};
 use crate::sealing::Seal;
 
@@ -50,12 +54,15 @@ pub(super) fn carry_out<R>(
                     Fence::Held(f) => f,
                     Fence::New => w.next_fence()?,
                 };
-                let sql = concat!(
-                    "UPDATE idempotency_records SET state = 'completed', fence = ?2, response_status = ?3, \
-                     response_headers = ?4, response_body = ?5, body_stored = ?6, completed_at = ?7, \
-                     expires_at = ?8, lease_until = ?7, response_key = ?9 WHERE ",
-                    key_where!()
-                );
+                static SQL: LazyLock<String> = LazyLock::new(|| {
+                    format!(
+                        "UPDATE idempotency_records SET state = {}, fence = ?2, response_status = ?3, \
+                         response_headers = ?4, response_body = ?5, body_stored = ?6, completed_at = ?7, \
+                         expires_at = ?8, lease_until = ?7, response_key = ?9 WHERE {}",
+                        conditions::state(State::Completed),
+                        key_where!()
+                    )
+                });
                 // Sealed under the fence the record holds from now on.
                 let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
                 let params: [&dyn rusqlite::ToSql; 8] = [
@@ -68,7 +75,7 @@ pub(super) fn carry_out<R>(
                     &expires_at,
                     &sealed.key_id,
                 ];
-                execute(w, sql, key, &params)?;
+                execute(w, &SQL, key, &params)?;
             }
             Write::Archive => {
                 let sql = concat!(

@@ -3,6 +3,7 @@
 
 use std::sync::LazyLock;
 
+use idemgate_core::record::State;
 use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
 
@@ -105,28 +106,30 @@ pub(super) static TO_HISTORY: LazyLock<String> = LazyLock::new(|| {
 /// A fresh generation's row: `?1` its key, `?2..?7` its scope's columns,
 /// `?8..?14` the claim (see [`super::generation::insert_generation`]); the
 /// value of every column of a new generation is written here and only here.
-fn fresh_value(column: &str) -> Option<&'static str> {
-    Some(match column {
-        "state" => "'in_progress'",
-        "fingerprint" => "?8",
-        "fence" | "generation" => "?9",
-        "lease_until" => "?10",
-        "ttl_ms" => "?11",
-        "release_on_unknown" => "?12",
-        "created_at" => "?13",
-        "attempt" => "?14",
-        "body_stored" | "replay_count" => "0",
-        "response_status" | "response_headers" | "response_body" | "response_key" | "completed_at"
-        | "expires_at" | "archived_at" => "NULL",
-        _ => return None,
-    })
+fn fresh_value(column: &str) -> Option<String> {
+    Some(
+        match column {
+            "state" => return Some(crate::conditions::state(State::InProgress)),
+            "fingerprint" => "?8",
+            "fence" | "generation" => "?9",
+            "lease_until" => "?10",
+            "ttl_ms" => "?11",
+            "release_on_unknown" => "?12",
+            "created_at" => "?13",
+            "attempt" => "?14",
+            "body_stored" | "replay_count" => "0",
+            "response_status" | "response_headers" | "response_body" | "response_key" | "completed_at"
+            | "expires_at" | "archived_at" => "NULL",
+            _ => return None,
+        }
+        .to_string(),
+    )
 }
 
 fn insert_generation_sql(on_conflict: &str) -> String {
     let values = record_list(|c| {
         let key = crate::columns::RECORD_COLUMNS[..6].iter().position(|k| *k == c);
-        key.map(|i| format!("?{}", i + 2))
-            .or_else(|| fresh_value(c).map(String::from))
+        key.map(|i| format!("?{}", i + 2)).or_else(|| fresh_value(c))
     });
     format!(
         "INSERT INTO idempotency_records (scope_digest, {}) VALUES (?1, {values}) ON CONFLICT (scope_digest) \
