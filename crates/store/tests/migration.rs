@@ -3,12 +3,13 @@
 //! wrote them, is migrated by the current store, which then finds every
 //! record by its scope's digest, replays, completes, sweeps, and shows the
 //! earlier generations and events to operators. Written once, run on both
-//! backends.
+//! backends. A row whose state, transition or actor no store writes is
+//! refused as corrupt.
 
 use std::sync::Arc;
 
 use idemgate_core::protocol::{Attempt, ClaimReply, FenceReply};
-use idemgate_store::backend::{Backend, Lookup, SweepPolicy};
+use idemgate_store::backend::{Backend, Lookup, StoreError, SweepPolicy};
 use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::{Clock, Store};
 
@@ -222,4 +223,65 @@ async fn a_database_a_newer_store_migrated_is_refused_on_postgres() {
     let cluster = shared_cluster();
     let url = cluster.fresh_database().await;
     a_newer_schema_is_refused(&url, "INSERT INTO idempotency_schema_migrations VALUES (999, 0)").await;
+}
+
+/// A row whose state, transition or actor is none the store writes is
+/// corrupt: the lookup says so instead of showing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_a_state_transition_or_actor_the_store_never_writes_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let b = migrated(&format!("sqlite://{}", path.display())).await;
+    let store = Store::new(b.clone(), Clock::manual(T0));
+    let s = scope("k-ended");
+    let ClaimReply::Owned { fence: f } = store.claim(&claim(&s, None)).await.unwrap().reply else {
+        panic!("not owned");
+    };
+    assert_eq!(store.release(&fence(&s, f)).await.unwrap(), FenceReply::Done);
+    assert!(matches!(
+        store.claim(&claim(&s, None)).await.unwrap().reply,
+        ClaimReply::Owned { .. }
+    ));
+    let lookup = Lookup {
+        tenant: s.tenant().into(),
+        key: s.key().as_str().into(),
+        ..Default::default()
+    };
+    let h = b.lookup(&lookup, 10).await.unwrap();
+    let gens: Vec<(&str, bool)> = (h.records.iter())
+        .map(|r| (r.state.as_str(), r.ended_at.is_some()))
+        .collect();
+    assert_eq!(gens, [("in_progress", false), ("released", true)]);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    // A damaged file is not held to the current records' state CHECK.
+    conn.execute_batch("PRAGMA ignore_check_constraints = ON")
+        .unwrap();
+    for (spoil, mend) in [
+        (
+            "UPDATE idempotency_events SET transition = 'finished' WHERE transition = 'released'",
+            "UPDATE idempotency_events SET transition = 'released' WHERE transition = 'finished'",
+        ),
+        (
+            "UPDATE idempotency_events SET actor = '' WHERE transition = 'released'",
+            "UPDATE idempotency_events SET actor = 'filter' WHERE actor = ''",
+        ),
+        // A state, but no ended generation's.
+        (
+            "UPDATE idempotency_history SET state = 'in_progress'",
+            "UPDATE idempotency_history SET state = 'released'",
+        ),
+        // How a generation ends, but no current record's state.
+        (
+            "UPDATE idempotency_records SET state = 'released'",
+            "UPDATE idempotency_records SET state = 'in_progress'",
+        ),
+    ] {
+        conn.execute_batch(spoil).unwrap();
+        match b.lookup(&lookup, 10).await {
+            Err(StoreError::Corrupt(_)) => {}
+            other => panic!("{spoil}: {other:?}"),
+        }
+        conn.execute_batch(mend).unwrap();
+        assert_eq!(b.lookup(&lookup, 10).await.unwrap(), h, "{mend}");
+    }
 }
