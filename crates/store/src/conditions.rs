@@ -8,7 +8,9 @@
 //! once, by asking the rules which states they accept, and both backends
 //! write them through [`expand`]: neither spells a state list of its own, so
 //! they cannot disagree with the rules or with each other. The story suite
-//! covers each condition on both backends.
+//! covers each condition on both backends. The states, transitions and
+//! actors statements write as literals are spelled here too ([`state`],
+//! [`transition`], [`actor`]), by the enums, so none spells its own.
 //!
 //! Expiry times are always computed in Rust ([`record::completion_expiry`],
 //! [`record::unknown_expiry`]) from the ttl stored at claim time, except in
