@@ -70,7 +70,7 @@ test: setup lint wasm
 	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
 	ENVOY_BIN=$(CURDIR)/.tools/envoy-1.36/bin/envoy \
-	    cargo test -p e2e --test detached --test lost_claims
+	    cargo test -p e2e --test main -- detached:: lost_claims::
 	ENVOY_BIN=$(CURDIR)/.tools/envoy-1.36/bin/envoy scripts/demo-smoke.sh
 	scripts/demo-smoke.sh
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh 25
@@ -81,18 +81,18 @@ fuzz: setup
 chaos: setup wasm
 	@scripts/setup.sh chaos
 	cargo build -p idemgate-store
-	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test chaos -- --nocapture
+	$(E2E_ENV) CHAOS_SECONDS=$(CHAOS_SECONDS) cargo test -p e2e --test main -- chaos:: --nocapture
 	@# Patroni (with etcd) fails over on its own under the chaos traffic.
-	$(E2E_ENV) cargo test -p e2e --test patroni -- --ignored --nocapture
+	$(E2E_ENV) cargo test -p e2e --test main -- patroni:: --ignored --nocapture
 	@# The stores behind PgBouncer in transaction mode, PgBouncer restarted mid-run.
-	$(E2E_ENV) cargo test -p e2e --test pgbouncer -- --ignored --nocapture
+	$(E2E_ENV) cargo test -p e2e --test main -- pgbouncer:: --ignored --nocapture
 
 # The soaks run the store's release build, as deployed.
 soak: setup wasm
 	cargo build --release -p idemgate-store
 	$(E2E_ENV) IDEMGATE_STORE_BIN=$(CURDIR)/target/release/idempotency-store SOAK_SECONDS=$(SOAK_SECONDS) \
 	    GROWTH_SECONDS=$(GROWTH_SECONDS) IDEMGATE_PYTHON=$(VENV)/bin/python \
-	    cargo test -p e2e --test chaos --test growth -- --ignored soak --nocapture --test-threads 1
+	    cargo test -p e2e --test main -- --ignored chaos::soak growth::soak --nocapture --test-threads 1
 
 demo: wasm
 	@if [ -x scripts/demo.sh ]; then \

@@ -20,9 +20,6 @@ use e2e::report::{write, Row};
 use e2e::stack::{Database, Options, Stack};
 use e2e::Proc;
 
-/// One run at a time: they share two cores, and their timing matters.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const WORKERS: u64 = 12;
 
 fn seconds(var: &str, default: u64) -> u64 {
@@ -44,7 +41,7 @@ async fn join(workers: Vec<tokio::task::JoinHandle<()>>) {
 }
 
 async fn chaos_run(run: &str, database: Database, replicas: usize) {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let secs = seconds("CHAOS_SECONDS", 20);
     let mut stack = Stack::start(Options::new("envoy/chaos.yaml", database, replicas)).await;
     let traffic = Traffic::new(stack.url(""));
@@ -129,7 +126,7 @@ async fn chaos_with_two_store_replicas_on_postgresql_executes_every_key_at_most_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "ten minutes; run by make soak"]
 async fn soak_holds_memory_flat_with_zero_errors() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let secs = seconds("SOAK_SECONDS", 600);
     let warmup = Duration::from_secs((secs / 10).max(5));
     let stack = Stack::start(Options::new("envoy/chaos.yaml", Database::Sqlite, 1)).await;
@@ -263,7 +260,7 @@ fn oracle_row(name: &str, sabotage: &str, report: &e2e::chaos::Audit, caught: St
 /// report the double executions that follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
     options.edit = Some(Box::new(|yaml: String| {
         let safe = "retry_policy: {num_retries: 0}";
@@ -293,7 +290,7 @@ async fn the_audit_reports_double_executions_when_envoy_retries_a_covered_route(
 /// deduplication: the audit must see them run twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_audit_reports_double_executions_when_the_filter_fails_open() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
     options.edit = Some(Box::new(|yaml: String| {
         let lease = "\"lease_seconds\":";
@@ -341,7 +338,7 @@ async fn the_audit_reports_double_executions_when_the_filter_fails_open() {
 /// executions, and the audit must notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_audit_reports_replays_stripped_of_their_mark() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let mut options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
     options.edit = Some(Box::new(|yaml: String| {
         let chain = "http_filters:\n          - name: idemgate";
@@ -388,7 +385,7 @@ async fn the_audit_reports_replays_stripped_of_their_mark() {
 /// must see the double executions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_audit_reports_double_executions_when_the_store_loses_completions() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let options = Options::new("envoy/chaos.yaml", Database::Sqlite, 1);
     let report = sabotaged("completions lost", options, |stack, deadline| async move {
         let path = stack.database_url.trim_start_matches("sqlite://").to_string();

@@ -16,7 +16,7 @@ fn the_published_schema_is_the_generated_one() {
     let published = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         published == generated,
-        "{} is not the schema the configuration types generate: run IDEMGATE_WRITE_SCHEMA=1 cargo test -p e2e --test config_schema",
+        "{} is not the schema the configuration types generate: run IDEMGATE_WRITE_SCHEMA=1 cargo test -p e2e --test main -- config_schema::",
         path.display()
     );
 }

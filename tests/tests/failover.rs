@@ -29,9 +29,6 @@ use e2e::ADMIN_TOKEN;
 use idemgate_store::log_ids::LogIds;
 use idemgate_testkit::pg::PgCluster;
 
-/// One run at a time: they share two cores, and their timing matters.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const WORKERS: u64 = 12;
 const TRAFFIC: Duration = Duration::from_secs(12);
 /// When the standby starts falling behind, after the traffic started.
@@ -80,7 +77,7 @@ impl Window {
 }
 
 async fn failover_run(run: &str, synchronous: bool) {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = crate::ONE_AT_A_TIME.lock().await;
     let primary = if synchronous {
         PgCluster::start_with(&[("synchronous_standby_names", "standby")])
     } else {

@@ -22,7 +22,8 @@ async fn a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is
         "Envoy and the store on a 32 MiB tmpfs, payments before, during and after",
         "the disk filled mid-traffic; 503 store-unavailable with Retry-After, nothing executes twice, service resumes without restarts",
     );
-    let test = "a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is_freed";
+    let test =
+        "storage_faults::a_full_disk_under_the_store_gets_503s_and_service_resumes_once_space_is_freed";
     let disk = match SmallDisk::mount("32m", test) {
         Tmpfs::Here(disk) => disk,
         // It passed there (had it failed, so would this run): `passed`.
