@@ -8,6 +8,7 @@ use std::time::Duration;
 use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::{StoreAnswer, StoreCall, UpstreamCall};
 use idemgate_core::protocol::{FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER};
+use idemgate_core::trace::{Trace, TRACE_HEADER};
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
@@ -257,7 +258,8 @@ fn set_request_header(name: &str, value: &str) -> bool {
 /// Dispatches a store call; `None` when Envoy refuses it (unknown cluster, no
 /// healthy host), which the caller treats as an unreachable store.
 pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
-    let headers = vec![
+    let trace = Trace::header(&call.traces);
+    let mut headers = vec![
         (":method", "POST"),
         (":path", call.path),
         (":authority", store.authority()),
@@ -265,6 +267,7 @@ pub fn dispatch(store: &StoreConfig, call: &StoreCall) -> Option<u32> {
         ("content-type", FRAME_CONTENT_TYPE),
         (PROTOCOL_HEADER, PROTOCOL_OFFER),
     ];
+    headers.extend(trace.as_deref().map(|t| (TRACE_HEADER, t)));
     let timeout = Duration::from_millis(call.timeout_ms.max(1));
     match hostcalls::dispatch_http_call(store.cluster(), headers, Some(&call.body), vec![], timeout) {
         Ok(token) => Some(token),

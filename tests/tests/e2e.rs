@@ -793,7 +793,10 @@ async fn store_event_lines_carry_the_access_logs_request_id_attempt_and_trace_id
             .find(|l| l.starts_with("access tag=traced "))
             .map(str::to_string)
     };
-    eventually("the access log line", Duration::from_secs(30), || async { access().is_some() }).await;
+    eventually("the access log line", Duration::from_secs(30), || async {
+        access().is_some()
+    })
+    .await;
     let access = access().unwrap_or_default();
     let field = |name: &str| {
         access
@@ -819,9 +822,11 @@ async fn store_event_lines_carry_the_access_logs_request_id_attempt_and_trace_id
         }
         events
     };
-    eventually("the claimed and completed events", Duration::from_secs(10), || async {
-        events().len() >= 2
-    })
+    eventually(
+        "the claimed and completed events",
+        Duration::from_secs(10),
+        || async { events().len() >= 2 },
+    )
     .await;
     let events = events();
     let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();

@@ -121,7 +121,10 @@ pub struct ClaimRequest {
     #[serde(default)]
     pub deadline_ms: u64,
     /// The client request the call serves, named on the store's log lines.
-    #[serde(default, skip_serializing_if = "Trace::is_empty")]
+    /// Not in the frame (a store before it refuses fields it does not
+    /// know): it travels in the call's [`TRACE_HEADER`](crate::trace::TRACE_HEADER)
+    /// and the store sets it here.
+    #[serde(skip)]
     pub trace: Trace,
 }
 
@@ -188,7 +191,10 @@ pub struct AbandonRequest {
     pub scope: Scope,
     pub attempt: Attempt,
     /// The client request the call serves, named on the store's log lines.
-    #[serde(default, skip_serializing_if = "Trace::is_empty")]
+    /// Not in the frame (a store before it refuses fields it does not
+    /// know): it travels in the call's [`TRACE_HEADER`](crate::trace::TRACE_HEADER)
+    /// and the store sets it here.
+    #[serde(skip)]
     pub trace: Trace,
 }
 
@@ -231,7 +237,10 @@ pub struct CompleteRequest {
     /// streamed through instead of kept; the frame then carries no bytes.
     pub body_stored: bool,
     /// The client request the call serves, named on the store's log lines.
-    #[serde(default, skip_serializing_if = "Trace::is_empty")]
+    /// Not in the frame (a store before it refuses fields it does not
+    /// know): it travels in the call's [`TRACE_HEADER`](crate::trace::TRACE_HEADER)
+    /// and the store sets it here.
+    #[serde(skip)]
     pub trace: Trace,
 }
 
@@ -252,7 +261,10 @@ pub struct FenceRequest {
     pub scope: Scope,
     pub fence: u64,
     /// The client request the call serves, named on the store's log lines.
-    #[serde(default, skip_serializing_if = "Trace::is_empty")]
+    /// Not in the frame (a store before it refuses fields it does not
+    /// know): it travels in the call's [`TRACE_HEADER`](crate::trace::TRACE_HEADER)
+    /// and the store sets it here.
+    #[serde(skip)]
     pub trace: Trace,
 }
 

@@ -3,12 +3,12 @@
 //! line (or a trace) to the record's history: the request's `x-request-id`
 //! and the trace id of its W3C `traceparent`.
 //!
-//! A store call carries this per call, not as headers of the callout: one
-//! batch carries calls of many requests. A value that breaks the rules below
-//! is dropped, never refused: it only labels log lines, and a call is never
-//! lost over a label.
-
-use serde::{Deserialize, Serialize};
+//! It travels in a header of the callout, [`TRACE_HEADER`], one entry per
+//! call in the order of the calls (one batch carries calls of many
+//! requests), never in the frames: a store before it refuses frame fields
+//! it does not know, and ignores headers. A value that breaks the rules
+//! below is dropped, never refused: it only labels log lines, and a call is
+//! never lost over a label.
 
 use crate::headers::{only, Lines};
 
@@ -16,38 +16,18 @@ use crate::headers::{only, Lines};
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// W3C Trace Context.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// The store call's header: `<request id> <trace id>` per call, `-` for
+/// either when absent, entries separated by `,`.
+pub const TRACE_HEADER: &str = "idemgate-trace";
 /// The longest request id kept: Envoy's are UUIDs (36); room for others'.
 pub const MAX_REQUEST_ID: usize = 128;
 
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "Labels")]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Trace {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// 1-128 visible ASCII characters but `,`.
     pub request_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// 32 lowercase hex digits, not all zero.
     pub trace_id: Option<String>,
-}
-
-/// A trace as it arrives, before the rules drop what breaks them.
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[derive(Deserialize)]
-struct Labels {
-    /// 1-128 visible ASCII characters; otherwise dropped.
-    #[serde(default)]
-    request_id: Option<String>,
-    /// 32 lowercase hex digits, not all zero; otherwise dropped.
-    #[serde(default)]
-    trace_id: Option<String>,
-}
-
-impl From<Labels> for Trace {
-    fn from(l: Labels) -> Trace {
-        Trace {
-            request_id: l.request_id.filter(|id| is_request_id(id.as_bytes())),
-            trace_id: l.trace_id.filter(|id| is_trace_id(id.as_bytes())),
-        }
-    }
 }
 
 impl Trace {
@@ -73,10 +53,52 @@ impl Trace {
     pub fn is_empty(&self) -> bool {
         self.request_id.is_none() && self.trace_id.is_none()
     }
+
+    /// The [`TRACE_HEADER`] value naming `traces`, one per call; `None`
+    /// when none names anything.
+    pub fn header(traces: &[Trace]) -> Option<String> {
+        if traces.iter().all(Trace::is_empty) {
+            return None;
+        }
+        let entry = |t: &Trace| {
+            format!(
+                "{} {}",
+                t.request_id.as_deref().unwrap_or("-"),
+                t.trace_id.as_deref().unwrap_or("-")
+            )
+        };
+        Some(traces.iter().map(entry).collect::<Vec<_>>().join(","))
+    }
+
+    /// The traces of `calls` calls from their [`TRACE_HEADER`] value: each
+    /// entry as its rules allow, and none at all when the count is not
+    /// `calls` (no call is named after another's request).
+    pub fn parse_header(value: Option<&[u8]>, calls: usize) -> Vec<Trace> {
+        let entries: Vec<Trace> = value
+            .map(|v| v.split(|&b| b == b',').map(Trace::parse_entry).collect())
+            .unwrap_or_default();
+        if entries.len() == calls {
+            entries
+        } else {
+            vec![Trace::NONE; calls]
+        }
+    }
+
+    fn parse_entry(entry: &[u8]) -> Trace {
+        let text = |v: &[u8]| String::from_utf8(v.to_vec()).ok();
+        let mut parts = entry.trim_ascii().split(|&b| b == b' ');
+        let (request_id, trace_id) = (parts.next(), parts.next());
+        Trace {
+            request_id: request_id
+                .filter(|v| *v != b"-" && is_request_id(v))
+                .and_then(text),
+            trace_id: trace_id.filter(|v| is_trace_id(v)).and_then(text),
+        }
+    }
 }
 
 fn is_request_id(v: &[u8]) -> bool {
-    (1..=MAX_REQUEST_ID).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic())
+    (1..=MAX_REQUEST_ID).contains(&v.len()) && v.iter().all(|&b| b.is_ascii_graphic() && b != b',')
 }
 
 fn is_trace_id(v: &[u8]) -> bool {

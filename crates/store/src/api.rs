@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use idemgate_core::problem::ProblemKind;
@@ -18,6 +18,7 @@ use idemgate_core::protocol::{
     ClaimRequest, CompleteRequest, FenceReply, FenceRequest, ABANDON_PATH, CLAIM_PATH, COMPLETE_PATH,
     FRAME_CONTENT_TYPE, MARK_UNKNOWN_PATH, MAX_BATCH, PROTOCOL_HEADER, PROTOCOL_VERSIONS, RELEASE_PATH,
 };
+use idemgate_core::trace::{Trace, TRACE_HEADER};
 use serde::de::DeserializeOwned;
 
 use crate::backend::{limits, Answer, Call, Result as StoreResult, StoreError};
@@ -58,6 +59,12 @@ fn decode<T: DeserializeOwned>(bytes: &Bytes) -> Result<(T, Bytes), Refusal> {
     Ok((meta, bytes.slice_ref(rest)))
 }
 
+/// The client requests the `calls` calls of a request serve, from its
+/// [`TRACE_HEADER`].
+fn traces(headers: &HeaderMap, calls: usize) -> Vec<Trace> {
+    Trace::parse_header(headers.get(TRACE_HEADER).map(HeaderValue::as_bytes), calls)
+}
+
 /// A call's answer: its status and frame.
 type Answered = (StatusCode, Vec<u8>);
 
@@ -79,20 +86,24 @@ struct Parsed {
 }
 
 /// Decodes and validates one call of the filter's API, sent alone or in a
-/// batch.
-fn parse(state: &AppState, path: &str, bytes: Bytes) -> Result<Parsed, Refusal> {
+/// batch, serving the client request `trace` names.
+fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Parsed, Refusal> {
     let log_id = |scope: &idemgate_core::scope::Scope| {
         tracing::enabled!(tracing::Level::DEBUG).then(|| state.store.log_id(scope))
     };
     let (call, path, record) = match path {
         CLAIM_PATH => {
-            let req = bare_frame::<ClaimRequest>(&bytes)?;
+            let req = ClaimRequest {
+                trace,
+                ..bare_frame::<ClaimRequest>(&bytes)?
+            };
             req.check().map_err(Refusal::bad_request)?;
             let record = log_id(&req.scope);
             (Call::Claim { req, deadline: None }, CLAIM_PATH, record)
         }
         COMPLETE_PATH => {
             let (req, rest) = decode::<CompleteRequest>(&bytes)?;
+            let req = CompleteRequest { trace, ..req };
             limits::response_fits(req.status, &req.headers).map_err(Refusal::bad_request)?;
             if !req.body_stored && !rest.is_empty() {
                 return Err(Refusal::bad_request(
@@ -103,17 +114,26 @@ fn parse(state: &AppState, path: &str, bytes: Bytes) -> Result<Parsed, Refusal> 
             (Call::Complete { req, body: rest }, COMPLETE_PATH, record)
         }
         RELEASE_PATH => {
-            let req = bare_frame::<FenceRequest>(&bytes)?;
+            let req = FenceRequest {
+                trace,
+                ..bare_frame::<FenceRequest>(&bytes)?
+            };
             let record = log_id(&req.scope);
             (Call::Release(req), RELEASE_PATH, record)
         }
         MARK_UNKNOWN_PATH => {
-            let req = bare_frame::<FenceRequest>(&bytes)?;
+            let req = FenceRequest {
+                trace,
+                ..bare_frame::<FenceRequest>(&bytes)?
+            };
             let record = log_id(&req.scope);
             (Call::MarkUnknown(req), MARK_UNKNOWN_PATH, record)
         }
         ABANDON_PATH => {
-            let req = bare_frame::<AbandonRequest>(&bytes)?;
+            let req = AbandonRequest {
+                trace,
+                ..bare_frame::<AbandonRequest>(&bytes)?
+            };
             let record = log_id(&req.scope);
             (Call::Abandon(req), ABANDON_PATH, record)
         }
@@ -143,9 +163,15 @@ fn answered(path: &str, record: Option<&str>, answer: StoreResult<Answer>) -> Re
 }
 
 /// One call sent alone: `POST` to its path.
-pub async fn single(State(state): State<AppState>, uri: Uri, body: Body) -> Result<Response, Refusal> {
+pub async fn single(
+    State(state): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
-    let parsed = parse(&state, uri.path(), bytes)?;
+    let trace = traces(&headers, 1).pop().unwrap_or_default();
+    let parsed = parse(&state, uri.path(), bytes, trace)?;
     let answer = state
         .store
         .decide(vec![parsed.call])
@@ -161,7 +187,11 @@ pub async fn single(State(state): State<AppState>, uri: Uri, body: Body) -> Resu
 /// and never fails or undoes another. The store decides the valid ones
 /// together (on SQLite: looked at on one reader, written in one
 /// transaction).
-pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response, Refusal> {
+pub async fn batch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
     let (meta, rest) = decode::<Batch>(&bytes)?;
     if meta.calls.is_empty() || meta.calls.len() > MAX_BATCH {
@@ -171,11 +201,13 @@ pub async fn batch(State(state): State<AppState>, body: Body) -> Result<Response
     }
     let frames = split_batch(meta.calls.iter().map(|c| c.len), &rest)
         .map_err(|e| Refusal::bad_request(e.to_string()))?;
+    let traces = traces(&headers, meta.calls.len());
     let parsed: Vec<Result<Parsed, Refusal>> = meta
         .calls
         .iter()
         .zip(frames)
-        .map(|(c, frame)| parse(&state, &c.path, rest.slice_ref(frame)))
+        .zip(traces)
+        .map(|((c, frame), trace)| parse(&state, &c.path, rest.slice_ref(frame), trace))
         .collect();
     let mut labels = Vec::with_capacity(parsed.len());
     let mut calls = Vec::with_capacity(parsed.len());

@@ -10,6 +10,7 @@ fn call(len: usize) -> StoreCall {
         body: vec![b'x'; len],
         timeout_ms: 1_000,
         may_wait: false,
+        traces: vec![Default::default()],
     }
 }
 
@@ -222,4 +223,20 @@ fn large_letters_are_batched_within_the_frame() {
         .map(|t| calls_in(&t))
         .collect();
     assert_eq!(sent, [2, 2]);
+}
+
+#[test]
+fn a_batch_names_the_request_of_each_of_its_calls_in_order() {
+    let traced = |id: &str| {
+        let mut c = call(8);
+        c.traces = vec![crate::trace::Trace {
+            request_id: Some(id.into()),
+            trace_id: None,
+        }];
+        c
+    };
+    let (a, b) = (traced("a"), traced("b"));
+    let batch = StoreCall::batch(&[&a, &b]);
+    let ids: Vec<_> = batch.traces.iter().map(|t| t.request_id.as_deref()).collect();
+    assert_eq!(ids, [Some("a"), Some("b")]);
 }

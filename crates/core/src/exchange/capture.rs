@@ -180,7 +180,7 @@ impl Exchange {
             status,
             headers,
             body_stored,
-            trace: self.trace.clone(),
+            trace: crate::trace::Trace::NONE,
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
         let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);

@@ -290,7 +290,7 @@ impl Exchange {
             attempt: Some(self.attempt.clone()),
             // The store must not commit a claim after we stopped waiting for it.
             deadline_ms: self.timeout_ms(wait_ms),
-            trace: self.trace.clone(),
+            trace: Trace::NONE,
         };
         self.phase = Phase::Claiming;
         Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
@@ -353,7 +353,7 @@ impl Exchange {
         let request = FenceRequest {
             scope: self.scope.clone()?,
             fence,
-            trace: self.trace.clone(),
+            trace: Trace::NONE,
         };
         Some(self.call(path, encode_frame(&request, &[]), 0))
     }
@@ -392,7 +392,7 @@ impl Exchange {
         let request = AbandonRequest {
             scope: self.scope.clone()?,
             attempt: self.attempt.clone(),
-            trace: self.trace.clone(),
+            trace: Trace::NONE,
         };
         Some(self.call(ABANDON_PATH, encode_frame(&request, &[]), 0))
     }
@@ -401,6 +401,7 @@ impl Exchange {
         StoreCall {
             path,
             body,
+            traces: vec![self.trace.clone()],
             timeout_ms: self.timeout_ms(extra_ms),
             may_wait: extra_ms > 0,
         }

@@ -47,6 +47,9 @@ pub struct StoreCall {
     /// The store may hold the call for a while (a claim with `in_flight:
     /// wait`): it travels alone, never in a batch other calls would wait for.
     pub may_wait: bool,
+    /// The client request each call of it serves, in order (one for a call
+    /// alone): sent in [`crate::trace::TRACE_HEADER`].
+    pub traces: Vec<crate::trace::Trace>,
 }
 
 /// The filter's own request to the upstream: the request's headers as the
@@ -84,6 +87,7 @@ impl StoreCall {
             body: encode_batch(&frames),
             timeout_ms: calls.iter().map(|c| c.timeout_ms).max().unwrap_or(0),
             may_wait: false,
+            traces: calls.iter().flat_map(|c| c.traces.iter().cloned()).collect(),
         }
     }
 }

@@ -442,8 +442,9 @@ fn a_claim_names_its_attempt_and_the_deadline_of_its_caller() {
     let (_, step) = begin("/pay", Some("k"), Some("{}"));
     let claim = claim_of(&step);
     assert_eq!(claim.attempt, Some(attempt()));
-    assert_eq!(claim.trace.request_id.as_deref(), Some("r-1"));
     let Step::Call(call) = &step else { unreachable!() };
+    assert_eq!(call.traces.len(), 1);
+    assert_eq!(call.traces[0].request_id.as_deref(), Some("r-1"));
     assert_eq!(claim.deadline_ms, call.timeout_ms);
     // A waiting claim's caller waits longer.
     let (_, step) = begin("/small", Some("k"), Some("{}"));
@@ -458,7 +459,7 @@ fn a_client_gone_while_the_claim_is_in_flight_abandons_it() {
     let abandon = decode_frame::<AbandonRequest>(&call.body).unwrap().0;
     assert_eq!(abandon.attempt, attempt());
     // Its log lines name the request it served, as the claim's did.
-    assert_eq!(abandon.trace.request_id.as_deref(), Some("r-1"));
+    assert_eq!(call.traces[0].request_id.as_deref(), Some("r-1"));
     assert_eq!(ex.settlement(), Some(Settlement::Abandoned));
     assert_eq!(ex.finish(), None);
 }
