@@ -67,18 +67,24 @@ fn pay(stack: &Stack, path: &str, key: &str, delay_ms: u64) -> reqwest::RequestB
         .header("x-test-delay-ms", delay_ms.to_string())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_configuration_push_finishes_what_outlives_the_requests() {
+/// The stack of `envoy/reload.yaml`, its listener directory (no listener
+/// until the stack's ports are known: [`push`] writes it) and the directory
+/// to keep alive meanwhile.
+async fn start() -> (Stack, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let lds: PathBuf = dir.path().join("lds");
     std::fs::create_dir(&lds).unwrap();
-    // No listener until the stack's ports are known.
     std::fs::write(lds.join("listeners.yaml"), "resources: []\n").unwrap();
     let mut options = Options::new("envoy/reload.yaml", Database::Sqlite, 1);
     let lds_path = lds.display().to_string();
     options.edit = Some(Box::new(move |config| config.replace(LDS_DIR, &lds_path)));
     options.envoy_args = vec!["--drain-time-s".into(), DRAIN_SECONDS.into()];
-    let stack = Stack::start(options).await;
+    (Stack::start(options).await, lds, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configuration_push_finishes_what_outlives_the_requests() {
+    let (stack, lds, _dir) = start().await;
     push(&stack, &lds, |l| l);
     eventually("the listener to serve", Duration::from_secs(20), || async {
         stack.client.get(stack.url("/")).send().await.is_ok()
@@ -172,15 +178,7 @@ async fn a_configuration_push_finishes_what_outlives_the_requests() {
 /// as observed (and no longer enforced) once Envoy has built the new chain.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_that_flips_a_policys_mode_flips_its_info_gauge() {
-    let dir = tempfile::tempdir().unwrap();
-    let lds: PathBuf = dir.path().join("lds");
-    std::fs::create_dir(&lds).unwrap();
-    std::fs::write(lds.join("listeners.yaml"), "resources: []\n").unwrap();
-    let mut options = Options::new("envoy/reload.yaml", Database::Sqlite, 1);
-    let lds_path = lds.display().to_string();
-    options.edit = Some(Box::new(move |config| config.replace(LDS_DIR, &lds_path)));
-    options.envoy_args = vec!["--drain-time-s".into(), DRAIN_SECONDS.into()];
-    let stack = Stack::start(options).await;
+    let (stack, lds, _dir) = start().await;
     let info = |mode: &str| format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.payments.create");
     push(&stack, &lds, |l| l);
     eventually("the enforced policy's gauge", Duration::from_secs(20), || async {
