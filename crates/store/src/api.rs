@@ -177,7 +177,7 @@ pub async fn single(
         .decide(vec![parsed.call])
         .await
         .pop()
-        .unwrap_or_else(|| Err(StoreError::Unavailable("the call went unanswered".into())));
+        .unwrap_or_else(|| Err(StoreError::internal("the call went unanswered")));
     let (status, frame) = answered(parsed.path, parsed.record.as_deref(), answer)?;
     Ok((status, [(CONTENT_TYPE, FRAME_CONTENT_TYPE)], frame).into_response())
 }
@@ -232,12 +232,12 @@ pub async fn batch(
     }
     let results: Vec<(u16, Vec<u8>)> = results
         .into_iter()
-        .map(|r| {
-            match r.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()).into())) {
+        .map(
+            |r| match r.unwrap_or_else(|| Err(StoreError::internal("a call went unanswered").into())) {
                 Ok((status, frame)) => (status.as_u16(), frame),
                 Err(refusal) => refusal.render(&state.settings.doc_base),
-            }
-        })
+            },
+        )
         .collect();
     Ok(([(CONTENT_TYPE, FRAME_CONTENT_TYPE)], encode_batch_reply(&results)).into_response())
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::calls::{Answer, Call, ClaimOutcome};
 use crate::clock::DatabaseClock;
-pub use crate::error::{Result, StoreError};
+pub use crate::error::{Outage, Result, StoreError};
 use crate::log_ids::LogIds;
 pub use crate::records::{label_records, Actor, EventInfo, KeyHistory, OpenRecords, RecordInfo};
 

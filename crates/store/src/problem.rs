@@ -51,7 +51,8 @@ impl From<StoreError> for Refusal {
         if let StoreError::RateLimited { retry_after_ms } = e {
             return Refusal(Problem::key_rate_limited(retry_after_ms));
         }
-        tracing::error!(error = %e, "store operation failed");
+        let outage = e.outage().map_or("-", crate::error::Outage::as_str);
+        tracing::error!(error = %e, outage, "store operation failed");
         Refusal(
             Problem::new(
                 ProblemKind::StoreUnavailable,

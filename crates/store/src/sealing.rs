@@ -278,7 +278,7 @@ impl Seal {
 
 fn seal_part(cipher: &Aes256Gcm, part: Part, key: &ScopeDigest, fence: u64, plain: &[u8]) -> Result<Vec<u8>> {
     let mut nonce = [0u8; NONCE_LEN];
-    getrandom::fill(&mut nonce).map_err(|e| StoreError::Unavailable(format!("no random nonce: {e}")))?;
+    getrandom::fill(&mut nonce).map_err(|e| StoreError::internal(format!("no random nonce: {e}")))?;
     let aad = aad(part, key, fence);
     let sealed = cipher
         .encrypt(
@@ -288,7 +288,7 @@ fn seal_part(cipher: &Aes256Gcm, part: Part, key: &ScopeDigest, fence: u64, plai
                 aad: &aad,
             },
         )
-        .map_err(|_| StoreError::Unavailable("a response could not be sealed".into()))?;
+        .map_err(|_| StoreError::internal("a response could not be sealed"))?;
     let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
     out.extend_from_slice(&nonce);
     out.extend_from_slice(&sealed);

@@ -167,7 +167,7 @@ impl Store {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(StoreError::Unavailable("a call went unanswered".into()))))
+            .map(|a| a.unwrap_or_else(|| Err(StoreError::internal("a call went unanswered"))))
             .collect()
     }
 

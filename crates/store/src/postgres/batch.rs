@@ -23,7 +23,7 @@ use super::operations::COMPLETE;
 use super::pool::On;
 use super::rows::{CLAIM, CLAIM_NEW};
 use super::Postgres;
-use crate::backend::{Answer, Backend, Call, ClaimOutcome, Result, StoreError};
+use crate::backend::{Answer, Backend, Call, ClaimOutcome, Outage, Result, StoreError};
 use crate::columns::ScopeDigest;
 
 impl Postgres {
@@ -36,10 +36,10 @@ impl Postgres {
                 Err(_) => calls
                     .iter()
                     .map(|_| {
-                        Some(Err(StoreError::Unavailable(format!(
-                            "postgres did not answer within {} ms",
-                            limit.as_millis()
-                        ))))
+                        Some(Err(StoreError::unavailable(
+                            Outage::Timeout,
+                            format!("postgres did not answer within {} ms", limit.as_millis()),
+                        )))
                     })
                     .collect(),
             }

@@ -12,7 +12,7 @@ use super::generation::{event, lock, set_unknown, to_history};
 use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::Postgres;
-use crate::backend::{Actor, ClaimOutcome, EventInfo, Result, StoreError};
+use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
 /// What a claim's [`CLAIM`] row says.
@@ -155,8 +155,9 @@ impl Postgres {
             }
             // The record went away between our read and our lock: decide again.
         }
-        Err(StoreError::Unavailable(
-            "claim kept racing with concurrent changes".into(),
+        Err(StoreError::unavailable(
+            Outage::Database,
+            "claim kept racing with concurrent changes",
         ))
     }
 

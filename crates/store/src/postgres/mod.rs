@@ -79,7 +79,7 @@ fn first_integer(messages: &[tokio_postgres::SimpleQueryMessage]) -> Result<Opti
         Some(text) => text
             .parse()
             .map(Some)
-            .map_err(|_| StoreError::Unavailable(format!("postgres: {text:?} is not a schema version"))),
+            .map_err(|_| StoreError::Corrupt(format!("postgres: {text:?} is not a schema version"))),
     }
 }
 

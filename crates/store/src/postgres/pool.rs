@@ -24,7 +24,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 use super::tls::Transport;
 
 use super::rows::Param;
-use crate::backend::{Result, StoreError};
+use crate::backend::{Outage, Result, StoreError};
 
 /// How long the store waits for PostgreSQL, at each step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +134,8 @@ impl Drop for Client {
 
 pub(super) trait Described {
     fn describe(&self) -> String;
+    /// Whether it is the server's or the pool's limit that ran out.
+    fn outage(&self) -> Outage;
 }
 
 impl Described for tokio_postgres::Error {
@@ -147,6 +149,14 @@ impl Described for tokio_postgres::Error {
             (None, None) => self.to_string(),
         }
     }
+
+    fn outage(&self) -> Outage {
+        // 57014: query_canceled, which statement_timeout raises.
+        match self.code() {
+            Some(code) if code.code() == "57014" => Outage::Timeout,
+            _ => Outage::Database,
+        }
+    }
 }
 
 impl Described for deadpool_postgres::PoolError {
@@ -156,10 +166,18 @@ impl Described for deadpool_postgres::PoolError {
             other => other.to_string(),
         }
     }
+
+    fn outage(&self) -> Outage {
+        match self {
+            deadpool_postgres::PoolError::Backend(e) => e.outage(),
+            deadpool_postgres::PoolError::Timeout(_) => Outage::Timeout,
+            _ => Outage::Database,
+        }
+    }
 }
 
 pub(super) fn unavailable(e: impl Described) -> StoreError {
-    StoreError::Unavailable(e.describe())
+    StoreError::unavailable(e.outage(), e.describe())
 }
 
 #[derive(Clone)]
@@ -269,10 +287,10 @@ impl Connections {
         work: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "postgres did not answer within {} ms",
-                limit.as_millis()
-            )))
+            Err(StoreError::unavailable(
+                Outage::Timeout,
+                format!("postgres did not answer within {} ms", limit.as_millis()),
+            ))
         })
     }
 

@@ -109,7 +109,7 @@ impl Checkpoints {
         std::thread::Builder::new()
             .name("sqlite-checkpointer".into())
             .spawn(move || checkpointer_loop(&checkpointer, (&nudges, &theirs), &counted))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite checkpointer: {e}")))?;
+            .map_err(|e| StoreError::internal(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Checkpoints {
             nudge,
             nudged_at: 0,

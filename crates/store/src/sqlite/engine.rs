@@ -20,7 +20,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::Connection;
 
 use super::checkpoint::Checkpoints;
-use crate::backend::{Result, StoreError, WriterStages};
+use crate::backend::{Outage, Result, StoreError, WriterStages};
 
 mod writer;
 
@@ -61,7 +61,10 @@ impl Ended {
 /// unavailable database.
 pub(super) fn to_caller<R>(out: Result<R>) -> Result<R> {
     out.map_err(|e| match e {
-        StoreError::TransactionLost(e) => StoreError::Unavailable(e),
+        StoreError::TransactionLost(source) => StoreError::Unavailable {
+            outage: Outage::Database,
+            source,
+        },
         other => other,
     })
 }
@@ -91,7 +94,7 @@ impl<R> Pending<R> {
     pub(super) async fn wait(self) -> Result<R> {
         self.0
             .await
-            .map_err(|_| StoreError::Unavailable("the sqlite writer dropped the job".into()))?
+            .map_err(|_| StoreError::internal("the sqlite writer dropped the job"))?
     }
 }
 
@@ -100,8 +103,8 @@ impl<R> Pending<R> {
 /// writer then fails whole.
 pub(crate) fn unavailable(e: rusqlite::Error) -> StoreError {
     match ends_transaction(&e) {
-        true => StoreError::TransactionLost(e.to_string()),
-        false => StoreError::Unavailable(e.to_string()),
+        true => StoreError::TransactionLost(std::sync::Arc::new(e)),
+        false => StoreError::unavailable(Outage::Database, e),
     }
 }
 
@@ -237,7 +240,7 @@ impl Engine {
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || writer::writer_loop(writer, rx, (synchronous_full, checkpoints), &counters))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite writer: {e}")))?;
+            .map_err(|e| StoreError::internal(format!("cannot start the sqlite writer: {e}")))?;
         Ok(Engine { shared })
     }
 
@@ -275,7 +278,11 @@ impl Engine {
             let out = f(w);
             let ended = Ended::of(&out);
             let deliver: Deliver = Box::new(move |commit| {
-                let _ = tx.send(commit.map_err(StoreError::Unavailable).and(to_caller(out)));
+                let _ = tx.send(
+                    commit
+                        .map_err(|e| StoreError::unavailable(Outage::Database, e))
+                        .and(to_caller(out)),
+                );
             });
             (ended, deliver)
         });
@@ -301,7 +308,7 @@ impl Engine {
         self.shared.queued.fetch_add(n, Ordering::Relaxed);
         self.shared.writer.send(jobs).map_err(|_| {
             self.shared.queued.fetch_sub(n, Ordering::Relaxed);
-            StoreError::Unavailable("the sqlite writer has stopped".into())
+            StoreError::internal("the sqlite writer has stopped")
         })
     }
 
@@ -380,12 +387,12 @@ impl Engine {
             // A std Mutex: the guard lives only inside this blocking closure.
             let conn = shared.readers[i]
                 .lock()
-                .map_err(|_| StoreError::Unavailable("reader lock poisoned".into()))?;
+                .map_err(|_| StoreError::internal("reader lock poisoned"))?;
             let _held = Counted::new(&shared.reading_held);
             to_caller(f(&conn))
         })
         .await
-        .map_err(|e| StoreError::Unavailable(format!("reader task: {e}")))?
+        .map_err(|e| StoreError::internal(format!("reader task: {e}")))?
     }
 }
 

@@ -175,7 +175,7 @@ impl Sqlite {
         self.decide_calls(vec![call], now)
             .await
             .pop()
-            .unwrap_or_else(|| Err(StoreError::Unavailable("no answer".into())))
+            .unwrap_or_else(|| Err(StoreError::internal("no answer")))
     }
 }
 
@@ -292,7 +292,7 @@ fn submit(engine: &Engine, jobs: Vec<engine::Job>, slots: Vec<Slot>) -> Vec<Slot
 fn fence_answer(answer: Result<Answer>) -> Result<FenceReply> {
     match answer? {
         Answer::Fence(reply) => Ok(reply),
-        Answer::Claim(_) => Err(StoreError::Unavailable("a claim's answer to a fence call".into())),
+        Answer::Claim(_) => Err(StoreError::internal("a claim's answer to a fence call")),
     }
 }
 
@@ -361,7 +361,7 @@ impl Backend for Sqlite {
         };
         match self.decide_one(call, now).await? {
             Answer::Claim(outcome) => Ok(outcome),
-            Answer::Fence(_) => Err(StoreError::Unavailable("a fence answer to a claim".into())),
+            Answer::Fence(_) => Err(StoreError::internal("a fence answer to a claim")),
         }
     }
 

@@ -117,14 +117,32 @@ async fn callers_see_an_unavailable_database_never_a_lost_transaction() {
     let (_dir, engine) = engine();
     let full = rusqlite::ffi::SQLITE_FULL;
     let written = engine.write(Durability::Durable, failing(full, false)).await;
-    assert!(matches!(written, Err(StoreError::Unavailable(_))), "{written:?}");
+    assert!(
+        matches!(
+            written,
+            Err(StoreError::Unavailable {
+                outage: Outage::Database,
+                ..
+            })
+        ),
+        "{written:?}"
+    );
     let read = engine
         .read(move |_| {
             let e = rusqlite::ffi::Error::new(full);
             Err::<(), _>(unavailable(rusqlite::Error::SqliteFailure(e, None)))
         })
         .await;
-    assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
+    assert!(
+        matches!(
+            read,
+            Err(StoreError::Unavailable {
+                outage: Outage::Database,
+                ..
+            })
+        ),
+        "{read:?}"
+    );
 }
 
 #[tokio::test]
