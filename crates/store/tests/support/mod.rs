@@ -19,6 +19,7 @@ use idemgate_core::protocol::{
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::Backend;
 use idemgate_store::database_url::{open_backend, BackendOptions};
+use idemgate_store::postgres::PgTimeouts;
 use idemgate_store::sealing::Seal;
 pub use idemgate_testkit::{eventually, Proc};
 
@@ -116,8 +117,18 @@ pub async fn sqlite_backend_sealed(dir: &tempfile::TempDir, seal: Seal) -> Arc<d
 
 /// A migrated backend at `url`, sealing stored responses with `seal`.
 pub async fn backend_at(url: &str, seal: Seal) -> Arc<dyn Backend> {
+    // Connecting and waiting for a connection get longer than production's
+    // defaults: with every test of the binary on two cores, opening a
+    // connection has taken over 500 ms. The bounds themselves are tested in
+    // faults.rs, with their own settings.
+    let pg_timeouts = PgTimeouts {
+        connect: Duration::from_secs(5),
+        wait: Duration::from_secs(5),
+        ..PgTimeouts::default()
+    };
     let opts = BackendOptions {
         seal,
+        pg_timeouts,
         ..BackendOptions::default()
     };
     let b = open_backend(url, &opts).await.unwrap();
