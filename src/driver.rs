@@ -41,11 +41,14 @@ pub struct Driver {
     attached: bool,
     /// What access logs were last told ([`Driver::note_outcome`]).
     noted: Option<(Handling, Option<Handling>)>,
+    /// The exchange's attempt id, which names it on log lines.
+    attempt: Rc<str>,
 }
 
 impl Driver {
     pub fn new(exchange: Exchange, owner: Owner, worker: Rc<Worker>) -> Driver {
         Driver {
+            attempt: Rc::from(exchange.attempt().as_str()),
             exchange,
             owner,
             worker,
@@ -59,7 +62,7 @@ impl Driver {
 
     /// Carries out a step.
     pub fn act(&mut self, step: Step, direction: Direction) -> Action {
-        let _about = host::about(self.exchange.attempt().as_str());
+        let _about = host::about(&self.attempt);
         let action = self.carry_out(step, direction);
         self.note_outcome();
         action
@@ -161,7 +164,7 @@ impl Driver {
         let Some(waiting) = self.waiting.take_if(|w| w.upstream == upstream) else {
             return;
         };
-        let _about = host::about(self.exchange.attempt().as_str());
+        let _about = host::about(&self.attempt);
         if self.attached {
             host::set_effective_context(self.owner);
         }
@@ -187,7 +190,7 @@ impl Driver {
     /// without it (a detached request or its completion is in flight);
     /// otherwise settles what was left open and counts the request.
     pub fn client_left(&mut self) -> bool {
-        let _about = host::about(self.exchange.attempt().as_str());
+        let _about = host::about(&self.attempt);
         self.attached = false;
         let ended = match self.exchange.client_left(self.pending()) {
             Left::GoesOn => {

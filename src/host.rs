@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
@@ -16,14 +17,15 @@ use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType};
 thread_local! {
     /// The claim attempt of the request being handled, if any: the id the
     /// access log, the store's event lines and the record's history carry.
-    static ABOUT: RefCell<Option<String>> = const { RefCell::new(None) };
+    static ABOUT: RefCell<Option<Rc<str>>> = const { RefCell::new(None) };
 }
 
-/// While it lives, log lines are about the request of `attempt`.
-pub struct About(Option<String>);
+/// While it lives, log lines are about the request of `attempt` (shared,
+/// so that naming the request on every callback allocates nothing).
+pub struct About(Option<Rc<str>>);
 
-pub fn about(attempt: &str) -> About {
-    About(ABOUT.with(|a| a.replace(Some(attempt.to_string()))))
+pub fn about(attempt: &Rc<str>) -> About {
+    About(ABOUT.with(|a| a.replace(Some(Rc::clone(attempt)))))
 }
 
 impl Drop for About {
@@ -336,10 +338,10 @@ mod tests {
     fn lines_name_the_request_they_are_about_while_it_is_handled() {
         assert_eq!(line("x"), "x");
         {
-            let _outer = about("a-1");
+            let _outer = about(&Rc::from("a-1"));
             assert_eq!(line("x"), "attempt a-1: x");
             {
-                let _inner = about("b-2");
+                let _inner = about(&Rc::from("b-2"));
                 assert_eq!(line("x"), "attempt b-2: x");
             }
             assert_eq!(line("x"), "attempt a-1: x");

@@ -192,7 +192,7 @@ impl Worker {
             policy,
             attempt,
         } = letter;
-        let _about = host::about(attempt.as_str());
+        let _about = host::about(&Rc::from(attempt.as_str()));
         if let Delivery::Decided(answer) = &delivery {
             if settled(answer) {
                 self.metrics.count_settlement(&policy, settles);

@@ -39,7 +39,6 @@ impl Trace {
 
     /// The trace of the request with these header lines.
     pub fn of_request(lines: &Lines) -> Trace {
-        let text = |v: &[u8]| String::from_utf8(v.to_vec()).ok();
         Trace {
             request_id: only(lines, REQUEST_ID_HEADER)
                 .filter(|v| is_request_id(v))
@@ -85,7 +84,6 @@ impl Trace {
     }
 
     fn parse_entry(entry: &[u8]) -> Trace {
-        let text = |v: &[u8]| String::from_utf8(v.to_vec()).ok();
         let mut parts = entry.trim_ascii().split(|&b| b == b' ');
         let (request_id, trace_id) = (parts.next(), parts.next());
         Trace {
@@ -95,6 +93,10 @@ impl Trace {
             trace_id: trace_id.filter(|v| is_trace_id(v)).and_then(text),
         }
     }
+}
+
+fn text(v: &[u8]) -> Option<String> {
+    String::from_utf8(v.to_vec()).ok()
 }
 
 fn is_request_id(v: &[u8]) -> bool {
