@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{Exchange, Origin, RequestHead, ResponseHead, Step};
-use idemgate_core::protocol::{encode_frame, ClaimReply, FenceReply};
+use idemgate_core::protocol::{encode_frame, Attempt, ClaimReply, FenceReply};
+use idemgate_core::trace::Trace;
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -71,7 +72,17 @@ fn head(i: u64) -> RequestHead {
         content_length: Some(BODY.len() as u64),
         end_of_stream: false,
         upstream: None,
+        // Envoy gives every request an `x-request-id`.
+        trace: Trace {
+            request_id: Some(format!("0b6a4c3e-9f21-4d7a-8e55-{i:012x}")),
+            trace_id: None,
+        },
     }
+}
+
+/// The filter draws a request's attempt id before the exchange begins.
+fn attempt(i: u64) -> Attempt {
+    Attempt::try_from(format!("3f9c0a7d5e1b4c2a8d6f0e9b7a5c3d1e-{i:x}")).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn response_head() -> ResponseHead {
@@ -124,10 +135,18 @@ fn main() {
     let mut uncovered = Tally::default();
     let mut frames = (0usize, 0usize);
     for i in 0..N {
-        let (h, rh, o, d) = (head(i), response_head(), Some((200, owned.clone())), Some((200, done.clone())));
-        let policy = measure(&mut new_key[0], || config.policy_for("POST", "h", "/pay").cloned());
+        let (h, a, rh, o, d) = (
+            head(i),
+            attempt(i),
+            response_head(),
+            Some((200, owned.clone())),
+            Some((200, done.clone())),
+        );
+        let policy = measure(&mut new_key[0], || {
+            config.policy_for("POST", "h", "/pay").cloned()
+        });
         let Some(policy) = policy else { panic!("no policy") };
-        let (mut ex, step) = measure(&mut new_key[1], || Exchange::begin(config.clone(), policy, h));
+        let (mut ex, step) = measure(&mut new_key[1], || Exchange::begin(config.clone(), policy, h, a));
         assert_eq!(step, Step::Pause);
         let step = measure(&mut new_key[2], || ex.request_body(BODY, true));
         if let Step::Call(c) = &step {
@@ -147,10 +166,12 @@ fn main() {
         assert_eq!(step, Step::Continue);
         measure(&mut new_key[7], || drop(ex));
 
-        let (h, r) = (head(i), Some((200, replay.clone())));
-        let policy = measure(&mut replayed[0], || config.policy_for("POST", "h", "/pay").cloned());
+        let (h, a, r) = (head(i), attempt(i), Some((200, replay.clone())));
+        let policy = measure(&mut replayed[0], || {
+            config.policy_for("POST", "h", "/pay").cloned()
+        });
         let Some(policy) = policy else { panic!("no policy") };
-        let (mut ex, _) = measure(&mut replayed[1], || Exchange::begin(config.clone(), policy, h));
+        let (mut ex, _) = measure(&mut replayed[1], || Exchange::begin(config.clone(), policy, h, a));
         let step = measure(&mut replayed[2], || ex.request_body(BODY, true));
         drop(step);
         let step = measure(&mut replayed[3], || ex.store_reply(r));
@@ -160,7 +181,9 @@ fn main() {
             drop(ex)
         });
 
-        let miss = measure(&mut uncovered, || config.policy_for("POST", "h", "/free").is_none());
+        let miss = measure(&mut uncovered, || {
+            config.policy_for("POST", "h", "/free").is_none()
+        });
         assert!(miss);
     }
     let per = |t: &Tally| (t.allocs as f64 / N as f64, t.bytes as f64 / N as f64);
@@ -175,7 +198,13 @@ fn main() {
     }
     let (a, b) = per(&total);
     println!("| **new key, total** | **{a:.1}** | **{b:.0}** |");
-    let rnames = ["lookup", "begin", "request body + claim frame", "claim reply: replay (decode, headers, body)", "drop"];
+    let rnames = [
+        "lookup",
+        "begin",
+        "request body + claim frame",
+        "claim reply: replay (decode, headers, body)",
+        "drop",
+    ];
     let mut total = Tally::default();
     for (name, t) in rnames.iter().zip(&replayed) {
         let (a, b) = per(t);
@@ -187,7 +216,10 @@ fn main() {
     println!("| **replay, total** | **{a:.1}** | **{b:.0}** |");
     let (a, b) = per(&uncovered);
     println!("| uncovered route: policy lookup | {a:.1} | {b:.0} |");
-    println!("\nclaim frame {} bytes, complete frame {} bytes", frames.0, frames.1);
+    println!(
+        "\nclaim frame {} bytes, complete frame {} bytes",
+        frames.0, frames.1
+    );
     pieces(&config);
 }
 
@@ -197,12 +229,18 @@ fn pieces(config: &Rc<Config>) {
     use idemgate_core::key::Key;
     use idemgate_core::protocol::ClaimRequest;
     use idemgate_core::scope::{Namespace, Scope};
-    let policy = config.policy_for("POST", "h", "/pay").cloned().unwrap_or_else(|| panic!("policy"));
+    let policy = config
+        .policy_for("POST", "h", "/pay")
+        .cloned()
+        .unwrap_or_else(|| panic!("policy"));
     let mut t = [Tally::default(); 5];
     for i in 0..N {
         let key = Key::try_from(format!("sq-0-{i}")).unwrap_or_else(|e| panic!("{e}"));
-        let scope = Scope::new("bench", "bench", "bench.create", Namespace::Client, key).unwrap_or_else(|e| panic!("{e:?}"));
-        let mut fp = measure(&mut t[0], || Fingerprinter::new(&policy.fingerprint(), "POST", &policy.name(), "/pay", &[]));
+        let scope = Scope::new("bench", "bench", "bench.create", Namespace::Client, key)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let mut fp = measure(&mut t[0], || {
+            Fingerprinter::new(&policy.fingerprint(), "POST", &policy.name(), "/pay", &[])
+        });
         let fingerprint = measure(&mut t[1], || {
             fp.push(BODY);
             fp.finish()
@@ -218,6 +256,7 @@ fn pieces(config: &Rc<Config>) {
             on_unknown: policy.on_unknown(),
             attempt: None,
             deadline_ms: 0,
+            trace: Trace::NONE,
         };
         let frame = measure(&mut t[3], || encode_frame(&req, &[]));
         // What the filter's glue hands to dispatch_http_call: borrowed from the config.
@@ -225,8 +264,8 @@ fn pieces(config: &Rc<Config>) {
             vec![
                 (":method", "POST"),
                 (":path", "/v1/claim"),
-                (":authority", config.store().authority().as_str()),
-                ("authorization", config.store().authorization().as_str()),
+                (":authority", config.store().authority()),
+                ("authorization", config.store().authorization()),
                 ("content-type", "application/vnd.idemgate.frame"),
             ]
         });
@@ -241,6 +280,10 @@ fn pieces(config: &Rc<Config>) {
         "store call headers (borrowed from the config)",
     ];
     for (name, x) in names.iter().zip(&t) {
-        println!("| {name} | {:.1} | {:.0} |", x.allocs as f64 / N as f64, x.bytes as f64 / N as f64);
+        println!(
+            "| {name} | {:.1} | {:.0} |",
+            x.allocs as f64 / N as f64,
+            x.bytes as f64 / N as f64
+        );
     }
 }
