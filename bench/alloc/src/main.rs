@@ -227,7 +227,7 @@ fn main() {
 fn pieces(config: &Rc<Config>) {
     use idemgate_core::fingerprint::Fingerprinter;
     use idemgate_core::key::Key;
-    use idemgate_core::protocol::ClaimRequest;
+    use idemgate_core::protocol::{ClaimRequest, ClaimRequestRef, FingerprintHex};
     use idemgate_core::scope::{Namespace, Scope};
     let policy = config
         .policy_for("POST", "h", "/pay")
@@ -245,20 +245,37 @@ fn pieces(config: &Rc<Config>) {
             fp.push(BODY);
             fp.finish()
         });
-        let s2 = measure(&mut t[2], || scope.clone());
-        let req = ClaimRequest {
-            scope: s2,
-            fingerprint,
-            lease_ms: policy.lease_ms(),
-            ttl_ms: policy.ttl_ms(),
-            wait_ms: 0,
-            after_expiry: policy.after_expiry(),
-            on_unknown: policy.on_unknown(),
-            attempt: None,
-            deadline_ms: 0,
-            trace: Trace::NONE,
-        };
-        let frame = measure(&mut t[3], || encode_frame(&req, &[]));
+        let attempt = attempt(i);
+        let owned = measure(&mut t[2], || {
+            let request = ClaimRequest {
+                scope: scope.clone(),
+                fingerprint,
+                lease_ms: policy.lease_ms(),
+                ttl_ms: policy.ttl_ms(),
+                wait_ms: 0,
+                after_expiry: policy.after_expiry(),
+                on_unknown: policy.on_unknown(),
+                attempt: Some(attempt.clone()),
+                deadline_ms: 2_000,
+                trace: Trace::NONE,
+            };
+            encode_frame(&request, &[])
+        });
+        let frame = measure(&mut t[3], || {
+            let request = ClaimRequestRef {
+                scope: (&scope).into(),
+                fingerprint: fingerprint.map(FingerprintHex),
+                lease_ms: policy.lease_ms(),
+                ttl_ms: policy.ttl_ms(),
+                wait_ms: 0,
+                after_expiry: policy.after_expiry(),
+                on_unknown: policy.on_unknown(),
+                attempt: Some(attempt.as_str()),
+                deadline_ms: 2_000,
+            };
+            encode_frame(&request, &[])
+        });
+        assert_eq!(owned, frame);
         // What the filter's glue hands to dispatch_http_call: borrowed from the config.
         let headers = measure(&mut t[4], || {
             vec![
@@ -269,14 +286,14 @@ fn pieces(config: &Rc<Config>) {
                 ("content-type", "application/vnd.idemgate.frame"),
             ]
         });
-        drop((frame, headers, req));
+        drop((owned, frame, headers));
     }
     println!("\nclaim step, piece by piece:\n\n| piece | allocations | bytes |\n|---|--:|--:|");
     let names = [
         "Fingerprinter::new",
         "fingerprint push + finish (JSON body: parse, canonicalize, hash)",
-        "scope.clone() for the frame",
-        "encode_frame (serde_json)",
+        "claim frame from an owned ClaimRequest (scope and attempt cloned; encode_frame)",
+        "claim frame from a borrowed ClaimRequestRef, as the exchange writes it (encode_frame)",
         "store call headers (borrowed from the config)",
     ];
     for (name, x) in names.iter().zip(&t) {

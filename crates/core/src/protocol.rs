@@ -32,6 +32,11 @@ use crate::limits;
 use crate::scope::Scope;
 use crate::trace::Trace;
 
+mod borrowed;
+pub use borrowed::{
+    AbandonRequestRef, ClaimRequestRef, CompleteRequestRef, FenceRequestRef, FingerprintHex, ScopeRef,
+};
+
 pub const CLAIM_PATH: &str = "/v1/claim";
 pub const COMPLETE_PATH: &str = "/v1/complete";
 pub const RELEASE_PATH: &str = "/v1/release";

@@ -7,7 +7,7 @@ use crate::exchange::{Origin, Settlement};
 use crate::grpc;
 use crate::headers::{self, Control};
 use crate::limits;
-use crate::protocol::{encode_frame, CompleteRequest, COMPLETE_PATH};
+use crate::protocol::{encode_frame, CompleteRequestRef, COMPLETE_PATH};
 
 impl Exchange {
     /// The response headers. Only an owned request's response is captured.
@@ -171,16 +171,15 @@ impl Exchange {
         else {
             return Step::Continue;
         };
-        let Some(scope) = self.scope.clone() else {
+        let Some(scope) = self.scope_ref() else {
             return Step::Continue;
         };
-        let request = CompleteRequest {
+        let request = CompleteRequestRef {
             scope,
             fence,
             status,
-            headers,
+            headers: &headers,
             body_stored,
-            trace: crate::trace::Trace::NONE,
         };
         let kept: &[u8] = if body_stored { &body } else { &[] };
         let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);

@@ -20,8 +20,8 @@ use crate::key::parse_key;
 
 use crate::problem::Problem;
 use crate::protocol::{
-    encode_frame, AbandonRequest, Attempt, ClaimRequest, FenceRequest, ABANDON_PATH, CLAIM_PATH,
-    MARK_UNKNOWN_PATH, RELEASE_PATH,
+    encode_frame, AbandonRequestRef, Attempt, ClaimRequestRef, FenceRequestRef, FingerprintHex, ScopeRef,
+    ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
 use crate::scope::Scope;
 use crate::trace::Trace;
@@ -272,28 +272,33 @@ impl Exchange {
     }
 
     fn claim(&mut self, fingerprint: Fingerprinter) -> Step {
-        let Some(scope) = self.scope.clone() else {
+        let Some(scope) = self.scope_ref() else {
             return Step::Continue;
         };
         let wait_ms = match self.policy.in_flight() {
             InFlight::Conflict => 0,
             InFlight::Wait { max_ms } => max_ms,
         };
-        let request = ClaimRequest {
+        let request = ClaimRequestRef {
             scope,
-            fingerprint: fingerprint.finish(),
+            fingerprint: fingerprint.finish().map(FingerprintHex),
             lease_ms: self.policy.lease_ms(),
             ttl_ms: self.policy.ttl_ms(),
             wait_ms,
             after_expiry: self.policy.after_expiry(),
             on_unknown: self.policy.on_unknown(),
-            attempt: Some(self.attempt.clone()),
+            attempt: Some(self.attempt.as_str()),
             // The store must not commit a claim after we stopped waiting for it.
             deadline_ms: self.timeout_ms(wait_ms),
-            trace: Trace::NONE,
         };
+        let call = self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms);
         self.phase = Phase::Claiming;
-        Step::Call(self.call(CLAIM_PATH, encode_frame(&request, &[]), wait_ms))
+        Step::Call(call)
+    }
+
+    /// The scope as the frames write it, borrowed.
+    fn scope_ref(&self) -> Option<ScopeRef<'_>> {
+        self.scope.as_ref().map(ScopeRef::from)
     }
 
     /// The store answered (or failed to answer) the call last returned.
@@ -350,10 +355,9 @@ impl Exchange {
             Settlement::MarkedUnknown => MARK_UNKNOWN_PATH,
             Settlement::Completed | Settlement::Abandoned | Settlement::Failed => return None,
         };
-        let request = FenceRequest {
-            scope: self.scope.clone()?,
+        let request = FenceRequestRef {
+            scope: self.scope_ref()?,
             fence,
-            trace: Trace::NONE,
         };
         Some(self.call(path, encode_frame(&request, &[]), 0))
     }
@@ -389,10 +393,9 @@ impl Exchange {
     }
 
     fn abandon_call(&self) -> Option<StoreCall> {
-        let request = AbandonRequest {
-            scope: self.scope.clone()?,
-            attempt: self.attempt.clone(),
-            trace: Trace::NONE,
+        let request = AbandonRequestRef {
+            scope: self.scope_ref()?,
+            attempt: self.attempt.as_str(),
         };
         Some(self.call(ABANDON_PATH, encode_frame(&request, &[]), 0))
     }

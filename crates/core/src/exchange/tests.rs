@@ -4,7 +4,10 @@
 use super::*;
 use crate::config::ENVOY_DEFAULT_BUFFER_LIMIT;
 use crate::limits;
-use crate::protocol::{decode_frame, encode_frame, ClaimReply, CompleteRequest, COMPLETE_PATH};
+use crate::protocol::{
+    decode_frame, encode_frame, AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceRequest,
+    COMPLETE_PATH,
+};
 
 mod canary;
 mod grpc;
