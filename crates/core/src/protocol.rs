@@ -417,16 +417,26 @@ pub fn split_batch(
 
 /// Metadata line, `\n`, bytes.
 pub fn encode_frame<T: Serialize>(meta: &T, bytes: &[u8]) -> Vec<u8> {
+    let mut out = start_frame(meta, bytes.len());
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// Room for a metadata line: a claim's or a completion's takes a few hundred
+/// bytes, so the frame is one allocation.
+const METADATA_ROOM: usize = 512;
+
+/// A frame's metadata line and `\n`, with room for `bytes` more: its bytes
+/// are appended to it as they come.
+pub fn start_frame<T: Serialize>(meta: &T, bytes: usize) -> Vec<u8> {
     // Serializing plain data structs to a Vec cannot fail; an empty object is a
     // safe fallback that the peer rejects as invalid metadata.
-    // One allocation: metadata lines are a few hundred bytes.
-    let mut out = Vec::with_capacity(256 + bytes.len());
+    let mut out = Vec::with_capacity(METADATA_ROOM + bytes);
     if serde_json::to_writer(&mut out, meta).is_err() {
         out.clear();
         out.extend_from_slice(b"{}");
     }
     out.push(b'\n');
-    out.extend_from_slice(bytes);
     out
 }
 

@@ -7,7 +7,7 @@ use crate::exchange::{Origin, Settlement};
 use crate::grpc;
 use crate::headers::{self, Control};
 use crate::limits;
-use crate::protocol::{encode_frame, CompleteRequestRef, COMPLETE_PATH};
+use crate::protocol::{start_frame, CompleteRequestRef, COMPLETE_PATH};
 
 impl Exchange {
     /// The response headers. Only an owned request's response is captured.
@@ -57,22 +57,33 @@ impl Exchange {
         // Headers the store would refuse: keep the outcome, not the response
         // (a retry gets result-unavailable rather than a partial replay).
         let keepable = limits::response_fits(head.status, &headers).is_ok();
+        let headers = if keepable { headers } else { Vec::new() };
+        let max = self.policy.max_stored_body();
+        let too_large = head.content_length.is_some_and(|n| n > max as u64);
+        // A body that may be kept goes straight into the complete call's
+        // frame, behind its metadata; there is room for what it announced.
+        let frame = if trailers_only || (keepable && !too_large) {
+            let room = head.content_length.map_or(0, |n| n.min(max as u64) as usize);
+            match self.complete_frame(fence, head.status, &headers, true, room) {
+                Some(frame) => frame,
+                None => return Step::Continue,
+            }
+        } else {
+            Vec::new()
+        };
         self.phase = Phase::Capturing {
             fence,
             status: head.status,
-            headers: if keepable { headers } else { Vec::new() },
-            body: Vec::new(),
+            headers,
+            body_at: frame.len(),
+            frame,
             announced: head.content_length,
             control,
         };
         if trailers_only {
             return self.complete_grpc(trailers);
         }
-        if !keepable
-            || head
-                .content_length
-                .is_some_and(|n| n > self.policy.max_stored_body() as u64)
-        {
+        if !keepable || too_large {
             return self.complete(false);
         }
         if head.end_of_stream {
@@ -83,8 +94,8 @@ impl Exchange {
 
     /// A chunk of an owned response's body.
     pub fn response_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Step {
-        let kept = match &mut self.phase {
-            Phase::Capturing { body, .. } => body,
+        let (frame, body_at) = match &mut self.phase {
+            Phase::Capturing { frame, body_at, .. } => (frame, *body_at),
             // A call about this response is in flight: hold the rest until the
             // store has recorded it, so no client can retry before that.
             Phase::Settling { .. } => return Step::Pause,
@@ -92,10 +103,10 @@ impl Exchange {
         };
         // Too large to keep: record the outcome without the body, and let
         // the response stream on.
-        if kept.len() + chunk.len() > self.policy.max_stored_body() {
+        if frame.len() - body_at + chunk.len() > self.policy.max_stored_body() {
             return self.complete(false);
         }
-        kept.extend_from_slice(chunk);
+        frame.extend_from_slice(chunk);
         match end_of_stream {
             false => Step::Pause,
             // A gRPC response that ends without trailers has no status.
@@ -149,11 +160,11 @@ impl Exchange {
     /// Stores a gRPC response: its messages, then its trailers as
     /// gRPC-Web's trailer frame.
     fn complete_grpc(&mut self, trailers: Vec<(String, String)>) -> Step {
-        let Phase::Capturing { body, .. } = &mut self.phase else {
+        let Phase::Capturing { frame, body_at, .. } = &mut self.phase else {
             return Step::Continue;
         };
-        grpc::append_trailers(body, &trailers);
-        if body.len() > self.policy.max_stored_body() {
+        grpc::append_trailers(frame, &trailers);
+        if frame.len() - *body_at > self.policy.max_stored_body() {
             return self.complete(false);
         }
         self.complete(true)
@@ -164,25 +175,21 @@ impl Exchange {
             fence,
             status,
             headers,
-            body,
+            frame,
             announced,
             ..
         } = std::mem::replace(&mut self.phase, Phase::Done)
         else {
             return Step::Continue;
         };
-        let Some(scope) = self.scope_ref() else {
-            return Step::Continue;
+        let frame = match body_stored {
+            true => frame,
+            false => match self.complete_frame(fence, status, &headers, false, 0) {
+                Some(frame) => frame,
+                None => return Step::Continue,
+            },
         };
-        let request = CompleteRequestRef {
-            scope,
-            fence,
-            status,
-            headers: &headers,
-            body_stored,
-        };
-        let kept: &[u8] = if body_stored { &body } else { &[] };
-        let call = self.call(COMPLETE_PATH, encode_frame(&request, kept), 0);
+        let call = self.call(COMPLETE_PATH, frame, 0);
         let fits_envoys_buffer = announced.is_some_and(|n| n <= ENVOY_DEFAULT_BUFFER_LIMIT as u64);
         if !body_stored && !fits_envoys_buffer && self.policy.forwarding() == &Forwarding::Streaming {
             // A streamed body too large to keep, and maybe too large for
@@ -196,5 +203,25 @@ impl Exchange {
             return Step::Deliver(call, Box::new(Step::Continue));
         }
         self.settling(call, Settlement::Completed)
+    }
+
+    /// The complete call's frame up to its body, with room for `room` bytes
+    /// of it.
+    fn complete_frame(
+        &self,
+        fence: u64,
+        status: u16,
+        headers: &[(String, String)],
+        body_stored: bool,
+        room: usize,
+    ) -> Option<Vec<u8>> {
+        let request = CompleteRequestRef {
+            scope: self.scope_ref()?,
+            fence,
+            status,
+            headers,
+            body_stored,
+        };
+        Some(start_frame(&request, room))
     }
 }

@@ -63,7 +63,12 @@ enum Phase {
         fence: u64,
         status: u16,
         headers: Vec<(String, String)>,
-        body: Vec<u8>,
+        /// The complete call's frame for a kept body, written as the body
+        /// comes: its metadata line, then the body so far. Empty when the
+        /// response's headers already decided that the body is not kept.
+        frame: Vec<u8>,
+        /// Where the body starts in `frame`.
+        body_at: usize,
         /// The response's `Content-Length`, when it announced one.
         announced: Option<u64>,
         /// What its headers' `Idempotency-Control` said (a gRPC response is

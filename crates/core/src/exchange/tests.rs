@@ -10,6 +10,7 @@ use crate::protocol::{
 };
 
 mod canary;
+mod capture;
 mod grpc;
 
 const CONFIG: &str = r#"{
