@@ -25,12 +25,13 @@ const NUDGE_FRAMES: u64 = 256;
 const RESTART_FRAMES: u64 = 1_000;
 
 thread_local! {
-    /// Frames in the WAL after the writer's last commit (its WAL hook).
-    static WAL_FRAMES: Cell<u64> = const { Cell::new(0) };
+    /// Frames in the WAL after the last commit of a writer on this thread
+    /// (its WAL hook, which runs on the committing thread), until taken.
+    static WAL_FRAMES: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 fn count_wal_frames(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
-    WAL_FRAMES.with(|f| f.set(u64::try_from(frames).unwrap_or(0)));
+    WAL_FRAMES.with(|f| f.set(Some(u64::try_from(frames).unwrap_or(0))));
     Ok(())
 }
 
@@ -80,6 +81,8 @@ fn checkpointer_loop(
 /// have their answers.
 pub(super) struct Checkpoints {
     nudge: mpsc::SyncSender<()>,
+    /// Frames in the WAL after the writer's last commit.
+    frames: u64,
     nudged_at: u64,
     /// Held by whoever checkpoints: SQLite would answer a checkpoint that
     /// meets another with "busy" at once, and a restart that keeps missing
@@ -112,25 +115,35 @@ impl Checkpoints {
             .map_err(|e| StoreError::internal(format!("cannot start the sqlite checkpointer: {e}")))?;
         Ok(Checkpoints {
             nudge,
+            frames: 0,
             nudged_at: 0,
             turn,
             checkpoints,
         })
     }
 
-    /// After each commit of the writer, once its batch's callers have their answers.
-    pub(super) fn after_commit(&mut self, conn: &Connection) {
-        let frames = WAL_FRAMES.with(Cell::get);
+    /// After each commit of the writer, on the thread that committed, once
+    /// its batch's callers have their answers. `may_wait`: this thread may
+    /// wait for a restart (the writer thread); if not, and one is due, says
+    /// so (true), to be done by one that may.
+    pub(super) fn after_commit(&mut self, conn: &Connection, may_wait: bool) -> bool {
+        if let Some(frames) = WAL_FRAMES.with(Cell::take) {
+            self.frames = frames;
+        }
+        let frames = self.frames;
         if frames >= RESTART_FRAMES {
+            if !may_wait {
+                return true;
+            }
             // Tried again after the next commit if it could not be done now.
-            let Ok(_turn) = self.turn.lock() else { return };
+            let Ok(_turn) = self.turn.lock() else { return false };
             let restarted = restart(conn);
             if restarted.is_ok() {
                 self.checkpoints.inc();
             }
             match restarted {
                 Ok(true) => {
-                    WAL_FRAMES.with(|f| f.set(0));
+                    self.frames = 0;
                     self.nudged_at = 0;
                 }
                 Ok(false) => {}
@@ -144,6 +157,7 @@ impl Checkpoints {
             // The WAL started over.
             self.nudged_at = 0;
         }
+        false
     }
 }
 

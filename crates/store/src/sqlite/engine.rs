@@ -1,10 +1,13 @@
-//! The connections: one writer thread with group commit, and readers; the
-//! WAL's checkpoints are `super::checkpoint`'s.
+//! The connections: one writer with group commit, and readers; the WAL's
+//! checkpoints are `super::checkpoint`'s.
 //!
-//! The writer takes the first group of jobs from its channel, drains whatever
+//! The writer takes the first group of jobs from its queue, drains whatever
 //! else is already queued, runs the whole batch in one transaction, commits
 //! once, and only then answers every caller: 200 concurrent claims cost one
-//! fsync, not 200. Each job of a batch with several runs inside its own
+//! fsync, not 200. A request's writes run on its own thread when the writer
+//! is idle ([`Engine::submit`]): at low load a claim then costs one sync and
+//! no thread wake-ups; while a batch runs, the writes that arrive meanwhile
+//! queue for the writer thread, which takes them as the next batch. Each job of a batch with several runs inside its own
 //! savepoint, so one failing job does not undo the others; a batch of one job
 //! needs none (if it fails, the transaction is rolled back instead). A group
 //! (the calls of one `/v1/batch`) is never split across transactions.
@@ -12,8 +15,9 @@
 //! needs no locking of its own. How a batch commits, and how durably, is
 //! [`writer`]'s.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use rusqlite::functions::FunctionFlags;
@@ -25,6 +29,7 @@ use crate::backend::{Outage, Result, StoreError, WriterStages};
 mod writer;
 
 pub(super) use writer::Writer;
+use writer::WriterState;
 
 const READERS: usize = 4;
 const MAX_BATCH: usize = 256;
@@ -134,8 +139,39 @@ fn ends_transaction(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// The writer's queue: groups of jobs, each group one call's or one
+/// `/v1/batch`'s, never split across transactions.
+#[derive(Default)]
+struct Queue {
+    groups: VecDeque<Vec<Job>>,
+    /// A batch run where nobody may wait left the WAL's restart to the
+    /// writer thread.
+    restart_due: bool,
+    /// No more jobs are taken: the engine was dropped, or the writer broke.
+    stopped: bool,
+}
+
+impl Queue {
+    /// The next batch: whole groups, up to [`MAX_BATCH`] jobs unless the
+    /// first group alone is larger.
+    fn next_batch(&mut self) -> Vec<Job> {
+        let mut batch = self.groups.pop_front().unwrap_or_default();
+        while batch.len() < MAX_BATCH {
+            match self.groups.pop_front() {
+                Some(group) => batch.extend(group),
+                None => break,
+            }
+        }
+        batch
+    }
+}
+
 struct Shared {
-    writer: mpsc::Sender<Vec<Job>>,
+    queue: Mutex<Queue>,
+    /// The writer thread waits here for work.
+    work: Condvar,
+    /// Held by whoever runs a batch.
+    writer: Mutex<WriterState>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// The writer's stage timers and its commit and checkpoint counters.
@@ -173,10 +209,96 @@ pub(super) struct EngineLoad {
     pub writer_queue: usize,
 }
 
-/// The writer's queue and the readers; cheap to clone.
+impl Shared {
+    fn queue(&self) -> Result<MutexGuard<'_, Queue>> {
+        self.queue
+            .lock()
+            .map_err(|_| StoreError::internal("the sqlite writer's queue is poisoned"))
+    }
+
+    /// Takes the next batch, and runs it if there is one; a restart left
+    /// for the writer thread is noted. `may_wait`: as [`WriterState::run`].
+    fn run_next(&self, writer: &mut WriterState, may_wait: bool) -> Result<()> {
+        let batch = {
+            let mut queue = self.queue()?;
+            let batch = queue.next_batch();
+            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+            batch
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if writer.run(batch, self, may_wait) {
+            self.queue()?.restart_due = true;
+            self.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The writer broke (a job panicked while holding it): every queued job
+    /// is dropped, so its caller sees an error, and no more are taken.
+    fn stop(&self) {
+        let mut queue = match self.queue.lock() {
+            Ok(queue) => queue,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        queue.stopped = true;
+        let dropped: usize = queue.groups.drain(..).map(|g| g.len()).sum();
+        self.queued.fetch_sub(dropped, Ordering::Relaxed);
+        self.work.notify_all();
+    }
+}
+
+/// Runs batches as they are queued, and the WAL's restarts left to it.
+/// Returns once the engine is dropped and its queue is empty.
+fn writer_thread(shared: &Shared) {
+    loop {
+        let restart = {
+            let Ok(mut queue) = shared.queue.lock() else { return };
+            while queue.groups.is_empty() && !queue.restart_due {
+                if queue.stopped {
+                    return;
+                }
+                queue = match shared.work.wait(queue) {
+                    Ok(queue) => queue,
+                    Err(_) => return,
+                };
+            }
+            std::mem::take(&mut queue.restart_due)
+        };
+        let Ok(mut writer) = shared.writer.lock() else {
+            shared.stop();
+            return;
+        };
+        if restart {
+            writer.restart_wal();
+        }
+        if shared.run_next(&mut writer, true).is_err() {
+            drop(writer);
+            shared.stop();
+            return;
+        }
+    }
+}
+
+/// The writer's queue and the readers; cheap to clone. The writer thread
+/// stops when the last clone is dropped (and the checkpointer with it).
 #[derive(Clone)]
 pub(super) struct Engine {
     shared: Arc<Shared>,
+    _open: Arc<Open>,
+}
+
+/// Alive while an [`Engine`] is: the writer thread holds [`Shared`], not this.
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Ok(mut queue) = self.0.queue.lock() {
+            queue.stopped = true;
+        }
+        self.0.work.notify_all();
+    }
 }
 
 /// `idemgate_scope_digest(version, tenant, principal, route, namespace,
@@ -221,27 +343,32 @@ impl Engine {
         let readers = (0..READERS)
             .map(|_| open_connection(path, synchronous_full).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
-        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        let stages = WriterStages::default();
+        let checkpoints = Checkpoints::start(
+            &writer,
+            open_connection(path, synchronous_full)?,
+            stages.checkpoints.clone(),
+        )?;
         let shared = Arc::new(Shared {
-            writer: tx,
+            queue: Mutex::default(),
+            work: Condvar::new(),
+            writer: Mutex::new(WriterState::new(writer, synchronous_full, checkpoints)),
             readers,
             next_reader: AtomicUsize::new(0),
-            stages: WriterStages::default(),
+            stages,
             queued: AtomicUsize::new(0),
             reading: AtomicUsize::new(0),
             reading_held: AtomicUsize::new(0),
         });
-        let checkpoints = Checkpoints::start(
-            &writer,
-            open_connection(path, synchronous_full)?,
-            shared.stages.checkpoints.clone(),
-        )?;
-        let counters = Arc::clone(&shared);
+        let theirs = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer::writer_loop(writer, rx, (synchronous_full, checkpoints), &counters))
+            .spawn(move || writer_thread(&theirs))
             .map_err(|e| StoreError::internal(format!("cannot start the sqlite writer: {e}")))?;
-        Ok(Engine { shared })
+        Ok(Engine {
+            _open: Arc::new(Open(Arc::clone(&shared))),
+            shared,
+        })
     }
 
     /// Transactions committed by the writer, and how many of them durably.
@@ -296,20 +423,60 @@ impl Engine {
         )
     }
 
-    /// Queues `jobs` to run in one transaction. Callable from any thread: a
-    /// reader queues the writes it found necessary without a trip back to
-    /// the async runtime.
+    /// Queues `jobs` to run in one transaction, and runs the next batch
+    /// here, on the caller's thread, if the writer is idle: its caller's
+    /// answer is then ready when this returns, with no thread woken on the
+    /// way. Otherwise the writer thread takes them with its next batch.
+    /// Callable from any thread: a reader queues the writes it found
+    /// necessary without a trip back to the async runtime. Blocks for one
+    /// batch at most (its commit's sync included): only a request's own
+    /// writes come this way.
     pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
-        if jobs.is_empty() {
+        if !self.enqueue(jobs)? {
             return Ok(());
         }
-        // Counted before sending, so the writer never takes more than this shows.
-        let n = jobs.len();
-        self.shared.queued.fetch_add(n, Ordering::Relaxed);
-        self.shared.writer.send(jobs).map_err(|_| {
-            self.shared.queued.fetch_sub(n, Ordering::Relaxed);
-            StoreError::internal("the sqlite writer has stopped")
-        })
+        let shared = &self.shared;
+        match shared.writer.try_lock() {
+            Ok(mut writer) => {
+                let ran = shared.run_next(&mut writer, false);
+                drop(writer);
+                if ran.is_err() {
+                    shared.stop();
+                }
+                // What arrived meanwhile is the writer thread's.
+                if shared.queued.load(Ordering::Relaxed) > 0 {
+                    shared.work.notify_one();
+                }
+            }
+            Err(TryLockError::WouldBlock) => shared.work.notify_one(),
+            Err(TryLockError::Poisoned(_)) => shared.stop(),
+        }
+        Ok(())
+    }
+
+    /// Queues `jobs` for the writer thread, which runs them with its next
+    /// batch: for writes whose caller is no request (the sweeper, an
+    /// operator, replay counts), which need not hold up the caller's thread.
+    fn hand_over(&self, jobs: Vec<Job>) -> Result<()> {
+        if self.enqueue(jobs)? {
+            self.shared.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Adds a group to the queue; false if it was empty.
+    fn enqueue(&self, jobs: Vec<Job>) -> Result<bool> {
+        if jobs.is_empty() {
+            return Ok(false);
+        }
+        let mut queue = self.shared.queue()?;
+        if queue.stopped {
+            return Err(StoreError::internal("the sqlite writer has stopped"));
+        }
+        // Counted while the queue is held, so the writer never takes more than this shows.
+        self.shared.queued.fetch_add(jobs.len(), Ordering::Relaxed);
+        queue.groups.push_back(jobs);
+        Ok(true)
     }
 
     /// Runs `f` on the writer thread inside the next group commit; its
@@ -320,7 +487,7 @@ impl Engine {
         f: impl FnOnce(&Writer<'_>) -> Result<R> + Send + 'static,
     ) -> Result<R> {
         let (job, pending) = Engine::job(durability, f);
-        self.submit(vec![job])?;
+        self.hand_over(vec![job])?;
         pending.wait().await
     }
 
@@ -350,7 +517,7 @@ impl Engine {
             durability,
             queued_at: Instant::now(),
         };
-        if let Err(e) = self.submit(vec![job]) {
+        if let Err(e) = self.hand_over(vec![job]) {
             tracing::warn!("sqlite: {what} not applied: {e}");
         }
     }

@@ -61,8 +61,10 @@ async fn batch_with_a_failure(code: i32, rolled_back: bool) -> (Vec<bool>, Vec<i
     (answered, rows(&engine).await)
 }
 
-#[tokio::test]
-async fn the_wal_starts_over_while_the_writer_never_rests() {
+/// 8,000 commits of a page each, back to back, run by the writer thread
+/// (`inline` false) or each on its caller's thread: a WAL that never
+/// started over would hold them all (over 32 MiB).
+async fn wal_after_back_to_back_commits(inline: bool) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("engine.db");
     let engine = Engine::open(path.to_str().unwrap(), false).unwrap();
@@ -72,20 +74,98 @@ async fn the_wal_starts_over_while_the_writer_never_rests() {
         })
         .await
         .unwrap();
-    // 8,000 commits of a page each, back to back: a WAL that never
-    // started over would hold them all (over 32 MiB).
     for _ in 0..8_000 {
-        engine
-            .write(Durability::Relaxed, |w| {
-                w.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
-                    .map(drop)
-                    .map_err(unavailable)
-            })
-            .await
-            .unwrap();
+        let page = |w: &Writer<'_>| {
+            w.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
+                .map(drop)
+                .map_err(unavailable)
+        };
+        if inline {
+            let (job, pending) = Engine::job(Durability::Relaxed, page);
+            engine.submit(vec![job]).unwrap();
+            pending.wait().await.unwrap();
+        } else {
+            engine.write(Durability::Relaxed, page).await.unwrap();
+        }
     }
-    let wal = std::fs::metadata(dir.path().join("engine.db-wal")).unwrap().len();
+    std::fs::metadata(dir.path().join("engine.db-wal")).unwrap().len()
+}
+
+#[tokio::test]
+async fn the_wal_starts_over_while_the_writer_never_rests() {
+    let wal = wal_after_back_to_back_commits(false).await;
     assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
+}
+
+#[tokio::test]
+async fn the_wal_starts_over_when_every_commit_runs_on_its_callers_thread() {
+    // The restart waits for readers, so it is left to the writer thread.
+    let wal = wal_after_back_to_back_commits(true).await;
+    assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
+}
+
+async fn with_table() -> (tempfile::TempDir, Engine) {
+    let (dir, engine) = engine();
+    engine
+        .write(Durability::Durable, |w| {
+            w.execute_batch("CREATE TABLE t (x INTEGER)").map_err(unavailable)
+        })
+        .await
+        .unwrap();
+    (dir, engine)
+}
+
+#[tokio::test]
+async fn a_write_submitted_to_an_idle_writer_is_committed_on_its_callers_thread() {
+    let (_dir, engine) = with_table().await;
+    let here = std::thread::current().id();
+    let (job, mut pending) = Engine::job(Durability::Durable, move |w| {
+        insert(1)(w).map(|()| std::thread::current().id())
+    });
+    engine.submit(vec![job]).unwrap();
+    // Answered before anything was awaited: no other thread took part.
+    let ran_on = pending.0.try_recv().expect("answered when submit returned");
+    assert_eq!(ran_on.unwrap(), here);
+    assert_eq!(engine.commits(), (2, 2));
+    assert_eq!(rows(&engine).await, [1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_from_many_threads_at_once_are_all_committed() {
+    // Callers race each other for the writer and its thread: a write
+    // queued while another caller's batch runs must not be left behind.
+    let (_dir, engine) = with_table().await;
+    let tasks = (0..16i64).map(|t| {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            for i in 0..50 {
+                let (job, pending) = Engine::job(Durability::Durable, insert(t * 50 + i));
+                engine.submit(vec![job]).unwrap();
+                pending.wait().await.unwrap();
+            }
+        })
+    });
+    let all = futures_util::future::join_all(tasks);
+    let done = tokio::time::timeout(std::time::Duration::from_secs(120), all).await;
+    assert!(done.is_ok(), "a write was never committed");
+    assert_eq!(rows(&engine).await, (0..800).collect::<Vec<i64>>());
+}
+
+#[tokio::test]
+async fn the_writer_and_the_checkpointer_stop_with_the_engine() {
+    let (_dir, engine) = with_table().await;
+    engine.write(Durability::Durable, insert(1)).await.unwrap();
+    let shared = Arc::downgrade(&engine.shared);
+    drop(engine);
+    // The writer thread holds the engine's state until it returns; the
+    // checkpointer ends when that state (its nudges' sender) is dropped.
+    for _ in 0..100 {
+        if shared.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the writer thread still runs after its engine was dropped");
 }
 
 #[tokio::test]

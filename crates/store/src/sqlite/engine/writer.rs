@@ -17,14 +17,12 @@
 //! part of the schema this module knows; nothing here knows what jobs do.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 use std::time::Instant;
 
 use rusqlite::Connection;
 
 use super::super::checkpoint::Checkpoints;
-use super::{unavailable, Deliver, Durability, Ended, Job, Shared, MAX_BATCH};
+use super::{unavailable, Deliver, Durability, Ended, Job, Shared};
 use crate::backend::{Result, StoreError};
 use crate::columns::u64_from;
 
@@ -197,37 +195,53 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran
     }
 }
 
-pub(super) fn writer_loop(
+/// The writer's connection and what it keeps between batches. Whoever holds
+/// it runs the next batch: the writer thread, or a caller that found it idle
+/// (see [`super::Engine::submit`]).
+pub(super) struct WriterState {
     conn: Connection,
-    rx: mpsc::Receiver<Vec<Job>>,
-    (synchronous_full, mut checkpoints): (bool, Checkpoints),
-    shared: &Shared,
-) {
-    let mut full_now = synchronous_full;
-    while let Ok(first) = rx.recv() {
-        let mut batch = first;
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(group) => batch.extend(group),
-                Err(_) => break,
-            }
+    synchronous_full: bool,
+    /// `synchronous` as set on the connection now.
+    full_now: bool,
+    checkpoints: Checkpoints,
+}
+
+impl WriterState {
+    pub(super) fn new(conn: Connection, synchronous_full: bool, checkpoints: Checkpoints) -> WriterState {
+        WriterState {
+            conn,
+            synchronous_full,
+            full_now: synchronous_full,
+            checkpoints,
         }
-        shared.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+    }
+
+    /// The WAL's restart, left by a batch run where nobody may wait for it.
+    pub(super) fn restart_wal(&mut self) {
+        self.checkpoints.after_commit(&self.conn, true);
+    }
+
+    /// Runs `batch` in one transaction, commits it once, then answers every
+    /// job. `may_wait`: this thread may wait for the WAL's restart; if not,
+    /// and one is due, says so (true) for the writer thread to do it.
+    pub(super) fn run(&mut self, batch: Vec<Job>, shared: &Shared, may_wait: bool) -> bool {
+        let conn = &self.conn;
         let began = Instant::now();
         for job in &batch {
             let waited = began.saturating_duration_since(job.queued_at);
             shared.stages.queued.observe(waited.as_secs_f64());
         }
         // Decided before BEGIN: SQLite does not change it inside a transaction.
+        let synchronous_full = self.synchronous_full;
         let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
-        if let Err(e) = set_synchronous(&conn, full, &mut full_now) {
+        if let Err(e) = set_synchronous(conn, full, &mut self.full_now) {
             tracing::error!("sqlite: cannot set synchronous: {e}");
-            continue;
+            return false;
         }
-        if let Err(e) = control(&conn, "BEGIN IMMEDIATE") {
+        if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
             // Dropping the jobs drops their reply channels: callers see an error.
             tracing::error!("sqlite: cannot begin a transaction: {e}");
-            continue;
+            return false;
         }
         let fences = Fences::default();
         let lone = batch.len() == 1;
@@ -240,7 +254,7 @@ pub(super) fn writer_loop(
                 // sees an error.
                 continue;
             }
-            let ran = run_job(&conn, &fences, job, !lone);
+            let ran = run_job(conn, &fences, job, !lone);
             kept += usize::from(ran.kept);
             need_durable |= ran.durable;
             lost |= ran.lost;
@@ -255,7 +269,7 @@ pub(super) fn writer_loop(
             // The transaction is gone or cannot be trusted: nothing of the
             // batch is kept, and nobody is told otherwise. The ROLLBACK
             // fails harmlessly if SQLite already rolled back.
-            let _ = control(&conn, "ROLLBACK");
+            let _ = control(conn, "ROLLBACK");
             tracing::error!(
                 "sqlite: a batch of {} jobs was rolled back: the database refused a write",
                 delivers.len()
@@ -263,9 +277,9 @@ pub(super) fn writer_loop(
             Err("the database refused a write; the transaction was rolled back".to_string())
         } else if kept == 0 {
             // Nothing to keep (a lone job failed): its writes are undone.
-            control(&conn, "ROLLBACK").map_err(|e| e.to_string())
+            control(conn, "ROLLBACK").map_err(|e| e.to_string())
         } else {
-            let end = fences.store(&conn).and_then(|()| control(&conn, "COMMIT"));
+            let end = fences.store(conn).and_then(|()| control(conn, "COMMIT"));
             match end {
                 Ok(()) => {
                     shared.stages.commits.inc();
@@ -274,8 +288,8 @@ pub(super) fn writer_loop(
                         Ok(())
                     } else if synchronous_full && need_durable {
                         // A relaxed batch with a job that must be durable.
-                        let synced = set_synchronous(&conn, true, &mut full_now)
-                            .and_then(|()| durable_commit(&conn))
+                        let synced = set_synchronous(conn, true, &mut self.full_now)
+                            .and_then(|()| durable_commit(conn))
                             .map_err(|e| format!("the commit could not be made durable: {e}"));
                         if synced.is_ok() {
                             shared.stages.durable_commits.inc();
@@ -286,7 +300,7 @@ pub(super) fn writer_loop(
                     }
                 }
                 Err(e) => {
-                    let _ = control(&conn, "ROLLBACK");
+                    let _ = control(conn, "ROLLBACK");
                     Err(e.to_string())
                 }
             }
@@ -295,6 +309,6 @@ pub(super) fn writer_loop(
         for deliver in delivers {
             deliver(commit.clone());
         }
-        checkpoints.after_commit(&conn);
+        self.checkpoints.after_commit(&self.conn, may_wait)
     }
 }
