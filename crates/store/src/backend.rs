@@ -228,6 +228,9 @@ pub struct WriterStages {
     pub transaction: prometheus_client::metrics::histogram::Histogram,
     /// Per transaction: the commit, durable as asked.
     pub commit: prometheus_client::metrics::histogram::Histogram,
+    /// Per write: from its batch's commit to its caller holding the answer
+    /// (a thread woken, unless the caller ran the batch itself).
+    pub answered: prometheus_client::metrics::histogram::Histogram,
     /// Transactions committed; of those, the ones synced to disk before
     /// anyone was answered; and the WAL checkpoints that ran (each syncs the
     /// WAL and the database file when it copies anything).
@@ -245,6 +248,7 @@ impl Default for WriterStages {
             queued: h(),
             transaction: h(),
             commit: h(),
+            answered: h(),
             commits: Default::default(),
             durable_commits: Default::default(),
             checkpoints: Default::default(),

@@ -307,6 +307,11 @@ impl Metrics {
                 "Time a group commit's commit took, the sync to disk included",
                 stages.commit,
             ),
+            (
+                "write_answered_seconds",
+                "Time from a write's commit to its caller holding the answer",
+                stages.answered,
+            ),
         ] {
             self.registry.register(name, help, h);
         }

@@ -497,6 +497,7 @@ async fn health_readiness_and_metrics_are_served() {
         "idemgate_store_unknown_records_open 0",
         "idemgate_store_oldest_unknown_age_seconds",
         "idemgate_store_write_commit_seconds_count",
+        "idemgate_store_write_answered_seconds_count",
         "idemgate_store_sweeper_runs_total",
         "idemgate_store_sweeper_errors_total 0",
         "idemgate_store_sweeper_last_success_timestamp_seconds",

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
+use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::Connection;
 
@@ -34,8 +35,9 @@ use writer::WriterState;
 const READERS: usize = 4;
 const MAX_BATCH: usize = 256;
 
-/// Hands a job's result to its caller once the batch's commit is known.
-type Deliver = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+/// Hands a job's result to its caller once the batch's commit is known;
+/// the histogram times the hand-over ([`WriterStages::answered`]).
+type Deliver = Box<dyn FnOnce(std::result::Result<(), String>, &Histogram) + Send>;
 /// Runs on the writer; says how it ended, and how to deliver.
 type Run = Box<dyn FnOnce(&Writer<'_>) -> (Ended, Deliver) + Send>;
 
@@ -92,14 +94,20 @@ pub(super) struct Job {
     queued_at: Instant,
 }
 
+/// A job's result, when it was handed over, and where to time the hand-over.
+type Delivered<R> = (Result<R>, Instant, Histogram);
+
 /// Where a job's result arrives once its batch has committed.
-pub(super) struct Pending<R>(tokio::sync::oneshot::Receiver<Result<R>>);
+pub(super) struct Pending<R>(tokio::sync::oneshot::Receiver<Delivered<R>>);
 
 impl<R> Pending<R> {
     pub(super) async fn wait(self) -> Result<R> {
-        self.0
+        let (out, sent, answered) = self
+            .0
             .await
-            .map_err(|_| StoreError::internal("the sqlite writer dropped the job"))?
+            .map_err(|_| StoreError::internal("the sqlite writer dropped the job"))?;
+        answered.observe(sent.elapsed().as_secs_f64());
+        out
     }
 }
 
@@ -254,7 +262,9 @@ impl Shared {
 fn writer_thread(shared: &Shared) {
     loop {
         let restart = {
-            let Ok(mut queue) = shared.queue.lock() else { return };
+            let Ok(mut queue) = shared.queue.lock() else {
+                return;
+            };
             while queue.groups.is_empty() && !queue.restart_due {
                 if queue.stopped {
                     return;
@@ -404,12 +414,11 @@ impl Engine {
         let run: Run = Box::new(move |w| {
             let out = f(w);
             let ended = Ended::of(&out);
-            let deliver: Deliver = Box::new(move |commit| {
-                let _ = tx.send(
-                    commit
-                        .map_err(|e| StoreError::unavailable(Outage::Database, e))
-                        .and(to_caller(out)),
-                );
+            let deliver: Deliver = Box::new(move |commit, answered| {
+                let out = commit
+                    .map_err(|e| StoreError::unavailable(Outage::Database, e))
+                    .and(to_caller(out));
+                let _ = tx.send((out, Instant::now(), answered.clone()));
             });
             (ended, deliver)
         });
@@ -505,7 +514,7 @@ impl Engine {
             if let Err(e) = &applied {
                 tracing::warn!("sqlite: {what} lost: {e}");
             }
-            let deliver: Deliver = Box::new(move |commit| {
+            let deliver: Deliver = Box::new(move |commit, _| {
                 if let Err(e) = commit {
                     tracing::warn!("sqlite: {what} lost: {e}");
                 }

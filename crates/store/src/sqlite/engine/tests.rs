@@ -124,7 +124,7 @@ async fn a_write_submitted_to_an_idle_writer_is_committed_on_its_callers_thread(
     });
     engine.submit(vec![job]).unwrap();
     // Answered before anything was awaited: no other thread took part.
-    let ran_on = pending.0.try_recv().expect("answered when submit returned");
+    let (ran_on, _, _) = pending.0.try_recv().expect("answered when submit returned");
     assert_eq!(ran_on.unwrap(), here);
     assert_eq!(engine.commits(), (2, 2));
     assert_eq!(rows(&engine).await, [1]);

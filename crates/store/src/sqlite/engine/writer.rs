@@ -162,7 +162,7 @@ fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran
                 kept: false,
                 durable: false,
                 lost: true,
-                deliver: Box::new(move |_| drop(job)),
+                deliver: Box::new(move |_, _| drop(job)),
             };
         }
     }
@@ -307,7 +307,7 @@ impl WriterState {
         };
         shared.stages.commit.observe(committing.elapsed().as_secs_f64());
         for deliver in delivers {
-            deliver(commit.clone());
+            deliver(commit.clone(), &shared.stages.answered);
         }
         self.checkpoints.after_commit(&self.conn, may_wait)
     }
