@@ -30,9 +30,11 @@ use crate::backend::{Outage, Result, StoreError, WriterStages};
 mod writer;
 
 pub(super) use writer::Writer;
-use writer::WriterState;
+use writer::{BatchEnd, WriterState};
 
 const READERS: usize = 4;
+/// How long a connection waits for a lock another process holds.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const MAX_BATCH: usize = 256;
 
 /// Hands a job's result to its caller once the batch's commit is known;
@@ -236,9 +238,20 @@ impl Shared {
         if batch.is_empty() {
             return Ok(());
         }
-        if writer.run(batch, self, may_wait) {
-            self.queue()?.restart_due = true;
-            self.work.notify_one();
+        match writer.run(batch, self, may_wait) {
+            BatchEnd::Done => {}
+            BatchEnd::RestartDue => {
+                self.queue()?.restart_due = true;
+                self.work.notify_one();
+            }
+            BatchEnd::Busy(batch) => {
+                // First in line again, for the writer thread, which waits.
+                let mut queue = self.queue()?;
+                self.queued.fetch_add(batch.len(), Ordering::Relaxed);
+                queue.groups.push_front(batch);
+                drop(queue);
+                self.work.notify_one();
+            }
         }
         Ok(())
     }
@@ -333,8 +346,7 @@ fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
 
 fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
     let conn = Connection::open(path).map_err(unavailable)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(unavailable)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(unavailable)?;
     // Room for every statement the writer repeats (queries and transaction
     // control), so none is evicted and parsed again.
     conn.set_prepared_statement_cache_capacity(64);

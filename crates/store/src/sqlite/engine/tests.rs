@@ -118,6 +118,11 @@ async fn with_table() -> (tempfile::TempDir, Engine) {
 #[tokio::test]
 async fn a_write_submitted_to_an_idle_writer_is_committed_on_its_callers_thread() {
     let (_dir, engine) = with_table().await;
+    // The writer thread, which created the table, lets go of the writer
+    // once its batch is answered.
+    while engine.shared.writer.try_lock().is_err() {
+        tokio::task::yield_now().await;
+    }
     let here = std::thread::current().id();
     let (job, mut pending) = Engine::job(Durability::Durable, move |w| {
         insert(1)(w).map(|()| std::thread::current().id())
@@ -231,4 +236,35 @@ async fn a_job_that_fails_on_its_own_is_undone_alone() {
     let (answered, rows) = batch_with_a_failure(rusqlite::ffi::SQLITE_CONSTRAINT, false).await;
     assert_eq!(answered, [true, false, true]);
     assert_eq!(rows, [1, 3, 4]);
+}
+
+#[tokio::test]
+async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("engine.db");
+    let engine = Engine::open(path.to_str().unwrap(), true).unwrap();
+    engine
+        .write(Durability::Durable, |w| {
+            w.execute_batch("CREATE TABLE t (x INTEGER)").map_err(unavailable)
+        })
+        .await
+        .unwrap();
+    // Another process (the command line, say) holds the write lock.
+    let other = Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (job, pending) = Engine::job(Durability::Durable, insert(1));
+    let submitted = Instant::now();
+    engine.submit(vec![job]).unwrap();
+    assert!(
+        submitted.elapsed() < BUSY_TIMEOUT / 5,
+        "the caller's thread waited {:?} for the lock",
+        submitted.elapsed()
+    );
+    let released = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        other.execute_batch("ROLLBACK").unwrap();
+    });
+    pending.wait().await.unwrap();
+    released.join().unwrap();
+    assert_eq!(rows(&engine).await, [1]);
 }

@@ -222,9 +222,11 @@ impl WriterState {
     }
 
     /// Runs `batch` in one transaction, commits it once, then answers every
-    /// job. `may_wait`: this thread may wait for the WAL's restart; if not,
-    /// and one is due, says so (true) for the writer thread to do it.
-    pub(super) fn run(&mut self, batch: Vec<Job>, shared: &Shared, may_wait: bool) -> bool {
+    /// job. `may_wait`: this thread may wait for locks (another process's
+    /// write lock, the WAL's restart); if not, what would wait is left to
+    /// the writer thread: a batch whose transaction could not begin at once
+    /// is handed back untouched.
+    pub(super) fn run(&mut self, batch: Vec<Job>, shared: &Shared, may_wait: bool) -> BatchEnd {
         let conn = &self.conn;
         let began = Instant::now();
         for job in &batch {
@@ -236,12 +238,18 @@ impl WriterState {
         let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
         if let Err(e) = set_synchronous(conn, full, &mut self.full_now) {
             tracing::error!("sqlite: cannot set synchronous: {e}");
-            return false;
+            return BatchEnd::Done;
         }
-        if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
-            // Dropping the jobs drops their reply channels: callers see an error.
-            tracing::error!("sqlite: cannot begin a transaction: {e}");
-            return false;
+        match begin(conn, may_wait) {
+            Ok(()) => {}
+            Err(e) if !may_wait && e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                return BatchEnd::Busy(batch);
+            }
+            Err(e) => {
+                // Dropping the jobs drops their reply channels: callers see an error.
+                tracing::error!("sqlite: cannot begin a transaction: {e}");
+                return BatchEnd::Done;
+            }
         }
         let fences = Fences::default();
         let lone = batch.len() == 1;
@@ -309,6 +317,30 @@ impl WriterState {
         for deliver in delivers {
             deliver(commit.clone(), &shared.stages.answered);
         }
-        self.checkpoints.after_commit(&self.conn, may_wait)
+        match self.checkpoints.after_commit(&self.conn, may_wait) {
+            true => BatchEnd::RestartDue,
+            false => BatchEnd::Done,
+        }
     }
+}
+
+/// How a batch run went, for what is left to the writer thread.
+pub(super) enum BatchEnd {
+    Done,
+    /// Committed and answered; the WAL's restart is due.
+    RestartDue,
+    /// Not begun: another connection holds the write lock.
+    Busy(Vec<Job>),
+}
+
+/// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another
+/// connection's write lock only if `may_wait`.
+fn begin(conn: &Connection, may_wait: bool) -> rusqlite::Result<()> {
+    if may_wait {
+        return control(conn, "BEGIN IMMEDIATE");
+    }
+    conn.busy_timeout(std::time::Duration::ZERO)?;
+    let begun = control(conn, "BEGIN IMMEDIATE");
+    conn.busy_timeout(super::BUSY_TIMEOUT)?;
+    begun
 }
