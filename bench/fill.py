@@ -53,10 +53,9 @@ RECORD_COLUMNS = (
     "ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored, created_at, "
     "completed_at, expires_at, archived_at, replay_count, generation, attempt"
 )
-EVENT_COLUMNS = (
-    "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, "
-    "fingerprint, status, actor, detail, duration_ms"
-)
+# An event row names its generation; the record holds its scope, attempt and
+# fingerprint.
+EVENT_COLUMNS = "generation, at, transition, fence, status, actor, detail, duration_ms"
 # Each record's events, derived from the record by the database (so they carry
 # exactly its columns): (transition, actor, at, status, which records).
 EVENTS = (
@@ -101,9 +100,9 @@ def events_sql():
     out = []
     for transition, actor, at, status, which in EVENTS:
         out.append(
-            f"INSERT INTO idempotency_events ({EVENT_COLUMNS}) SELECT scope_version, tenant, principal, route, "
-            f"namespace, idem_key, generation, CASE WHEN archived_at IS NULL THEN {at} ELSE {PARKED} END, "
-            f"'{transition}', attempt, fence, fingerprint, {status}, '{actor}', NULL, "
+            f"INSERT INTO idempotency_events ({EVENT_COLUMNS}) SELECT "
+            f"generation, CASE WHEN archived_at IS NULL THEN {at} ELSE {PARKED} END, "
+            f"'{transition}', fence, {status}, '{actor}', NULL, "
             f"CASE WHEN archived_at IS NULL THEN {at} - created_at ELSE {DAY} END FROM idempotency_records WHERE {which}"
         )
     return out

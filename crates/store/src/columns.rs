@@ -49,8 +49,21 @@ pub const RECORD_COLUMNS: [&str; 24] = [
     "response_key",
 ];
 
-/// An event's columns, in table order (after its `id`).
+/// An event as operators and the log see it: its generation's scope,
+/// attempt and fingerprint, with the event's own [`EVENT_OWN_COLUMNS`].
 pub const EVENT_COLUMNS: &str = event_columns!();
+
+/// An event row's columns, in table order (after its `id`): the event names
+/// its generation, whose record, history row or purged generation holds the
+/// rest of [`EVENT_COLUMNS`] (a generation is the fence its claim drew, so
+/// the number names one generation of one key).
+pub const EVENT_OWN_COLUMNS: &str =
+    "generation, at, transition, fence, status, actor, detail, duration_ms, reason";
+
+/// What an event reads of its generation, in the record, the history and
+/// the purged generations alike; the generation first.
+pub const GENERATION_OF_EVENT: &str =
+    "generation, scope_version, tenant, principal, route, namespace, idem_key, attempt, fingerprint";
 
 /// [`EVENT_COLUMNS`] one by one, for reading a row by position.
 pub const EVENT_COLUMN_NAMES: &[&str] = &[
@@ -72,6 +85,36 @@ pub const EVENT_COLUMN_NAMES: &[&str] = &[
     "duration_ms",
     "reason",
 ];
+
+/// The events, as [`EVENT_COLUMNS`] and oldest first, of the generations
+/// whose scope columns meet `matching`: current records, the history, and
+/// generations purged before all their events were; at most `limit` (a
+/// parameter). A key's generations are found through the tables' (tenant,
+/// key) indexes, their events through the events' generation index.
+pub fn events_matching(matching: &str, limit: &str) -> String {
+    let select = event_select("e", "g");
+    let g = GENERATION_OF_EVENT;
+    format!(
+        "SELECT {select} FROM (SELECT {g} FROM idempotency_records WHERE {matching} \
+         UNION ALL SELECT {g} FROM idempotency_history WHERE {matching} \
+         UNION ALL SELECT {g} FROM idempotency_purged_generations WHERE {matching}) g \
+         JOIN idempotency_events e ON e.generation = g.generation ORDER BY e.id LIMIT {limit}"
+    )
+}
+
+/// [`EVENT_COLUMNS`] as a select list of an event row `event` joined to
+/// its generation's row `generation`.
+pub fn event_select(event: &str, generation: &str) -> String {
+    let own: Vec<&str> = EVENT_OWN_COLUMNS.split(", ").collect();
+    EVENT_COLUMN_NAMES
+        .iter()
+        .map(|c| {
+            let from = if own.contains(c) { event } else { generation };
+            format!("{from}.{c}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// [`RECORD_COLUMNS`] joined for a statement, each column written as `each`
 /// says (`None`: its plain name).
@@ -354,6 +397,15 @@ pub fn i64_from(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_row_and_its_generation_make_the_event_columns() {
+        let mut from_both: Vec<&str> = EVENT_OWN_COLUMNS.split(", ").collect();
+        from_both.extend(GENERATION_OF_EVENT.split(", "));
+        for c in EVENT_COLUMN_NAMES {
+            assert!(from_both.contains(c), "{c}");
+        }
+    }
 
     #[test]
     fn the_event_column_names_are_the_event_columns() {

@@ -2,7 +2,8 @@
 //! (records keyed by their six scope columns), with rows as that version
 //! wrote them, is migrated by the current store, which then finds every
 //! record by its scope's digest, replays, completes, sweeps, and shows the
-//! earlier generations and events to operators. Written once, run on both
+//! earlier generations and events to operators (an event whose generation
+//! was purged before it among them). Written once, run on both
 //! backends. A row whose state, transition or actor no store writes is
 //! refused as corrupt.
 
@@ -40,6 +41,7 @@ INSERT INTO idempotency_history (scope_version, tenant, principal, route, namesp
    NULL, {false}, {t0}, NULL, NULL, NULL, 0, 3, NULL, {t0});
 INSERT INTO idempotency_events (scope_version, tenant, principal, route, namespace, idem_key, generation, at,
     transition, attempt, fence, fingerprint, status, actor, detail, duration_ms) VALUES
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 2, {t0}, 'claimed', 'a0', 2, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'claimed', NULL, 3, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'released', NULL, 3, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t0}, 'claimed', NULL, 5, NULL, NULL, 'filter', NULL, 0),
@@ -126,8 +128,22 @@ async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
         .collect();
     assert_eq!(gens, [(5, "completed"), (3, "released")]);
     assert_eq!(h.records[0].replay_count, 3, "two counted before, one since");
-    let events: Vec<&str> = h.events.iter().map(|e| e.transition.as_str()).collect();
-    assert_eq!(events, ["claimed", "released", "claimed", "completed"]);
+    let events: Vec<(&str, u64)> = (h.events.iter())
+        .map(|e| (e.transition.as_str(), e.generation))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("claimed", 2),
+            ("claimed", 3),
+            ("released", 3),
+            ("claimed", 5),
+            ("completed", 5)
+        ]
+    );
+    // An event whose generation was purged before it keeps its scope and attempt.
+    assert_eq!(h.events[0].scope, scope("k-done"));
+    assert_eq!(h.events[0].attempt.as_deref(), Some("a0"));
     // A new key is claimed as usual, and a second claim of it finds it.
     let fresh = scope("k-fresh");
     assert!(matches!(
@@ -186,23 +202,100 @@ async fn a_version_2_database_migrates_in_place_on_postgres() {
     everything_survives_the_migration(b).await;
 }
 
-/// A store rolled back without its database refuses to start: it would
-/// misread a schema a newer store wrote.
-async fn a_newer_schema_is_refused(url: &str, mark_newer: &str) {
-    migrated(url).await;
+/// Runs `sql` on the database of `url`, as an operator would.
+async fn execute(url: &str, sql: &str) {
     match url.strip_prefix("sqlite://") {
         Some(path) => rusqlite::Connection::open(path)
             .unwrap()
-            .execute_batch(mark_newer)
+            .execute_batch(sql)
             .unwrap(),
         None => {
             let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
             let task = tokio::spawn(conn);
-            db.batch_execute(mark_newer).await.unwrap();
+            db.batch_execute(sql).await.unwrap();
             drop(db);
             let _ = task.await;
         }
     }
+}
+
+/// An event names its generation; when the sweeper purges the generation
+/// before one of its events (here an event dated after it ended), the
+/// event still shows its scope and attempt until it is purged too.
+async fn an_event_outlives_its_generation(url: &str) {
+    let b = migrated(url).await;
+    let clock = Clock::manual(T0);
+    let store = Store::new(b.clone(), clock.clone());
+    let s = scope("k-outlived");
+    let mut req = claim(&s, None);
+    req.attempt = Some(Attempt::try_from("a-outlived".to_string()).unwrap());
+    let ClaimReply::Owned { fence: f } = store.claim(&req).await.unwrap().reply else {
+        panic!("not owned");
+    };
+    assert_eq!(store.release(&fence(&s, f)).await.unwrap(), FenceReply::Done);
+    execute(
+        url,
+        &format!(
+            "UPDATE idempotency_events SET at = {} WHERE transition = 'released'",
+            T0 + 60_000
+        ),
+    )
+    .await;
+    let lookup = Lookup {
+        tenant: s.tenant().into(),
+        key: s.key().as_str().into(),
+        ..Default::default()
+    };
+    let before = b.lookup(&lookup, 10).await.unwrap();
+    let sweep = |at: i64| {
+        let b = b.clone();
+        async move {
+            let policy = SweepPolicy {
+                batch: 100,
+                audit_retention_ms: 30_000,
+            };
+            b.sweep(at, &policy).await.unwrap()
+        }
+    };
+    let report = sweep(T0 + 40_000).await;
+    assert_eq!((report.purged, report.events_purged), (1, 1), "{report:?}");
+    let h = b.lookup(&lookup, 10).await.unwrap();
+    assert!(h.records.is_empty(), "{h:?}");
+    assert_eq!(h.events, before.events[1..], "the released event, as before");
+    assert_eq!(h.events[0].attempt.as_deref(), Some("a-outlived"));
+    let report = sweep(T0 + 100_000).await;
+    assert_eq!((report.purged, report.events_purged), (0, 1), "{report:?}");
+    assert_eq!(b.lookup(&lookup, 10).await.unwrap(), Default::default());
+    let count = "SELECT count(*) FROM idempotency_purged_generations";
+    match url.strip_prefix("sqlite://") {
+        Some(path) => {
+            let n: i64 = rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(count, [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(n, 0, "its generation goes with it");
+        }
+        None => execute(url, &format!("DO $$ BEGIN ASSERT ({count}) = 0; END $$")).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_outlives_its_generation_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    an_event_outlives_its_generation(&format!("sqlite://{}", dir.path().join("store.db").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_outlives_its_generation_on_postgres() {
+    let cluster = shared_cluster();
+    an_event_outlives_its_generation(&cluster.fresh_database().await).await;
+}
+
+/// A store rolled back without its database refuses to start: it would
+/// misread a schema a newer store wrote.
+async fn a_newer_schema_is_refused(url: &str, mark_newer: &str) {
+    migrated(url).await;
+    execute(url, mark_newer).await;
     let b = open_backend(url, &BackendOptions::default()).await.unwrap();
     let err = b.migrate().await.unwrap_err().to_string();
     assert!(

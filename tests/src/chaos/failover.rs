@@ -24,9 +24,12 @@ const REPLAY_OF_LOST: &str = ", but nothing was stored";
 ///
 /// A fence is drawn once per claim (a sequence, which may hand a lost
 /// claim's fence out again after an asynchronous failover), so it is named
-/// together with the body's fingerprint.
-const HELD_TRANSITIONS: &str =
-    "SELECT transition || ' ' || fence || ' ' || coalesce(fingerprint, '-') FROM idempotency_events";
+/// together with the body's fingerprint, which an event row leaves to its
+/// generation's row (the record, the history, or a purged generation).
+const HELD_TRANSITIONS: &str = "SELECT e.transition || ' ' || e.fence || ' ' || coalesce(g.fingerprint, '-') \
+     FROM idempotency_events e JOIN (SELECT generation, fingerprint FROM idempotency_records \
+     UNION ALL SELECT generation, fingerprint FROM idempotency_history \
+     UNION ALL SELECT generation, fingerprint FROM idempotency_purged_generations) g ON g.generation = e.generation";
 
 /// A failover run's audit, and what the failover did to its traffic and
 /// to what the stores committed.

@@ -10,7 +10,7 @@ use idemgate_core::record::{self, Standing, State, Transition};
 use super::pool::{On, Tx};
 use super::rows::{Bind, Param, TO_HISTORY};
 use crate::backend::{Actor, EventInfo, Result};
-use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
+use crate::columns::{event_select, i64_from, LoadedRecord, ScopeDigest, EVENT_OWN_COLUMNS};
 
 /// A transition, who caused it, and an optional detail.
 pub(super) type By<'a> = (Transition, &'a Actor, Option<&'a str>);
@@ -25,7 +25,9 @@ pub(super) async fn event(tx: &Tx<'_>, key: &ScopeDigest, by: By<'_>, now: i64) 
     noted_event(tx, key, by, None, now).await
 }
 
-/// [`event`] with an operator's reason, kept in the event row.
+/// [`event`] with an operator's reason, kept in the event row. The row
+/// names its generation; the scope, attempt and fingerprint the log shows
+/// are read off the record.
 pub(super) async fn noted_event(
     tx: &Tx<'_>,
     key: &ScopeDigest,
@@ -33,21 +35,36 @@ pub(super) async fn noted_event(
     reason: Option<&str>,
     now: i64,
 ) -> Result<Vec<EventInfo>> {
-    const SQL: &str = concat!(
-        "INSERT INTO idempotency_events (",
-        event_columns!(),
-        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, $2, $3, attempt, fence, \
-         fingerprint, response_status, $4, $5, $2 - created_at, $6 FROM idempotency_records WHERE ",
-        key_where!(),
-        " RETURNING ",
-        event_columns!()
-    );
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        event_of(
+            "",
+            &format!(
+                "SELECT generation, $2::bigint, $3::text, fence, response_status, $4::text, $5::text, \
+                 $2 - created_at, $6::text FROM idempotency_records WHERE {}",
+                key_where!()
+            ),
+            concat!("idempotency_records g WHERE ", key_where!()),
+        )
+    });
     let (transition, actor, detail) = by;
     let (name, actor) = (transition.as_str(), actor.as_str());
     let rows = tx
-        .query(SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))
+        .query(&SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))
         .await?;
     rows.iter().map(EventInfo::read).collect()
+}
+
+/// A statement that inserts the event `values` selects (its
+/// [`EVENT_OWN_COLUMNS`]) and returns it as [`crate::columns::EVENT_COLUMNS`],
+/// its generation's columns taken from `generation` (a table or a common
+/// table expression of `with`, named `g`, with its condition), which has
+/// the generation's one row.
+pub(super) fn event_of(with: &str, values: &str, generation: &str) -> String {
+    format!(
+        "WITH {with}ev AS (INSERT INTO idempotency_events ({EVENT_OWN_COLUMNS}) {values} \
+         RETURNING {EVENT_OWN_COLUMNS}) SELECT {} FROM ev, {generation}",
+        event_select("ev", "g")
+    )
 }
 
 /// Moves the current generation to the history as `ended`.

@@ -61,10 +61,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("migrations/0003_event_reasons.sql")),
     (4, include_str!("migrations/0004_scope_digest.sql")),
     (5, include_str!("migrations/0005_response_keys.sql")),
+    (6, include_str!("migrations/0006_event_generations.sql")),
 ];
 
 /// The schema version this store reads and writes: the last migration's.
-pub const LATEST_SCHEMA: i64 = 5;
+pub const LATEST_SCHEMA: i64 = 6;
 const _: () = assert!(MIGRATIONS.len() as i64 == LATEST_SCHEMA);
 
 /// The first column of the first row of a simple query's answer, as an
@@ -387,10 +388,7 @@ impl Backend for Postgres {
         let records = self
             .infos(&sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
             .await?;
-        let sql = format!(
-            "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT $6",
-            crate::columns::EVENT_COLUMNS
-        );
+        let sql = crate::columns::events_matching(MATCH, "$6");
         let events_limit = limit.saturating_mul(16);
         let events = self
             .connections

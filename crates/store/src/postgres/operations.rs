@@ -10,7 +10,7 @@ use idemgate_core::record::{State, Transition};
 use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 
-use super::generation::{end_generation, execute, noted_event, set_unknown};
+use super::generation::{end_generation, event_of, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client, On, Stmt, Tx};
 use super::rows::{bind_with_columns, Bind, Param};
 use super::Postgres;
@@ -37,26 +37,27 @@ use crate::sealing::Seal;
 /// again; under `on_unknown: release` it would free the key for a second
 /// execution, so that completion waits for the flush like every other write.
 pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
-    conditions::expand(&format!(
-        "WITH done AS (UPDATE idempotency_records SET state = {completed}, response_status = $3, \
+    let done = conditions::expand(&format!(
+        "done AS (UPDATE idempotency_records SET state = {completed}, response_status = $3, \
            response_headers = $4, response_body = CASE WHEN archived_at IS NULL THEN $5::bytea END, \
            body_stored = $6 AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
            lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 \
            AND ({{fenceable}} OR {{unknown}} AND archived_at IS NOT NULL) \
-           RETURNING scope_version, tenant, principal, route, namespace, idem_key, generation, attempt, fence, \
-           fingerprint, response_status, created_at, \
+           RETURNING {generation}, fence, response_status, created_at, \
            set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
-             AS commit_mode) \
-         INSERT INTO idempotency_events ({events}) SELECT scope_version, tenant, principal, route, namespace, idem_key, \
-           generation, $7, {completion}, attempt, fence, fingerprint, response_status, {filter}, NULL, $7 - created_at, NULL \
-           FROM done WHERE commit_mode IS NOT NULL RETURNING {events}",
+             AS commit_mode), ",
         completed = conditions::state(State::Completed),
-        completion = conditions::transition(Transition::Completed),
-        filter = conditions::actor(&Actor::Filter),
         expiry = conditions::completion_expiry("$7"),
         key = key_where!(),
-        events = crate::columns::EVENT_COLUMNS,
-    ))
+        generation = crate::columns::GENERATION_OF_EVENT,
+    ));
+    let values = format!(
+        "SELECT generation, $7, {completion}, fence, response_status, {filter}, NULL, $7 - created_at, NULL \
+         FROM done WHERE commit_mode IS NOT NULL",
+        completion = conditions::transition(Transition::Completed),
+        filter = conditions::actor(&Actor::Filter),
+    );
+    event_of(&done, &values, "done g")
 });
 
 /// Carries out `plan` on the record of `key`, locked in `tx`: its reply and

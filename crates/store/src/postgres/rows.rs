@@ -159,7 +159,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
            INSERT INTO idempotency_records (scope_digest, {columns}) SELECT $1, {values} FROM f \
            ON CONFLICT DO NOTHING RETURNING fence), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT $2, $3, $4, $5, $6, $7, fence, $12, {claimed}, $13, fence, $8, NULL, {filter}, NULL, 0, NULL FROM ins) \
+           SELECT fence, $12, {claimed}, fence, NULL, {filter}, NULL, 0, NULL FROM ins) \
          SELECT true AS inserted, fence, NULL::text AS state, NULL::text AS fingerprint, NULL::bigint AS lease_until, \
            NULL::bigint AS ttl_ms, NULL::integer AS response_status, NULL::text AS response_headers, \
            NULL::text AS response_key, NULL::bytea AS response_body, false AS body_stored, NULL::bigint AS completed_at, NULL::bigint AS expires_at, \
@@ -170,7 +170,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
            archived_at IS NOT NULL, attempt, release_on_unknown \
          FROM idempotency_records WHERE {key} AND NOT EXISTS (SELECT 1 FROM ins)",
         columns = record_list(|_| None),
-        events = crate::columns::EVENT_COLUMNS,
+        events = crate::columns::EVENT_OWN_COLUMNS,
         key = key_where!(),
         claimed = crate::conditions::transition(Transition::Claimed),
         filter = crate::conditions::actor(&Actor::Filter),
@@ -204,14 +204,12 @@ pub(super) static CLAIM_NEW: LazyLock<String> = LazyLock::new(|| {
          ins AS (INSERT INTO idempotency_records (scope_digest, {columns}) \
            SELECT v.scope_digest, {values} FROM v ORDER BY v.scope_digest \
            ON CONFLICT (scope_digest) DO NOTHING \
-           RETURNING scope_digest, scope_version, tenant, principal, route, namespace, idem_key, fence, attempt, \
-             fingerprint), \
+           RETURNING scope_digest, fence), \
          ev AS (INSERT INTO idempotency_events ({events}) \
-           SELECT scope_version, tenant, principal, route, namespace, idem_key, fence, $12::bigint, {claimed}, \
-             attempt, fence, fingerprint, NULL, {filter}, NULL, 0, NULL FROM ins ORDER BY fence) \
+           SELECT fence, $12::bigint, {claimed}, fence, NULL, {filter}, NULL, 0, NULL FROM ins ORDER BY fence) \
          SELECT scope_digest, fence FROM ins",
         columns = record_list(|_| None),
-        events = crate::columns::EVENT_COLUMNS,
+        events = crate::columns::EVENT_OWN_COLUMNS,
         claimed = crate::conditions::transition(Transition::Claimed),
         filter = crate::conditions::actor(&Actor::Filter),
     )

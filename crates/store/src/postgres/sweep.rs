@@ -12,7 +12,7 @@ use super::pool::On;
 use super::rows::{pick, Param};
 use super::Postgres;
 use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader, LoadedRecord};
+use crate::columns::{i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT};
 use crate::plan::{self, Due};
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
@@ -38,9 +38,36 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
 });
 static EXPIRED: LazyLock<String> =
     LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1", "expires_at"));
-const PURGE_ARCHIVED: &str = "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest \
-     FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY archived_at LIMIT $2 \
-     FOR UPDATE SKIP LOCKED)";
+static PURGE_ARCHIVED: LazyLock<String> = LazyLock::new(|| {
+    purge_generations(
+        "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest \
+         FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY archived_at \
+         LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+});
+static PURGE_HISTORY: LazyLock<String> = LazyLock::new(|| {
+    purge_generations(
+        "DELETE FROM idempotency_history WHERE ctid IN (SELECT ctid FROM idempotency_history \
+         WHERE ended_at <= $1 LIMIT $2)",
+    )
+});
+
+/// The generations `delete` deletes (`$1` the cutoff, `$2` the batch), each
+/// with its events past the retention; a generation with later events is
+/// kept for them among the purged generations. Returns how many
+/// generations and events went.
+fn purge_generations(delete: &str) -> String {
+    let generation = GENERATION_OF_EVENT;
+    format!(
+        "WITH gone AS ({delete} RETURNING {generation}), \
+         ev AS (DELETE FROM idempotency_events e USING gone WHERE e.generation = gone.generation AND e.at <= $1 \
+           RETURNING e.id), \
+         kept AS (INSERT INTO idempotency_purged_generations ({generation}) SELECT {generation} FROM gone \
+           WHERE EXISTS (SELECT 1 FROM idempotency_events e WHERE e.generation = gone.generation AND e.at > $1) \
+           ON CONFLICT DO NOTHING) \
+         SELECT (SELECT count(*) FROM gone) AS generations, (SELECT count(*) FROM ev) AS events"
+    )
+}
 
 impl Postgres {
     pub(super) async fn sweep_once(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
@@ -80,14 +107,22 @@ impl Postgres {
             let (tx, params) = (&tx, &params);
             async move { tx.execute(sql, params).await }
         };
-        report.purged = delete(PURGE_ARCHIVED).await?
-            + delete(
-                "DELETE FROM idempotency_history WHERE ctid IN (SELECT ctid FROM idempotency_history \
-                 WHERE ended_at <= $1 LIMIT $2)",
-            )
-            .await?;
-        report.events_purged = delete(
+        for sql in [&PURGE_ARCHIVED, &PURGE_HISTORY] {
+            let stmt = tx.prepare(sql.as_str()).await?;
+            let row = tx.one(&stmt, &params).await?;
+            report.purged += row.unsigned("generations")?;
+            report.events_purged += row.unsigned("events")?;
+        }
+        report.events_purged += delete(
             "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= $1 LIMIT $2)",
+        )
+        .await?;
+        // Purged generations none of whose events are left (a small table:
+        // a generation lands there only for events younger than the retention).
+        tx.execute(
+            "DELETE FROM idempotency_purged_generations p WHERE NOT EXISTS (SELECT 1 FROM idempotency_events e \
+             WHERE e.generation = p.generation)",
+            &[],
         )
         .await?;
         tx.commit().await?;

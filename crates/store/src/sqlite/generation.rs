@@ -13,7 +13,7 @@ use rusqlite::Connection;
 use super::engine::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
 use crate::backend::{Actor, EventInfo, Result};
-use crate::columns::{i64_from, KeyColumns, ScopeDigest};
+use crate::columns::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 use crate::conditions;
 use crate::replays::ReplayTally;
 
@@ -34,7 +34,9 @@ pub(super) fn event(
     noted_event(conn, key, by, None, now, journal)
 }
 
-/// [`event`] with an operator's reason, kept in the event row.
+/// [`event`] with an operator's reason, kept in the event row. The event
+/// is read off the record as operators will see it, then its own columns
+/// are written: the row names its generation instead of copying its scope.
 pub(super) fn noted_event(
     conn: &Connection,
     key: &ScopeDigest,
@@ -44,21 +46,35 @@ pub(super) fn noted_event(
     journal: &mut Journal,
 ) -> Result<()> {
     const SQL: &str = concat!(
-        "INSERT INTO idempotency_events (",
-        event_columns!(),
-        ") SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?2, ?3, attempt, fence, \
+        "SELECT scope_version, tenant, principal, route, namespace, idem_key, generation, ?2, ?3, attempt, fence, \
          fingerprint, response_status, ?4, ?5, ?2 - created_at, ?6 FROM idempotency_records WHERE ",
-        key_where!(),
-        " RETURNING ",
-        event_columns!()
+        key_where!()
     );
+    static INSERT: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO idempotency_events ({EVENT_OWN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        )
+    });
     let (transition, actor, detail) = by;
     let (name, actor) = (transition.as_str(), actor.as_str());
-    journal.extend(query_events(
-        conn,
-        SQL,
-        &key.bind(&[&now, &name, &actor, &detail, &reason]),
-    )?);
+    let events = query_events(conn, SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))?;
+    let mut insert = conn.prepare_cached(&INSERT).map_err(unavailable)?;
+    for e in &events {
+        insert
+            .execute(rusqlite::params![
+                i64_from(e.generation),
+                e.at,
+                e.transition.as_str(),
+                i64_from(e.fence),
+                e.status,
+                e.actor.as_str(),
+                e.detail,
+                e.duration_ms,
+                e.reason,
+            ])
+            .map_err(unavailable)?;
+    }
+    journal.extend(events);
     Ok(())
 }
 

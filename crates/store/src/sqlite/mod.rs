@@ -70,6 +70,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("migrations/0003_event_reasons.sql")),
     (4, include_str!("migrations/0004_scope_digest.sql")),
     (5, include_str!("migrations/0005_response_keys.sql")),
+    (6, include_str!("migrations/0006_event_generations.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.
@@ -424,10 +425,7 @@ impl Backend for Sqlite {
                     params![q.tenant, q.key, q.route, q.principal, ns, limit],
                     &seal,
                 )?;
-                let sql = format!(
-                    "SELECT {} FROM idempotency_events WHERE {MATCH} ORDER BY id LIMIT ?6",
-                    crate::columns::EVENT_COLUMNS
-                );
+                let sql = crate::columns::events_matching(MATCH, "?6");
                 let events_limit = limit.saturating_mul(16);
                 let events = query_events(
                     conn,

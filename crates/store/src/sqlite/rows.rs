@@ -261,6 +261,25 @@ fn query_selected<T>(
     Ok(out)
 }
 
+/// Every row of `sql`, each as its values in select order.
+pub(super) fn query_values(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+) -> Result<Vec<Vec<rusqlite::types::Value>>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
+    let width = stmt.column_count();
+    let mut rows = stmt.query(params).map_err(unavailable)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(unavailable)? {
+        let values = (0..width)
+            .map(|i| row.get(i))
+            .collect::<rusqlite::Result<Vec<_>>>();
+        out.push(values.map_err(unavailable)?);
+    }
+    Ok(out)
+}
+
 /// The keys of the rows `sql` picks (it selects `scope_digest`).
 pub(super) fn query_keys(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<ScopeDigest>> {
     query_all(conn, sql, params, |row| row.scope_digest())

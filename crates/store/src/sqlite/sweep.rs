@@ -7,9 +7,9 @@ use std::sync::LazyLock;
 use super::engine::Writer;
 use super::generation::Journal;
 use super::operations::carry_out;
-use super::rows::{load, query_keys};
+use super::rows::{load, query_keys, query_values};
 use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::i64_from;
+use crate::columns::{i64_from, GENERATION_OF_EVENT};
 use crate::conditions::expand;
 use crate::plan::{self, Due};
 use crate::sealing::Seal;
@@ -31,11 +31,34 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
          WHERE {abandonable} AND a.at <= ?1 LIMIT ?2",
     )
 });
+/// Archived records past the retention: `?1` the cutoff, `?2` the batch.
+static PURGE_ARCHIVED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest FROM idempotency_records \
+         WHERE archived_at IS NOT NULL AND archived_at <= ?1 ORDER BY archived_at LIMIT ?2) \
+         RETURNING {GENERATION_OF_EVENT}"
+    )
+});
+/// Ended generations past the retention, as [`PURGE_ARCHIVED`].
+static PURGE_HISTORY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \
+         WHERE ended_at <= ?1 LIMIT ?2) RETURNING {GENERATION_OF_EVENT}"
+    )
+});
 const EXPIRED: &str = "SELECT scope_digest FROM idempotency_records \
                        WHERE archived_at IS NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2";
 
 fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Runs `sql`; how many rows it changed.
+fn run(conn: &rusqlite::Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<u64> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params))
+        .map(count)
+        .map_err(super::engine::unavailable)
 }
 
 pub(super) fn sweep(
@@ -71,28 +94,57 @@ pub(super) fn sweep(
         Due::LandedAbandoned,
     )?;
     let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
-    conn.prepare_cached("DELETE FROM idempotency_abandoned WHERE at <= ?1")
-        .and_then(|mut stmt| stmt.execute([forget]))
-        .map_err(super::engine::unavailable)?;
+    run(
+        conn,
+        "DELETE FROM idempotency_abandoned WHERE at <= ?1",
+        &[&forget],
+    )?;
     // Expired records: body dropped, metadata kept.
     carry_out_all(query_keys(conn, EXPIRED, &[&now, &batch])?, Due::Expired)?;
     // Past the audit retention: archived generations, history, events.
     let cutoff = now.saturating_sub(i64_from(audit_retention_ms));
-    let delete = |sql: &str| {
-        conn.prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute(rusqlite::params![cutoff, batch]))
-            .map(count)
-            .map_err(super::engine::unavailable)
-    };
-    report.purged = delete(
-        "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest FROM idempotency_records \
-         WHERE archived_at IS NOT NULL AND archived_at <= ?1 ORDER BY archived_at LIMIT ?2)",
-    )? + delete(
-        "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \
-         WHERE ended_at <= ?1 LIMIT ?2)",
-    )?;
-    report.events_purged = delete(
+    for sql in [&*PURGE_ARCHIVED, &*PURGE_HISTORY] {
+        let (generations, events) = purge_generations(conn, sql, cutoff, batch)?;
+        report.purged += generations;
+        report.events_purged += events;
+    }
+    report.events_purged += run(
+        conn,
         "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
+        &[&cutoff, &batch],
+    )?;
+    // Purged generations none of whose events are left (a small table:
+    // a generation lands there only for events younger than the retention).
+    run(
+        conn,
+        "DELETE FROM idempotency_purged_generations WHERE NOT EXISTS (SELECT 1 FROM idempotency_events e \
+         WHERE e.generation = idempotency_purged_generations.generation)",
+        &[],
     )?;
     Ok(report)
+}
+
+/// Deletes the generations `sql` picks (`?1` the cutoff, `?2` the batch; it
+/// returns [`GENERATION_OF_EVENT`]), each with its events past the
+/// retention. A generation with later events is kept for them among the
+/// purged generations. Returns how many generations and events went.
+fn purge_generations(conn: &rusqlite::Connection, sql: &str, cutoff: i64, batch: u32) -> Result<(u64, u64)> {
+    const EVENTS: &str = "DELETE FROM idempotency_events WHERE generation = ?1 AND at <= ?2";
+    static KEEP: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT OR IGNORE INTO idempotency_purged_generations ({GENERATION_OF_EVENT}) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 \
+             WHERE EXISTS (SELECT 1 FROM idempotency_events WHERE generation = ?1)"
+        )
+    });
+    let gone = query_values(conn, sql, &[&cutoff, &batch])?;
+    let mut events = 0;
+    for generation in &gone {
+        if let Some((number, _)) = generation.split_first() {
+            events += run(conn, EVENTS, &[number, &cutoff])?;
+        }
+        let all: Vec<&dyn rusqlite::ToSql> = generation.iter().map(|v| v as &dyn rusqlite::ToSql).collect();
+        run(conn, &KEEP, &all)?;
+    }
+    Ok((count(gone.len()), events))
 }
