@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import issue_targets
+
 NAMES = {
     "reference": "1. Envoy passthrough (baseline; mean of its runs)",
     "uncovered": "2. Envoy + filter, uncovered route",
@@ -16,10 +18,15 @@ NAMES = {
     "sqlite-detached": "3a. the same, detached forwarding",
     "sqlite-normal": "3b. the same, SQLite synchronous=normal",
     "sqlite-background": "3c. the same, settle: background",
+    "sqlite-unix": "3u. 3 with the store on a Unix socket (Envoy `pipe` address)",
     "postgres": "4. + store on PostgreSQL, new keys",
+    "postgres-background": "4b. the same, settle: background",
+    "postgres-commit-delay": "4cd. 4 with PostgreSQL commit_delay=100",
+    "pinned": "3p. 3 pinned: the store on core 0; wrk, upstream, Envoy (1 worker) on core 1",
     "replay": "5. replay of completed keys (SQLite)",
     "peer-base": "6a. Express handler alone (peer baseline)",
     "peer": "6. express-idempotency + Redis, new keys",
+    "peer-durable": "6d. the same on a durable Redis (appendfsync always)",
     "grpc-reference": "8. gRPC passthrough (gRPC baseline; mean of its runs)",
     "grpc-new": "8a. gRPC unary calls + store on SQLite, new keys",
     "grpc-replay": "8b. gRPC unary calls, replay of completed keys (SQLite)",
@@ -31,23 +38,31 @@ SHORT = {
     "sqlite-detached": "3a SQLite detached",
     "sqlite-normal": "3b SQLite normal",
     "sqlite-background": "3c SQLite background",
+    "sqlite-unix": "3u SQLite Unix socket",
     "postgres": "4 PostgreSQL",
+    "postgres-background": "4b PostgreSQL background",
+    "postgres-commit-delay": "4cd PG commit_delay",
+    "pinned": "3p SQLite pinned",
     "replay": "5 replay",
     "peer-base": "6a peer base",
     "peer": "6 peer",
+    "peer-durable": "6d peer, durable Redis",
     "grpc-reference": "8 gRPC baseline",
     "grpc-new": "8a gRPC new keys",
     "grpc-replay": "8b gRPC replay",
 }
-ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "postgres",
-         "replay", "peer-base", "peer", "grpc-reference", "grpc-new", "grpc-replay"]
+ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "sqlite-unix",
+         "pinned", "postgres", "postgres-background", "postgres-commit-delay", "replay", "peer-base", "peer", "peer-durable",
+         "grpc-reference", "grpc-new", "grpc-replay"]
+PEERS = ("peer", "peer-base", "peer-durable")
 # The gRPC scenarios (8): their own Envoys, upstream and load generator, so
 # their own baseline ("grpc-base@<name>" rounds, pooled as "grpc-reference").
 GRPC = ("grpc-reference", "grpc-new", "grpc-replay")
-WITH_STORE = ("sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "replay", "postgres")
+WITH_STORE = ("sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "sqlite-unix", "replay", "postgres",
+              "postgres-background", "postgres-commit-delay")
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 # Raw lines that come once per scale point, kept as lists.
-LISTED = ("scale_fill", "sweep", "scale_skip")
+LISTED = ("scale_fill", "sweep", "scale_skip", "mechanism", "syncs", "pg_wal", "fixed_rate")
 STORE_RQ = "cluster.idempotency_store.upstream_rq_total"
 STORE_CX = "cluster.idempotency_store.upstream_cx_total"
 SINK_RQ = "cluster.callout_sink.upstream_rq_total"
@@ -201,12 +216,12 @@ def build_row(name, label, scen, refs):
     the peer's, at 32 connections and at 1)."""
     base, base1, peer_base, peer_base1 = refs
     w = scen[name]["wrk"]
-    paired = scen.get(f"baseline@{name}") or scen.get(f"grpc-base@{name}")
+    paired = scen.get(f"baseline@{name}") or scen.get(f"grpc-base@{name}") or scen.get(f"pin-base@{name}")
     if paired:
         base_of = paired["wrk"]
     else:
         base_of = base
-    own = peer_base if name in ("peer", "peer-base") else base_of
+    own = peer_base if name in PEERS else base_of
     ref = base_of
     row = {
         "scenario": name,
@@ -245,7 +260,7 @@ def build_row(name, label, scen, refs):
                 row[key] = v / 1000
     row["paired_baseline_rps"] = paired["wrk"]["rps"] if paired else None
     one = scen[name].get("wrk1")
-    own1 = peer_base1 if name in ("peer", "peer-base") else (paired.get("wrk1") if paired else base1)
+    own1 = peer_base1 if name in PEERS else (paired.get("wrk1") if paired else base1)
     if one:
         row["one_p50_ms"] = one["p50_us"] / 1000
         row["one_p99_ms"] = one["p99_us"] / 1000
@@ -322,7 +337,9 @@ def summarize(meta, scen, extra, probes):
             r["cpu_x"] = r["cpu_us_total"] / own_cpu
     return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes,
             "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
-            "store_claims": extra.get("store_claims")}
+            "store_claims": extra.get("store_claims"), "mechanism": issue_targets.mechanism(extra),
+            "syncs": issue_targets.syncs(extra), "pg_wal": issue_targets.pg_wal(extra),
+            "fixed_rate": issue_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
 
 
 def per_callout(rows):
@@ -556,6 +573,9 @@ def conditions(meta):
         tool = (f"`idempotency-grpc-bench load`, {meta.get('concurrency')} calls in flight over "
                 f"{meta.get('grpc_connections')} HTTP/2 connections")
         paired = "8a and 8b"
+    elif meta.get("only") == "floor":
+        tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
+        paired = "3–5"
     else:
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
         paired = "1c–5, 7 and 8" if "grpc_connections" in meta else "1c–5 and 7"
@@ -567,7 +587,7 @@ def conditions(meta):
         f"then {meta.get('latency_seconds')} s at one connection (`-c1`: latency without queueing), on loopback. Envoy {meta.get('envoy')}, Node "
         f"{meta.get('node')}, Redis {meta.get('redis')}, PostgreSQL {meta.get('postgres')} (defaults: fsync on), "
         f"store on SQLite with its default `synchronous=full` (group commit); Redis as started by default "
-        f"(no fsync per write). " + noise + only
+        f"(no fsync per write; 6d: `appendonly yes`, `appendfsync always`). " + noise + only
     )
 
 
@@ -614,10 +634,12 @@ def markdown(summary):
         out += ["", grpc]
     out += store_calls_section(summary)
     out += callout_section(summary)
-    out += ["", "## Targets (ratios from this run; never asserted in tests)", "", "| target | measured | met |",
-            "|---|---|---|"]
-    for t, v, ok in targets(summary):
-        out.append(f"| {t} | {v} | {'yes' if ok else '**no**'} |")
+    out += issue_targets.targets_section(summary)
+    if meta.get("only") != "floor":  # its rows are about throughput at many connections
+        out += ["", "## Other targets (ratios from this run; never asserted in tests)", "",
+                "| target | measured | met |", "|---|---|---|"]
+        for t, v, ok in targets(summary):
+            out.append(f"| {t} | {v} | {'yes' if ok else '**no**'} |")
     f = summary.get("fsync")
     if f:
         out += ["", f"One durable commit on this machine's disk (a 4 KiB write and `fdatasync`, {f['n']} times, "
@@ -633,6 +655,8 @@ def markdown(summary):
                     "(`idempotency-store-bench --claims-only`): the stage means come from the store's "
                     "`idemgate_store_write_*_seconds` histograms, the context switches from every thread "
                     "of the process.", "", "```", claims.strip(), "```"]
+    out += issue_targets.mechanism_section(summary)
+    out += issue_targets.fixed_rate_section(summary)
     if summary["probes"]:
         out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
                 "| stack | answers | executions |", "|---|---|--:|"]
@@ -659,7 +683,7 @@ def markdown(summary):
         total = sum(c.values())
         cell = lambda k: f"{c[k]:.0f}" if k in c else "–"  # noqa: E731
         node_up = cell("upstream") if "upstream" in c else (cell("node") if r["scenario"] == "peer-base" else "–")
-        node_peer = cell("node") if r["scenario"] == "peer" else "–"
+        node_peer = cell("node") if r["scenario"] in ("peer", "peer-durable") else "–"
         x = r.get("cpu_x", 1.0 if r["scenario"] in ("reference", "grpc-reference") else 0)
         out.append(f"| {r['label']} | {cell('envoy')} | {cell('store')} | {cell('postgres')} | {node_up} | {node_peer} "
                    f"| {cell('redis')} "
@@ -703,7 +727,7 @@ def fmt_per(v, digits=2):
 
 def store_calls_section(summary):
     """Envoy's counters of the store's cluster per covered request, every scenario with the filter."""
-    rows = [r for r in summary["rows"] if r["scenario"] not in ("reference", "peer", "peer-base", "grpc-reference")]
+    rows = [r for r in summary["rows"] if r["scenario"] not in ("reference", "grpc-reference") + PEERS]
     for p in summary["scale"]["points"]:
         rows += [p[k] for k in ("new", "replay") if p.get(k)]
         if p.get("sweep"):

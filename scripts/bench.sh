@@ -17,7 +17,12 @@
 #   3b             3 with SQLite synchronous=normal (what the fsync costs)
 #   3c             3 with `settle: background` (/pay-background: the response
 #                  goes out at once, the record is completed right after)
-#   4 postgres     the same with the store on PostgreSQL
+#   3u             3 with the store listening on a Unix socket, which a third
+#                  Envoy's store cluster reaches through a `pipe` address
+#   4 postgres     the same with the store on PostgreSQL; 4b with `settle:
+#                  background`; 4cd 4 with the server's commit_delay=100 (and
+#                  PostgreSQL's WAL flushes per new key, pg_stat_wal, for 4
+#                  and 4cd)
 #   5 replay       retries of completed keys (store on SQLite)
 #   7 scale        for SQLite, then PostgreSQL: the store empty and pre-filled
 #                  with each of $BENCH_SCALE records (bench/fill.py, straight
@@ -25,7 +30,8 @@
 #                  UUID-shaped keys, the sweeper off), then a sweeper catching up
 #                  on a day's worth of expiries (archive and purge) under load
 #   6 peer         the same handler behind express-idempotency + Redis, new keys
-#                  (its own baseline, "peer-base", is the handler without it)
+#                  (its own baseline, "peer-base", is the handler without it);
+#                  6d the same on a durable Redis (appendonly, appendfsync always)
 #   8 gRPC         gRPC unary calls (bench/grpc.yaml) through a third pair of
 #                  Envoys, with and without the filter, to a trivial Rust gRPC
 #                  upstream (idempotency-grpc-bench upstream), store on a fresh
@@ -41,6 +47,17 @@
 # Every Envoy scenario also reads Envoy's counters of the store's cluster
 # (upstream_rq_total, upstream_cx_total) and of the filter's requests around
 # its measured run: store callouts and connections per covered request.
+# Open loop (bench/mechanism.sh): after 5, new keys offered at BENCH_RATE (200)
+# a second by idempotency-paced-load through each Envoy in alternating
+# rounds, the baseline and 3: CPU per request of every process, the load
+# generator's included, at the same offered work.
+# 3p, pinned (bench/mechanism.sh): 3 and its baseline again at BENCH_PIN_CONCURRENCY
+# (32) connections with the store alone on core 0 and wrk, the upstream and
+# a pair of Envoys with one worker each on core 1 (taskset).
+# Around each one-connection run with the store (bench/mechanism.sh): the
+# store's context switches, its stage timers and commit counters (/metrics),
+# and Envoy's upstream_rq_time of the store's cluster; for 3 and 3c, the
+# store's fsync/fdatasync calls per durable commit (strace, when installed).
 #
 # Knobs (environment): BENCH_SECONDS (15) per measurement (split over
 # BENCH_ROUNDS (3) alternating rounds for 1c-5 and 7), BENCH_WARMUP (2) per run,
@@ -57,9 +74,16 @@
 # BENCH_GRPC_CONNECTIONS (4). BENCH_ONLY=grpc runs scenario 8 alone (about
 # 2 minutes with the defaults; needs neither wrk, Node, Redis nor PostgreSQL)
 # and writes its report to bench/results/only-grpc/ (BENCH_OUT), leaving
-# latest.* and the README alone.
+# latest.* and the README alone. BENCH_ONLY=floor runs what the latency floor
+# needs, at one connection (BENCH_CONCURRENCY defaults to 1, BENCH_SECONDS
+# and BENCH_LATENCY_SECONDS to 9): the disk's sync floors, the store alone,
+# 3, 3c, 3u, 3p, 4, 4b, 4cd, 5, 6a, 6 and 6d, each with its baseline, and the
+# fixed-rate rounds, in about 15 minutes; its report goes to
+# bench/results/only-floor/. BENCH_RATE (200 new keys a second offered in the
+# open-loop rounds), BENCH_PIN_CONCURRENCY (32: connections of the pinned run),
+# BENCH_STRACE_SECONDS (4: the strace runs).
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
-# Node.js and the peer's npm packages here) and says what it installs.
+# Node.js, strace and the peer's npm packages here) and says what it installs.
 #
 # Duration with the defaults, on 2 cores: about 70 minutes (longer when the
 # machine is busy). Scenarios 1-6 take about 11; 7 about 60: 16 paired
@@ -73,11 +97,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-SECS=${BENCH_SECONDS:-15}
-LAT_SECS=${BENCH_LATENCY_SECONDS:-6}
+ONLY=${BENCH_ONLY:-}
+case $ONLY in
+'' | grpc | floor) ;;
+*)
+    echo "bench: BENCH_ONLY=$ONLY: the selections are grpc (scenario 8) and floor (one connection)" >&2
+    exit 2
+    ;;
+esac
+FLOOR=$([[ $ONLY == floor ]] && echo 1 || true)
+SECS=${BENCH_SECONDS:-${FLOOR:+9}}
+SECS=${SECS:-15}
+LAT_SECS=${BENCH_LATENCY_SECONDS:-${FLOOR:+9}}
+LAT_SECS=${LAT_SECS:-6}
 ROUNDS=${BENCH_ROUNDS:-3}
 WARMUP=${BENCH_WARMUP:-2}
-CONC=${BENCH_CONCURRENCY:-32}
+CONC=${BENCH_CONCURRENCY:-${FLOOR:+1}}
+CONC=${CONC:-32}
 THREADS=${BENCH_THREADS:-1}
 ENVOY=${ENVOY_BIN:-$ROOT/.tools/venv/bin/envoy}
 STORE_BIN=${IDEMGATE_STORE_BIN:-$ROOT/target/release/idempotency-store}
@@ -85,14 +121,9 @@ WASM=${IDEMGATE_WASM:-$ROOT/target/idemgate.wasm}
 CALLOUT_WASM=${IDEMGATE_CALLOUT_WASM:-$ROOT/target/callout.wasm}
 GRPC_BIN=${IDEMGATE_GRPC_BENCH_BIN:-$ROOT/target/release/idempotency-grpc-bench}
 GRPC_CONNS=${BENCH_GRPC_CONNECTIONS:-4}
-ONLY=${BENCH_ONLY:-}
-case $ONLY in
-'' | grpc) ;;
-*)
-    echo "bench: BENCH_ONLY=$ONLY: the only selection is grpc (scenario 8)" >&2
-    exit 2
-    ;;
-esac
+STORE_BENCH_BIN=$ROOT/target/release/idempotency-store-bench
+PACED_BIN=$ROOT/target/release/idempotency-paced-load
+RATE=${BENCH_RATE:-200}
 SCALE=${BENCH_SCALE-1e5 1e6 1e7}
 SWEEP_MAX=${BENCH_SWEEP_MAX_SECONDS:-600}
 # The filter's store timeout in the bench's configuration: the bound on the
@@ -119,7 +150,8 @@ install_debs() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${missing[@]}"
 }
 need=()
-if [[ -z $ONLY ]]; then
+if [[ $ONLY != grpc ]]; then
+    command -v strace >/dev/null || need+=(strace)
     command -v wrk >/dev/null || need+=(wrk)
     command -v redis-server >/dev/null || need+=(redis-server)
     command -v redis-cli >/dev/null || need+=(redis-tools)
@@ -128,11 +160,13 @@ if [[ -z $ONLY ]]; then
 fi
 command -v curl >/dev/null || need+=(curl)
 ((${#need[@]})) && install_debs "${need[@]}"
-if [[ -z $ONLY && ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
+if [[ $ONLY != grpc && ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
     echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
-needed=("$STORE_BIN" "$WASM" "$GRPC_BIN")
+needed=("$STORE_BIN" "$WASM")
+[[ $ONLY == floor ]] || needed+=("$GRPC_BIN")
+[[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN")
 [[ -n $ONLY ]] || needed+=("$CALLOUT_WASM")
 for f in "${needed[@]}"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
@@ -157,10 +191,10 @@ trap 'exit 130' INT TERM
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-wait_http() { # url what
+wait_http() { # url what [unix-socket]
     local i
     for ((i = 0; i < 600; i++)); do
-        curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+        curl -fsS -o /dev/null ${3:+--unix-socket "$3"} "$1" 2>/dev/null && return 0
         sleep 0.1
     done
     echo "bench: $2 did not become ready ($1); logs in $W" >&2
@@ -192,13 +226,12 @@ record() { # JSON object
 }
 
 UP_PORT=$(free_port)
-PEER_PORT=$(free_port)
 STORE_PORT=$(free_port)
+STORE_SOCKET=$W/store.sock
 REDIS_PORT=$(free_port)
 PG_PORT=$(free_port)
 declare -A port admin pid_of
-port[without]=$(free_port) admin[without]=$(free_port)
-port[with]=$(free_port) admin[with]=$(free_port)
+for e in without with with-unix pin-without pin-with; do port[$e]=$(free_port) admin[$e]=$(free_port); done
 
 envoy_config() { # name (with|without|grpc-with|grpc-without) template upstream-port -> path
     local f=$W/envoy-$1.yaml
@@ -207,12 +240,16 @@ envoy_config() { # name (with|without|grpc-with|grpc-without) template upstream-
     if [[ $1 == *without ]]; then
         sed -i '/# BEGIN idemgate/,/# END idemgate/d' "$f"
     fi
+    if [[ $1 == with-unix ]]; then # the store's cluster reaches it on its Unix socket
+        sed -i "s|socket_address: {address: 127.0.0.1, port_value: $STORE_PORT}|pipe: {path: $STORE_SOCKET}|" "$f"
+    fi
     echo "$f"
 }
 start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
     local cfg
     cfg=$(envoy_config "$1" "${2:-bench/envoy.yaml}" "${3:-$UP_PORT}")
-    start "envoy-$1" "$ENVOY" -c "$cfg" --concurrency 2 --disable-hot-restart -l warn
+    start "envoy-$1" ${PIN_PROXY:+taskset -c "$PIN_PROXY"} "$ENVOY" -c "$cfg" --concurrency "${ENVOY_WORKERS:-2}" \
+        --disable-hot-restart -l warn
     pid_of[$1]=$last_pid
     wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
     sleep 1
@@ -224,10 +261,14 @@ start_store() { # database-url [flags]; the server's CPU is counted for PostgreS
     [[ $1 == postgres://* ]] && store_db_cpu=" postgres=pg:$(head -1 "$pg_data/postmaster.pid")"
     # A fresh PostgreSQL database has no schema yet: the store migrates it
     # (in production `idempotency-store migrate` does, as the schema's owner).
-    start store env RUST_LOG=warn IDEMGATE_MIGRATE=true "$STORE_BIN" serve --listen "127.0.0.1:$STORE_PORT" --database-url "$1" \
+    # With $store_unix set, it listens on $STORE_SOCKET instead of its port.
+    local listen=127.0.0.1:$STORE_PORT
+    [[ -z ${store_unix:-} ]] || listen=unix:$STORE_SOCKET
+    start store ${PIN_STORE:+taskset -c "$PIN_STORE"} env RUST_LOG=warn IDEMGATE_MIGRATE=true "$STORE_BIN" serve \
+        --listen "$listen" --database-url "$1" \
         --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
     store_pid=$last_pid
-    wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)"
+    wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)" ${store_unix:+"$STORE_SOCKET"}
 }
 filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
     curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
@@ -297,14 +338,22 @@ load() { # url mode prefix [pool]
         return
     fi
     local before=() after=() p s0 s1
-    wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" -- "$2" "$3-warm" "${4:-1000}" >/dev/null
+    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" \
+        -- "$2" "$3-warm" "${4:-1000}" >/dev/null
     s0=$(measured_stats)
     for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3" "${4:-1000}" | tail -1
+    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" \
+        -- "$2" "$3" "${4:-1000}" | tail -1
     for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
     s1=$(measured_stats)
     cpu_json
-    wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" -- "$2" "$3-one" "${4:-1000}" | tail -1
+    # New keys get a prefix of their own; retries keep the completed keys'.
+    local one=$3-one
+    [[ $2 != pool && $2 != spool ]] || one=$3
+    mech_snapshot before
+    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" \
+        -- "$2" "$one" "${4:-1000}" | tail -1
+    mech_snapshot after
     echo "{\"before\":$s0,\"after\":$s1}"
 }
 # The same four lines for gRPC unary calls, from idempotency-grpc-bench load:
@@ -334,11 +383,12 @@ scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mo
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
     cpu_pids="envoy=${pid_of[$envoy]} upstream=$up_pid"
-    stat_admin= stat_cluster=
+    stat_admin= stat_cluster= mech_admin=
     case $envoy in
-    with | grpc-with)
+    with | with-unix | pin-with | grpc-with)
         [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid$store_db_cpu"
         stat_admin=${admin[$envoy]} stat_cluster=idempotency_store
+        [[ -z ${store_pid:-} || $envoy == grpc-with ]] || mech_admin=$stat_admin
         ;;
     callout-*)
         cpu_pids+=" sink=$sink_pid"
@@ -358,7 +408,7 @@ scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mo
 
 # Versions of what this run uses ("none" for what BENCH_ONLY leaves out).
 v_envoy=$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p')
-v_wrk=$(command -v wrk >/dev/null && wrk -v 2>&1 | head -1 | cut -d' ' -f1-2 || echo "wrk none")
+v_wrk=$(command -v wrk >/dev/null && { wrk -v 2>&1 || true; } | head -1 | cut -d' ' -f1-2 || echo "wrk none")
 v_node=$(command -v node >/dev/null && node --version || echo none)
 v_redis=$(command -v redis-server >/dev/null && redis-server --version | awk '{print $3}' | cut -d= -f2 || echo none)
 v_pg=$([[ -x $PG_BIN/postgres ]] && "$PG_BIN/postgres" --version | awk '{print $3}' || echo none)
@@ -366,7 +416,7 @@ say "machine: $(nproc) cores; Envoy $v_envoy; $v_wrk; node $v_node; Redis $v_red
 record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"latency_seconds\":$LAT_SECS,\"concurrency\":$CONC,\"threads\":$THREADS,\"cores\":$(nproc),\"loadavg\":\"$(cut -d" " -f1-3 /proc/loadavg)\",\"wasm_bytes\":$(stat -c %s "$WASM"),\"date\":\"$(date -u +%Y-%m-%dT%H:%MZ)\",\"envoy\":\"$(cut -d/ -f2 <<<"$v_envoy")\",\"node\":\"$v_node\",\"redis\":\"$v_redis\",\"postgres\":\"$v_pg\",\"store_timeout_ms\":$STORE_TIMEOUT_MS,\"scale\":\"$SCALE\",\"only\":\"$ONLY\",\"grpc_connections\":$GRPC_CONNS}}"
 
 # The upstream of every HTTP Envoy scenario: the Express handler, alone.
-if [[ -z $ONLY ]]; then
+if [[ $ONLY != grpc ]]; then
     start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
     up_pid=$last_pid
     wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
@@ -389,6 +439,10 @@ paired() { # name envoy path mode prefix [pool]
     done
     SECS=$secs LAT_SECS=$lat
 }
+
+# The mechanism of a new key at one connection: bench/mechanism.sh.
+# shellcheck source=bench/mechanism.sh
+source bench/mechanism.sh
 
 # 8. gRPC unary calls: a pair of Envoys of their own (bench/grpc.yaml, with
 # and without the filter) in front of a trivial Rust gRPC upstream, the store
@@ -441,6 +495,30 @@ if [[ $ONLY == grpc ]]; then
     exit 0
 fi
 
+# The scenarios themselves (peer, SQLite, PostgreSQL): bench/scenarios.sh.
+# shellcheck source=bench/scenarios.sh
+source bench/scenarios.sh
+
+if [[ $ONLY == floor ]]; then
+    fsync_floors
+    store_alone
+    start_store "sqlite://$W/store.db"
+    start_envoy without
+    start_envoy with
+    sqlite_new_keys
+    stop "$store_pid"
+    fresh_sqlite sqlite-background /pay-background sg store-background.db
+    unix_scenario
+    pinned_scenario
+    pg_cluster
+    pg_scenarios
+    stop "${pid_of[with]}"
+    stop "${pid_of[without]}"
+    peer_scenarios
+    report "${BENCH_README:-}"
+    exit 0
+fi
+
 # 1c. The callout microbenchmark: a third Envoy whose listeners run the trivial
 # filter of bench/callout with 0, 1 and 2 sequential callouts per request to a
 # trivial server (bench/callout/sink.js), then forward to the same upstream.
@@ -477,14 +555,7 @@ start_envoy with
 
 # 1 + 2, 1 + 3, 1 + 5: Envoy with the filter, store on SQLite.
 paired uncovered with /free unique free
-paired sqlite with /pay unique sq
-records=$(python3 bench/sqlite_size.py "$W/store.db")
-record "{\"sqlite_size\":$records}"
-echo "SQLite: $records"
-
-say "replay: completing 1000 keys, then retrying them"
-wrk -t1 -c"$CONC" -d2s -s bench/lua/post.lua "http://127.0.0.1:${port[with]}/pay" -- pool rp 1000 >/dev/null
-paired replay with /pay pool rp 1000
+sqlite_new_keys
 
 say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler)"
 probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions")
@@ -494,55 +565,22 @@ stop "$store_pid"
 
 # 3a. 3 with detached forwarding: the same requests to /pay-detached, whose
 # policy has the filter send the upstream request as its own call to the
-# route's cluster and relay the response once the record is complete. On a
-# fresh file, as 3 started on one.
-start_store "sqlite://$W/store-detached.db"
-paired sqlite-detached with /pay-detached unique sd
-stop "$store_pid"
-
-# 3b. What SQLite's fsync per group commit costs: the same as 3 on a fresh file
-# with synchronous=normal (WAL stays consistent; the last commits may be lost on
-# power loss).
-start_store "sqlite://$W/store-normal.db" --sqlite-synchronous normal
-paired sqlite-normal with /pay unique sn
-stop "$store_pid"
-
+# route's cluster and relay the response once the record is complete.
+fresh_sqlite sqlite-detached /pay-detached sd store-detached.db
+# 3b. What SQLite's fsync per group commit costs: synchronous=normal (WAL
+# stays consistent; the last commits may be lost on power loss).
+fresh_sqlite sqlite-normal /pay sn store-normal.db --sqlite-synchronous normal
 # 3c. 3 with `settle: background`: the response is not held for the
 # completion's round trip (and its commit); a new key waits for the claim only.
-start_store "sqlite://$W/store-background.db"
-paired sqlite-background with /pay-background unique sg
-stop "$store_pid"
+fresh_sqlite sqlite-background /pay-background sg store-background.db
+unix_scenario
+pinned_scenario
 
 grpc_scenarios
-
-# What one durable commit costs on this disk: a small write and its fsync, the
-# floor under a claim's latency at one connection (SQLite synchronous=full).
-record "{\"fsync\":$(python3 bench/fsync.py "$W")}"
-
-# What a new-key claim costs the store itself at one connection, beside that
-# floor: its write stages (queued, transaction, commit) and the context
-# switches of all the store's threads per claim.
-say "the store alone: new-key claims at one connection"
-claims=$(target/release/idempotency-store-bench --database-url "sqlite://$W/claims.db" \
-    --concurrency 1 --seconds 5 --batch 0 --claims-only | tail -n +2)
-echo "$claims"
-record "{\"store_claims\":$(python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))' <<<"$claims")}"
-
-# 4. The store on PostgreSQL (same Envoy; the store's cluster points at the same port).
-say "PostgreSQL: throwaway cluster on port $PG_PORT"
-mkdir -p "$W/pg"
-((EUID == 0)) && chown postgres "$W/pg"
-pg initdb -D "$W/pg/data" -A trust -U idem >/dev/null
-pg_data=$W/pg/data
-pg pg_ctl -D "$pg_data" -l "$W/pg/log" -o "-p $PG_PORT -k $W/pg -c listen_addresses=127.0.0.1" -w start >/dev/null
-start_store "postgres://idem@127.0.0.1:$PG_PORT/postgres"
-paired postgres with /pay unique pg
-pgsize=$("$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -At -F' ' \
-    -c "SELECT count(*), pg_total_relation_size('idempotency_records') FROM idempotency_records")
-record "{\"postgres_size\":{\"records\":${pgsize%% *},\"bytes\":${pgsize##* }}}"
-echo "PostgreSQL: records and bytes: $pgsize"
-stop "$store_pid"
-store_pid=
+fsync_floors
+store_alone
+pg_cluster
+pg_scenarios
 
 # 7. Scale: for SQLite, then PostgreSQL (a database of its own in the same
 # cluster), the store empty and then pre-filled with each of $SCALE records
@@ -667,37 +705,5 @@ if [[ -n ${SCALE// /} ]]; then
 fi
 stop "${pid_of[with]}"
 stop "${pid_of[without]}"
-
-# 6. The peer: the same handler behind express-idempotency + Redis, called directly.
-say "peer: express-idempotency $(node -p 'require("./bench/peer/node_modules/express-idempotency/package.json").version') with express-idempotency-redis-adapter $(node -p 'require("./bench/peer/node_modules/express-idempotency-redis-adapter/package.json").version')"
-start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no
-redis_pid=$last_pid
-for ((i = 0; i < 100; i++)); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-start peer env BENCH_MODE=peer PORT="$PEER_PORT" REDIS_URL="redis://127.0.0.1:$REDIS_PORT" node bench/peer/app.js
-peer_pid=$last_pid
-wait_http "http://127.0.0.1:$PEER_PORT/_bench/ready" "the peer"
-peer_scenario() { # name port pid
-    local result one cpu
-    say "$1: direct to Node on :$2 (unique keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
-    cpu_pids="node=$3 redis=$redis_pid"
-    stat_admin=
-    { read -r result; read -r cpu; read -r one; read -r _; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
-    echo "$result"
-    echo "$one"
-    echo "CPU ms: $cpu"
-    read -r n_rss n_hwm < <(mem "$3")
-    read -r r_rss r_hwm < <(mem "$redis_pid")
-    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
-}
-peer_scenario peer-base "$UP_PORT" "$up_pid"
-used0=$(redis-cli -p "$REDIS_PORT" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
-peer_scenario peer "$PEER_PORT" "$peer_pid"
-used1=$(redis-cli -p "$REDIS_PORT" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
-keys=$(redis-cli -p "$REDIS_PORT" dbsize)
-record "{\"redis_size\":{\"records\":$keys,\"used_memory_delta\":$((used1 - used0))}}"
-say "duplicate-execution probe: peer"
-probe=$(node bench/burst.js "http://127.0.0.1:$PEER_PORT/pay/slow" "burst-peer-$$" 50 "http://127.0.0.1:$PEER_PORT/_bench/executions")
-echo "$probe"
-record "{\"probe\":\"peer\",\"result\":$probe}"
-
+peer_scenarios
 report "${BENCH_README:-README.md}"
