@@ -86,7 +86,9 @@
 # Node.js, strace and the peer's npm packages here) and says what it installs.
 #
 # Duration with the defaults, on 2 cores: about 70 minutes (longer when the
-# machine is busy). Scenarios 1-6 take about 11; 7 about 60: 16 paired
+# machine is busy), and about 7 more for 3u, 3p, 4b, 4cd, 6d, the fixed-rate
+# rounds and the strace runs (scaled from BENCH_ONLY=floor's 10.5 minutes,
+# not timed in a whole run yet). Scenarios 1-6 take about 11; 7 about 60: 16 paired
 # measurements of a minute each, filling the stores (10^7 records: about 12
 # minutes on SQLite, 7 on PostgreSQL) and the sweeps (10^7 records: about 3
 # minutes on SQLite, about 6 on PostgreSQL, where it stops at
