@@ -240,17 +240,9 @@ async fn a_job_that_fails_on_its_own_is_undone_alone() {
 
 #[tokio::test]
 async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_the_caller() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("engine.db");
-    let engine = Engine::open(path.to_str().unwrap(), true).unwrap();
-    engine
-        .write(Durability::Durable, |w| {
-            w.execute_batch("CREATE TABLE t (x INTEGER)").map_err(unavailable)
-        })
-        .await
-        .unwrap();
+    let (dir, engine) = with_table().await;
     // Another process (the command line, say) holds the write lock.
-    let other = Connection::open(&path).unwrap();
+    let other = Connection::open(dir.path().join("engine.db")).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
     let (job, pending) = Engine::job(Durability::Durable, insert(1));
     let submitted = Instant::now();
