@@ -16,7 +16,8 @@
 //! Tests start the whole service in a few lines: bind a listener on port 0,
 //! build an [`AppState`], and spawn [`run`].
 
-/// An event's columns, in table order (after its `id`), for `concat!`.
+/// An event's columns as operators and the log see it (its generation's
+/// scope, attempt and fingerprint with its own), for `concat!`.
 macro_rules! event_columns {
     () => {
         "scope_version, tenant, principal, route, namespace, idem_key, generation, at, transition, attempt, fence, \
