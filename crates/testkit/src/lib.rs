@@ -22,21 +22,49 @@ pub use internals::INTERNALS;
 pub use process::Proc;
 pub use wait::{eventually, poll};
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, below the kernel's ephemeral range.
 pub fn free_port() -> u16 {
-    // A port is free only until someone binds it, and the kernel may offer
-    // the same one again before the process it was meant for has started:
-    // never hand out one port twice in a test process.
+    // A port is free only until someone binds it. One the kernel hands out
+    // for port 0 comes from its ephemeral range, where it also picks the
+    // local port of every outgoing connection (a client of the stack, a
+    // browser): one of those could take the port before the process it was
+    // meant for binds it. Ports below that range are only ever bound on
+    // purpose. Never hand out one port twice in a test process.
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let (low, span) = below_ephemeral();
     loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("no free port: {e}"));
-        if !given.contains(&port) {
+        let port = low + (random() % u64::from(span)) as u16;
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return port;
         }
     }
+}
+
+/// The 16,384 ports (or as many as there are above 1023) just below the
+/// kernel's ephemeral range (`ip_local_port_range`, 32768–60999 by default).
+fn below_ephemeral() -> (u16, u16) {
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let low = start.saturating_sub(16384).max(1024);
+    assert!(
+        start > low,
+        "no ports below the ephemeral range starting at {start}"
+    );
+    (low, start - low)
+}
+
+fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
 }
