@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-import issue_targets
+import floor_targets
 
 NAMES = {
     "reference": "1. Envoy passthrough (baseline; mean of its runs)",
@@ -337,9 +337,9 @@ def summarize(meta, scen, extra, probes):
             r["cpu_x"] = r["cpu_us_total"] / own_cpu
     return {"meta": meta, "rows": rows, "memory": mem, "per_record": per_record, "probes": probes,
             "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
-            "store_claims": extra.get("store_claims"), "mechanism": issue_targets.mechanism(extra),
-            "syncs": issue_targets.syncs(extra), "pg_wal": issue_targets.pg_wal(extra),
-            "fixed_rate": issue_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
+            "store_claims": extra.get("store_claims"), "mechanism": floor_targets.mechanism(extra),
+            "syncs": floor_targets.syncs(extra), "pg_wal": floor_targets.pg_wal(extra),
+            "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
 
 
 def per_callout(rows):
@@ -634,7 +634,7 @@ def markdown(summary):
         out += ["", grpc]
     out += store_calls_section(summary)
     out += callout_section(summary)
-    out += issue_targets.targets_section(summary)
+    out += floor_targets.targets_section(summary)
     if meta.get("only") != "floor":  # its rows are about throughput at many connections
         out += ["", "## Other targets (ratios from this run; never asserted in tests)", "",
                 "| target | measured | met |", "|---|---|---|"]
@@ -655,8 +655,8 @@ def markdown(summary):
                     "(`idempotency-store-bench --claims-only`): the stage means come from the store's "
                     "`idemgate_store_write_*_seconds` histograms, the context switches from every thread "
                     "of the process.", "", "```", claims.strip(), "```"]
-    out += issue_targets.mechanism_section(summary)
-    out += issue_targets.fixed_rate_section(summary)
+    out += floor_targets.mechanism_section(summary)
+    out += floor_targets.fixed_rate_section(summary)
     if summary["probes"]:
         out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
                 "| stack | answers | executions |", "|---|---|--:|"]

@@ -234,7 +234,7 @@ def _row(summary, name):
     return next((r for r in summary["rows"] if r["scenario"] == name), None)
 
 
-def issue_targets(summary):
+def floor_targets(summary):
     """(target, today, goal, measured, met): met is None where not measured."""
     fs = summary.get("fsync") or {}
     floor = (fs.get("floors") or {}).get("fdatasync overwrite") or ({"p50_us": fs["p50_us"]} if "p50_us" in fs else None)
@@ -265,7 +265,7 @@ def issue_targets(summary):
     added("added p50 at 1 connection, `before_response`, SQLite (3)", "+2.23 ms", "sqlite", 0.55)
     added("added p50 at 1 connection, PostgreSQL (same host), background (4b)", "+2.58 ms", "postgres-background", 0.55)
     r4 = _row(summary, "postgres")
-    if out[-1][4] is not None and r4 and "one_added_p50_ms" in r4:  # the issue's +2.58 ms was 4's (before_response)
+    if out[-1][4] is not None and r4 and "one_added_p50_ms" in r4:  # the earlier +2.58 ms was 4's (before_response)
         t, today, goal, measured, met = out[-1]
         out[-1] = (t, today, goal, f"{measured}; 4 (before_response) {r4['one_added_p50_ms']:+.2f} ms", met)
     r5 = _row(summary, "replay")
@@ -378,13 +378,13 @@ def issue_targets(summary):
 
 
 def targets_section(summary):
-    F, rows = issue_targets(summary)
+    F, rows = floor_targets(summary)
     fs = "not measured" if F is None else f"{F * 1000:.0f} µs"
-    out = ["", "## Targets of the latency floor (issue 23)", "",
+    out = ["", "## Targets of the latency floor", "",
            f"F = this run's `fdatasync` p50 after a 4 KiB overwrite in place (`bench/fsync.py`): **{fs}**. "
            "\"Added\" latencies are to each scenario's own baseline at one connection (the median over its "
            "rounds); the peer's (6, 6d) to the handler alone (6a). A row this run did not measure says why.", "",
-           "| target | today (issue) | goal | measured | met |", "|---|--:|--:|---|---|"]
+           "| target | before | goal | measured | met |", "|---|--:|--:|---|---|"]
     for target, today, goal, measured, met in rows:
         mark = "–" if met is None else ("yes" if met else "**no**")
         out.append(f"| {target} | {today} | {goal} | {measured} | {mark} |")
