@@ -162,6 +162,11 @@ struct Queue {
 }
 
 impl Queue {
+    /// Jobs waiting for a batch.
+    fn jobs(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
+
     /// The next batch: whole groups, up to [`MAX_BATCH`] jobs unless the
     /// first group alone is larger.
     fn next_batch(&mut self) -> Vec<Job> {
@@ -186,8 +191,6 @@ struct Shared {
     next_reader: AtomicUsize,
     /// The writer's stage timers and its commit and checkpoint counters.
     stages: WriterStages,
-    /// Jobs handed to the writer that it has not yet taken into a batch.
-    queued: AtomicUsize,
     /// Reads in flight, and of those the ones holding a reader connection.
     reading: AtomicUsize,
     reading_held: AtomicUsize,
@@ -229,12 +232,7 @@ impl Shared {
     /// Takes the next batch, and runs it if there is one; a restart left
     /// for the writer thread is noted. `may_wait`: as [`WriterState::run`].
     fn run_next(&self, writer: &mut WriterState, may_wait: bool) -> Result<()> {
-        let batch = {
-            let mut queue = self.queue()?;
-            let batch = queue.next_batch();
-            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
-            batch
-        };
+        let batch = { self.queue()?.next_batch() };
         if batch.is_empty() {
             return Ok(());
         }
@@ -246,10 +244,7 @@ impl Shared {
             }
             BatchEnd::Busy(batch) => {
                 // First in line again, for the writer thread, which waits.
-                let mut queue = self.queue()?;
-                self.queued.fetch_add(batch.len(), Ordering::Relaxed);
-                queue.groups.push_front(batch);
-                drop(queue);
+                self.queue()?.groups.push_front(batch);
                 self.work.notify_one();
             }
         }
@@ -264,8 +259,7 @@ impl Shared {
             Err(poisoned) => poisoned.into_inner(),
         };
         queue.stopped = true;
-        let dropped: usize = queue.groups.drain(..).map(|g| g.len()).sum();
-        self.queued.fetch_sub(dropped, Ordering::Relaxed);
+        queue.groups.clear();
         self.work.notify_all();
     }
 }
@@ -378,7 +372,6 @@ impl Engine {
             readers,
             next_reader: AtomicUsize::new(0),
             stages,
-            queued: AtomicUsize::new(0),
             reading: AtomicUsize::new(0),
             reading_held: AtomicUsize::new(0),
         });
@@ -412,7 +405,7 @@ impl Engine {
             readers: s.readers.len(),
             readers_held: held.min(s.readers.len()),
             reads_waiting: reading.saturating_sub(held),
-            writer_queue: s.queued.load(Ordering::Relaxed),
+            writer_queue: s.queue().map_or(0, |q| q.jobs()),
         }
     }
 
@@ -465,7 +458,7 @@ impl Engine {
                     shared.stop();
                 }
                 // What arrived meanwhile is the writer thread's.
-                if shared.queued.load(Ordering::Relaxed) > 0 {
+                if shared.queue().is_ok_and(|q| !q.groups.is_empty()) {
                     shared.work.notify_one();
                 }
             }
@@ -494,8 +487,6 @@ impl Engine {
         if queue.stopped {
             return Err(StoreError::internal("the sqlite writer has stopped"));
         }
-        // Counted while the queue is held, so the writer never takes more than this shows.
-        self.shared.queued.fetch_add(jobs.len(), Ordering::Relaxed);
         queue.groups.push_back(jobs);
         Ok(true)
     }

@@ -260,3 +260,22 @@ async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_t
     released.join().unwrap();
     assert_eq!(rows(&engine).await, [1]);
 }
+
+#[tokio::test]
+async fn the_load_counts_the_jobs_waiting_for_the_writer() {
+    let (_dir, engine) = with_table().await;
+    let held = engine.shared.writer.lock().unwrap();
+    let pending: Vec<_> = (0..3)
+        .map(|i| {
+            let (job, pending) = Engine::job(Durability::Durable, insert(i));
+            engine.hand_over(vec![job]).unwrap();
+            pending
+        })
+        .collect();
+    assert_eq!(engine.load().writer_queue, 3);
+    drop(held);
+    for p in pending {
+        p.wait().await.unwrap();
+    }
+    assert_eq!(engine.load().writer_queue, 0);
+}
