@@ -230,6 +230,30 @@ def mechanism_section(summary):
     return out
 
 
+def serial_section(summary):
+    """At one connection each request is alone, so its mean time (one over
+    the requests a second) can be set beside the CPU every process spent on
+    it: where they agree, the request's time is work done one process after
+    another, not waiting."""
+    if summary["meta"].get("concurrency") != 1:
+        return []
+    out = ["", "## At one connection, a request's time is its CPU", "",
+           "Each scenario's mean time per request at one connection (one over its requests a second, its own "
+           "connections: the pinned run's 32 are left out) beside the CPU time (user + system) that every process "
+           "of the scenario spent per request in the same runs. Where the two agree, the processes worked on the "
+           "request one after another, and the difference is what it waited for without working (a sync): on "
+           "this machine the latency at one connection is paid in CPU, and each target of added latency is a "
+           "target of CPU per request.", "",
+           "| scenario | time per request µs | CPU per request µs (all processes) | CPU ÷ time |",
+           "|---|--:|--:|--:|"]
+    for r in summary["rows"]:
+        if r["scenario"] == "pinned" or not r.get("rps") or not r.get("cpu_us_total"):
+            continue
+        per = 1e6 / r["rps"]
+        out.append(f"| {r['label']} | {per:.0f} | {r['cpu_us_total']:.0f} | {r['cpu_us_total'] / per:.2f} |")
+    return out
+
+
 def _row(summary, name):
     return next((r for r in summary["rows"] if r["scenario"] == name), None)
 

@@ -657,6 +657,7 @@ def markdown(summary):
                     "of the process.", "", "```", claims.strip(), "```"]
     out += floor_targets.mechanism_section(summary)
     out += floor_targets.fixed_rate_section(summary)
+    out += floor_targets.serial_section(summary)
     if summary["probes"]:
         out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
                 "| stack | answers | executions |", "|---|---|--:|"]
