@@ -16,7 +16,7 @@
 //! replicas) see them once the batch is applied, normally within milliseconds.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::columns::ScopeDigest;
 
@@ -54,6 +54,35 @@ impl ReplayTally {
     }
 }
 
+/// The flush a replay asked for, until it takes the counts. Dropped without
+/// taking them (its job never ran), it lets the next replay ask again: the
+/// counts would otherwise wait for an operator's lookup.
+pub(crate) struct AskedFlush {
+    tally: Arc<ReplayTally>,
+    taken: bool,
+}
+
+impl AskedFlush {
+    pub(crate) fn new(tally: Arc<ReplayTally>) -> AskedFlush {
+        AskedFlush { tally, taken: false }
+    }
+
+    /// [`ReplayTally::take`], by the flush that was asked for.
+    pub(crate) fn take(mut self) -> Vec<(ReplayKey, u64)> {
+        self.taken = true;
+        self.tally.take()
+    }
+}
+
+impl Drop for AskedFlush {
+    fn drop(&mut self) {
+        if !self.taken {
+            let mut p = self.tally.inner.lock().unwrap_or_else(|e| e.into_inner());
+            p.scheduled = false;
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -78,5 +107,21 @@ mod tests {
         );
         assert!(t.take().is_empty());
         assert!(t.add(key("a"), 7), "after a take the next replay asks again");
+    }
+
+    #[test]
+    fn a_flush_that_never_ran_lets_the_next_replay_ask_again() {
+        let t = Arc::new(ReplayTally::default());
+        assert!(t.add(key("a"), 7));
+        let asked = AskedFlush::new(Arc::clone(&t));
+        assert!(!t.add(key("a"), 7), "a flush is on its way");
+        drop(asked);
+        assert!(
+            t.add(key("b"), 7),
+            "the flush never ran: the next replay asks again"
+        );
+        let asked = AskedFlush::new(Arc::clone(&t));
+        assert_eq!(asked.take().len(), 2, "and it finds every count");
+        assert!(t.add(key("a"), 7));
     }
 }

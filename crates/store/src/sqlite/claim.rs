@@ -16,7 +16,7 @@ use super::rows::load_with;
 use super::Logged;
 use crate::backend::{Actor, Answer, ClaimOutcome, Result, StoreError};
 use crate::columns::ScopeDigest;
-use crate::replays::ReplayTally;
+use crate::replays::{AskedFlush, ReplayTally};
 use crate::sealing::Seal;
 
 /// What a reader's look at a claim's record found.
@@ -112,10 +112,10 @@ fn count_replay(engine: &Engine, replays: &Arc<ReplayTally>, key: ScopeDigest, f
     if !replays.add(key, fence) {
         return;
     }
-    let (engine, tally) = (engine.clone(), Arc::clone(replays));
+    let (engine, asked) = (engine.clone(), AskedFlush::new(Arc::clone(replays)));
     let flush = move || {
         engine.write_detached("replay counts", Durability::Relaxed, move |w| {
-            apply_replays(w, &tally)
+            apply_replays(w, asked.take())
         })
     };
     match tokio::runtime::Handle::try_current() {

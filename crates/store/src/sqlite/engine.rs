@@ -7,12 +7,15 @@
 //! fsync, not 200. A request's writes run on its own thread when the writer
 //! is idle ([`Engine::submit`]): at low load a claim then costs one sync and
 //! no thread wake-ups; while a batch runs, the writes that arrive meanwhile
-//! queue for the writer thread, which takes them as the next batch. Each job of a batch with several runs inside its own
-//! savepoint, so one failing job does not undo the others; a batch of one job
-//! needs none (if it fails, the transaction is rolled back instead). A group
-//! (the calls of one `/v1/batch`) is never split across transactions.
-//! Because this thread is the only writer, "read the record, decide, write"
-//! needs no locking of its own. How a batch commits, and how durably, is
+//! queue for the writer thread, which takes them as the next batch. Writes
+//! no request waits for (the sweeper, operators, replay counts) are only
+//! ever run by the writer thread. Each job of a batch with several runs
+//! inside its own savepoint, so one failing job does not undo the others; a
+//! batch of one job needs none (if it fails, the transaction is rolled back
+//! instead). A group (the calls of one `/v1/batch`) is never split across
+//! transactions. Whoever runs a batch holds the writer's connection, the
+//! only one that writes, so "read the record, decide, write" needs no
+//! locking of its own. How a batch commits, and how durably, is
 //! [`writer`]'s.
 
 use std::collections::VecDeque;
@@ -149,14 +152,26 @@ fn ends_transaction(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// The writer's queue: groups of jobs, each group one call's or one
-/// `/v1/batch`'s, never split across transactions.
+/// One call's jobs, or one `/v1/batch`'s: never split across transactions.
+struct Group {
+    jobs: Vec<Job>,
+    /// A request's own writes, which a caller that finds the writer idle
+    /// may run on its thread ([`Engine::submit`]). The others wait for the
+    /// writer thread: writes no request waits for, which may be long (a
+    /// sweep), and a batch that found another process's write lock.
+    here: bool,
+}
+
+/// The writer's queue.
 #[derive(Default)]
 struct Queue {
-    groups: VecDeque<Vec<Job>>,
+    groups: VecDeque<Group>,
     /// A batch run where nobody may wait left the WAL's restart to the
     /// writer thread.
     restart_due: bool,
+    /// Answers of a batch committed where nobody may wait, held until the
+    /// writer thread has made that commit durable (see [`writer`]).
+    sync_due: Vec<Deliver>,
     /// No more jobs are taken: the engine was dropped, or the writer broke.
     stopped: bool,
 }
@@ -164,17 +179,30 @@ struct Queue {
 impl Queue {
     /// Jobs waiting for a batch.
     fn jobs(&self) -> usize {
-        self.groups.iter().map(Vec::len).sum()
+        self.groups.iter().map(|g| g.jobs.len()).sum()
     }
 
-    /// The next batch: whole groups, up to [`MAX_BATCH`] jobs unless the
-    /// first group alone is larger.
-    fn next_batch(&mut self) -> Vec<Job> {
-        let mut batch = self.groups.pop_front().unwrap_or_default();
-        while batch.len() < MAX_BATCH {
-            match self.groups.pop_front() {
-                Some(group) => batch.extend(group),
-                None => break,
+    /// Whether the writer thread has anything to do.
+    fn has_work(&self) -> bool {
+        !self.groups.is_empty() || self.restart_due || !self.sync_due.is_empty()
+    }
+
+    /// The next batch: whole groups in their order, up to [`MAX_BATCH`]
+    /// jobs unless the first group alone is larger; with `here_only`, only
+    /// the groups a caller may run on its thread.
+    fn next_batch(&mut self, here_only: bool) -> Vec<Job> {
+        let mut batch: Vec<Job> = Vec::new();
+        let mut i = 0;
+        while let Some(group) = self.groups.get(i) {
+            if here_only && !group.here {
+                i += 1;
+                continue;
+            }
+            if !batch.is_empty() && batch.len() + group.jobs.len() > MAX_BATCH {
+                break;
+            }
+            if let Some(group) = self.groups.remove(i) {
+                batch.extend(group.jobs);
             }
         }
         batch
@@ -230,9 +258,10 @@ impl Shared {
     }
 
     /// Takes the next batch, and runs it if there is one; a restart left
-    /// for the writer thread is noted. `may_wait`: as [`WriterState::run`].
+    /// for the writer thread is noted. `may_wait`: as [`WriterState::run`];
+    /// a caller that may not wait only takes requests' own writes.
     fn run_next(&self, writer: &mut WriterState, may_wait: bool) -> Result<()> {
-        let batch = { self.queue()?.next_batch() };
+        let batch = { self.queue()?.next_batch(!may_wait) };
         if batch.is_empty() {
             return Ok(());
         }
@@ -244,11 +273,31 @@ impl Shared {
             }
             BatchEnd::Busy(batch) => {
                 // First in line again, for the writer thread, which waits.
-                self.queue()?.groups.push_front(batch);
+                self.queue()?.groups.push_front(Group {
+                    jobs: batch,
+                    here: false,
+                });
                 self.work.notify_one();
             }
         }
         Ok(())
+    }
+
+    /// Leaves the answers of a committed batch to the writer thread, which
+    /// makes the commit durable before it answers.
+    fn sync_later(&self, delivers: Vec<Deliver>) {
+        match self.queue() {
+            Ok(mut queue) => {
+                queue.sync_due.extend(delivers);
+                self.work.notify_one();
+            }
+            Err(e) => {
+                let e = e.to_string();
+                for deliver in delivers {
+                    deliver(Err(e.clone()), &self.stages.answered);
+                }
+            }
+        }
     }
 
     /// The writer broke (a job panicked while holding it): every queued job
@@ -260,19 +309,21 @@ impl Shared {
         };
         queue.stopped = true;
         queue.groups.clear();
+        queue.sync_due.clear();
         self.work.notify_all();
     }
 }
 
-/// Runs batches as they are queued, and the WAL's restarts left to it.
+/// Runs batches as they are queued, and what batches run elsewhere left
+/// to it: the syncs their callers may not wait for, and the WAL's restarts.
 /// Returns once the engine is dropped and its queue is empty.
 fn writer_thread(shared: &Shared) {
     loop {
-        let restart = {
+        let (restart, sync_due) = {
             let Ok(mut queue) = shared.queue.lock() else {
                 return;
             };
-            while queue.groups.is_empty() && !queue.restart_due {
+            while !queue.has_work() {
                 if queue.stopped {
                     return;
                 }
@@ -281,12 +332,23 @@ fn writer_thread(shared: &Shared) {
                     Err(_) => return,
                 };
             }
-            std::mem::take(&mut queue.restart_due)
+            (
+                std::mem::take(&mut queue.restart_due),
+                std::mem::take(&mut queue.sync_due),
+            )
         };
         let Ok(mut writer) = shared.writer.lock() else {
             shared.stop();
             return;
         };
+        if !sync_due.is_empty() {
+            let synced = writer
+                .make_durable(&shared.stages, true)
+                .map_err(writer::not_durable);
+            for deliver in sync_due {
+                deliver(synced.clone(), &shared.stages.answered);
+            }
+        }
         if restart {
             writer.restart_wal();
         }
@@ -315,6 +377,24 @@ impl Drop for Open {
             queue.stopped = true;
         }
         self.0.work.notify_all();
+    }
+}
+
+/// Logs a detached write that was dropped without running (its batch could
+/// not begin, or the writer stopped), as it logs one that failed.
+struct NotRun(Option<&'static str>);
+
+impl NotRun {
+    fn ran(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for NotRun {
+    fn drop(&mut self) {
+        if let Some(what) = self.0 {
+            tracing::warn!("sqlite: {what} lost: the writer did not run it");
+        }
     }
 }
 
@@ -443,10 +523,10 @@ impl Engine {
     /// way. Otherwise the writer thread takes them with its next batch.
     /// Callable from any thread: a reader queues the writes it found
     /// necessary without a trip back to the async runtime. Blocks for one
-    /// batch at most (its commit's sync included): only a request's own
-    /// writes come this way.
+    /// batch of requests' own writes at most (its commit's sync included),
+    /// and never for a lock.
     pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
-        if !self.enqueue(jobs)? {
+        if !self.enqueue(jobs, true)? {
             return Ok(());
         }
         let shared = &self.shared;
@@ -458,7 +538,7 @@ impl Engine {
                     shared.stop();
                 }
                 // What arrived meanwhile is the writer thread's.
-                if shared.queue().is_ok_and(|q| !q.groups.is_empty()) {
+                if shared.queue().is_ok_and(|q| q.has_work()) {
                     shared.work.notify_one();
                 }
             }
@@ -472,14 +552,15 @@ impl Engine {
     /// batch: for writes whose caller is no request (the sweeper, an
     /// operator, replay counts), which need not hold up the caller's thread.
     fn hand_over(&self, jobs: Vec<Job>) -> Result<()> {
-        if self.enqueue(jobs)? {
+        if self.enqueue(jobs, false)? {
             self.shared.work.notify_one();
         }
         Ok(())
     }
 
-    /// Adds a group to the queue; false if it was empty.
-    fn enqueue(&self, jobs: Vec<Job>) -> Result<bool> {
+    /// Adds a group to the queue (`here`: see [`Group`]); false if it was
+    /// empty.
+    fn enqueue(&self, jobs: Vec<Job>, here: bool) -> Result<bool> {
         if jobs.is_empty() {
             return Ok(false);
         }
@@ -487,7 +568,7 @@ impl Engine {
         if queue.stopped {
             return Err(StoreError::internal("the sqlite writer has stopped"));
         }
-        queue.groups.push_back(jobs);
+        queue.groups.push_back(Group { jobs, here });
         Ok(true)
     }
 
@@ -511,7 +592,9 @@ impl Engine {
         durability: Durability,
         f: impl FnOnce(&Writer<'_>) -> Result<()> + Send + 'static,
     ) {
+        let mut not_run = NotRun(Some(what));
         let run: Run = Box::new(move |w| {
+            not_run.ran();
             let applied = f(w);
             let ended = Ended::of(&applied);
             if let Err(e) = &applied {
@@ -529,9 +612,8 @@ impl Engine {
             durability,
             queued_at: Instant::now(),
         };
-        if let Err(e) = self.hand_over(vec![job]) {
-            tracing::warn!("sqlite: {what} not applied: {e}");
-        }
+        // Refused only once the writer has stopped: the job, dropped, says so.
+        let _ = self.hand_over(vec![job]);
     }
 
     /// Runs `f` on a reader connection here, on the caller's thread, if one

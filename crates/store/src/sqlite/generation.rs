@@ -15,7 +15,7 @@ use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_
 use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 use crate::conditions;
-use crate::replays::ReplayTally;
+use crate::replays::ReplayKey;
 
 /// The events a writer job recorded, logged after its commit.
 pub(super) type Journal = Vec<EventInfo>;
@@ -182,8 +182,7 @@ pub(super) fn set_unknown(conn: &Connection, key: &ScopeDigest, expires_at: i64)
 
 /// Adds the pending replay counts; only ever called on the writer. The fence
 /// and state guard keep a late count off a newer record under the same key.
-pub(super) fn apply_replays(conn: &Connection, tally: &ReplayTally) -> Result<()> {
-    let batch = tally.take();
+pub(super) fn apply_replays(conn: &Connection, batch: Vec<(ReplayKey, u64)>) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }

@@ -401,7 +401,7 @@ impl Backend for Sqlite {
         let tally = Arc::clone(&self.replays);
         if let Err(e) = self
             .engine
-            .write(Durability::Relaxed, move |w| apply_replays(w, &tally))
+            .write(Durability::Relaxed, move |w| apply_replays(w, tally.take()))
             .await
         {
             tracing::warn!("sqlite: replay counts not applied before a lookup: {e}");

@@ -279,3 +279,102 @@ async fn the_load_counts_the_jobs_waiting_for_the_writer() {
     }
     assert_eq!(engine.load().writer_queue, 0);
 }
+
+#[test]
+fn a_caller_takes_only_requests_writes_and_the_writer_thread_takes_the_rest() {
+    let job = || Engine::job(Durability::Durable, insert(0)).0;
+    let group = |n: usize, here: bool| Group {
+        jobs: (0..n).map(|_| job()).collect(),
+        here,
+    };
+    let mut queue = Queue::default();
+    // A sweep, handed over first, then two requests' writes.
+    queue
+        .groups
+        .extend([group(1, false), group(2, true), group(1, true)]);
+    assert_eq!(
+        queue.next_batch(true).len(),
+        3,
+        "a caller runs the requests' writes"
+    );
+    assert_eq!(queue.jobs(), 1, "and leaves the sweep to the writer thread");
+    assert_eq!(queue.next_batch(false).len(), 1);
+    // A batch takes whole groups while they fit.
+    queue.groups.extend([group(MAX_BATCH - 1, true), group(2, true)]);
+    assert_eq!(queue.next_batch(false).len(), MAX_BATCH - 1);
+    assert_eq!(queue.next_batch(false).len(), 2);
+    queue.groups.extend([group(MAX_BATCH + 1, true)]);
+    assert_eq!(
+        queue.next_batch(false).len(),
+        MAX_BATCH + 1,
+        "a group is never split"
+    );
+}
+
+/// Where the WAL hook below lets another connection take the write lock,
+/// once: the database, and where that connection goes.
+type LockAfterCommit = (std::path::PathBuf, std::sync::mpsc::Sender<Connection>);
+static LOCK_AFTER_COMMIT: Mutex<Option<LockAfterCommit>> = Mutex::new(None);
+
+/// A WAL hook runs after its commit has let go of the write lock: another
+/// connection (another process, in production) takes it right there.
+fn take_the_write_lock(_: &rusqlite::hooks::Wal, _: std::ffi::c_int) -> rusqlite::Result<()> {
+    if let Some((path, sender)) = LOCK_AFTER_COMMIT.lock().unwrap().take() {
+        let other = Connection::open(path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        sender.send(other).unwrap();
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_durable_commit_another_connections_lock_holds_up_is_left_to_the_writer_thread() {
+    let (dir, engine) = with_table().await;
+    // The row a durable commit of its own writes.
+    engine
+        .write(Durability::Durable, |w| {
+            w.execute_batch(
+                "CREATE TABLE idempotency_fence (id INTEGER PRIMARY KEY, value INTEGER NOT NULL); \
+                 INSERT INTO idempotency_fence VALUES (1, 0)",
+            )
+            .map_err(unavailable)
+        })
+        .await
+        .unwrap();
+    while engine.shared.writer.try_lock().is_err() {
+        tokio::task::yield_now().await;
+    }
+    let (sender, taken) = std::sync::mpsc::channel();
+    *LOCK_AFTER_COMMIT.lock().unwrap() = Some((dir.path().join("engine.db"), sender));
+    // A relaxed write that must be durable after all (a completion whose
+    // policy releases unknown outcomes): after its commit comes a durable
+    // one, which finds the write lock taken.
+    let (job, pending) = Engine::job(Durability::Relaxed, |w| {
+        w.wal_hook(Some(take_the_write_lock));
+        w.require_durable();
+        insert(1)(w)
+    });
+    let submitted = Instant::now();
+    engine.submit(vec![job]).unwrap();
+    assert!(
+        submitted.elapsed() < BUSY_TIMEOUT / 5,
+        "the caller's thread waited {:?} for the lock",
+        submitted.elapsed()
+    );
+    let other = taken
+        .try_recv()
+        .expect("the other connection took the lock after the commit");
+    let durable = engine.commits().1;
+    let released = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        other.execute_batch("ROLLBACK").unwrap();
+    });
+    pending.wait().await.expect("answered once durable");
+    released.join().unwrap();
+    assert_eq!(
+        engine.commits().1,
+        durable + 1,
+        "the writer thread's durable commit"
+    );
+    assert_eq!(rows(&engine).await, [1]);
+}

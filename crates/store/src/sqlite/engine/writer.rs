@@ -1,4 +1,5 @@
-//! The writer thread: one batch, one transaction, one commit.
+//! A batch on the writer's connection: one transaction, one commit, run by
+//! the writer thread or by a caller that found the writer idle.
 //!
 //! Durability is decided per batch, before it begins (SQLite refuses to
 //! change `synchronous` inside a transaction): a job is queued as durable
@@ -10,7 +11,9 @@
 //! after all says so ([`Writer::require_durable`]); its batch is then
 //! followed by a small durable commit before anyone is answered, and since a
 //! sync of the WAL covers every frame before it, that makes the whole batch
-//! durable.
+//! durable. That commit needs the write lock again, which another process
+//! may have taken meanwhile: a caller's thread does not wait for it, and
+//! leaves it and the batch's answers to the writer thread.
 //!
 //! Fences are allocated per batch ([`Fences`]): the counter row is read once
 //! and written once, whatever the number of claims. That row is the only
@@ -23,7 +26,7 @@ use rusqlite::Connection;
 
 use super::super::checkpoint::Checkpoints;
 use super::{unavailable, Deliver, Durability, Ended, Job, Shared};
-use crate::backend::{Result, StoreError};
+use crate::backend::{Result, StoreError, WriterStages};
 use crate::columns::u64_from;
 
 /// What a job sees on the writer: the connection (it derefs to it), the
@@ -99,9 +102,9 @@ impl Fences {
 
 /// A durable commit that makes every commit before it durable too: it
 /// writes one page, so the WAL is fsynced, and an fsync of the WAL covers
-/// every frame written before.
-fn durable_commit(conn: &Connection) -> rusqlite::Result<()> {
-    control(conn, "BEGIN IMMEDIATE")?;
+/// every frame written before. `may_wait`: as [`begin`].
+fn durable_commit(conn: &Connection, may_wait: bool) -> rusqlite::Result<()> {
+    begin(conn, may_wait)?;
     let touched = conn
         .prepare_cached("UPDATE idempotency_fence SET value = value WHERE id = 1")
         .and_then(|mut stmt| stmt.execute([]));
@@ -221,36 +224,43 @@ impl WriterState {
         self.checkpoints.after_commit(&self.conn, true);
     }
 
+    /// Makes every commit so far durable, with a durable commit of its own.
+    pub(super) fn make_durable(&mut self, stages: &WriterStages, may_wait: bool) -> rusqlite::Result<()> {
+        set_synchronous(&self.conn, true, &mut self.full_now)?;
+        durable_commit(&self.conn, may_wait)?;
+        stages.durable_commits.inc();
+        Ok(())
+    }
+
     /// Runs `batch` in one transaction, commits it once, then answers every
     /// job. `may_wait`: this thread may wait for locks (another process's
     /// write lock, the WAL's restart); if not, what would wait is left to
     /// the writer thread: a batch whose transaction could not begin at once
-    /// is handed back untouched.
+    /// is handed back untouched, and a durable commit that could not begin
+    /// after the batch's commit is left to it with the batch's answers.
     pub(super) fn run(&mut self, batch: Vec<Job>, shared: &Shared, may_wait: bool) -> BatchEnd {
-        let conn = &self.conn;
         let began = Instant::now();
-        for job in &batch {
-            let waited = began.saturating_duration_since(job.queued_at);
-            shared.stages.queued.observe(waited.as_secs_f64());
-        }
         // Decided before BEGIN: SQLite does not change it inside a transaction.
         let synchronous_full = self.synchronous_full;
         let full = synchronous_full && batch.iter().any(|j| j.durability == Durability::Durable);
-        if let Err(e) = set_synchronous(conn, full, &mut self.full_now) {
+        if let Err(e) = set_synchronous(&self.conn, full, &mut self.full_now) {
             tracing::error!("sqlite: cannot set synchronous: {e}");
             return BatchEnd::Done;
         }
-        match begin(conn, may_wait) {
+        match begin(&self.conn, may_wait) {
             Ok(()) => {}
-            Err(e) if !may_wait && e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
-                return BatchEnd::Busy(batch);
-            }
+            Err(e) if !may_wait && is_busy(&e) => return BatchEnd::Busy(batch),
             Err(e) => {
                 // Dropping the jobs drops their reply channels: callers see an error.
                 tracing::error!("sqlite: cannot begin a transaction: {e}");
                 return BatchEnd::Done;
             }
         }
+        for job in &batch {
+            let waited = began.saturating_duration_since(job.queued_at);
+            shared.stages.queued.observe(waited.as_secs_f64());
+        }
+        let conn = &self.conn;
         let fences = Fences::default();
         let lone = batch.len() == 1;
         let mut delivers = Vec::with_capacity(batch.len());
@@ -296,13 +306,14 @@ impl WriterState {
                         Ok(())
                     } else if synchronous_full && need_durable {
                         // A relaxed batch with a job that must be durable.
-                        let synced = set_synchronous(conn, true, &mut self.full_now)
-                            .and_then(|()| durable_commit(conn))
-                            .map_err(|e| format!("the commit could not be made durable: {e}"));
-                        if synced.is_ok() {
-                            shared.stages.durable_commits.inc();
+                        match self.make_durable(&shared.stages, may_wait) {
+                            Err(e) if !may_wait && is_busy(&e) => {
+                                shared.stages.commit.observe(committing.elapsed().as_secs_f64());
+                                shared.sync_later(delivers);
+                                return self.after_commit(may_wait);
+                            }
+                            synced => synced.map_err(not_durable),
                         }
-                        synced
                     } else {
                         Ok(())
                     }
@@ -317,6 +328,10 @@ impl WriterState {
         for deliver in delivers {
             deliver(commit.clone(), &shared.stages.answered);
         }
+        self.after_commit(may_wait)
+    }
+
+    fn after_commit(&mut self, may_wait: bool) -> BatchEnd {
         match self.checkpoints.after_commit(&self.conn, may_wait) {
             true => BatchEnd::RestartDue,
             false => BatchEnd::Done,
@@ -331,6 +346,15 @@ pub(super) enum BatchEnd {
     RestartDue,
     /// Not begun: another connection holds the write lock.
     Busy(Vec<Job>),
+}
+
+/// What the callers of a batch whose durable commit failed are told.
+pub(super) fn not_durable(e: rusqlite::Error) -> String {
+    format!("the commit could not be made durable: {e}")
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
 }
 
 /// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another
