@@ -102,6 +102,13 @@ pub fn events_matching(matching: &str, limit: &str) -> String {
     )
 }
 
+/// Forgets the purged generations none of whose events are left (a small
+/// table: a generation lands there only for events younger than the
+/// retention).
+pub const PURGE_EVENTLESS_GENERATIONS: &str =
+    "DELETE FROM idempotency_purged_generations WHERE NOT EXISTS (SELECT 1 FROM idempotency_events e \
+     WHERE e.generation = idempotency_purged_generations.generation)";
+
 /// [`EVENT_COLUMNS`] as a select list of an event row `event` joined to
 /// its generation's row `generation`.
 pub fn event_select(event: &str, generation: &str) -> String {

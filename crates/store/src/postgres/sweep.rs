@@ -12,7 +12,9 @@ use super::pool::On;
 use super::rows::{pick, Param};
 use super::Postgres;
 use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT};
+use crate::columns::{
+    i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS,
+};
 use crate::plan::{self, Due};
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
@@ -117,14 +119,7 @@ impl Postgres {
             "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= $1 LIMIT $2)",
         )
         .await?;
-        // Purged generations none of whose events are left (a small table:
-        // a generation lands there only for events younger than the retention).
-        tx.execute(
-            "DELETE FROM idempotency_purged_generations p WHERE NOT EXISTS (SELECT 1 FROM idempotency_events e \
-             WHERE e.generation = p.generation)",
-            &[],
-        )
-        .await?;
+        tx.execute(PURGE_EVENTLESS_GENERATIONS, &[]).await?;
         tx.commit().await?;
         self.log_all(&events, &Trace::NONE);
         Ok(report)

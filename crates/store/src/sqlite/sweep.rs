@@ -9,7 +9,7 @@ use super::generation::Journal;
 use super::operations::carry_out;
 use super::rows::{load, query_keys, query_values};
 use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, GENERATION_OF_EVENT};
+use crate::columns::{i64_from, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS};
 use crate::conditions::expand;
 use crate::plan::{self, Due};
 use crate::sealing::Seal;
@@ -113,14 +113,7 @@ pub(super) fn sweep(
         "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
         &[&cutoff, &batch],
     )?;
-    // Purged generations none of whose events are left (a small table:
-    // a generation lands there only for events younger than the retention).
-    run(
-        conn,
-        "DELETE FROM idempotency_purged_generations WHERE NOT EXISTS (SELECT 1 FROM idempotency_events e \
-         WHERE e.generation = idempotency_purged_generations.generation)",
-        &[],
-    )?;
+    run(conn, PURGE_EVENTLESS_GENERATIONS, &[])?;
     Ok(report)
 }
 
