@@ -40,6 +40,7 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	scripts/wasm.sh clippy
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --workspace
 
 # Bootstraps named _*.yaml are fragments, not complete configs.
 # The previous release is built before this one's store: both builds put

@@ -11,6 +11,10 @@
 //! error instead of unwrapping it (an unwrap here would kill the VM for every
 //! request on the worker).
 
+// The map above links private modules: the docs are built with
+// `--document-private-items` (`make lint`).
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod client;
 mod driver;
 #[cfg(feature = "fault-injection")]

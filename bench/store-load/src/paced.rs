@@ -46,7 +46,7 @@ struct Args {
     /// Seconds sent before, not measured.
     #[arg(long, default_value_t = 2)]
     warmup: u64,
-    /// Keys are PREFIX-<n> (the warm-up's PREFIX-warm-<n>).
+    /// Keys are PREFIX-N, N counting from 0 (the warm-up's PREFIX-warm-N).
     #[arg(long)]
     prefix: String,
 }

@@ -25,7 +25,7 @@ pub enum Clock {
     System,
     /// The database server's clock, which every replica sharing a database
     /// follows (see [`Clock::follow`]): the microseconds to add to
-    /// [`monotonic_us`], so that between readings time moves with the
+    /// `monotonic_us`, so that between readings time moves with the
     /// monotonic clock and a step of the replica's own clock never counts.
     Followed(Arc<AtomicI64>),
     /// Milliseconds since the epoch, moved by hand.
@@ -64,7 +64,7 @@ impl Clock {
     /// are judged by one clock however the replicas' own clocks drift or
     /// step; else the system clock. Followed to within half a round trip,
     /// compared again every [`FOLLOW_EVERY`] until the store stops, and
-    /// corrected when a reading is [`WITHIN_US`] or more off.
+    /// corrected when a reading is `WITHIN_US` or more off.
     pub async fn follow<D: DatabaseClock + ?Sized + 'static>(backend: &Arc<D>) -> Result<Clock> {
         // The quickest of a few readings: the least room for error.
         let mut best: Option<Reading> = None;

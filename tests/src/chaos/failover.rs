@@ -80,9 +80,9 @@ pub async fn audit_failover(
 
 /// The transitions any store replica logged as committed (`idemgate::events`
 /// lines) that the promoted database does not hold, counted by kind;
-/// completions apart ([`UNWAITED`]) when their route keeps unknown outcomes:
+/// completions apart (`UNWAITED`) when their route keeps unknown outcomes:
 /// the store commits those without waiting for the WAL, so for the standby.
-/// `held` is the promoted database's answer to [`HELD_TRANSITIONS`];
+/// `held` is the promoted database's answer to `HELD_TRANSITIONS`;
 /// `log_id` names a fingerprint as the stores' log lines do (a keyed hash,
 /// under a key the stores derive from the admin credential).
 pub fn committed_but_lost(

@@ -1,6 +1,6 @@
 //! The chaos run and its audit, along their seams: [`traffic`] (the
-//! workers and what they sent), [`faults`] (the fault loop), [`audit`] (one
-//! function per promise, over the evidence), [`judge`] (one scope's
+//! workers and what they sent), [`faults`] (the fault loop), [`mod@audit`] (one
+//! function per promise, over the evidence), [`mod@judge`] (one scope's
 //! executions against its store history), [`answers`] (one answer against
 //! the contract) and [`report`] (what the audit found, as text); what the
 //! database failover runs add to the audit is [`failover`]'s.

@@ -14,7 +14,8 @@ use crate::sweeper::DEFAULT_AUDIT_RETENTION_MS;
 )]
 pub struct Cli {
     /// Where records live: sqlite://FILE (embedded, default) or
-    /// postgres://USER[:PASSWORD]@HOST:PORT/DB (several replicas).
+    /// postgres://USER:PASSWORD@HOST:PORT/DB (several replicas; the password
+    /// may be left out).
     #[arg(
         long,
         global = true,

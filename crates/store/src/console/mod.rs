@@ -7,7 +7,7 @@
 //! It makes the admin API's own calls ([`admin::find`], [`admin::list`],
 //! [`admin::resolve_record`]): no rule is written twice. The operator is
 //! the one the trusted authenticating proxy names ([`crate::auth::Identified`]):
-//! a sign-in opens a session of that operator ([`session`]), every request
+//! a sign-in opens a session of that operator ([`mod@session`]), every request
 //! on it must come from the proxy naming the same operator, and the
 //! operator is the actor of every change made in it. A session ends after
 //! [`ConsoleSettings::idle`] without use. Every POST form carries the

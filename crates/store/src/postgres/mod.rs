@@ -11,7 +11,7 @@
 //!
 //! A replay is answered from the row that statement returned; its
 //! `replay_count` increment is applied afterwards on a spawned task, batched
-//! with other replays (see [`crate::replays`]), not on the request path.
+//! with other replays (see `crate::replays`), not on the request path.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;

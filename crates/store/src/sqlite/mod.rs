@@ -1,16 +1,18 @@
 //! SQLite, the embedded default: WAL, durable claims (`synchronous=FULL`)
 //! with group commit, one writer, readers in parallel.
 //!
-//! Every write runs on one dedicated thread ([`engine`]), batched into one
-//! transaction per group commit. Because that thread is the only writer,
-//! "read the record, decide, write" needs no locking of its own, and fencing
-//! tokens are handed out per batch from one counter row.
+//! Every write runs on the writer's one connection (`engine`), batched into
+//! one transaction per group commit: on the request's own thread when the
+//! writer is idle, on the writer thread otherwise. Because that connection
+//! is the only one that writes, "read the record, decide, write" needs no
+//! locking of its own, and fencing tokens are handed out per batch from one
+//! counter row.
 //!
-//! A claim is looked at on a reader connection first ([`claim`]). Claims that
+//! A claim is looked at on a reader connection first (`claim`). Claims that
 //! only need to answer (mismatch, in progress, unknown, expired) or replay a
 //! completed record are decided there, in parallel, and never queue behind
 //! writes; a replay's `replay_count` increment goes to the writer afterwards
-//! without being awaited (see [`crate::replays`]). A claim that must write
+//! without being awaited (see `crate::replays`). A claim that must write
 //! is queued to the writer by the reader itself, so a new key costs one trip
 //! off the async runtime, not two. The calls of one `/v1/batch` are looked
 //! at together on one reader and written in one transaction.
