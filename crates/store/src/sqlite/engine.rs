@@ -7,9 +7,10 @@
 //! fsync, not 200. A request's writes run on its own thread when the writer
 //! is idle ([`Engine::submit`]): at low load a claim then costs one sync and
 //! no thread wake-ups; while a batch runs, the writes that arrive meanwhile
-//! queue for the writer thread, which takes them as the next batch. Writes
-//! no request waits for (the sweeper, operators, replay counts) are only
-//! ever run by the writer thread. Each job of a batch with several runs
+//! queue for the writer thread, which takes them as the next batch, and so
+//! do those that arrive while it has work of its own waiting. Writes no
+//! request waits for (the sweeper, operators, replay counts) are only ever
+//! run by the writer thread. Each job of a batch with several runs
 //! inside its own savepoint, so one failing job does not undo the others; a
 //! batch of one job needs none (if it fails, the transaction is rolled back
 //! instead). A group (the calls of one `/v1/batch`) is never split across
@@ -185,6 +186,11 @@ impl Queue {
     /// Whether the writer thread has anything to do.
     fn has_work(&self) -> bool {
         !self.groups.is_empty() || self.restart_due || !self.sync_due.is_empty()
+    }
+
+    /// Whether the writer thread has work no caller's thread may do.
+    fn writer_thread_due(&self) -> bool {
+        self.restart_due || !self.sync_due.is_empty() || self.groups.iter().any(|g| !g.here)
     }
 
     /// The next batch: whole groups in their order, up to [`MAX_BATCH`]
@@ -530,6 +536,13 @@ impl Engine {
             return Ok(());
         }
         let shared = &self.shared;
+        // The writer thread's own work goes first: callers that took the
+        // writer whenever it was free could keep a restart, a sync or a
+        // sweep from that thread for as long as they kept coming.
+        if shared.queue()?.writer_thread_due() {
+            shared.work.notify_one();
+            return Ok(());
+        }
         match shared.writer.try_lock() {
             Ok(mut writer) => {
                 let ran = shared.run_next(&mut writer, false);
