@@ -238,13 +238,9 @@ async fn a_job_that_fails_on_its_own_is_undone_alone() {
     assert_eq!(rows, [1, 3, 4]);
 }
 
-#[tokio::test]
-async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_the_caller() {
-    let (dir, engine) = with_table().await;
-    // Another process (the command line, say) holds the write lock.
-    let other = Connection::open(dir.path().join("engine.db")).unwrap();
-    other.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let (job, pending) = Engine::job(Durability::Durable, insert(1));
+/// Submits `job`, which meets another connection's write lock: the
+/// caller's thread must not wait for it.
+fn submit_without_waiting(engine: &Engine, job: Job) {
     let submitted = Instant::now();
     engine.submit(vec![job]).unwrap();
     assert!(
@@ -252,10 +248,25 @@ async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_t
         "the caller's thread waited {:?} for the lock",
         submitted.elapsed()
     );
-    let released = std::thread::spawn(move || {
+}
+
+/// Lets go of `other`'s write lock in a moment.
+fn release_later(other: Connection) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(300));
         other.execute_batch("ROLLBACK").unwrap();
-    });
+    })
+}
+
+#[tokio::test]
+async fn another_connections_write_lock_is_waited_for_by_the_writer_thread_not_the_caller() {
+    let (dir, engine) = with_table().await;
+    // Another process (the command line, say) holds the write lock.
+    let other = Connection::open(dir.path().join("engine.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (job, pending) = Engine::job(Durability::Durable, insert(1));
+    submit_without_waiting(&engine, job);
+    let released = release_later(other);
     pending.wait().await.unwrap();
     released.join().unwrap();
     assert_eq!(rows(&engine).await, [1]);
@@ -354,21 +365,12 @@ async fn a_durable_commit_another_connections_lock_holds_up_is_left_to_the_write
         w.require_durable();
         insert(1)(w)
     });
-    let submitted = Instant::now();
-    engine.submit(vec![job]).unwrap();
-    assert!(
-        submitted.elapsed() < BUSY_TIMEOUT / 5,
-        "the caller's thread waited {:?} for the lock",
-        submitted.elapsed()
-    );
+    submit_without_waiting(&engine, job);
     let other = taken
         .try_recv()
         .expect("the other connection took the lock after the commit");
     let durable = engine.commits().1;
-    let released = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        other.execute_batch("ROLLBACK").unwrap();
-    });
+    let released = release_later(other);
     pending.wait().await.expect("answered once durable");
     released.join().unwrap();
     assert_eq!(
