@@ -1,6 +1,7 @@
 //! The chaos run and its audit, along their seams: [`traffic`] (the
 //! workers and what they sent), [`faults`] (the fault loop), [`mod@audit`] (one
-//! function per promise, over the evidence), [`mod@judge`] (one scope's
+//! function per promise, over the evidence; the retries of settled records
+//! are [`recheck`]'s), [`mod@judge`] (one scope's
 //! executions against its store history), [`answers`] (one answer against
 //! the contract) and [`report`] (what the audit found, as text); what the
 //! database failover runs add to the audit is [`failover`]'s.
@@ -59,6 +60,7 @@ pub mod audit;
 pub mod failover;
 pub mod faults;
 pub mod judge;
+pub mod recheck;
 pub mod report;
 #[cfg(test)]
 mod tests;
