@@ -1,4 +1,5 @@
 use super::*;
+use crate::sqlite::checkpoint::RESTART_FRAMES;
 
 fn engine() -> (tempfile::TempDir, Engine) {
     let dir = tempfile::tempdir().unwrap();
@@ -61,9 +62,12 @@ async fn batch_with_a_failure(code: i32, rolled_back: bool) -> (Vec<bool>, Vec<i
     (answered, rows(&engine).await)
 }
 
-/// 8,000 commits of a page each, back to back, run by the writer thread
-/// (`inline` false) or each on its caller's thread: a WAL that never
-/// started over would hold them all (over 32 MiB).
+/// Twice the pages the WAL holds before it starts over.
+const WAL_BOUND: u64 = 2 * RESTART_FRAMES * 4096;
+
+/// Commits of a page each, four times as many as start the WAL over, back
+/// to back, run by the writer thread (`inline` false) or each on its
+/// caller's thread: a WAL that never started over would hold them all.
 async fn wal_after_back_to_back_commits(inline: bool) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("engine.db");
@@ -74,7 +78,7 @@ async fn wal_after_back_to_back_commits(inline: bool) -> u64 {
         })
         .await
         .unwrap();
-    for _ in 0..8_000 {
+    for _ in 0..4 * RESTART_FRAMES {
         let page = |w: &Writer<'_>| {
             w.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
                 .map(drop)
@@ -94,14 +98,14 @@ async fn wal_after_back_to_back_commits(inline: bool) -> u64 {
 #[tokio::test]
 async fn the_wal_starts_over_while_the_writer_never_rests() {
     let wal = wal_after_back_to_back_commits(false).await;
-    assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
+    assert!(wal < WAL_BOUND, "the WAL grew to {wal} bytes");
 }
 
 #[tokio::test]
 async fn the_wal_starts_over_when_every_commit_runs_on_its_callers_thread() {
     // The restart waits for readers, so it is left to the writer thread.
     let wal = wal_after_back_to_back_commits(true).await;
-    assert!(wal < 8 * 1024 * 1024, "the WAL grew to {wal} bytes");
+    assert!(wal < WAL_BOUND, "the WAL grew to {wal} bytes");
 }
 
 async fn with_table() -> (tempfile::TempDir, Engine) {
