@@ -32,9 +32,9 @@ pub fn free_port() -> u16 {
     // purpose. Never hand out one port twice in a test process.
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let (low, span) = below_ephemeral();
+    let ports = below_ephemeral();
     loop {
-        let port = low + (random() % u64::from(span)) as u16;
+        let port = fastrand::u16(ports.clone());
         if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return port;
@@ -44,7 +44,7 @@ pub fn free_port() -> u16 {
 
 /// The 16,384 ports (or as many as there are above 1023) just below the
 /// kernel's ephemeral range (`ip_local_port_range`, 32768–60999 by default).
-fn below_ephemeral() -> (u16, u16) {
+fn below_ephemeral() -> std::ops::Range<u16> {
     let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
@@ -54,17 +54,5 @@ fn below_ephemeral() -> (u16, u16) {
         start > low,
         "no ports below the ephemeral range starting at {start}"
     );
-    (low, start - low)
-}
-
-fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
+    low..start
 }

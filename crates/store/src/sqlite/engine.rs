@@ -100,6 +100,16 @@ pub(super) struct Job {
     queued_at: Instant,
 }
 
+impl Job {
+    fn new(run: Run, durability: Durability) -> Job {
+        Job {
+            run,
+            durability,
+            queued_at: Instant::now(),
+        }
+    }
+}
+
 /// A job's result, when it was handed over, and where to time the hand-over.
 type Delivered<R> = (Result<R>, Instant, Histogram);
 
@@ -161,6 +171,16 @@ struct Group {
     /// writer thread: writes no request waits for, which may be long (a
     /// sweep), and a batch that found another process's write lock.
     here: bool,
+}
+
+/// What queuing a group found.
+enum Queued {
+    /// The group was empty.
+    Nothing,
+    /// Queued behind work only the writer thread may do.
+    BehindTheWritersOwn,
+    /// Queued; a caller may run it if the writer is idle.
+    Ready,
 }
 
 /// The writer's queue.
@@ -513,14 +533,7 @@ impl Engine {
             });
             (ended, deliver)
         });
-        (
-            Job {
-                run,
-                durability,
-                queued_at: Instant::now(),
-            },
-            Pending(rx),
-        )
+        (Job::new(run, durability), Pending(rx))
     }
 
     /// Queues `jobs` to run in one transaction, and runs the next batch
@@ -532,16 +545,17 @@ impl Engine {
     /// batch of requests' own writes at most (its commit's sync included),
     /// and never for a lock.
     pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<()> {
-        if !self.enqueue(jobs, true)? {
-            return Ok(());
-        }
         let shared = &self.shared;
-        // The writer thread's own work goes first: callers that took the
-        // writer whenever it was free could keep a restart, a sync or a
-        // sweep from that thread for as long as they kept coming.
-        if shared.queue()?.writer_thread_due() {
-            shared.work.notify_one();
-            return Ok(());
+        match self.enqueue(jobs, true)? {
+            Queued::Nothing => return Ok(()),
+            // The writer thread's own work goes first: callers that took the
+            // writer whenever it was free could keep a restart, a sync or a
+            // sweep from that thread for as long as they kept coming.
+            Queued::BehindTheWritersOwn => {
+                shared.work.notify_one();
+                return Ok(());
+            }
+            Queued::Ready => {}
         }
         match shared.writer.try_lock() {
             Ok(mut writer) => {
@@ -565,24 +579,26 @@ impl Engine {
     /// batch: for writes whose caller is no request (the sweeper, an
     /// operator, replay counts), which need not hold up the caller's thread.
     fn hand_over(&self, jobs: Vec<Job>) -> Result<()> {
-        if self.enqueue(jobs, false)? {
+        if !matches!(self.enqueue(jobs, false)?, Queued::Nothing) {
             self.shared.work.notify_one();
         }
         Ok(())
     }
 
-    /// Adds a group to the queue (`here`: see [`Group`]); false if it was
-    /// empty.
-    fn enqueue(&self, jobs: Vec<Job>, here: bool) -> Result<bool> {
+    /// Adds a group to the queue (`here`: see [`Group`]).
+    fn enqueue(&self, jobs: Vec<Job>, here: bool) -> Result<Queued> {
         if jobs.is_empty() {
-            return Ok(false);
+            return Ok(Queued::Nothing);
         }
         let mut queue = self.shared.queue()?;
         if queue.stopped {
             return Err(StoreError::internal("the sqlite writer has stopped"));
         }
         queue.groups.push_back(Group { jobs, here });
-        Ok(true)
+        Ok(match queue.writer_thread_due() {
+            true => Queued::BehindTheWritersOwn,
+            false => Queued::Ready,
+        })
     }
 
     /// Runs `f` on the writer thread inside the next group commit; its
@@ -620,13 +636,8 @@ impl Engine {
             });
             (ended, deliver)
         });
-        let job = Job {
-            run,
-            durability,
-            queued_at: Instant::now(),
-        };
         // Refused only once the writer has stopped: the job, dropped, says so.
-        let _ = self.hand_over(vec![job]);
+        let _ = self.hand_over(vec![Job::new(run, durability)]);
     }
 
     /// Runs `f` on a reader connection here, on the caller's thread, if one

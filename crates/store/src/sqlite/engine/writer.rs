@@ -283,6 +283,8 @@ impl WriterState {
             .stages
             .transaction
             .observe(committing.saturating_duration_since(began).as_secs_f64());
+        // `None`: committed, not yet durable; the writer thread makes it so,
+        // then answers.
         let commit = if lost {
             // The transaction is gone or cannot be trusted: nothing of the
             // batch is kept, and nobody is told otherwise. The ROLLBACK
@@ -292,10 +294,12 @@ impl WriterState {
                 "sqlite: a batch of {} jobs was rolled back: the database refused a write",
                 delivers.len()
             );
-            Err("the database refused a write; the transaction was rolled back".to_string())
+            Some(Err(
+                "the database refused a write; the transaction was rolled back".to_string(),
+            ))
         } else if kept == 0 {
             // Nothing to keep (a lone job failed): its writes are undone.
-            control(conn, "ROLLBACK").map_err(|e| e.to_string())
+            Some(control(conn, "ROLLBACK").map_err(|e| e.to_string()))
         } else {
             let end = fences.store(conn).and_then(|()| control(conn, "COMMIT"));
             match end {
@@ -303,35 +307,32 @@ impl WriterState {
                     shared.stages.commits.inc();
                     if full {
                         shared.stages.durable_commits.inc();
-                        Ok(())
+                        Some(Ok(()))
                     } else if synchronous_full && need_durable {
                         // A relaxed batch with a job that must be durable.
                         match self.make_durable(&shared.stages, may_wait) {
-                            Err(e) if !may_wait && is_busy(&e) => {
-                                shared.stages.commit.observe(committing.elapsed().as_secs_f64());
-                                shared.sync_later(delivers);
-                                return self.after_commit(may_wait);
-                            }
-                            synced => synced.map_err(not_durable),
+                            Err(e) if !may_wait && is_busy(&e) => None,
+                            synced => Some(synced.map_err(not_durable)),
                         }
                     } else {
-                        Ok(())
+                        Some(Ok(()))
                     }
                 }
                 Err(e) => {
                     let _ = control(conn, "ROLLBACK");
-                    Err(e.to_string())
+                    Some(Err(e.to_string()))
                 }
             }
         };
         shared.stages.commit.observe(committing.elapsed().as_secs_f64());
-        for deliver in delivers {
-            deliver(commit.clone(), &shared.stages.answered);
+        match commit {
+            Some(commit) => {
+                for deliver in delivers {
+                    deliver(commit.clone(), &shared.stages.answered);
+                }
+            }
+            None => shared.sync_later(delivers),
         }
-        self.after_commit(may_wait)
-    }
-
-    fn after_commit(&mut self, may_wait: bool) -> BatchEnd {
         match self.checkpoints.after_commit(&self.conn, may_wait) {
             true => BatchEnd::RestartDue,
             false => BatchEnd::Done,
