@@ -1,11 +1,12 @@
-//! The worker's store client on Envoy: dispatches what the core's
-//! [`Client`] asks to send, remembers which callout token is which flight,
-//! and runs the root's timer while anything waits.
+//! The worker's store client on Envoy: dispatches what the core's queues
+//! ([`Attached`] for the calls a request waits for, [`Letters`] for the calls
+//! that outlive it) ask to send, remembers which callout token is which
+//! flight, and runs the root's timer while anything waits.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idemgate_core::client::{Answered, Client, Flight, BOUND};
+use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner, BOUND};
 use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::StoreAnswer;
 
@@ -13,12 +14,28 @@ use crate::host;
 
 /// The timer never waits longer than this while something is queued.
 const MAX_TICK: Duration = Duration::from_secs(1);
-/// Nor shorter than this (a letter waits for company this long).
-const MIN_TICK: Duration = Duration::from_millis(idemgate_core::client::LINGER_MS);
+/// Nor shorter than this.
+const MIN_TICK: Duration = Duration::from_millis(5);
+
+/// Which queue a callout came from.
+#[derive(Clone, Copy)]
+pub enum Queue {
+    Attached,
+    Letters,
+}
+
+/// What a pump handed back: answers for waiting requests, and letters
+/// that ended.
+#[derive(Default)]
+pub struct Pumped {
+    pub answers: Vec<(Owner, StoreAnswer)>,
+    pub ended: Vec<(Letter, Delivery)>,
+}
 
 pub struct StoreClient {
-    pub client: Client,
-    tokens: HashMap<u32, Flight>,
+    pub attached: Attached,
+    pub letters: Letters,
+    tokens: HashMap<u32, (Queue, Flight)>,
     /// The root's timer period: zero (off) while nothing waits.
     period: Duration,
 }
@@ -26,7 +43,8 @@ pub struct StoreClient {
 impl StoreClient {
     pub fn new() -> StoreClient {
         StoreClient {
-            client: Client::new(BOUND, host::random_u64()),
+            attached: Attached::new(BOUND),
+            letters: Letters::new(BOUND, host::random_u64()),
             tokens: HashMap::new(),
             period: Duration::ZERO,
         }
@@ -42,31 +60,35 @@ impl StoreClient {
         self.period.is_zero()
     }
 
-    /// The store's answer to callout `token`, if it is this client's.
-    pub fn answered(&mut self, token: u32, answer: impl FnOnce() -> StoreAnswer) -> Option<Answered> {
-        let flight = self.tokens.remove(&token)?;
-        Some(self.client.answered(flight, answer(), host::now_ms()))
+    /// Which queue's flight callout `token` is, if it is this client's.
+    pub fn take(&mut self, token: u32) -> Option<(Queue, Flight)> {
+        self.tokens.remove(&token)
     }
 
-    /// Sends everything the client has ready. Calls whose callers stopped
+    /// Sends everything the queues have ready. Calls whose callers stopped
     /// waiting, and calls Envoy refused to send, come back answered with
     /// nothing; letters that ran out of time come back given up.
-    pub fn pump(&mut self, store: &StoreConfig, now: i64) -> Answered {
-        let mut out = Answered {
-            answers: self.client.attached.expire(now),
+    pub fn pump(&mut self, store: &StoreConfig, now: i64) -> Pumped {
+        let mut out = Pumped {
+            answers: self.attached.expire(now),
             ended: Vec::new(),
         };
-        while let Some(t) = self.client.poll_transmit(now) {
+        while let Some(t) = self.attached.poll_transmit(now) {
             match host::dispatch(store, &t.call) {
                 Some(token) => {
-                    self.tokens.insert(token, t.flight);
+                    self.tokens.insert(token, (Queue::Attached, t.flight));
+                }
+                None => out.answers.extend(self.attached.refused(t.flight)),
+            }
+        }
+        while let Some(t) = self.letters.poll_transmit(now) {
+            match host::dispatch(store, &t.call) {
+                Some(token) => {
+                    self.tokens.insert(token, (Queue::Letters, t.flight));
                 }
                 None => {
-                    // Envoy has no store host now: what is still queued is
-                    // tried again at the next pump.
-                    let refused = self.client.answered(t.flight, None, now);
-                    out.answers.extend(refused.answers);
-                    out.ended.extend(refused.ended);
+                    // Envoy has no store host now: the rest waits too.
+                    out.ended.extend(self.letters.refused(t.flight, now));
                     break;
                 }
             }
@@ -78,7 +100,11 @@ impl StoreClient {
     /// The timer wakes the client when the next letter is due or the next
     /// queued caller stops waiting; it is off while nothing waits.
     fn set_timer(&mut self, now: i64) {
-        let period = self.client.next_due().map_or(Duration::ZERO, |at| {
+        let next = [self.letters.next_due(), self.attached.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        let period = next.map_or(Duration::ZERO, |at| {
             let ms = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
             Duration::from_millis(ms).clamp(MIN_TICK, MAX_TICK)
         });

@@ -6,12 +6,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use idemgate_core::client::{Answered, Delivery, Letter, Owner};
+use idemgate_core::client::{Delivery, Letter, Owner};
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{refusal, settled, Settlement, StoreCall};
+use idemgate_core::exchange::{refusal, settled, Settlement, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
-use crate::client::StoreClient;
+use crate::client::{Pumped, Queue, StoreClient};
 use crate::driver::Driver;
 use crate::host;
 use crate::metrics::Metrics;
@@ -52,7 +52,6 @@ impl Worker {
         let taken = self
             .client
             .borrow_mut()
-            .client
             .attached
             .submit(owner, call, host::now_ms());
         if taken.is_err() {
@@ -63,12 +62,7 @@ impl Worker {
 
     /// Posts a call that outlives its request.
     pub fn post(&self, letter: Letter) {
-        let pushed_out = self
-            .client
-            .borrow_mut()
-            .client
-            .letters
-            .post(letter, host::now_ms());
+        let pushed_out = self.client.borrow_mut().letters.post(letter, host::now_ms());
         if let Some(letter) = pushed_out {
             self.letter_ended(letter, Delivery::GaveUp);
         }
@@ -85,7 +79,7 @@ impl Worker {
         if goes_on {
             self.drivers.borrow_mut().insert(owner, driver);
         } else {
-            self.client.borrow_mut().client.attached.left(owner);
+            self.client.borrow_mut().attached.left(owner);
         }
         self.pump();
     }
@@ -97,12 +91,24 @@ impl Worker {
     /// The answer to one of this worker's callouts, whichever context Envoy
     /// handed it to.
     pub fn answer(&self, token: u32, num_headers: usize, body_size: usize) {
-        let answered = self
-            .client
-            .borrow_mut()
-            .answered(token, || host::store_answer(num_headers, body_size));
-        match answered {
-            Some(answered) => self.hand_out(answered),
+        let taken = self.client.borrow_mut().take(token);
+        match taken {
+            Some((Queue::Attached, flight)) => {
+                let answer = host::store_answer(num_headers, body_size);
+                let answers = self.client.borrow_mut().attached.answered(flight, answer);
+                self.hand_out(answers);
+            }
+            Some((Queue::Letters, flight)) => {
+                let answer = host::store_answer(num_headers, body_size);
+                let ended = self
+                    .client
+                    .borrow_mut()
+                    .letters
+                    .answered(flight, answer, host::now_ms());
+                for (letter, delivery) in ended {
+                    self.letter_ended(letter, delivery);
+                }
+            }
             None => {
                 let owner = self.upstream_calls.borrow_mut().remove(&token);
                 if let Some(owner) = owner {
@@ -119,7 +125,8 @@ impl Worker {
         let client = self.client.borrow();
         self.drivers.borrow().is_empty()
             && self.upstream_calls.borrow().is_empty()
-            && client.client.is_idle()
+            && client.letters.is_empty()
+            && client.attached.queued() == 0
             && client.in_flight() == 0
     }
 
@@ -128,7 +135,7 @@ impl Worker {
         let client = self.client.borrow();
         (
             self.drivers.borrow().len(),
-            client.client.letters.len(),
+            client.letters.len(),
             client.in_flight(),
         )
     }
@@ -144,22 +151,21 @@ impl Worker {
     /// borrowed.
     pub fn pump(&self) {
         loop {
-            let answered = self.client.borrow_mut().pump(self.config.store(), host::now_ms());
-            if answered == Answered::default() {
+            let Pumped { answers, ended } =
+                self.client.borrow_mut().pump(self.config.store(), host::now_ms());
+            if answers.is_empty() && ended.is_empty() {
                 return;
             }
-            self.hand_out(answered);
+            self.hand_out(answers);
+            for (letter, delivery) in ended {
+                self.letter_ended(letter, delivery);
+            }
         }
     }
 
-    /// Hands the store's answers to the requests that wait for them, and
-    /// counts the letters that ended.
-    fn hand_out(&self, Answered { answers, ended }: Answered) {
+    fn hand_out(&self, answers: Vec<(Owner, StoreAnswer)>) {
         for (owner, answer) in answers {
             self.with_driver(owner, |c| c.store_answered(answer));
-        }
-        for (letter, delivery) in ended {
-            self.letter_ended(letter, delivery);
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use e2e::{eventually, poll, retry_until_settled, send, Answer, Harness};
+use e2e::{eventually, poll, send, Answer, Harness};
 
 use e2e::fresh_key as key;
 
@@ -294,40 +294,6 @@ async fn with_settle_background_the_outcome_is_recorded_after_the_answer() {
     assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{replay:?}");
     assert_eq!(replay.body, first.body);
     assert_eq!(h.upstream.executions(&k), 1);
-}
-
-/// With `settle: background` a settlement rides in the worker's next store
-/// callout if one leaves within a few milliseconds: new keys sent one after
-/// another on one connection make about one store callout each (the claim,
-/// carrying the previous key's completion), not two.
-#[tokio::test(flavor = "multi_thread")]
-async fn background_settlements_ride_in_the_next_claims_callout() {
-    let h = Harness::start().await;
-    let calls = "cluster.idempotency_store.upstream_rq_total";
-    let post = |k: &str| h.post("/background", Some(k), PAYMENT);
-    assert_eq!(send(post(&key("ride-warm"))).await.status, 201);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = h.stat(calls).await;
-    let keys: Vec<String> = (0..30).map(|i| key(&format!("ride-{i}"))).collect();
-    // One connection, kept alive: one Envoy worker.
-    let one = reqwest::Client::new();
-    for k in &keys {
-        let req = one.post(h.url("/background")).header("idempotency-key", k);
-        let a = send(req.body(PAYMENT)).await;
-        assert_eq!(a.status, 201, "{a:?}");
-    }
-    // The last completion has no claim to ride with: it goes on its own.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let made = h.stat(calls).await - before;
-    assert!(
-        made <= 36,
-        "{made} store callouts for 30 new keys: the completions did not ride with the claims"
-    );
-    for k in &keys {
-        let replay = retry_until_settled(|| post(k), Duration::from_secs(5)).await;
-        assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{replay:?}");
-        assert_eq!(h.upstream.executions(k), 1);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

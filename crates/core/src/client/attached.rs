@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{pack, weight, BatchVerdict, Bound, Flight, Owner};
+use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Owner, Transmit};
 use crate::exchange::{StoreAnswer, StoreCall};
 use crate::record::plus_ms;
 
@@ -76,10 +76,9 @@ impl Attached {
         Ok(())
     }
 
-    /// Takes the calls of the next callout, if any: every call that travels
-    /// alone, and the group's batch unless the group's callout is in flight.
-    /// Says whether it is the group's (only that one takes riders).
-    pub(super) fn take(&mut self) -> Option<(Flight, bool)> {
+    /// The next callout to make, if any: every call that travels alone, and
+    /// the group's batch unless the group's callout is in flight.
+    pub fn poll_transmit(&mut self, now: i64) -> Option<Transmit> {
         let (calls, group) = match self.alone.pop_front() {
             Some(one) => (vec![one], false),
             None if self.busy || self.queued.is_empty() => return None,
@@ -91,39 +90,36 @@ impl Attached {
         self.busy |= group;
         let flight = self.next_flight;
         self.next_flight += 1;
+        let call = match calls.as_slice() {
+            [one] => one.call.clone(),
+            many => {
+                let refs: Vec<&StoreCall> = many.iter().map(|q| &q.call).collect();
+                let mut batch = StoreCall::batch(&refs);
+                // As long as the caller who waits longest still waits.
+                let last = many.iter().map(|q| q.deadline).max().unwrap_or(now);
+                batch.timeout_ms = u64::try_from(last.saturating_sub(now)).unwrap_or(0).max(1);
+                batch
+            }
+        };
         self.flights.insert(flight, Carried { calls, group });
-        Some((flight, group && !self.alone_only))
+        Some(Transmit { flight, call })
     }
 
-    /// The calls `flight` carries, in order.
-    pub(super) fn calls(&self, flight: Flight) -> impl Iterator<Item = &StoreCall> {
-        self.flights
-            .get(&flight)
-            .into_iter()
-            .flat_map(|c| c.calls.iter().map(|q| &q.call))
+    /// Envoy refused to send `flight`: each of its calls is answered with nothing.
+    pub fn refused(&mut self, flight: Flight) -> Vec<(Owner, StoreAnswer)> {
+        self.answered(flight, None)
     }
 
-    /// How long a batch carrying `flight` may take: as long as the caller
-    /// who waits longest still waits.
-    pub(super) fn timeout_ms(&self, flight: Flight, now: i64) -> u64 {
-        let last = self
-            .flights
-            .get(&flight)
-            .and_then(|c| c.calls.iter().map(|q| q.deadline).max())
-            .unwrap_or(now);
-        u64::try_from(last.saturating_sub(now)).unwrap_or(0).max(1)
-    }
-
-    /// The store's verdict on `flight`'s calls. A batch the store refused or
+    /// The answer to `flight`, split per call. A batch the store refused or
     /// did not know is sent again call by call, and answers nobody yet.
-    pub(super) fn settle(&mut self, flight: Flight, verdict: BatchVerdict) -> Vec<(Owner, StoreAnswer)> {
+    pub fn answered(&mut self, flight: Flight, answer: StoreAnswer) -> Vec<(Owner, StoreAnswer)> {
         let Some(carried) = self.flights.remove(&flight) else {
             return Vec::new();
         };
         if carried.group {
             self.busy = false;
         }
-        let answers = match verdict {
+        let answers = match batch_verdict(answer, carried.calls.len()) {
             BatchVerdict::Split(answers) => answers,
             verdict => {
                 if matches!(verdict, BatchVerdict::Unknown) {

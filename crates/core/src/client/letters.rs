@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{pack, weight, BatchVerdict, Bound, Flight};
+use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Transmit};
 use crate::exchange::{decided, Settlement, StoreAnswer, StoreCall};
 use crate::protocol::Attempt;
 use crate::record::plus_ms;
@@ -12,9 +12,6 @@ use crate::record::plus_ms;
 const BACKOFF_FIRST_MS: u64 = 200;
 /// ...up to this.
 const BACKOFF_MAX_MS: u64 = 10_000;
-/// A letter just posted waits this long for the group's next callout to
-/// ride in (see [`super::Client`]) before it goes on its own.
-pub const LINGER_MS: u64 = 2;
 /// How long a letter is sent again: past it, the record's lease settles it.
 pub const BUDGET_MS: u64 = 5 * 60 * 1000;
 
@@ -74,9 +71,8 @@ impl Letters {
         }
     }
 
-    /// Posts a letter, due [`LINGER_MS`] from `now` unless the group's next
-    /// callout takes it first. Returns the letter given up to make room, if
-    /// the outbox was full.
+    /// Posts a letter, due at once. Returns the letter given up to make
+    /// room, if the outbox was full.
     pub fn post(&mut self, letter: Letter, now: i64) -> Option<Letter> {
         let mut pushed_out = None;
         if !self
@@ -92,16 +88,15 @@ impl Letters {
         self.waiting.push_back(Posted {
             letter,
             tries: 0,
-            due: plus_ms(now, LINGER_MS),
+            due: now,
             give_up_at: plus_ms(now, BUDGET_MS),
             alone: false,
         });
         pushed_out
     }
 
-    /// Takes the letters of the next callout of their own: those that are
-    /// due, packed in order.
-    pub(super) fn take(&mut self, now: i64) -> Option<Flight> {
+    /// The next callout to make: letters that are due, packed in order.
+    pub fn poll_transmit(&mut self, now: i64) -> Option<Transmit> {
         let (mut due, later): (VecDeque<Posted>, VecDeque<Posted>) =
             self.waiting.drain(..).partition(|p| p.due <= now);
         self.waiting = later;
@@ -111,65 +106,34 @@ impl Letters {
         for p in due.into_iter().rev() {
             self.waiting.push_front(p);
         }
-        self.fly(letters)
-    }
-
-    /// Takes the letters that may ride in the group's callout: those not
-    /// yet sent, in order, as many as fit in `calls` more calls and `bytes`
-    /// more bytes.
-    pub(super) fn board(&mut self, mut calls: usize, mut bytes: usize) -> Option<Flight> {
-        if self.alone_only {
-            return None;
-        }
-        let mut riders = Vec::new();
-        let mut rest = VecDeque::new();
-        for p in self.waiting.drain(..) {
-            let w = weight(&p.letter.call);
-            if p.tries == 0 && !p.alone && calls > 0 && w <= bytes {
-                calls -= 1;
-                bytes -= w;
-                riders.push(p);
-            } else {
-                rest.push_back(p);
-            }
-        }
-        self.waiting = rest;
-        self.fly(riders)
-    }
-
-    fn fly(&mut self, letters: Vec<Posted>) -> Option<Flight> {
         if letters.is_empty() {
             return None;
         }
         self.bytes = self
             .bytes
             .saturating_sub(letters.iter().map(|p| weight(&p.letter.call)).sum());
+        let call = match letters.as_slice() {
+            [one] => one.letter.call.clone(),
+            many => StoreCall::batch(&many.iter().map(|p| &p.letter.call).collect::<Vec<_>>()),
+        };
         let flight = self.next_flight;
         self.next_flight += 1;
         self.flights.insert(flight, letters);
-        Some(flight)
+        Some(Transmit { flight, call })
     }
 
-    /// The calls `flight` carries, in order.
-    pub(super) fn calls(&self, flight: Flight) -> impl Iterator<Item = &StoreCall> {
-        self.flights
-            .get(&flight)
-            .into_iter()
-            .flat_map(|l| l.iter().map(|p| &p.letter.call))
+    /// Envoy refused to send `flight`: its letters wait for their next try.
+    pub fn refused(&mut self, flight: Flight, now: i64) -> Vec<(Letter, Delivery)> {
+        self.answered(flight, None, now)
     }
 
-    /// The store's verdict on `flight`'s letters: letters the store decided
-    /// end; the others wait for their next try, or end when their time is up.
-    pub(super) fn settle(
-        &mut self,
-        flight: Flight,
-        verdict: BatchVerdict,
-        now: i64,
-    ) -> Vec<(Letter, Delivery)> {
+    /// The store's answer to `flight`: letters the store decided end; the
+    /// others wait for their next try, or end when their time is up.
+    pub fn answered(&mut self, flight: Flight, answer: StoreAnswer, now: i64) -> Vec<(Letter, Delivery)> {
         let Some(letters) = self.flights.remove(&flight) else {
             return Vec::new();
         };
-        let answers = match verdict {
+        let answers = match batch_verdict(answer, letters.len()) {
             BatchVerdict::Split(answers) => answers,
             verdict => {
                 self.alone_only |= matches!(verdict, BatchVerdict::Unknown);

@@ -16,20 +16,14 @@
 //!   a settlement the store did not confirm), sent again with backoff until
 //!   the store decides them, for a bounded time.
 //!
-//! [`Client`] holds both, and is where they meet: a letter just posted (a
-//! settlement made after its response went out, with `settle: background`)
-//! rides in the group's next callout if one leaves within [`LINGER_MS`].
-//! At one steady connection that is the next request's claim: one callout,
-//! one store wake-up and one commit per new key instead of two.
-//!
 //! A batch is bounded by count ([`MAX_BATCH`]) and bytes ([`MAX_BATCH_BYTES`]),
 //! so it never exceeds the store's frame. A batch the store refuses as a
 //! whole (a 4xx other than 404) is sent again call by call: a refusal of the
 //! batch is never read as each call's own answer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use crate::exchange::{StoreAnswer, StoreCall};
+use crate::exchange::StoreCall;
 use crate::limits::MAX_FRAME;
 use crate::protocol::MAX_BATCH;
 
@@ -37,7 +31,7 @@ mod attached;
 mod letters;
 
 pub use attached::{Attached, Full};
-pub use letters::{Delivery, Letter, Letters, BUDGET_MS, LINGER_MS};
+pub use letters::{Delivery, Letter, Letters, BUDGET_MS};
 
 /// How much a queue keeps at most: calls, and bytes of their bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,126 +78,6 @@ const BATCH_CALL_OVERHEAD: usize = 64;
 /// [`MAX_FRAME`]; the rest is room for the batch's own metadata line.
 pub const MAX_BATCH_BYTES: usize = MAX_FRAME - 4 * 1024;
 
-/// A worker's store client: the calls requests wait for, the letters, and
-/// the callouts in flight with what each carries.
-pub struct Client {
-    pub attached: Attached,
-    pub letters: Letters,
-    flights: HashMap<Flight, Carries>,
-    next_flight: Flight,
-}
-
-/// What one callout carries: the requests' calls first, then letters.
-struct Carries {
-    attached: Option<Flight>,
-    letters: Option<Flight>,
-}
-
-/// What came back from the store (or from Envoy's refusal to send): answers
-/// for waiting requests, and letters that ended.
-#[derive(Debug, Default, PartialEq)]
-pub struct Answered {
-    pub answers: Vec<(Owner, StoreAnswer)>,
-    pub ended: Vec<(Letter, Delivery)>,
-}
-
-impl Client {
-    /// `seed` makes the letters' backoff jitter; any value but 0.
-    pub fn new(bound: Bound, seed: u64) -> Client {
-        Client {
-            attached: Attached::new(bound),
-            letters: Letters::new(bound, seed),
-            flights: HashMap::new(),
-            next_flight: 0,
-        }
-    }
-
-    /// The next callout to make, if any: a call that travels alone, or the
-    /// group's batch with the letters not yet sent riding in it, or letters
-    /// that are due.
-    pub fn poll_transmit(&mut self, now: i64) -> Option<Transmit> {
-        let carries = match self.attached.take() {
-            Some((flight, group)) => {
-                let riders = if group {
-                    let (calls, bytes) = self
-                        .attached
-                        .calls(flight)
-                        .fold((0, 0), |(n, b), c| (n + 1, b + weight(c)));
-                    self.letters
-                        .board(MAX_BATCH - calls, MAX_BATCH_BYTES.saturating_sub(bytes))
-                } else {
-                    None
-                };
-                Carries {
-                    attached: Some(flight),
-                    letters: riders,
-                }
-            }
-            None => Carries {
-                attached: None,
-                letters: Some(self.letters.take(now)?),
-            },
-        };
-        let attached = carries.attached.into_iter().flat_map(|f| self.attached.calls(f));
-        let letters = carries.letters.into_iter().flat_map(|f| self.letters.calls(f));
-        let calls: Vec<&StoreCall> = attached.chain(letters).collect();
-        let call = match calls.as_slice() {
-            [one] => (*one).clone(),
-            many => {
-                let mut batch = StoreCall::batch(many);
-                // As long as the caller who waits longest still waits, or a
-                // rider's own call may take.
-                if let Some(f) = carries.attached {
-                    let riders = carries.letters.into_iter().flat_map(|f| self.letters.calls(f));
-                    batch.timeout_ms = riders
-                        .map(|c| c.timeout_ms)
-                        .fold(self.attached.timeout_ms(f, now), u64::max);
-                }
-                batch
-            }
-        };
-        let flight = self.next_flight;
-        self.next_flight += 1;
-        self.flights.insert(flight, carries);
-        Some(Transmit { flight, call })
-    }
-
-    /// The store's answer to `flight` (`None`: no answer, or Envoy refused
-    /// to send it), handed to the calls it carried.
-    pub fn answered(&mut self, flight: Flight, answer: StoreAnswer, now: i64) -> Answered {
-        let Some(carries) = self.flights.remove(&flight) else {
-            return Answered::default();
-        };
-        let attached = carries.attached.map_or(0, |f| self.attached.calls(f).count());
-        let letters = carries.letters.map_or(0, |f| self.letters.calls(f).count());
-        let (to_attached, to_letters) = batch_verdict(answer, attached + letters).split_at(attached);
-        Answered {
-            answers: carries
-                .attached
-                .map(|f| self.attached.settle(f, to_attached))
-                .unwrap_or_default(),
-            ended: carries
-                .letters
-                .map(|f| self.letters.settle(f, to_letters, now))
-                .unwrap_or_default(),
-        }
-    }
-
-    /// Calls queued or letters waiting, or callouts in flight.
-    pub fn is_idle(&self) -> bool {
-        self.flights.is_empty() && self.attached.queued() == 0 && self.letters.is_empty()
-    }
-
-    /// When something queued next needs the client: a letter falls due or a
-    /// queued caller stops waiting.
-    pub fn next_due(&self) -> Option<i64> {
-        [self.letters.next_due(), self.attached.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-}
-
 /// What a call weighs in a batch.
 pub fn weight(call: &StoreCall) -> usize {
     call.body.len() + BATCH_CALL_OVERHEAD
@@ -230,7 +104,6 @@ pub fn pack<T>(queue: &mut VecDeque<T>, call: impl Fn(&T) -> &StoreCall, alone: 
 }
 
 /// How the store answered a callout that carried a batch, as a whole.
-#[derive(Debug)]
 pub(crate) enum BatchVerdict {
     /// A reply for each call.
     Split(Vec<crate::exchange::StoreAnswer>),
@@ -239,20 +112,6 @@ pub(crate) enum BatchVerdict {
     /// The batch itself was refused (another 4xx, e.g. 413): send each call
     /// alone; no call's own answer is known.
     Refused,
-}
-
-impl BatchVerdict {
-    /// The verdicts on the first `n` calls and on the rest.
-    fn split_at(self, n: usize) -> (BatchVerdict, BatchVerdict) {
-        match self {
-            BatchVerdict::Split(mut first) => {
-                let rest = first.split_off(n.min(first.len()));
-                (BatchVerdict::Split(first), BatchVerdict::Split(rest))
-            }
-            BatchVerdict::Unknown => (BatchVerdict::Unknown, BatchVerdict::Unknown),
-            BatchVerdict::Refused => (BatchVerdict::Refused, BatchVerdict::Refused),
-        }
-    }
 }
 
 /// How to read the answer to a callout that carried `n` calls (one alone

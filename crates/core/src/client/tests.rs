@@ -27,35 +27,23 @@ fn ok_batch(n: usize) -> StoreAnswer {
     Some((200, encode_batch_reply(&results)))
 }
 
-/// When a letter posted at 0 goes on its own.
-const LINGER: i64 = LINGER_MS as i64;
-
-fn client() -> Client {
-    Client::new(BOUND, 7)
-}
-
-/// The answers `flight`'s waiting callers get.
-fn answers(c: &mut Client, flight: Flight, answer: StoreAnswer) -> Vec<(Owner, StoreAnswer)> {
-    c.answered(flight, answer, 0).answers
-}
-
 #[test]
 fn a_quiet_worker_sends_at_once_and_a_busy_one_batches() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&first), 1);
     for owner in 2..5 {
-        c.attached.submit(owner, call(10), 0).unwrap();
+        c.submit(owner, call(10), 0).unwrap();
     }
     assert!(c.poll_transmit(0).is_none(), "the group's callout is in flight");
     assert_eq!(
-        answers(&mut c, first.flight, Some((200, vec![]))),
+        c.answered(first.flight, Some((200, vec![]))),
         vec![(1, Some((200, vec![])))]
     );
     let next = c.poll_transmit(1).unwrap();
     assert_eq!(calls_in(&next), 3);
-    let answers = answers(&mut c, next.flight, ok_batch(3));
+    let answers = c.answered(next.flight, ok_batch(3));
     assert_eq!(answers.iter().map(|(o, _)| *o).collect::<Vec<_>>(), [2, 3, 4]);
     assert_eq!(answers[2].1, Some((200, vec![b'2'])));
 }
@@ -76,38 +64,38 @@ fn a_batch_is_bounded_by_bytes_as_well_as_count() {
 
 #[test]
 fn a_batch_refused_as_a_whole_is_sent_again_call_by_call() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
-    c.attached.submit(2, call(10), 0).unwrap();
-    c.attached.submit(3, call(10), 0).unwrap();
-    answers(&mut c, first.flight, Some((200, vec![])));
+    c.submit(2, call(10), 0).unwrap();
+    c.submit(3, call(10), 0).unwrap();
+    c.answered(first.flight, Some((200, vec![])));
     let batch = c.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&batch), 2);
     let refusal = Some((413, b"{\"detail\":\"too large\"}".to_vec()));
     assert!(
-        answers(&mut c, batch.flight, refusal).is_empty(),
+        c.answered(batch.flight, refusal).is_empty(),
         "no call's own answer"
     );
     let (a, b) = (c.poll_transmit(0).unwrap(), c.poll_transmit(0).unwrap());
     assert_eq!((calls_in(&a), calls_in(&b)), (1, 1));
     assert_eq!(
-        answers(&mut c, b.flight, Some((200, vec![7]))),
+        c.answered(b.flight, Some((200, vec![7]))),
         vec![(3, Some((200, vec![7])))]
     );
 }
 
 #[test]
 fn a_store_without_batches_gets_every_call_alone() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
-    c.attached.submit(2, call(10), 0).unwrap();
-    c.attached.submit(3, call(10), 0).unwrap();
-    answers(&mut c, first.flight, Some((200, vec![])));
+    c.submit(2, call(10), 0).unwrap();
+    c.submit(3, call(10), 0).unwrap();
+    c.answered(first.flight, Some((200, vec![])));
     let batch = c.poll_transmit(0).unwrap();
-    assert!(answers(&mut c, batch.flight, Some((404, vec![]))).is_empty());
-    c.attached.submit(4, call(10), 0).unwrap();
+    assert!(c.answered(batch.flight, Some((404, vec![]))).is_empty());
+    c.submit(4, call(10), 0).unwrap();
     let sent: Vec<usize> = std::iter::from_fn(|| c.poll_transmit(0))
         .map(|t| calls_in(&t))
         .collect();
@@ -116,40 +104,40 @@ fn a_store_without_batches_gets_every_call_alone() {
 
 #[test]
 fn the_queue_is_bounded_and_a_queued_call_keeps_its_callers_deadline() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
     let _in_flight = c.poll_transmit(0).unwrap();
     for owner in 0..BOUND.calls as u32 {
-        c.attached.submit(owner, call(1), 0).unwrap();
+        c.submit(owner, call(1), 0).unwrap();
     }
-    assert_eq!(c.attached.submit(9, call(1), 0), Err(Full));
-    let mut big = client();
-    big.attached.submit(1, call(1), 0).unwrap();
+    assert_eq!(c.submit(9, call(1), 0), Err(Full));
+    let mut big = Attached::new(BOUND);
+    big.submit(1, call(1), 0).unwrap();
     let _in_flight = big.poll_transmit(0).unwrap();
     let mut n = 0;
-    while big.attached.submit(n, call(4 * 1024 * 1024), 0).is_ok() {
+    while big.submit(n, call(4 * 1024 * 1024), 0).is_ok() {
         n += 1;
     }
-    assert!(big.attached.queued_bytes() <= BOUND.bytes && n < 20, "{n}");
-    assert_eq!(c.attached.next_deadline(), Some(1_000));
-    assert!(c.attached.expire(999).is_empty());
-    assert_eq!(c.attached.expire(1_000).len(), BOUND.calls);
-    assert_eq!(c.attached.queued(), 0);
+    assert!(big.queued_bytes() <= BOUND.bytes && n < 20, "{n}");
+    assert_eq!(c.next_deadline(), Some(1_000));
+    assert!(c.expire(999).is_empty());
+    assert_eq!(c.expire(1_000).len(), BOUND.calls);
+    assert_eq!(c.queued(), 0);
 }
 
 #[test]
 fn the_calls_of_a_request_that_left_are_not_sent() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
     let first = c.poll_transmit(0).unwrap();
-    c.attached.submit(2, call(10), 0).unwrap();
-    c.attached.submit(3, call(10), 0).unwrap();
-    c.attached.left(2);
-    answers(&mut c, first.flight, Some((200, vec![])));
+    c.submit(2, call(10), 0).unwrap();
+    c.submit(3, call(10), 0).unwrap();
+    c.left(2);
+    c.answered(first.flight, Some((200, vec![])));
     let next = c.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&next), 1);
     assert_eq!(
-        answers(&mut c, next.flight, Some((200, vec![]))),
+        c.answered(next.flight, Some((200, vec![]))),
         vec![(3, Some((200, vec![])))]
     );
 }
@@ -165,13 +153,13 @@ fn letter(len: usize) -> Letter {
 
 #[test]
 fn a_letter_is_sent_again_with_growing_backoff_until_the_store_decides() {
-    let mut l = Client::new(BOUND, 7);
-    l.letters.post(letter(10), 0);
-    let mut now = LINGER;
+    let mut l = Letters::new(BOUND, 7);
+    l.post(letter(10), 0);
+    let mut now = 0;
     let mut gaps = Vec::new();
     for _ in 0..6 {
         let t = l.poll_transmit(now).unwrap();
-        assert!(l.answered(t.flight, Some((503, vec![])), now).ended.is_empty());
+        assert!(l.answered(t.flight, Some((503, vec![])), now).is_empty());
         let due = l.next_due().unwrap();
         gaps.push(due - now);
         assert!(l.poll_transmit(due - 1).is_none());
@@ -182,21 +170,21 @@ fn a_letter_is_sent_again_with_growing_backoff_until_the_store_decides() {
         "{gaps:?}"
     );
     let t = l.poll_transmit(now).unwrap();
-    let ended = l.answered(t.flight, Some((200, vec![1])), now).ended;
+    let ended = l.answered(t.flight, Some((200, vec![1])), now);
     assert_eq!(ended, vec![(letter(10), Delivery::Decided(Some((200, vec![1]))))]);
     assert!(l.is_idle());
 }
 
 #[test]
 fn a_letter_is_given_up_when_its_time_is_spent_and_never_before() {
-    let mut l = Client::new(BOUND, 1);
-    l.letters.post(letter(10), 0);
-    let mut now = LINGER;
+    let mut l = Letters::new(BOUND, 1);
+    l.post(letter(10), 0);
+    let mut now = 0;
     let mut tries = 0;
     loop {
         let t = l.poll_transmit(now).unwrap();
         tries += 1;
-        let ended = l.answered(t.flight, None, now).ended;
+        let ended = l.answered(t.flight, None, now);
         if !ended.is_empty() {
             assert_eq!(ended, vec![(letter(10), Delivery::GaveUp)]);
             break;
@@ -212,14 +200,14 @@ fn a_letter_is_given_up_when_its_time_is_spent_and_never_before() {
 
 #[test]
 fn letters_refused_as_a_batch_travel_alone() {
-    let mut l = Client::new(BOUND, 1);
+    let mut l = Letters::new(BOUND, 1);
     for _ in 0..3 {
-        l.letters.post(letter(10), 0);
+        l.post(letter(10), 0);
     }
-    let t = l.poll_transmit(LINGER).unwrap();
+    let t = l.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&t), 3);
-    assert!(l.answered(t.flight, Some((413, vec![])), LINGER).ended.is_empty());
-    let sent: Vec<usize> = std::iter::from_fn(|| l.poll_transmit(LINGER))
+    assert!(l.answered(t.flight, Some((413, vec![])), 0).is_empty());
+    let sent: Vec<usize> = std::iter::from_fn(|| l.poll_transmit(0))
         .map(|t| calls_in(&t))
         .collect();
     assert_eq!(sent, [1, 1, 1]);
@@ -227,11 +215,11 @@ fn letters_refused_as_a_batch_travel_alone() {
 
 #[test]
 fn large_letters_are_batched_within_the_frame() {
-    let mut l = Client::new(BOUND, 1);
+    let mut l = Letters::new(BOUND, 1);
     for _ in 0..4 {
-        l.letters.post(letter(3 * 1024 * 1024), 0);
+        l.post(letter(3 * 1024 * 1024), 0);
     }
-    let sent: Vec<usize> = std::iter::from_fn(|| l.poll_transmit(LINGER))
+    let sent: Vec<usize> = std::iter::from_fn(|| l.poll_transmit(0))
         .map(|t| calls_in(&t))
         .collect();
     assert_eq!(sent, [2, 2]);
@@ -251,64 +239,4 @@ fn a_batch_names_the_request_of_each_of_its_calls_in_order() {
     let batch = StoreCall::batch(&[&a, &b]);
     let ids: Vec<_> = batch.traces.iter().map(|t| t.request_id.as_deref()).collect();
     assert_eq!(ids, [Some("a"), Some("b")]);
-}
-
-#[test]
-fn a_letter_rides_in_the_groups_next_callout() {
-    let mut c = client();
-    c.letters.post(letter(10), 0);
-    assert!(c.poll_transmit(0).is_none(), "a letter waits for company");
-    // A claim that may wait travels alone, and takes no rider.
-    let mut waits = call(10);
-    waits.may_wait = true;
-    c.attached.submit(1, waits, 1).unwrap();
-    assert_eq!(calls_in(&c.poll_transmit(1).unwrap()), 1);
-    c.attached.submit(2, call(10), 1).unwrap();
-    let t = c.poll_transmit(1).unwrap();
-    assert_eq!(calls_in(&t), 2);
-    let answered = c.answered(t.flight, ok_batch(2), 2);
-    assert_eq!(answered.answers, vec![(2, Some((200, vec![b'0'])))]);
-    assert_eq!(
-        answered.ended,
-        vec![(letter(10), Delivery::Decided(Some((200, vec![b'1']))))]
-    );
-    assert!(
-        c.poll_transmit(LINGER).is_none(),
-        "the letter went with the claim"
-    );
-}
-
-#[test]
-fn a_letter_no_callout_takes_goes_on_its_own_and_one_too_large_to_ride_waits() {
-    let mut c = client();
-    c.letters.post(letter(MAX_BATCH_BYTES - 100), 0);
-    c.attached.submit(1, call(10), 0).unwrap();
-    let claim = c.poll_transmit(0).unwrap();
-    assert_eq!(calls_in(&claim), 1, "the letter does not fit beside the claim");
-    assert!(c.poll_transmit(LINGER - 1).is_none());
-    let t = c.poll_transmit(LINGER).unwrap();
-    assert_eq!(t.call.body.len(), MAX_BATCH_BYTES - 100);
-}
-
-#[test]
-fn a_batch_with_riders_refused_as_a_whole_sends_each_call_alone() {
-    let mut c = client();
-    c.attached.submit(1, call(10), 0).unwrap();
-    let first = c.poll_transmit(0).unwrap();
-    c.letters.post(letter(10), 0);
-    c.attached.submit(2, call(10), 0).unwrap();
-    assert_eq!(answers(&mut c, first.flight, Some((200, vec![]))).len(), 1);
-    let batch = c.poll_transmit(1).unwrap();
-    assert_eq!(calls_in(&batch), 2);
-    let refused = c.answered(batch.flight, Some((413, vec![])), 1);
-    assert_eq!(refused, Answered::default(), "no call's own answer");
-    let (a, b) = (c.poll_transmit(1).unwrap(), c.poll_transmit(1).unwrap());
-    assert_eq!((calls_in(&a), calls_in(&b)), (1, 1));
-    assert_eq!(
-        answers(&mut c, a.flight, Some((200, vec![7]))),
-        vec![(2, Some((200, vec![7])))]
-    );
-    let ended = c.answered(b.flight, Some((200, vec![8])), 1).ended;
-    assert_eq!(ended, vec![(letter(10), Delivery::Decided(Some((200, vec![8]))))]);
-    assert!(c.is_idle());
 }

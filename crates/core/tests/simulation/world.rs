@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use crate::store::{Claimed, MemStore};
 use crate::Rng;
-use idemgate_core::client::{Answered, Bound, Client, Delivery, Flight, Letter, Owner};
+use idemgate_core::client::{Attached, Bound, Delivery, Flight, Letter, Letters, Owner};
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{
     Exchange, Left, Origin, RequestHead, ResponseHead, Step, StoreAnswer, StoreCall, UpstreamAnswer,
@@ -59,6 +59,12 @@ pub struct Scenario {
 enum Dir {
     Request,
     Response,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Queue {
+    Attached,
+    Letters,
 }
 
 struct Slot {
@@ -127,7 +133,7 @@ pub struct World {
     slots: HashMap<Owner, Slot>,
     /// Each Envoy worker's store client; a request belongs to one worker.
     clients: Vec<Client>,
-    tokens: HashMap<u64, (usize, Flight)>,
+    tokens: HashMap<u64, (usize, Queue, Flight)>,
     /// When the store was restarted: answers it owed then are never sent.
     restarts: Vec<i64>,
     callouts: HashMap<u64, Callout>,
@@ -158,6 +164,11 @@ const WORKERS: usize = 2;
 /// How long a restarted store refuses connections.
 const RESTART_MS: i64 = 300;
 
+struct Client {
+    attached: Attached,
+    letters: Letters,
+}
+
 fn key_name(k: usize) -> String {
     format!("key-{k}")
 }
@@ -175,7 +186,10 @@ impl World {
             seq: 0,
             slots: HashMap::new(),
             clients: (0..WORKERS)
-                .map(|i| Client::new(scenario.bound, 7 + i as u64))
+                .map(|i| Client {
+                    attached: Attached::new(scenario.bound),
+                    letters: Letters::new(scenario.bound, 7 + i as u64),
+                })
                 .collect(),
             tokens: HashMap::new(),
             restarts: Vec::new(),
@@ -507,7 +521,12 @@ impl World {
         for worker in 0..WORKERS {
             self.pump_worker(worker);
         }
-        let due = self.clients.iter().filter_map(Client::next_due).min();
+        let due = self
+            .clients
+            .iter()
+            .flat_map(|c| [c.letters.next_due(), c.attached.next_deadline()])
+            .flatten()
+            .min();
         if let Some(due) = due {
             let due = due.max(self.now + 1);
             if self.next_tick.is_none_or(|t| t > due) {
@@ -524,9 +543,13 @@ impl World {
             for (owner, answer) in expired {
                 self.hand_out(owner, answer);
             }
-            while let Some(t) = self.clients[worker].poll_transmit(self.now) {
+            while let Some(t) = self.clients[worker].attached.poll_transmit(self.now) {
                 any = true;
-                self.dispatch((worker, t.flight), t.call);
+                self.dispatch((worker, Queue::Attached, t.flight), t.call);
+            }
+            while let Some(t) = self.clients[worker].letters.poll_transmit(self.now) {
+                any = true;
+                self.dispatch((worker, Queue::Letters, t.flight), t.call);
             }
             if !any {
                 return;
@@ -534,7 +557,7 @@ impl World {
         }
     }
 
-    fn dispatch(&mut self, flight: (usize, Flight), call: StoreCall) {
+    fn dispatch(&mut self, flight: (usize, Queue, Flight), call: StoreCall) {
         let token = self.next_token;
         self.next_token += 1;
         self.tokens.insert(token, flight);
@@ -629,19 +652,24 @@ impl World {
             return;
         }
         c.answered = true;
-        let Some((worker, flight)) = self.tokens.remove(&token) else {
+        let Some((worker, queue, flight)) = self.tokens.remove(&token) else {
             return;
         };
-        let Answered { answers, ended } = self.clients[worker].answered(flight, answer, self.now);
-        for (owner, answer) in answers {
-            self.hand_out(owner, answer);
-        }
-        for (letter, delivery) in ended {
-            assert!(
-                !matches!(delivery, Delivery::GaveUp),
-                "a letter was given up: {}",
-                letter.call.path
-            );
+        match queue {
+            Queue::Attached => {
+                for (owner, answer) in self.clients[worker].attached.answered(flight, answer) {
+                    self.hand_out(owner, answer);
+                }
+            }
+            Queue::Letters => {
+                for (letter, delivery) in self.clients[worker].letters.answered(flight, answer, self.now) {
+                    assert!(
+                        !matches!(delivery, Delivery::GaveUp),
+                        "a letter was given up: {}",
+                        letter.call.path
+                    );
+                }
+            }
         }
     }
 
@@ -658,6 +686,9 @@ impl World {
 
     /// Letters and queues all empty, no store call pending.
     pub fn quiet(&self) -> bool {
-        self.clients.iter().all(Client::is_idle) && self.parked.is_empty()
+        self.clients
+            .iter()
+            .all(|c| c.letters.is_idle() && c.attached.queued() == 0)
+            && self.parked.is_empty()
     }
 }
