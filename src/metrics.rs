@@ -16,7 +16,12 @@
 //! Two info gauges say what runs: `idemgate.build_info.version.<version>`
 //! (1) and `idemgate.policy_info.mode.<rollout>.policy.<policy>`, 1 for the
 //! policy's rollout and 0 for the others. Each configuration sets them all,
-//! so a push that flips a policy's mode flips its series at once.
+//! so a push that flips a policy's mode flips its series at once; a policy
+//! that no configuration of the VM names any more (a push removed or renamed
+//! it) reads 0 in every mode once the last one that named it is let go.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use idemgate_core::config::{Config, ROLLOUTS};
 use idemgate_core::exchange::{Handling, Settlement};
@@ -69,7 +74,12 @@ pub fn policy_info_stat(rollout: &str, policy: &str) -> String {
     format!("idemgate.policy_info.mode.{rollout}.policy.{policy}")
 }
 
-/// Sets the info gauges for `config`.
+thread_local! {
+    /// How many live configurations of this VM name each policy.
+    static NAMED: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+}
+
+/// Sets the info gauges for `config`, and counts its policies as named.
 fn inform(config: &Config) {
     host::set_gauge(
         &format!("idemgate.build_info.version.{}", env!("CARGO_PKG_VERSION")),
@@ -81,6 +91,30 @@ fn inform(config: &Config) {
             host::set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
         }
     }
+    NAMED.with_borrow_mut(|named| {
+        for policy in config.policies() {
+            *named.entry(policy.name().to_string()).or_default() += 1;
+        }
+    });
+}
+
+/// A configuration is let go: a policy no live configuration names any
+/// more reads 0 in every mode.
+fn retire(policies: &[PolicyCounters]) {
+    NAMED.with_borrow_mut(|named| {
+        for p in policies {
+            let Some(n) = named.get_mut(&p.policy) else {
+                continue;
+            };
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                named.remove(&p.policy);
+                for rollout in ROLLOUTS {
+                    host::set_gauge(&policy_info_stat(rollout, &p.policy), 0);
+                }
+            }
+        }
+    });
 }
 
 /// The stat name of one record counter.
@@ -89,6 +123,12 @@ pub fn record_stat(settlement: Settlement, policy: &str) -> String {
         "idemgate.records_total.outcome.{}.policy.{policy}",
         settlement.as_str()
     )
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        retire(&self.policies);
+    }
 }
 
 impl Metrics {

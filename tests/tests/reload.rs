@@ -174,6 +174,30 @@ async fn a_configuration_push_finishes_what_outlives_the_requests() {
     assert!(failed.is_empty(), "{failed:#?}");
 }
 
+/// A policy that a push renames reads 0 in every mode once the
+/// configuration that named it is let go, and its new name reads 1 in its
+/// mode: a dashboard shows no policy that nothing enforces or observes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_that_renames_a_policy_zeroes_the_old_names_info_gauge() {
+    let (stack, lds, _dir) = start().await;
+    let info =
+        |mode: &str, policy: &str| format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.{policy}");
+    push(&stack, &lds, |l| l);
+    eventually("the policy's gauge", Duration::from_secs(20), || async {
+        stat(&stack, &info("enforce", "payments.create")).await == 1
+    })
+    .await;
+    push(&stack, &lds, |l| {
+        l.replace(r#""name": "payments.create""#, r#""name": "payments.renamed""#)
+    });
+    eventually("the old name's gauges at 0", Duration::from_secs(30), || async {
+        stat(&stack, &info("enforce", "payments.renamed")).await == 1
+            && stat(&stack, &info("enforce", "payments.create")).await == 0
+            && stat(&stack, &info("observe", "payments.create")).await == 0
+    })
+    .await;
+}
+
 /// The info gauges follow a push: a policy switched to observe mode shows
 /// as observed (and no longer enforced) once Envoy has built the new chain.
 #[tokio::test(flavor = "multi_thread")]
