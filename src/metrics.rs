@@ -85,14 +85,12 @@ fn inform(config: &Config) {
         &format!("idemgate.build_info.version.{}", env!("CARGO_PKG_VERSION")),
         1,
     );
-    for policy in config.policies() {
-        for rollout in ROLLOUTS {
-            let on = rollout == policy.rollout();
-            host::set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
-        }
-    }
     NAMED.with_borrow_mut(|named| {
         for policy in config.policies() {
+            for rollout in ROLLOUTS {
+                let on = rollout == policy.rollout();
+                host::set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
+            }
             *named.entry(policy.name().to_string()).or_default() += 1;
         }
     });

@@ -174,14 +174,17 @@ async fn a_configuration_push_finishes_what_outlives_the_requests() {
     assert!(failed.is_empty(), "{failed:#?}");
 }
 
+/// The stat of `policy`'s info gauge for `mode`.
+fn info(mode: &str, policy: &str) -> String {
+    format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.{policy}")
+}
+
 /// A policy that a push renames reads 0 in every mode once the
 /// configuration that named it is let go, and its new name reads 1 in its
 /// mode: a dashboard shows no policy that nothing enforces or observes.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_that_renames_a_policy_zeroes_the_old_names_info_gauge() {
     let (stack, lds, _dir) = start().await;
-    let info =
-        |mode: &str, policy: &str| format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.{policy}");
     push(&stack, &lds, |l| l);
     eventually("the policy's gauge", Duration::from_secs(20), || async {
         stat(&stack, &info("enforce", "payments.create")).await == 1
@@ -203,7 +206,7 @@ async fn a_push_that_renames_a_policy_zeroes_the_old_names_info_gauge() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_that_flips_a_policys_mode_flips_its_info_gauge() {
     let (stack, lds, _dir) = start().await;
-    let info = |mode: &str| format!("wasmcustom.idemgate.policy_info.mode.{mode}.policy.payments.create");
+    let info = |mode: &str| info(mode, "payments.create");
     push(&stack, &lds, |l| l);
     eventually("the enforced policy's gauge", Duration::from_secs(20), || async {
         stat(&stack, &info("enforce")).await == 1 && stat(&stack, &info("observe")).await == 0
