@@ -96,6 +96,14 @@ def scope_digest(parts):
     return hashlib.sha256(encoded).digest()
 
 
+def sqlite_attempt(attempt):
+    """A filter's attempt id (32 hex digits, `-`, a hex counter) as SQLite
+    stores it: its 16 bytes, then the counter's big-endian bytes."""
+    prefix, counter = attempt.split("-")
+    n = int(counter, 16)
+    return bytes.fromhex(prefix) + n.to_bytes(max(1, (n.bit_length() + 7) // 8), "big")
+
+
 def events_sql():
     out = []
     for transition, actor, at, status, which in EVENTS:
@@ -123,6 +131,9 @@ def fill_sqlite(path, n, now):
             counts[kind] += 1
             v = list(v)
             v[15] = v[15].encode() if v[15] is not None else None  # the store writes bodies as BLOBs
+            # and, on SQLite, fingerprints and the filter's attempt ids as bytes (its `sqlite::stored`)
+            v[8] = bytes.fromhex(v[8])
+            v[23] = sqlite_attempt(v[23])
             yield v
 
     db.execute("BEGIN")

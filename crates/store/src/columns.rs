@@ -168,6 +168,16 @@ pub trait ColumnReader {
         u64_from(self.int(name)?, name)
     }
 
+    /// `fingerprint` as the API's hex; a backend may store it otherwise.
+    fn fingerprint(&self) -> Result<Option<String>> {
+        self.optional_text("fingerprint")
+    }
+
+    /// `attempt` as the API's id; a backend may store it otherwise.
+    fn attempt(&self) -> Result<Option<String>> {
+        self.optional_text("attempt")
+    }
+
     /// The six key columns as a validated scope.
     fn scope(&self) -> Result<Scope> {
         let key =
@@ -283,7 +293,7 @@ impl LoadedRecord {
         Ok(LoadedRecord {
             view: RecordView {
                 state: row.state()?,
-                fingerprint: fingerprint_from(row.optional_text("fingerprint")?)?,
+                fingerprint: fingerprint_from(row.fingerprint()?)?,
                 fence: row.unsigned("fence")?,
                 lease_until: row.int("lease_until")?,
                 status: row.status("response_status")?,
@@ -291,7 +301,7 @@ impl LoadedRecord {
                 completed_at: row.optional_int("completed_at")?,
                 expires_at: row.optional_int("expires_at")?,
                 archived: row.flag("archived")?,
-                attempt: row.optional_text("attempt")?,
+                attempt: row.attempt()?,
             },
             ttl_ms: row.unsigned("ttl_ms")?,
             headers_column: row.optional_text("response_headers")?,
@@ -324,7 +334,7 @@ impl RecordInfo {
             log_id: String::new(),
             scope,
             state: row.standing(ended_at.is_some())?,
-            fingerprint: row.optional_text("fingerprint")?,
+            fingerprint: row.fingerprint()?,
             fence,
             lease_until: row.int("lease_until")?,
             ttl_ms: row.unsigned("ttl_ms")?,
@@ -346,7 +356,7 @@ impl RecordInfo {
             archived_at: row.optional_int("archived_at")?,
             replay_count: row.unsigned("replay_count")?,
             generation: row.unsigned("generation")?,
-            attempt: row.optional_text("attempt")?,
+            attempt: row.attempt()?,
             ended_at,
         })
     }
@@ -362,9 +372,9 @@ impl EventInfo {
             generation: row.unsigned("generation")?,
             at: row.int("at")?,
             transition: row.transition()?,
-            attempt: row.optional_text("attempt")?,
+            attempt: row.attempt()?,
             fence: row.unsigned("fence")?,
-            fingerprint: row.optional_text("fingerprint")?,
+            fingerprint: row.fingerprint()?,
             status: row.status("status")?,
             actor: row.actor()?,
             detail: row.optional_text("detail")?,

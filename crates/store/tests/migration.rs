@@ -28,26 +28,26 @@ const ROWS: &str = "
 INSERT INTO idempotency_records (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint,
     fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored,
     created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt) VALUES
-  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'completed', NULL, 5, {t1}, 10000, {false}, 201,
-   '[[\"content-type\",\"application/json\"]]', {blob}, {true}, {t0}, {t1}, {far}, NULL, 2, 5, NULL),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'completed', '{fp}', 5, {t1}, 10000, {false}, 201,
+   '[[\"content-type\",\"application/json\"]]', {blob}, {true}, {t0}, {t1}, {far}, NULL, 2, 5, '{filter}-5'),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-open', 'in_progress', NULL, 6, {far}, 10000, {false}, NULL,
    NULL, NULL, {false}, {t0}, NULL, NULL, NULL, 0, 6, NULL),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-abandoned', 'in_progress', NULL, 7, {far}, 10000, {false},
-   NULL, NULL, NULL, {false}, {t0}, NULL, NULL, NULL, 0, 7, 'a1');
+   NULL, NULL, NULL, {false}, {t0}, NULL, NULL, NULL, 0, 7, '{filter}-7');
 INSERT INTO idempotency_history (scope_version, tenant, principal, route, namespace, idem_key, state, fingerprint,
     fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored,
     created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt, ended_at) VALUES
-  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'released', NULL, 3, {t0}, 10000, {false}, NULL, NULL,
-   NULL, {false}, {t0}, NULL, NULL, NULL, 0, 3, NULL, {t0});
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 'released', '{fp}', 3, {t0}, 10000, {false}, NULL, NULL,
+   NULL, {false}, {t0}, NULL, NULL, NULL, 0, 3, '{filter}-3', {t0});
 INSERT INTO idempotency_events (scope_version, tenant, principal, route, namespace, idem_key, generation, at,
     transition, attempt, fence, fingerprint, status, actor, detail, duration_ms) VALUES
-  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 2, {t0}, 'claimed', 'a0', 2, NULL, NULL, 'filter', NULL, 0),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 2, {t0}, 'claimed', '{filter}-2', 2, '{fp}', NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'claimed', NULL, 3, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'released', NULL, 3, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t0}, 'claimed', NULL, 5, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t1}, 'completed', NULL, 5, NULL, 201, 'filter', NULL, 1);
 INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, attempt, at) VALUES
-  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-abandoned', 'a1', {t0});
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-abandoned', '{filter}-7', {t0});
 ";
 
 fn rows(t: &str, f: &str, blob: &str) -> String {
@@ -57,6 +57,15 @@ fn rows(t: &str, f: &str, blob: &str) -> String {
         .replace("{t0}", &T0.to_string())
         .replace("{t1}", &(T0 + 1).to_string())
         .replace("{far}", &FAR.to_string())
+        .replace("{fp}", &fp(1).to_hex())
+        .replace("{filter}", FILTER_ATTEMPTS)
+}
+
+/// The prefix of the attempt ids a filter draws (then `-` and a counter).
+const FILTER_ATTEMPTS: &str = "5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e";
+
+fn filter_attempt(n: u64) -> Option<String> {
+    Some(format!("{FILTER_ATTEMPTS}-{n:x}"))
 }
 
 /// The current store on a database it did not create.
@@ -71,8 +80,15 @@ async fn migrated(url: &str) -> Arc<dyn Backend> {
 async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
     let clock = Clock::manual(T0 + 10);
     let store = Store::new(b.clone(), clock.clone());
-    // Found by digest: the completed record replays with its stored response.
-    let out = store.claim(&claim(&scope("k-done"), None)).await.unwrap();
+    // Found by digest: the completed record replays with its stored response,
+    // to the same fingerprint only.
+    let mismatch = store.claim(&claim(&scope("k-done"), Some(2))).await.unwrap();
+    assert!(
+        matches!(mismatch.reply, ClaimReply::Mismatch),
+        "{:?}",
+        mismatch.reply
+    );
+    let out = store.claim(&claim(&scope("k-done"), Some(1))).await.unwrap();
     assert!(
         matches!(out.reply, ClaimReply::Replay { status: 201, .. }),
         "{:?}",
@@ -128,6 +144,16 @@ async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
         .collect();
     assert_eq!(gens, [(5, "completed"), (3, "released")]);
     assert_eq!(h.records[0].replay_count, 3, "two counted before, one since");
+    let kept: Vec<_> = (h.records.iter())
+        .map(|r| (r.fingerprint.clone(), r.attempt.clone()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (Some(fp(1).to_hex()), filter_attempt(5)),
+            (Some(fp(1).to_hex()), filter_attempt(3))
+        ]
+    );
     let events: Vec<(&str, u64)> = (h.events.iter())
         .map(|e| (e.transition.as_str(), e.generation))
         .collect();
@@ -143,7 +169,8 @@ async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
     );
     // An event whose generation was purged before it keeps its scope and attempt.
     assert_eq!(h.events[0].scope, scope("k-done"));
-    assert_eq!(h.events[0].attempt.as_deref(), Some("a0"));
+    assert_eq!(h.events[0].attempt, filter_attempt(2));
+    assert_eq!(h.events[0].fingerprint, Some(fp(1).to_hex()));
     // A new key is claimed as usual, and a second claim of it finds it.
     let fresh = scope("k-fresh");
     assert!(matches!(
@@ -174,6 +201,29 @@ async fn a_version_2_database_migrates_in_place_on_sqlite() {
     }
     let b = migrated(&format!("sqlite://{}", path.display())).await;
     everything_survives_the_migration(b).await;
+    // Kept as bytes: the fingerprints, and the filter's attempt ids.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let kinds = |sql: &str| -> Vec<String> {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    };
+    for table in [
+        "idempotency_records",
+        "idempotency_history",
+        "idempotency_purged_generations",
+    ] {
+        let sql = format!(
+            "SELECT typeof(fingerprint) || ' ' || typeof(attempt) FROM {table} WHERE fingerprint IS NOT NULL"
+        );
+        assert_eq!(kinds(&sql), ["blob blob"], "{table}");
+    }
+    let sql = "SELECT typeof(attempt) FROM idempotency_records WHERE attempt IS NOT NULL ORDER BY fence";
+    assert_eq!(
+        kinds(sql),
+        ["blob", "text"],
+        "k-done's, then the id a2 of k-abandoned's new claim"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -424,10 +424,18 @@ impl Drop for NotRun {
     }
 }
 
+/// For migrations that rewrite existing rows:
 /// `idemgate_scope_digest(version, tenant, principal, route, namespace,
-/// key)`: a current record's key ([`idemgate_core::scope::digest_parts`]),
-/// for migrations that key existing rows.
+/// key)`, a current record's key ([`idemgate_core::scope::digest_parts`]);
+/// `idemgate_stored_attempt(id)`, an attempt id as the column holds it
+/// ([`super::stored`]).
 fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
+    conn.create_scalar_function(
+        "idemgate_stored_attempt",
+        1,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| Ok(super::stored::stored_attempt(ctx.get_raw(0))),
+    )?;
     conn.create_scalar_function(
         "idemgate_scope_digest",
         6,

@@ -12,6 +12,7 @@ use rusqlite::Connection;
 
 use super::engine::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
+use super::stored::{StoredAttempt, StoredFingerprint};
 use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 use crate::conditions;
@@ -138,14 +139,14 @@ pub(super) fn insert_generation(
         &INSERT_GENERATION
     };
     let columns = KeyColumns::of(&req.scope);
-    let fingerprint = req.fingerprint.map(|f| f.to_hex());
+    let fingerprint = StoredFingerprint(req.fingerprint);
     let (fence, lease_until, ttl_ms) = (
         i64_from(fence),
         record::lease_until(now, req.lease_ms),
         i64_from(req.ttl_ms),
     );
     let release = req.on_unknown == OnUnknown::Release;
-    let attempt = req.attempt.as_ref().map(|a| a.as_str());
+    let attempt = StoredAttempt(req.attempt.as_ref().map(|a| a.as_str()));
     let mut params: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(14);
     params.push(key);
     params.extend(columns.0.iter().map(|c| c as &dyn rusqlite::ToSql));

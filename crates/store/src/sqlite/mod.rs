@@ -58,6 +58,7 @@ mod engine;
 mod generation;
 mod operations;
 mod rows;
+mod stored;
 mod sweep;
 
 use engine::{unavailable, Durability, Engine, Writer};
@@ -73,6 +74,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/0004_scope_digest.sql")),
     (5, include_str!("migrations/0005_response_keys.sql")),
     (6, include_str!("migrations/0006_event_generations.sql")),
+    (7, include_str!("migrations/0007_stored_bytes.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.

@@ -17,6 +17,7 @@ use idemgate_core::scope::Scope;
 use super::engine::Writer;
 use super::generation::{end_generation, execute, noted_event, set_unknown, Journal};
 use super::rows::load;
+use super::stored::StoredAttempt;
 use crate::backend::Result;
 use crate::columns::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions;
@@ -89,6 +90,7 @@ pub(super) fn carry_out<R>(
                            route, namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                            ON CONFLICT DO NOTHING";
                 let [v, t, p, r, n, k] = scope.parts();
+                let attempt = StoredAttempt(Some(attempt));
                 execute(w, sql, key, &[&v, &t, &p, &r, &n, &k, &attempt, &now])?;
             }
         }

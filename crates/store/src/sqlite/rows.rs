@@ -8,6 +8,7 @@ use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
 
 use super::engine::unavailable;
+use super::stored;
 use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
 use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
 use crate::sealing::Seal;
@@ -45,10 +46,15 @@ pub(super) struct SqliteRow<'a, 'r> {
 
 impl SqliteRow<'_, '_> {
     fn get<T: FromSql>(&self, name: &str) -> Result<T> {
+        self.value(name)
+            .and_then(|v| T::column_result(v).map_err(|e| StoreError::Corrupt(format!("column {name}: {e}"))))
+    }
+
+    fn value(&self, name: &str) -> Result<ValueRef<'_>> {
         let read = match self.select {
-            None => self.row.get(name),
+            None => self.row.get_ref(name),
             Some(select) => match select.iter().position(|c| *c == name) {
-                Some(i) => self.row.get(i),
+                Some(i) => self.row.get_ref(i),
                 None => return Err(StoreError::Corrupt(format!("column {name}: not selected"))),
             },
         };
@@ -74,6 +80,12 @@ impl ColumnReader for SqliteRow<'_, '_> {
     }
     fn optional_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
         self.get(name)
+    }
+    fn fingerprint(&self) -> Result<Option<String>> {
+        stored::fingerprint_hex(self.value("fingerprint")?)
+    }
+    fn attempt(&self) -> Result<Option<String>> {
+        stored::attempt_id(self.value("attempt")?)
     }
 }
 

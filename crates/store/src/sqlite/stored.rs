@@ -1,0 +1,158 @@
+//! How SQLite stores a fingerprint and an attempt id: as bytes, not as the
+//! text the API speaks. A fingerprint is its 32 bytes (64 hex digits as
+//! text). An attempt id of the filter's shape, 32 lower-case hex digits, `-`
+//! and a counter in lower-case hex without leading zeros, is its 16 bytes
+//! followed by the counter's big-endian bytes (17–24 bytes for 34–49
+//! characters); any other id (the API takes 1–64 of `[0-9A-Za-z_-]`) stays
+//! text. The two forms never compare equal, and a text id is stored as
+//! bytes only when the bytes give it back exactly, so equality in SQL
+//! (`r.attempt = a.attempt`) is equality of ids. PostgreSQL keeps text.
+
+use idemgate_core::fingerprint::Fingerprint;
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+use rusqlite::ToSql;
+
+use crate::backend::{Result, StoreError};
+
+const PREFIX: usize = 16;
+
+/// A fingerprint as the column holds it.
+pub(super) struct StoredFingerprint(pub(super) Option<Fingerprint>);
+
+impl ToSql for StoredFingerprint {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match &self.0 {
+            Some(f) => ToSqlOutput::Borrowed(ValueRef::Blob(f.as_bytes())),
+            None => ToSqlOutput::Owned(Value::Null),
+        })
+    }
+}
+
+/// An attempt id as the column holds it.
+pub(super) struct StoredAttempt<'a>(pub(super) Option<&'a str>);
+
+impl ToSql for StoredAttempt<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self.0 {
+            None => ToSqlOutput::Owned(Value::Null),
+            Some(id) => match attempt_bytes(id) {
+                Some(bytes) => ToSqlOutput::Owned(Value::Blob(bytes)),
+                None => ToSqlOutput::Borrowed(ValueRef::Text(id.as_bytes())),
+            },
+        })
+    }
+}
+
+/// The bytes of an id of the filter's shape; `None` for any other id.
+pub(super) fn attempt_bytes(id: &str) -> Option<Vec<u8>> {
+    let (prefix, counter) = id.split_once('-')?;
+    let lower_hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if prefix.len() != 2 * PREFIX || !lower_hex(prefix) || !lower_hex(counter) {
+        return None;
+    }
+    let n = u64::from_str_radix(counter, 16).ok()?;
+    let mut bytes = hex::decode(prefix).ok()?;
+    let be = n.to_be_bytes();
+    let first = be.iter().position(|b| *b != 0).unwrap_or(be.len() - 1);
+    bytes.extend_from_slice(&be[first..]);
+    // Only an id the bytes give back exactly (no leading zeros in the counter).
+    (attempt_text(&bytes).as_deref() == Some(id)).then_some(bytes)
+}
+
+/// An attempt column's value as the current schema holds it: a text id of
+/// the filter's shape turned into its bytes, any other value as it is.
+pub(super) fn stored_attempt(value: ValueRef<'_>) -> Value {
+    let bytes = match value {
+        ValueRef::Text(t) => std::str::from_utf8(t).ok().and_then(attempt_bytes),
+        _ => None,
+    };
+    bytes.map_or_else(|| value.into(), Value::Blob)
+}
+
+/// The id whose bytes these are ([`attempt_bytes`]).
+fn attempt_text(bytes: &[u8]) -> Option<String> {
+    if !(PREFIX + 1..=PREFIX + 8).contains(&bytes.len()) {
+        return None;
+    }
+    let (prefix, counter) = bytes.split_at(PREFIX);
+    let n = counter.iter().fold(0u64, |n, b| (n << 8) | u64::from(*b));
+    Some(format!("{}-{n:x}", hex::encode(prefix)))
+}
+
+/// A fingerprint column's value as the API's hex.
+pub(super) fn fingerprint_hex(value: ValueRef<'_>) -> Result<Option<String>> {
+    match value {
+        ValueRef::Null => Ok(None),
+        ValueRef::Blob(b) if b.len() == 32 => Ok(Some(hex::encode(b))),
+        other => Err(StoreError::Corrupt(format!(
+            "fingerprint: {:?} of {} bytes",
+            other.data_type(),
+            other.as_bytes().map_or(0, <[u8]>::len)
+        ))),
+    }
+}
+
+/// An attempt column's value as the API's id.
+pub(super) fn attempt_id(value: ValueRef<'_>) -> Result<Option<String>> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("attempt: {what}"));
+    match value {
+        ValueRef::Null => Ok(None),
+        ValueRef::Text(t) => String::from_utf8(t.to_vec())
+            .map(Some)
+            .map_err(|e| corrupt(e.to_string())),
+        ValueRef::Blob(b) => attempt_text(b)
+            .map(Some)
+            .ok_or_else(|| corrupt(format!("{} bytes", b.len()))),
+        other => Err(corrupt(format!("{:?}", other.data_type()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PREFIX_HEX: &str = "5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e";
+
+    #[test]
+    fn an_id_of_the_filters_shape_is_stored_as_its_bytes_and_read_back() {
+        for n in [0u64, 1, 0xff, 0x100, 0x12345, u64::MAX] {
+            let id = format!("{PREFIX_HEX}-{n:x}");
+            let bytes = attempt_bytes(&id).unwrap();
+            assert!((17..=24).contains(&bytes.len()), "{id}: {}", bytes.len());
+            assert!(bytes.len() < id.len());
+            assert_eq!(
+                attempt_id(ValueRef::Blob(&bytes)).unwrap().as_deref(),
+                Some(id.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn any_other_id_stays_text() {
+        let upper = format!("{}-1", PREFIX_HEX.to_uppercase());
+        let zero_led = format!("{PREFIX_HEX}-01");
+        let short = format!("{}-1", &PREFIX_HEX[2..]);
+        let too_big = format!("{PREFIX_HEX}-1{}", "0".repeat(16));
+        let two_dashes = format!("{PREFIX_HEX}-1-2");
+        for id in ["a1", "a-1", "", &upper, &zero_led, &short, &too_big, &two_dashes] {
+            assert_eq!(attempt_bytes(id), None, "{id}");
+        }
+        assert_eq!(attempt_id(ValueRef::Text(b"a1")).unwrap().as_deref(), Some("a1"));
+    }
+
+    #[test]
+    fn a_fingerprint_is_its_32_bytes() {
+        let f = Fingerprint::from_bytes([7; 32]);
+        let stored = StoredFingerprint(Some(f));
+        let out = stored.to_sql().unwrap();
+        let ToSqlOutput::Borrowed(value) = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(fingerprint_hex(value).unwrap(), Some(f.to_hex()));
+        assert!(fingerprint_hex(ValueRef::Text(f.to_hex().as_bytes())).is_err());
+        assert!(fingerprint_hex(ValueRef::Blob(&[7; 31])).is_err());
+    }
+}
