@@ -805,6 +805,12 @@ fn attempt(a: &str) -> Option<Attempt> {
     Some(Attempt::try_from(a.to_string()).unwrap())
 }
 
+/// An attempt id of the shape a filter draws (SQLite keeps it as bytes;
+/// other ids, like `a1`, as text).
+fn filter_id(n: u64) -> String {
+    format!("5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e-{n:x}")
+}
+
 fn abandon(s: &Scope, a: &str) -> AbandonRequest {
     AbandonRequest {
         scope: s.clone(),
@@ -830,13 +836,13 @@ async fn an_abandoned_claim_frees_the_key_and_nothing_else(b: Arc<dyn Backend>) 
     let cx = Ctx::new(b);
     let s = scope("k-abandon");
     let mut first = claim(&s, Some(1));
-    first.attempt = attempt("a1");
+    first.attempt = attempt(&filter_id(1));
     cx.owned(&first).await;
     // Another attempt's abandon leaves this one's record alone.
-    cx.store.abandon(&abandon(&s, "a2")).await.unwrap();
+    cx.store.abandon(&abandon(&s, &filter_id(2))).await.unwrap();
     assert!(matches!(cx.reply(&first).await, ClaimReply::InProgress { .. }));
     assert_eq!(
-        cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
+        cx.store.abandon(&abandon(&s, &filter_id(1))).await.unwrap(),
         FenceReply::Done
     );
     // The retry the 503 invited is a first request.
@@ -854,8 +860,8 @@ async fn an_abandoned_claim_frees_the_key_and_nothing_else(b: Arc<dyn Backend>) 
     assert_eq!(transitions(&h), ["claimed", "abandoned", "claimed", "completed"]);
     assert_eq!(h.records.len(), 2);
     assert_eq!(
-        (h.records[1].state.as_str(), h.records[1].attempt.as_deref()),
-        ("abandoned", Some("a1"))
+        (h.records[1].state.as_str(), h.records[1].attempt.clone()),
+        ("abandoned", Some(filter_id(1)))
     );
 }
 
@@ -863,15 +869,15 @@ async fn an_abandon_that_arrives_first_releases_the_claim_when_it_lands(b: Arc<d
     let cx = Ctx::new(b);
     let s = scope("k-abandon-early");
     assert_eq!(
-        cx.store.abandon(&abandon(&s, "a1")).await.unwrap(),
+        cx.store.abandon(&abandon(&s, &filter_id(0x1f))).await.unwrap(),
         FenceReply::Done
     );
     let mut late = claim(&s, Some(1));
-    late.attempt = attempt("a1");
+    late.attempt = attempt(&filter_id(0x1f));
     cx.owned(&late).await;
     assert_eq!(cx.sweep(60_000).await.abandoned, 1);
     let mut retry = claim(&s, Some(1));
-    retry.attempt = attempt("a2");
+    retry.attempt = attempt(&filter_id(0x20));
     cx.owned(&retry).await;
     // The sweeper leaves the new attempt alone.
     assert_eq!(cx.sweep(60_000).await.abandoned, 0);
