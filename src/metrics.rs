@@ -19,8 +19,12 @@
 //! so a push that flips a policy's mode flips its series at once; a policy
 //! that no configuration of the VM names any more (a push removed or renamed
 //! it) reads 0 in every mode once the last one that named it is let go.
+//! When the VM lets its last configuration go, it is being replaced (a new
+//! module or `vm_id`) or the filter removed: it zeroes nothing then, since
+//! the gauges are Envoy's, shared by every VM, and the VM that replaces it
+//! has set them for the policies it runs.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use idemgate_core::config::{Config, ROLLOUTS};
@@ -39,7 +43,6 @@ struct PolicyCounters {
     settlements: Vec<Option<u32>>,
 }
 
-#[derive(Default)]
 pub struct Metrics {
     policies: Vec<PolicyCounters>,
     config_errors: Option<u32>,
@@ -77,6 +80,8 @@ pub fn policy_info_stat(rollout: &str, policy: &str) -> String {
 thread_local! {
     /// How many live configurations of this VM name each policy.
     static NAMED: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+    /// How many configurations of this VM are live.
+    static LIVE: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Sets the info gauges for `config`, and counts its policies as named.
@@ -94,11 +99,14 @@ fn inform(config: &Config) {
             *named.entry(policy.name().to_string()).or_default() += 1;
         }
     });
+    LIVE.set(LIVE.get() + 1);
 }
 
 /// A configuration is let go: a policy no live configuration names any
-/// more reads 0 in every mode.
+/// more reads 0 in every mode, unless it was the VM's last.
 fn retire(policies: &[PolicyCounters]) {
+    let live = LIVE.get().saturating_sub(1);
+    LIVE.set(live);
     NAMED.with_borrow_mut(|named| {
         for p in policies {
             let Some(n) = named.get_mut(&p.policy) else {
@@ -107,8 +115,10 @@ fn retire(policies: &[PolicyCounters]) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 named.remove(&p.policy);
-                for rollout in ROLLOUTS {
-                    host::set_gauge(&policy_info_stat(rollout, &p.policy), 0);
+                if live > 0 {
+                    for rollout in ROLLOUTS {
+                        host::set_gauge(&policy_info_stat(rollout, &p.policy), 0);
+                    }
                 }
             }
         }

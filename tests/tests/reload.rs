@@ -228,3 +228,23 @@ async fn a_push_that_flips_a_policys_mode_flips_its_info_gauge() {
     })
     .await;
 }
+
+/// A push that brings a new VM (a new module, or here a new `vm_id`) keeps
+/// the same policy's gauge at 1 once the old VM's configuration is let go:
+/// the old VM retiring its names does not zero what the new one set.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_that_brings_a_new_vm_keeps_the_policys_info_gauge() {
+    let (stack, lds, _dir) = start().await;
+    let enforced = info("enforce", "payments.create");
+    push(&stack, &lds, |l| l);
+    eventually("the policy's gauge", Duration::from_secs(20), || async {
+        stat(&stack, &enforced).await == 1
+    })
+    .await;
+    push(&stack, &lds, |l| {
+        l.replace("vm_id: idemgate", "vm_id: idemgate-next")
+    });
+    // The old chain drains for a second, then its configuration is let go.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(stat(&stack, &enforced).await, 1);
+}
