@@ -241,10 +241,18 @@ async fn a_push_that_brings_a_new_vm_keeps_the_policys_info_gauge() {
         stat(&stack, &enforced).await == 1
     })
     .await;
+    let (created, active) = (
+        "wasm.envoy.wasm.runtime.v8.created",
+        "wasm.envoy.wasm.runtime.v8.active",
+    );
+    let (vms_created, vms_active) = (stat(&stack, created).await, stat(&stack, active).await);
     push(&stack, &lds, |l| {
         l.replace("vm_id: idemgate", "vm_id: idemgate-next")
     });
-    // The old chain drains for a second, then its configuration is let go.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The new VMs start with the new chain; the old ones go once it drained.
+    eventually("the old VMs let go", Duration::from_secs(30), || async {
+        stat(&stack, created).await > vms_created && stat(&stack, active).await == vms_active
+    })
+    .await;
     assert_eq!(stat(&stack, &enforced).await, 1);
 }
