@@ -168,9 +168,11 @@ pub trait ColumnReader {
         u64_from(self.int(name)?, name)
     }
 
-    /// `fingerprint` as the API's hex; a backend may store it otherwise.
-    fn fingerprint(&self) -> Result<Option<String>> {
-        self.optional_text("fingerprint")
+    /// `fingerprint`, stored as the API's hex unless the backend says otherwise.
+    fn fingerprint(&self) -> Result<Option<Fingerprint>> {
+        self.optional_text("fingerprint")?
+            .map(|h| Fingerprint::try_from(h).map_err(|e| StoreError::Corrupt(format!("fingerprint: {e}"))))
+            .transpose()
     }
 
     /// `attempt` as the API's id; a backend may store it otherwise.
@@ -293,7 +295,7 @@ impl LoadedRecord {
         Ok(LoadedRecord {
             view: RecordView {
                 state: row.state()?,
-                fingerprint: fingerprint_from(row.fingerprint()?)?,
+                fingerprint: row.fingerprint()?,
                 fence: row.unsigned("fence")?,
                 lease_until: row.int("lease_until")?,
                 status: row.status("response_status")?,
@@ -334,7 +336,7 @@ impl RecordInfo {
             log_id: String::new(),
             scope,
             state: row.standing(ended_at.is_some())?,
-            fingerprint: row.fingerprint()?,
+            fingerprint: row.fingerprint()?.map(|f| f.to_hex()),
             fence,
             lease_until: row.int("lease_until")?,
             ttl_ms: row.unsigned("ttl_ms")?,
@@ -374,7 +376,7 @@ impl EventInfo {
             transition: row.transition()?,
             attempt: row.attempt()?,
             fence: row.unsigned("fence")?,
-            fingerprint: row.fingerprint()?,
+            fingerprint: row.fingerprint()?.map(|f| f.to_hex()),
             status: row.status("status")?,
             actor: row.actor()?,
             detail: row.optional_text("detail")?,
@@ -396,11 +398,6 @@ pub fn decode_headers(json: Option<&str>) -> Result<Option<Vec<(String, String)>
 
 pub fn encode_headers(headers: &[(String, String)]) -> String {
     serde_json::to_string(headers).unwrap_or_else(|_| "[]".to_string())
-}
-
-fn fingerprint_from(hex: Option<String>) -> Result<Option<Fingerprint>> {
-    hex.map(|h| Fingerprint::try_from(h).map_err(|e| StoreError::Corrupt(format!("fingerprint: {e}"))))
-        .transpose()
 }
 
 pub fn u64_from(v: i64, what: &str) -> Result<u64> {

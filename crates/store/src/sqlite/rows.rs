@@ -3,6 +3,7 @@
 
 use std::sync::LazyLock;
 
+use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::record::State;
 use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
@@ -81,8 +82,8 @@ impl ColumnReader for SqliteRow<'_, '_> {
     fn optional_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
         self.get(name)
     }
-    fn fingerprint(&self) -> Result<Option<String>> {
-        stored::fingerprint_hex(self.value("fingerprint")?)
+    fn fingerprint(&self) -> Result<Option<Fingerprint>> {
+        stored::fingerprint(self.value("fingerprint")?)
     }
     fn attempt(&self) -> Result<Option<String>> {
         stored::attempt_id(self.value("attempt")?)

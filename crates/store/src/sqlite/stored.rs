@@ -50,7 +50,9 @@ pub(super) fn attempt_bytes(id: &str) -> Option<Vec<u8>> {
         s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
-    if prefix.len() != 2 * PREFIX || !lower_hex(prefix) || !lower_hex(counter) {
+    // The counter as `{:x}` writes a u64, so the bytes give the id back exactly.
+    let counter_written = counter == "0" || !counter.starts_with('0');
+    if prefix.len() != 2 * PREFIX || !counter_written || !lower_hex(prefix) || !lower_hex(counter) {
         return None;
     }
     let n = u64::from_str_radix(counter, 16).ok()?;
@@ -58,8 +60,7 @@ pub(super) fn attempt_bytes(id: &str) -> Option<Vec<u8>> {
     let be = n.to_be_bytes();
     let first = be.iter().position(|b| *b != 0).unwrap_or(be.len() - 1);
     bytes.extend_from_slice(&be[first..]);
-    // Only an id the bytes give back exactly (no leading zeros in the counter).
-    (attempt_text(&bytes).as_deref() == Some(id)).then_some(bytes)
+    Some(bytes)
 }
 
 /// An attempt column's value as the current schema holds it: a text id of
@@ -82,17 +83,20 @@ fn attempt_text(bytes: &[u8]) -> Option<String> {
     Some(format!("{}-{n:x}", hex::encode(prefix)))
 }
 
-/// A fingerprint column's value as the API's hex.
-pub(super) fn fingerprint_hex(value: ValueRef<'_>) -> Result<Option<String>> {
-    match value {
-        ValueRef::Null => Ok(None),
-        ValueRef::Blob(b) if b.len() == 32 => Ok(Some(hex::encode(b))),
-        other => Err(StoreError::Corrupt(format!(
+/// A fingerprint column's value.
+pub(super) fn fingerprint(value: ValueRef<'_>) -> Result<Option<Fingerprint>> {
+    let bytes = match value {
+        ValueRef::Null => return Ok(None),
+        ValueRef::Blob(b) => <[u8; 32]>::try_from(b).ok(),
+        _ => None,
+    };
+    bytes.map(|b| Some(Fingerprint::from_bytes(b))).ok_or_else(|| {
+        StoreError::Corrupt(format!(
             "fingerprint: {:?} of {} bytes",
-            other.data_type(),
-            other.as_bytes().map_or(0, <[u8]>::len)
-        ))),
-    }
+            value.data_type(),
+            value.as_bytes().map_or(0, <[u8]>::len)
+        ))
+    })
 }
 
 /// An attempt column's value as the API's id.
@@ -151,8 +155,8 @@ mod tests {
         let ToSqlOutput::Borrowed(value) = out else {
             panic!("{out:?}")
         };
-        assert_eq!(fingerprint_hex(value).unwrap(), Some(f.to_hex()));
-        assert!(fingerprint_hex(ValueRef::Text(f.to_hex().as_bytes())).is_err());
-        assert!(fingerprint_hex(ValueRef::Blob(&[7; 31])).is_err());
+        assert_eq!(fingerprint(value).unwrap().map(|f| f.to_hex()), Some(f.to_hex()));
+        assert!(fingerprint(ValueRef::Text(f.to_hex().as_bytes())).is_err());
+        assert!(fingerprint(ValueRef::Blob(&[7; 31])).is_err());
     }
 }
