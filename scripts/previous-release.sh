@@ -4,10 +4,11 @@
 # its store binary, in target/previous/<version>/, and prints that directory.
 # Built once; later runs find them there.
 #
-# Both builds share the target dirs of the current ones (std and the
-# dependencies are compiled once); only the release's own crates are built
-# apart. Run it before building the current store: cargo puts the last
-# built `idempotency-store` in target/debug/.
+# The store shares the current build's target dir (the dependencies are
+# compiled once; only the release's own crates are built apart); the filter
+# has a target dir of its own (scripts/wasm.sh source says why). Run it
+# before building the current store: cargo puts the last built
+# `idempotency-store` in target/debug/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -6,10 +6,8 @@
 # own target dir, to target/callout.wasm.  `scripts/wasm.sh faulty` builds the
 # filter with its `fault-injection` feature (a request can kill the VM; for the
 # lifecycle tests only) to target/idemgate-faulty.wasm.  `scripts/wasm.sh source DIR OUT`
-# builds the filter of another source tree (an earlier release) to OUT, in the
-# same target dir: std and the dependencies are shared, the tree's own crates
-# are built apart (a tree with this one's Cargo.lock in a target dir of its
-# own: see below).
+# builds the filter of another source tree (an earlier release) to OUT, in a
+# target dir of that tree's own (see below).
 #
 # With rustup's wasm32-wasip1 target installed this is a plain cargo build.
 # Without it, Debian's rustc-web builds std for wasm from rust-web-src
@@ -58,12 +56,11 @@ callout)
     ;;
 source)
     src=${2:?usage: scripts/wasm.sh source DIR OUT} out=${3:?usage: scripts/wasm.sh source DIR OUT}
-    # A tree with this tree's versions of every package builds into the same
-    # file names (cargo's hash of a path package leaves its path out), so it
-    # would overwrite this tree's module and leave it looking fresh: such a
-    # tree (the same Cargo.lock) gets a target dir of its own.
-    dir=$target_dir
-    ! cmp -s "$src/Cargo.lock" Cargo.lock || dir=$target_dir/same-lock
+    # Never this tree's target dir: cargo's hash of a path package leaves its
+    # path out, so a tree whose filter has the same dependencies (a lock that
+    # differs only elsewhere is enough) builds into this tree's file names,
+    # overwrites its module and leaves it looking fresh to the next build.
+    dir=$target_dir/trees/$(realpath "$src" | sha256sum | cut -c1-12)
     "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
         -p idemgate-filter --manifest-path "$src/Cargo.toml" --target-dir "$PWD/$dir"
     cp "$dir/$TARGET/wasm/idemgate_filter.wasm" "$out"
