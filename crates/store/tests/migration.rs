@@ -226,6 +226,29 @@ async fn a_version_2_database_migrates_in_place_on_sqlite() {
     );
 }
 
+/// SQLite keeps records in the order they were claimed (0007: a rowid
+/// table), not in their digests' random order: the rows that a batch of
+/// completions or a sweep writes share pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_keeps_records_in_the_order_they_were_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = Store::new(
+        migrated(&format!("sqlite://{}", path.display())).await,
+        Clock::manual(T0),
+    );
+    let keys = ["k-3", "k-1", "k-4", "k-2", "k-5"];
+    for key in keys {
+        store.claim(&claim(&scope(key), Some(1))).await.unwrap();
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT idem_key FROM idempotency_records ORDER BY rowid")
+        .unwrap();
+    let order: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    assert_eq!(order, keys);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_2_database_migrates_in_place_on_postgres() {
     let cluster = shared_cluster();

@@ -2,9 +2,16 @@
 -- text the API speaks: a fingerprint's 32 bytes instead of 64 hex digits,
 -- and an attempt id of the filter's shape (32 hex digits, `-`, a hex
 -- counter) as its 16 bytes and the counter's; any other attempt id stays
--- text (the store's `sqlite::stored` says which). The records' table is
--- rebuilt for its fingerprint CHECK; the other tables' columns take the
--- new values in place. idemgate_stored_attempt() is registered by the store.
+-- text (the store's `sqlite::stored` says which). The other tables' columns
+-- take the new values in place. idemgate_stored_attempt() is registered by
+-- the store.
+--
+-- The records' table is rebuilt, for its fingerprint CHECK and as a rowid
+-- table in the order records were created (0004 made it WITHOUT ROWID): a
+-- WITHOUT ROWID table's indexes each carry its 32-byte key, and its rows lie
+-- in the key's random order, so the rows that a batch of completions or a
+-- sweep writes each sit on a page of their own. Now rows lie in time order
+-- and the indexes carry the rowid; the key is the primary key's own index.
 CREATE TABLE idempotency_records_0007 (
     scope_digest BLOB NOT NULL PRIMARY KEY CHECK (length(scope_digest) = 32),
     scope_version TEXT NOT NULL CHECK (length(CAST(scope_version AS BLOB)) BETWEEN 1 AND 16),
@@ -32,7 +39,7 @@ CREATE TABLE idempotency_records_0007 (
     -- Bytes or text; its length in bytes either way.
     attempt BLOB CHECK (attempt IS NULL OR length(CAST(attempt AS BLOB)) BETWEEN 1 AND 64),
     response_key TEXT CHECK (response_key IS NULL OR length(CAST(response_key AS BLOB)) BETWEEN 1 AND 32)
-) WITHOUT ROWID;
+);
 INSERT INTO idempotency_records_0007 (scope_digest, scope_version, tenant, principal, route, namespace, idem_key,
     state, fingerprint, fence, lease_until, ttl_ms, release_on_unknown, response_status, response_headers,
     response_body, body_stored, created_at, completed_at, expires_at, archived_at, replay_count, generation, attempt,
@@ -41,7 +48,7 @@ SELECT scope_digest, scope_version, tenant, principal, route, namespace, idem_ke
     lease_until, ttl_ms, release_on_unknown, response_status, response_headers, response_body, body_stored,
     created_at, completed_at, expires_at, archived_at, replay_count, generation, idemgate_stored_attempt(attempt),
     response_key
-FROM idempotency_records;
+FROM idempotency_records ORDER BY created_at;
 DROP TABLE idempotency_records;
 ALTER TABLE idempotency_records_0007 RENAME TO idempotency_records;
 CREATE INDEX idempotency_records_in_progress ON idempotency_records (lease_until) WHERE state = 'in_progress';
