@@ -245,7 +245,11 @@ async fn sqlite_keeps_records_in_the_order_they_were_claimed() {
     let mut stmt = conn
         .prepare("SELECT idem_key FROM idempotency_records ORDER BY rowid")
         .unwrap();
-    let order: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    let order: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(order, keys);
 }
 
