@@ -546,6 +546,11 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
         last_archived = cx.now();
         cx.clock.advance(100);
     }
+    // Each record of a batch has its own event, once.
+    for k in &keys {
+        let h = history(&cx, k).await;
+        assert_eq!(transitions(&h), ["claimed", "completed", "archived"], "{k}");
+    }
 
     // Past retention, all of them: the first archived are purged first.
     cx.clock.advance(last_archived + retention as i64 - cx.now());
@@ -565,6 +570,13 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
         let state = cx.newest(&format!("{k}-lease")).await.map(|r| r.state);
         let expected = if i < 4 { State::Unknown } else { State::InProgress };
         assert_eq!(state, Some(Standing::In(expected)), "{k}");
+        let h = history(&cx, &format!("{k}-lease")).await;
+        let expected: &[&str] = if i < 4 {
+            &["claimed", "lease_expired"]
+        } else {
+            &["claimed"]
+        };
+        assert_eq!(transitions(&h), expected, "{k}");
     }
 }
 

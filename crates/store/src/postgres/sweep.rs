@@ -5,6 +5,7 @@
 
 use std::sync::LazyLock;
 
+use futures_util::future::try_join_all;
 use idemgate_core::trace::Trace;
 
 use super::operations::carry_out;
@@ -88,10 +89,18 @@ impl Postgres {
             (&EXPIRED, Due::Expired),
         ];
         for (sql, due) in phases {
-            for row in tx.query(sql.as_str(), &[&now, &batch]).await? {
-                let (key, loaded) = (row.scope_digest()?, LoadedRecord::read(&row)?);
-                let plan = plan::sweep(Some(&loaded), due, now);
-                let (swept, written) = carry_out(&tx, (&key, &self.seal), plan, now).await?;
+            let picked = tx.query(sql.as_str(), &[&now, &batch]).await?;
+            // The picked records' plans are carried out together: their
+            // statements are pipelined on the transaction's connection, so
+            // a batch waits for the database's work, not for a round trip
+            // per statement (which, on a busy server, is a wait for a core).
+            let (tx, seal) = (&tx, &self.seal);
+            let carried = picked.iter().map(|row| async move {
+                let key = row.scope_digest()?;
+                let plan = plan::sweep(Some(&LoadedRecord::read(row)?), due, now);
+                carry_out(tx, (&key, seal), plan, now).await
+            });
+            for (swept, written) in try_join_all(carried).await? {
                 events.extend(written);
                 if let Some(swept) = swept {
                     swept.count(&mut report);
