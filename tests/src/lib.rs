@@ -131,6 +131,7 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The answer, its body empty if reading it failed.
     pub async fn of(res: reqwest::Response) -> Answer {
         let status = res.status().as_u16();
         let headers = res.headers().clone();
@@ -140,6 +141,20 @@ impl Answer {
             headers,
             body,
         }
+    }
+
+    /// Sends the request and reads its whole answer, within the request's
+    /// own timeout (which covers the body too).
+    pub async fn read(req: reqwest::RequestBuilder) -> reqwest::Result<Answer> {
+        let res = req.send().await?;
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

@@ -335,7 +335,7 @@ async fn detached_memory(clients_wait: bool) {
     let started = Instant::now();
     let requests: Vec<_> = keys
         .iter()
-        .map(|k| tokio::spawn(large(k, SLOW_MS).send()))
+        .map(|k| tokio::spawn(Answer::read(large(k, SLOW_MS))))
         .collect();
     // Until every response is recorded (the clients that left do not say).
     let mut sampled = 0;
@@ -351,7 +351,7 @@ async fn detached_memory(clients_wait: bool) {
     // never executed, and not counted below.
     for (key, r) in keys.iter().zip(requests) {
         let a = match r.await.unwrap() {
-            Ok(response) => Answer::of(response).await,
+            Ok(a) => a,
             Err(e) => {
                 assert!(!clients_wait, "{key}: {e}");
                 continue;
