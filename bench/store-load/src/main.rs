@@ -24,9 +24,9 @@ use idemgate_core::protocol::{
     CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
 };
 use idemgate_core::scope::{Namespace, Scope};
-use idemgate_store::backend::Backend;
+use idemgate_store::backend::{Backend, SweepPolicy, SweepReport};
 use idemgate_store::database_url::{open_backend, BackendOptions};
-use idemgate_store::sweeper::SweepSettings;
+use idemgate_store::sweeper::{sweep_all, SweepSettings};
 use idemgate_store::{AppState, Clock, Store};
 
 #[derive(Parser)]
@@ -52,6 +52,11 @@ struct Args {
     /// request, then their N completes in another); 0 skips it.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// With `--claims-only`: a sweeper works (default batch, passes a second
+    /// apart) while the claims run, as the store's own does, on whatever
+    /// the database holds due (`bench/fill.py arm`).
+    #[arg(long)]
+    sweeping: bool,
 }
 
 fn request(scope: Scope) -> ClaimRequest {
@@ -95,10 +100,12 @@ impl Report {
                 .unwrap_or(0.0)
         };
         println!(
-            "{name:<10} {:>10.0} {unit:<16}   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} ops)",
+            "{name:<10} {:>10.0} {unit:<16}   p50 {:>7.2} ms   p99 {:>7.2} ms   p99.9 {:>7.2} ms   max {:>7.2} ms   ({} ops)",
             self.ops as f64 / self.elapsed.as_secs_f64(),
             pct(0.50),
             pct(0.99),
+            pct(0.999),
+            pct(1.0),
             self.ops
         );
     }
@@ -274,6 +281,44 @@ async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f6
         );
     }
     Ok((report, switches))
+}
+
+/// The store's sweeper, passes a second apart, until told to stop; then
+/// what it swept, and when it last archived or purged (the claims' own
+/// leases run out too, after 30 s).
+fn sweeping(
+    backend: Arc<dyn Backend>,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<(SweepReport, Duration)>,
+) {
+    let store = Store::new(backend, Clock::System);
+    let settings = SweepSettings::default();
+    let policy = SweepPolicy {
+        batch: settings.batch,
+        audit_retention_ms: settings.audit_retention_ms,
+    };
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let task = tokio::spawn(async move {
+        let (mut all, mut done) = (SweepReport::default(), Duration::ZERO);
+        loop {
+            match sweep_all(&store, &policy).await {
+                Ok(report) => {
+                    all.add(report);
+                    if report.archived + report.purged > 0 {
+                        done = started.elapsed();
+                    }
+                }
+                Err(e) => eprintln!("sweep failed: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(settings.interval) => {}
+                _ = stopped.changed() => return (all, done),
+            }
+        }
+    });
+    (stop, task)
 }
 
 type Post = Arc<
@@ -512,8 +557,17 @@ async fn main() -> Result<(), String> {
             ""
         }
     );
+    let sweeping = args.sweeping.then(|| sweeping(backend.clone()));
     let (mut c, switches) = raw_claim(backend.clone(), &args).await?;
     c.print_as("raw db", "claim/s");
+    if let Some((stop, sweeping)) = sweeping {
+        let _ = stop.send(true);
+        let (report, done) = sweeping.await.map_err(|e| e.to_string())?;
+        println!(
+            "swept meanwhile: {report:?}, the last archived or purged {:.1} s in",
+            done.as_secs_f64()
+        );
+    }
     println!("context switches per claim (all threads): {switches:.1}");
     if args.claims_only {
         return Ok(());

@@ -105,12 +105,14 @@ pub fn completion_expiry(now: &str) -> String {
 /// and `{unknown}` replaced by their conditions.
 /// What the monitoring samples ([`crate::backend::OpenRecords`]), for both
 /// backends: columns `oldest_in_progress`, `unknown`, `oldest_unknown`.
+/// Each figure is its own subquery, which reads only its state's partial
+/// index and rows: SQLite answers one query over `{leased} OR {unknown}`
+/// by reading the whole table, every sweeper pass.
 pub static OPEN_RECORDS: LazyLock<String> = LazyLock::new(|| {
     expand(
-        "SELECT min(created_at) FILTER (WHERE {leased}) AS oldest_in_progress, \
-         count(*) FILTER (WHERE {unknown} AND archived_at IS NULL) AS unknown, \
-         min(created_at) FILTER (WHERE {unknown} AND archived_at IS NULL) AS oldest_unknown \
-         FROM idempotency_records WHERE {leased} OR {unknown}",
+        "SELECT (SELECT min(created_at) FROM idempotency_records WHERE {leased}) AS oldest_in_progress, \
+         (SELECT count(*) FROM idempotency_records WHERE {unknown} AND archived_at IS NULL) AS unknown, \
+         (SELECT min(created_at) FROM idempotency_records WHERE {unknown} AND archived_at IS NULL) AS oldest_unknown",
     )
 });
 

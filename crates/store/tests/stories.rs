@@ -580,6 +580,39 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     }
 }
 
+/// A batch larger than the SQLite writer's slice (100 records a phase) is
+/// swept whole, each record once, and no more than the batch: 250 leases
+/// run out, swept 240 at a time. On SQLite the batch is committed slice by
+/// slice, so that requests queued meanwhile wait for one slice only.
+async fn a_batch_larger_than_a_slice_is_swept_whole(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    for part in 0..5 {
+        for i in 0..50 {
+            cx.owned(&claim(&scope(&format!("k-slice-{part}-{i}")), Some(1)))
+                .await;
+        }
+    }
+    cx.clock.advance(60_000);
+    let commits = || cx.backend().writer_stages().map(|s| s.commits.get());
+    let before = commits();
+    assert_eq!(cx.sweep_batch(3_600_000, 240).await.marked_unknown, 240);
+    if let (Some(before), Some(after)) = (before, commits()) {
+        assert!(after - before >= 3, "{} commits for 240 records", after - before);
+    }
+    assert_eq!(cx.sweep_batch(3_600_000, 240).await.marked_unknown, 10);
+    assert_eq!(cx.sweep_batch(3_600_000, 240).await.marked_unknown, 0);
+    for part in 0..5 {
+        for i in [0, 49] {
+            let h = history(&cx, &format!("k-slice-{part}-{i}")).await;
+            assert_eq!(
+                transitions(&h),
+                ["claimed", "lease_expired"],
+                "k-slice-{part}-{i}"
+            );
+        }
+    }
+}
+
 async fn after_expiry_reject_or_new(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let s = scope("k-after");
@@ -1533,6 +1566,7 @@ stories!(
     mark_unknown_and_result_unavailable,
     expiry_archives_then_purges,
     the_sweeper_takes_the_oldest_due_first,
+    a_batch_larger_than_a_slice_is_swept_whole,
     after_expiry_reject_or_new,
     the_same_key_in_another_scope_is_another_record,
     operators_resolve_list_and_purge,

@@ -470,10 +470,28 @@ impl Backend for Sqlite {
             .await
     }
 
+    /// A batch in slices of at most [`sweep::SLICE`] records a phase, each
+    /// its own writer job: requests queued meanwhile wait for one slice,
+    /// never for the whole batch.
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        let (policy, seal) = (*policy, self.seal.clone());
-        self.write_logged(move |w, journal| sweep::sweep(w, journal, &seal, now, policy))
-            .await
+        let mut report = SweepReport::default();
+        let mut left = policy.batch;
+        while left > 0 {
+            let slice = SweepPolicy {
+                batch: left.min(sweep::SLICE),
+                ..*policy
+            };
+            let seal = self.seal.clone();
+            let part = self
+                .write_logged(move |w, journal| sweep::sweep(w, journal, &seal, now, slice))
+                .await?;
+            report.add(part);
+            if !part.full(slice.batch) {
+                break;
+            }
+            left -= slice.batch;
+        }
+        Ok(report)
     }
 
     async fn open_records(&self) -> Result<OpenRecords> {
