@@ -470,7 +470,7 @@ impl Backend for Sqlite {
             .await
     }
 
-    /// A batch in slices of at most [`sweep::SLICE`] records a phase, each
+    /// A batch in slices of at most `sweep::SLICE` records a phase, each
     /// its own writer job: requests queued meanwhile wait for one slice,
     /// never for the whole batch.
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
