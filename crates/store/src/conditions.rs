@@ -101,8 +101,6 @@ pub fn completion_expiry(now: &str) -> String {
     format!("{now} + ttl_ms")
 }
 
-/// `template` with `{fenceable}`, `{abandonable}`, `{replayable}`, `{leased}`
-/// and `{unknown}` replaced by their conditions.
 /// What the monitoring samples ([`crate::backend::OpenRecords`]), for both
 /// backends: columns `oldest_in_progress`, `unknown`, `oldest_unknown`.
 /// Each figure is its own subquery, which reads only its state's partial
@@ -116,6 +114,8 @@ pub static OPEN_RECORDS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// `template` with `{fenceable}`, `{abandonable}`, `{replayable}`, `{leased}`
+/// and `{unknown}` replaced by their conditions.
 pub fn expand(template: &str) -> String {
     template
         .replace("{fenceable}", &FENCEABLE)

@@ -53,8 +53,9 @@ const EXPIRED: &str = "SELECT scope_digest FROM idempotency_records \
 /// held the writer for 50–110 ms (its commit and the WAL's restart
 /// included), and every request queued meanwhile waited for all of it;
 /// slices of 100 cut the claims' p99.9 under a catching-up sweeper about
-/// threefold and sweep as fast; slices of 50 sweep a third slower
-/// (`profile.md` §15).
+/// threefold and, with the store alone, sweep as fast (through Envoy, with
+/// the cores shared, 60% slower at 10^6, as fast at 10^7); slices of 50
+/// sweep a third slower still (`profile.md` §15).
 pub(super) const SLICE: u32 = 100;
 
 fn count(n: usize) -> u64 {
