@@ -133,28 +133,32 @@ pub struct Answer {
 impl Answer {
     /// The answer, its body empty if reading it failed.
     pub async fn of(res: reqwest::Response) -> Answer {
-        let status = res.status().as_u16();
-        let headers = res.headers().clone();
-        let body = res.bytes().await.unwrap_or_default();
-        Answer {
-            status,
-            headers,
-            body,
-        }
+        Answer::collect(res).await.0
     }
 
     /// Sends the request and reads its whole answer, within the request's
     /// own timeout (which covers the body too).
     pub async fn read(req: reqwest::RequestBuilder) -> reqwest::Result<Answer> {
-        let res = req.send().await?;
+        let (answer, body) = Answer::collect(req.send().await?).await;
+        body.map(|()| answer)
+    }
+
+    /// The answer, and whether its body was read whole.
+    async fn collect(res: reqwest::Response) -> (Answer, reqwest::Result<()>) {
         let status = res.status().as_u16();
         let headers = res.headers().clone();
-        let body = res.bytes().await?;
-        Ok(Answer {
-            status,
-            headers,
-            body,
-        })
+        let (body, read) = match res.bytes().await {
+            Ok(body) => (body, Ok(())),
+            Err(e) => (bytes::Bytes::new(), Err(e)),
+        };
+        (
+            Answer {
+                status,
+                headers,
+                body,
+            },
+            read,
+        )
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

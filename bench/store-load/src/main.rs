@@ -24,7 +24,7 @@ use idemgate_core::protocol::{
     CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
 };
 use idemgate_core::scope::{Namespace, Scope};
-use idemgate_store::backend::{Backend, SweepPolicy, SweepReport};
+use idemgate_store::backend::{Backend, SweepReport};
 use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::sweeper::{sweep_all, SweepSettings};
 use idemgate_store::{AppState, Clock, Store};
@@ -294,10 +294,7 @@ fn sweeping(
 ) {
     let store = Store::new(backend, Clock::System);
     let settings = SweepSettings::default();
-    let policy = SweepPolicy {
-        batch: settings.batch,
-        audit_retention_ms: settings.audit_retention_ms,
-    };
+    let policy = settings.policy();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     let task = tokio::spawn(async move {

@@ -20,7 +20,7 @@ use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
 use crate::api::read_body;
-use crate::backend::{Action, KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepPolicy, SweepReport};
+use crate::backend::{Action, KeyHistory, Listing, Lookup, RecordInfo, Resolution, SweepReport};
 use crate::problem::Refusal;
 use crate::AppState;
 
@@ -281,9 +281,6 @@ pub async fn purge(
 
 /// Runs the sweeper until it has nothing left to do (bounded), now.
 pub async fn sweep(State(state): State<AppState>) -> Result<Json<SweepReport>, Refusal> {
-    let policy = SweepPolicy {
-        batch: state.settings.sweep.batch,
-        audit_retention_ms: state.settings.sweep.audit_retention_ms,
-    };
+    let policy = state.settings.sweep.policy();
     Ok(Json(crate::sweeper::sweep_all(&state.store, &policy).await?))
 }

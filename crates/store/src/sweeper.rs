@@ -16,6 +16,16 @@ pub struct SweepSettings {
     pub audit_retention_ms: u64,
 }
 
+impl SweepSettings {
+    /// What each of its passes does.
+    pub fn policy(&self) -> SweepPolicy {
+        SweepPolicy {
+            batch: self.batch,
+            audit_retention_ms: self.audit_retention_ms,
+        }
+    }
+}
+
 pub const DEFAULT_AUDIT_RETENTION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 
 impl Default for SweepSettings {
@@ -68,10 +78,7 @@ async fn sweep_pass(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> 
 }
 
 pub async fn run(store: Store, settings: SweepSettings, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let policy = SweepPolicy {
-        batch: settings.batch,
-        audit_retention_ms: settings.audit_retention_ms,
-    };
+    let policy = settings.policy();
     loop {
         match sweep_all(&store, &policy).await {
             Ok(report) if report.total() > 0 => tracing::info!(?report, "sweeper pass"),
