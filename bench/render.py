@@ -25,9 +25,9 @@ def conditions(meta):
         tool = (f"`idempotency-grpc-bench load`, {meta.get('concurrency')} calls in flight over "
                 f"{meta.get('grpc_connections')} HTTP/2 connections")
         paired = "8a and 8b"
-    elif meta.get("only") == "floor":
+    elif meta.get("only") in ("floor", "scale"):
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
-        paired = "3–5"
+        paired = "3–5" if meta["only"] == "floor" else "7"
     else:
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
         paired = "1c–5, 7 and 8" if "grpc_connections" in meta else "1c–5 and 7"
@@ -45,6 +45,8 @@ def conditions(meta):
 def markdown(summary):
     meta, rows = summary["meta"], summary["rows"]
     out = ["# `make bench`: latest run", "", conditions(summary["meta"]), ""]
+    if meta.get("only") == "scale":
+        return "\n".join(out + scale_section(summary))
     out += [
         "Every request is a `POST` of a small JSON body with `x-tenant-id`/`x-user-id` and an",
         "`Idempotency-Key`. The upstream of every Envoy scenario is the same Express handler",

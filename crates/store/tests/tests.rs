@@ -14,6 +14,7 @@ mod log_ids;
 mod metrics;
 mod migration;
 mod pgbouncer;
+mod planner;
 mod rate_limit;
 mod roles;
 mod sealing;

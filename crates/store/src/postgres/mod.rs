@@ -196,20 +196,25 @@ impl Postgres {
     /// The schema version the database is at (`None`: never migrated),
     /// read without locking or writing anything.
     pub async fn schema_version(&self) -> Result<Option<i64>> {
-        let client = self.connections.client().await?;
-        // Simple queries: nothing is prepared, whatever pools the connections.
-        let exists = client
+        let mut client = self.connections.client().await?;
+        // In a transaction, which carries the session's settings behind a
+        // transaction pooler. Simple queries: nothing is prepared, whatever
+        // pools the connections.
+        let tx = client.begin().await?;
+        let exists = tx
             .simple_query("SELECT 1 WHERE to_regclass('idempotency_schema_migrations') IS NOT NULL")
             .await
             .map_err(unavailable)?;
-        if first_integer(&exists)?.is_none() {
-            return Ok(None);
-        }
-        let read = client
-            .simple_query("SELECT max(version) FROM idempotency_schema_migrations")
-            .await
-            .map_err(unavailable)?;
-        first_integer(&read)
+        let version = match first_integer(&exists)? {
+            None => None,
+            Some(_) => first_integer(
+                &tx.simple_query("SELECT max(version) FROM idempotency_schema_migrations")
+                    .await
+                    .map_err(unavailable)?,
+            )?,
+        };
+        tx.commit().await?;
+        Ok(version)
     }
 
     /// Refuses a schema this store cannot use as it is: behind (not yet

@@ -200,9 +200,14 @@ impl Connections {
         if session.pooler == Pooler::Session {
             // Appended, so it wins over a `statement_timeout` in the URL's own
             // `options`: the store's bounds depend on it. Behind a transaction
-            // pooler each transaction sets it instead ([`Connections::begin`]).
+            // pooler each transaction sets them instead ([`Client::begin`]).
+            // JIT off: the server compiles a statement when its plan's
+            // estimated cost is high, and a sweeper's pick that expects few
+            // rows is costed as a walk of its whole index range. Under load
+            // the compiling alone took 300-480 ms: a pick that read three
+            // pages ran into the statement timeout on every pass.
             let mut options = format!(
-                "{} -c statement_timeout={}",
+                "{} -c statement_timeout={} -c jit=off",
                 config.get_options().unwrap_or_default(),
                 timeouts.statement.as_millis()
             );
@@ -321,13 +326,17 @@ impl Setup {
     }
 
     fn local_settings(&self) -> String {
-        format!("SET LOCAL statement_timeout = {}", self.statement.as_millis())
+        format!(
+            "SET LOCAL statement_timeout = {}; SET LOCAL jit = off",
+            self.statement.as_millis()
+        )
     }
 }
 
 impl Client {
     /// A transaction on this connection. Behind a transaction pooler it
-    /// sets its own `statement_timeout`, which the session does not carry.
+    /// sets the store's session settings itself (`SET LOCAL`): the session
+    /// does not carry them.
     pub(super) async fn begin(&mut self) -> Result<Tx<'_>> {
         let setup = self.setup;
         let tx = self

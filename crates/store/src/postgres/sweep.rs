@@ -41,19 +41,30 @@ static LANDED_ABANDONED: LazyLock<String> = LazyLock::new(|| {
 });
 static EXPIRED: LazyLock<String> =
     LazyLock::new(|| pick("archived_at IS NULL AND expires_at <= $1", "expires_at"));
+// A purge takes its batch past the cutoff ($1) the oldest first, in the
+// order of its column's index, as the picks do; the batch is taken whole
+// (`ARRAY`) before its rows are deleted by key or position. Without the
+// order the planner may take a batch from a sequential scan that expects
+// the share of rows its statistics say are due to turn up early; and a
+// batch joined to the table's rows may be joined by a scan of the whole
+// table. When what is left lies at the table's end, either reads the whole
+// table: past the statement timeout, on every pass.
 static PURGE_ARCHIVED: LazyLock<String> = LazyLock::new(|| {
     purge_generations(
-        "DELETE FROM idempotency_records WHERE scope_digest IN (SELECT scope_digest \
+        "DELETE FROM idempotency_records WHERE scope_digest = ANY(ARRAY(SELECT scope_digest \
          FROM idempotency_records WHERE archived_at IS NOT NULL AND archived_at <= $1 ORDER BY archived_at \
-         LIMIT $2 FOR UPDATE SKIP LOCKED)",
+         LIMIT $2 FOR UPDATE SKIP LOCKED))",
     )
 });
 static PURGE_HISTORY: LazyLock<String> = LazyLock::new(|| {
     purge_generations(
-        "DELETE FROM idempotency_history WHERE ctid IN (SELECT ctid FROM idempotency_history \
-         WHERE ended_at <= $1 LIMIT $2)",
+        "DELETE FROM idempotency_history WHERE ctid = ANY(ARRAY(SELECT ctid FROM idempotency_history \
+         WHERE ended_at <= $1 ORDER BY ended_at LIMIT $2))",
     )
 });
+const PURGE_EVENTS: &str =
+    "DELETE FROM idempotency_events WHERE id = ANY(ARRAY(SELECT id FROM idempotency_events \
+     WHERE at <= $1 ORDER BY at LIMIT $2))";
 
 /// The generations `delete` deletes (`$1` the cutoff, `$2` the batch), each
 /// with its events past the retention; a generation with later events is
@@ -114,20 +125,13 @@ impl Postgres {
         // Past the audit retention: archived generations, history, events.
         let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
         let params: [Param<'_>; 2] = [&cutoff, &batch];
-        let delete = |sql: &'static str| {
-            let (tx, params) = (&tx, &params);
-            async move { tx.execute(sql, params).await }
-        };
         for sql in [&PURGE_ARCHIVED, &PURGE_HISTORY] {
             let stmt = tx.prepare(sql.as_str()).await?;
             let row = tx.one(&stmt, &params).await?;
             report.purged += row.unsigned("generations")?;
             report.events_purged += row.unsigned("events")?;
         }
-        report.events_purged += delete(
-            "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= $1 LIMIT $2)",
-        )
-        .await?;
+        report.events_purged += tx.execute(PURGE_EVENTS, &params).await?;
         tx.execute(PURGE_EVENTLESS_GENERATIONS, &[]).await?;
         tx.commit().await?;
         self.log_all(&events, &Trace::NONE);
