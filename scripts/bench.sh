@@ -81,7 +81,8 @@
 # 3, 3c, 3u, 3p, 4, 4b, 4cd, 5, 6a, 6 and 6d, each with its baseline, and the
 # fixed-rate rounds, in about 15 minutes; its report goes to
 # bench/results/only-floor/. BENCH_ONLY=scale runs 7 alone (BENCH_SCALE and
-# BENCH_SCALE_DBS choose what), its report in bench/results/only-scale/.
+# BENCH_SCALE_DBS choose what; 1e7 on postgres alone takes about 15
+# minutes), its report in bench/results/only-scale/.
 # BENCH_RATE (200 new keys a second offered in the
 # open-loop rounds), BENCH_PIN_CONCURRENCY (32: connections of the pinned run),
 # BENCH_STRACE_SECONDS (4: the strace runs).
