@@ -26,7 +26,6 @@ use idemgate_core::protocol::{
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{Backend, SweepReport};
 use idemgate_store::database_url::{open_backend, BackendOptions};
-use idemgate_store::metrics::ActionLabel;
 use idemgate_store::sweeper::{sweep_all, SweepSettings};
 use idemgate_store::{AppState, Clock, Store};
 
@@ -305,7 +304,7 @@ fn sweeping(
             if let Err(e) = sweep_all(&store, &policy).await {
                 eprintln!("sweep failed: {e}");
             }
-            let now = swept(&store);
+            let now = store.metrics.swept();
             if now.archived + now.purged > all.archived + all.purged {
                 done = started.elapsed();
             }
@@ -317,25 +316,6 @@ fn sweeping(
         }
     });
     (stop, task)
-}
-
-/// What the store's sweeper has done so far, by its metrics.
-fn swept(store: &Store) -> SweepReport {
-    let rows = |action| {
-        store
-            .metrics
-            .sweeper_rows
-            .get_or_create(&ActionLabel { action })
-            .get()
-    };
-    SweepReport {
-        marked_unknown: rows("marked_unknown"),
-        released: rows("released"),
-        abandoned: rows("abandoned"),
-        archived: rows("archived"),
-        purged: rows("purged"),
-        events_purged: rows("events_purged"),
-    }
 }
 
 type Post = Arc<

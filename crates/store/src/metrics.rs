@@ -398,6 +398,20 @@ impl Metrics {
         self.abandoned_claims.inc_by(report.abandoned);
     }
 
+    /// What the sweeper has done since the store started: every batch that
+    /// committed, also in a pass that failed later.
+    pub fn swept(&self) -> SweepReport {
+        let rows = |action| self.sweeper_rows.get_or_create(&ActionLabel { action }).get();
+        SweepReport {
+            marked_unknown: rows("marked_unknown"),
+            released: rows("released"),
+            abandoned: rows("abandoned"),
+            archived: rows("archived"),
+            purged: rows("purged"),
+            events_purged: rows("events_purged"),
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {

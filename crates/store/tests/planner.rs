@@ -8,6 +8,7 @@ use std::sync::Arc;
 use idemgate_core::protocol::ClaimReply;
 use idemgate_store::backend::{Backend, SweepPolicy};
 use idemgate_store::sealing::Seal;
+use idemgate_store::sweeper::SweepSettings;
 use idemgate_store::{Clock, Store};
 
 use crate::support::pgbouncer::{PgBouncer, PoolMode};
@@ -15,6 +16,9 @@ use crate::support::*;
 
 const NOW: i64 = 1_800_000_000_000;
 const DAY: i64 = 86_400_000;
+/// The statements `pg_stat_statements` counted on the store's tables, not
+/// the test's own reads of it.
+const ON_THE_STORE: &str = "query LIKE '%idempotency_%' AND query NOT LIKE '%pg_stat_statements%'";
 
 /// A cluster that counts each statement's work and JIT-compiles every
 /// statement that has anything to compile (a cost above 0), and a fresh
@@ -49,19 +53,17 @@ async fn exchange(b: Arc<dyn Backend>, key: &str) {
         matches!(replay, ClaimReply::Replay { status: 201, .. }),
         "{replay:?}"
     );
-    let policy = SweepPolicy {
-        batch: 500,
-        audit_retention_ms: 30 * DAY as u64,
-    };
-    b.sweep(NOW, &policy).await.unwrap();
+    b.sweep(NOW, &SweepSettings::default().policy()).await.unwrap();
 }
 
 /// The statements on the store's tables that were JIT-compiled.
 fn compiled(cluster: &pg::PgCluster, db: &str) -> String {
     cluster.query_in(
         db,
-        "SELECT string_agg(left(query, 160), E'\\n') FROM pg_stat_statements WHERE jit_functions > 0 \
-         AND query LIKE '%idempotency_%' AND query NOT LIKE '%pg_stat_statements%'",
+        &format!(
+            "SELECT string_agg(left(query, 160), E'\\n') FROM pg_stat_statements \
+             WHERE jit_functions > 0 AND {ON_THE_STORE}"
+        ),
     )
 }
 
@@ -149,8 +151,10 @@ async fn a_sweeper_pass_reads_no_table_whole() {
 
     let read = cluster.query_in(
         &db,
-        "SELECT coalesce(string_agg((shared_blks_hit + shared_blks_read) / calls || ' ' || query, E'\\n'), '') \
-         FROM pg_stat_statements WHERE query LIKE '%idempotency_%' AND query NOT LIKE '%pg_stat_statements%'",
+        &format!(
+            "SELECT coalesce(string_agg((shared_blks_hit + shared_blks_read) / calls || ' ' || query, E'\\n'), '') \
+             FROM pg_stat_statements WHERE {ON_THE_STORE}"
+        ),
     );
     for line in read.lines() {
         let (blocks, query) = line.split_once(' ').unwrap();
