@@ -104,13 +104,22 @@ def sqlite_attempt(attempt):
     return bytes.fromhex(prefix) + n.to_bytes(max(1, (n.bit_length() + 7) // 8), "big")
 
 
-def events_sql():
+# SQLite keeps an event's transition, and the store's own actors, as codes
+# (the store's `sqlite::stored`).
+SQLITE_CODES = {"claimed": 0, "completed": 1, "archived": 8, "filter": 0, "sweeper": 1}
+
+
+def events_sql(coded=False):
     out = []
     for transition, actor, at, status, which in EVENTS:
+        if coded:
+            transition, actor = SQLITE_CODES[transition], SQLITE_CODES[actor]
+        else:
+            transition, actor = f"'{transition}'", f"'{actor}'"
         out.append(
             f"INSERT INTO idempotency_events ({EVENT_COLUMNS}) SELECT "
             f"generation, CASE WHEN archived_at IS NULL THEN {at} ELSE {PARKED} END, "
-            f"'{transition}', fence, {status}, '{actor}', NULL, "
+            f"{transition}, fence, {status}, {actor}, NULL, "
             f"CASE WHEN archived_at IS NULL THEN {at} - created_at ELSE {DAY} END FROM idempotency_records WHERE {which}"
         )
     return out
@@ -138,7 +147,7 @@ def fill_sqlite(path, n, now):
 
     db.execute("BEGIN")
     db.executemany(f"INSERT INTO idempotency_records ({RECORD_COLUMNS}) VALUES ({', '.join('?' * 24)})", rows())
-    for sql in events_sql():
+    for sql in events_sql(coded=True):
         db.execute(sql)
     db.execute("UPDATE idempotency_fence SET value = ?1 WHERE id = 1", (n,))
     db.execute("COMMIT")

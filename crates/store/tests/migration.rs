@@ -43,7 +43,7 @@ INSERT INTO idempotency_events (scope_version, tenant, principal, route, namespa
     transition, attempt, fence, fingerprint, status, actor, detail, duration_ms) VALUES
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 2, {t0}, 'claimed', '{filter}-2', 2, '{fp}', NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'claimed', NULL, 3, NULL, NULL, 'filter', NULL, 0),
-  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'released', NULL, 3, NULL, NULL, 'filter', NULL, 0),
+  ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 3, {t0}, 'resolved', NULL, 3, NULL, NULL, 'operator', 'release', 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t0}, 'claimed', NULL, 5, NULL, NULL, 'filter', NULL, 0),
   ('v1', 'acme', 'alice', 'payments.create', 'u', 'k-done', 5, {t1}, 'completed', NULL, 5, NULL, 201, 'filter', NULL, 1);
 INSERT INTO idempotency_abandoned (scope_version, tenant, principal, route, namespace, idem_key, attempt, at) VALUES
@@ -154,17 +154,17 @@ async fn everything_survives_the_migration(b: Arc<dyn Backend>) {
             (Some(fp(1).to_hex()), filter_attempt(3))
         ]
     );
-    let events: Vec<(&str, u64)> = (h.events.iter())
-        .map(|e| (e.transition.as_str(), e.generation))
+    let events: Vec<(&str, u64, &str)> = (h.events.iter())
+        .map(|e| (e.transition.as_str(), e.generation, e.actor.as_str()))
         .collect();
     assert_eq!(
         events,
         [
-            ("claimed", 2),
-            ("claimed", 3),
-            ("released", 3),
-            ("claimed", 5),
-            ("completed", 5)
+            ("claimed", 2, "filter"),
+            ("claimed", 3, "filter"),
+            ("resolved", 3, "operator"),
+            ("claimed", 5, "filter"),
+            ("completed", 5, "filter")
         ]
     );
     // An event whose generation was purged before it keeps its scope and attempt.
@@ -313,7 +313,7 @@ async fn an_event_outlives_its_generation(url: &str) {
     execute(
         url,
         &format!(
-            "UPDATE idempotency_events SET at = {} WHERE transition = 'released'",
+            "UPDATE idempotency_events SET at = {} WHERE id = (SELECT max(id) FROM idempotency_events)",
             T0 + 60_000
         ),
     )
@@ -427,13 +427,28 @@ async fn a_row_with_a_state_transition_or_actor_the_store_never_writes_is_corrup
     conn.execute_batch("PRAGMA ignore_check_constraints = ON")
         .unwrap();
     for (spoil, mend) in [
+        // The events as SQLite codes them (`sqlite::stored`): no transition
+        // is 10, no actor of the store's 3, and a reserved name is written
+        // as its code, never as text.
         (
-            "UPDATE idempotency_events SET transition = 'finished' WHERE transition = 'released'",
-            "UPDATE idempotency_events SET transition = 'released' WHERE transition = 'finished'",
+            "UPDATE idempotency_events SET transition = 10 WHERE transition = 3",
+            "UPDATE idempotency_events SET transition = 3 WHERE transition = 10",
         ),
         (
-            "UPDATE idempotency_events SET actor = '' WHERE transition = 'released'",
-            "UPDATE idempotency_events SET actor = 'filter' WHERE actor = ''",
+            "UPDATE idempotency_events SET transition = 'released' WHERE transition = 3",
+            "UPDATE idempotency_events SET transition = 3 WHERE transition = 'released'",
+        ),
+        (
+            "UPDATE idempotency_events SET actor = '' WHERE transition = 3",
+            "UPDATE idempotency_events SET actor = 0 WHERE actor = ''",
+        ),
+        (
+            "UPDATE idempotency_events SET actor = 3 WHERE transition = 3",
+            "UPDATE idempotency_events SET actor = 0 WHERE actor = 3",
+        ),
+        (
+            "UPDATE idempotency_events SET actor = 'filter' WHERE transition = 3",
+            "UPDATE idempotency_events SET actor = 0 WHERE actor = 'filter'",
         ),
         // A state, but no ended generation's.
         (

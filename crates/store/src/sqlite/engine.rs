@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::functions::FunctionFlags;
+use rusqlite::types::{Value, ValueRef};
 use rusqlite::Connection;
 
 use super::checkpoint::Checkpoints;
@@ -427,15 +428,24 @@ impl Drop for NotRun {
 /// For migrations that rewrite existing rows:
 /// `idemgate_scope_digest(version, tenant, principal, route, namespace,
 /// key)`, a current record's key ([`idemgate_core::scope::digest_parts`]);
-/// `idemgate_stored_attempt(id)`, an attempt id as the column holds it
+/// `idemgate_stored_attempt(id)`, `idemgate_stored_transition(name)` and
+/// `idemgate_stored_actor(name)`, a value as its column holds it
 /// ([`super::stored`]).
 fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
-    conn.create_scalar_function(
-        "idemgate_stored_attempt",
-        1,
-        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
-        |ctx| Ok(super::stored::stored_attempt(ctx.get_raw(0))),
-    )?;
+    type AsStored = fn(ValueRef<'_>) -> Value;
+    let stored: [(&str, AsStored); 3] = [
+        ("idemgate_stored_attempt", super::stored::stored_attempt),
+        ("idemgate_stored_transition", super::stored::stored_transition),
+        ("idemgate_stored_actor", super::stored::stored_actor),
+    ];
+    for (name, as_stored) in stored {
+        conn.create_scalar_function(
+            name,
+            1,
+            FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+            move |ctx| Ok(as_stored(ctx.get_raw(0))),
+        )?;
+    }
     conn.create_scalar_function(
         "idemgate_scope_digest",
         6,

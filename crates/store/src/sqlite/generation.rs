@@ -12,7 +12,7 @@ use rusqlite::Connection;
 
 use super::engine::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
-use super::stored::{StoredAttempt, StoredFingerprint};
+use super::stored::{StoredActor, StoredAttempt, StoredFingerprint, StoredTransition};
 use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 use crate::conditions;
@@ -57,18 +57,22 @@ pub(super) fn noted_event(
         )
     });
     let (transition, actor, detail) = by;
-    let (name, actor) = (transition.as_str(), actor.as_str());
-    let events = query_events(conn, SQL, &key.bind(&[&now, &name, &actor, &detail, &reason]))?;
+    let (transition, actor) = (StoredTransition(transition), StoredActor(actor));
+    let events = query_events(
+        conn,
+        SQL,
+        &key.bind(&[&now, &transition, &actor, &detail, &reason]),
+    )?;
     let mut insert = conn.prepare_cached(&INSERT).map_err(unavailable)?;
     for e in &events {
         insert
             .execute(rusqlite::params![
                 i64_from(e.generation),
                 e.at,
-                e.transition.as_str(),
+                StoredTransition(e.transition),
                 i64_from(e.fence),
                 e.status,
-                e.actor.as_str(),
+                StoredActor(&e.actor),
                 e.detail,
                 e.duration_ms,
                 e.reason,

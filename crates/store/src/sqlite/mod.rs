@@ -75,6 +75,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("migrations/0005_response_keys.sql")),
     (6, include_str!("migrations/0006_event_generations.sql")),
     (7, include_str!("migrations/0007_stored_bytes.sql")),
+    (8, include_str!("migrations/0008_event_codes.sql")),
 ];
 
 /// Unknown records for operators: `?1` the limit.

@@ -4,13 +4,13 @@
 use std::sync::LazyLock;
 
 use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::record::State;
+use idemgate_core::record::{State, Transition};
 use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
 
 use super::engine::unavailable;
 use super::stored;
-use crate::backend::{EventInfo, RecordInfo, Result, StoreError};
+use crate::backend::{Actor, EventInfo, RecordInfo, Result, StoreError};
 use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
 use crate::sealing::Seal;
 
@@ -87,6 +87,12 @@ impl ColumnReader for SqliteRow<'_, '_> {
     }
     fn attempt(&self) -> Result<Option<String>> {
         stored::attempt_id(self.value("attempt")?)
+    }
+    fn transition(&self) -> Result<Transition> {
+        stored::transition(self.value("transition")?)
+    }
+    fn actor(&self) -> Result<Actor> {
+        stored::actor(self.value("actor")?)
     }
 }
 
