@@ -89,14 +89,12 @@
 # Installs what is missing (wrk via scripts/setup.sh bench; redis-server,
 # Node.js, strace and the peer's npm packages here) and says what it installs.
 #
-# Duration with the defaults, on 2 cores: about 70 minutes (longer when the
-# machine is busy), and about 7 more for 3u, 3p, 4b, 4cd, 6d, the fixed-rate
-# rounds and the strace runs (scaled from BENCH_ONLY=floor's 10.5 minutes,
-# not timed in a whole run yet). Scenarios 1-6 take about 11; 7 about 60: 16 paired
-# measurements of a minute each, filling the stores (10^7 records: about 12
-# minutes on SQLite, 7 on PostgreSQL) and the sweeps (10^7 records: about 3
-# minutes on SQLite, about 6 on PostgreSQL, where it stops at
-# BENCH_SWEEP_MAX_SECONDS if it is not done). 10^7 records take about 12 GB of
+# Duration with the defaults, on 2 cores: about 60 minutes (59 for the whole
+# run at e469949, builds already done; longer when the machine is busy).
+# Scenario 7 takes most of it: 16 paired measurements of a minute each,
+# filling the stores (10^7 records: about 7 minutes on SQLite, 6 on
+# PostgreSQL) and the sweeps (10^7 records: about 1 minute on SQLite, 3 on
+# PostgreSQL; a sweep stops at BENCH_SWEEP_MAX_SECONDS if it is not done). 10^7 records take about 12 GB of
 # disk on SQLite and 15 GB on PostgreSQL, one after the other; a size the free
 # disk cannot hold is skipped. BENCH_SCALE="1e5 1e6" takes about 30 minutes.
 set -euo pipefail
