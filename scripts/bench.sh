@@ -96,7 +96,8 @@
 # PostgreSQL) and the sweeps (10^7 records: about 1 minute on SQLite, 3 on
 # PostgreSQL; a sweep stops at BENCH_SWEEP_MAX_SECONDS if it is not done).
 # 10^7 records take about 12 GB of disk on SQLite and 15 GB on PostgreSQL,
-# one after the other; a size the free disk cannot hold is skipped. BENCH_SCALE="1e5 1e6" takes about 30 minutes.
+# one after the other; a size the free disk cannot hold is skipped.
+# BENCH_SCALE="1e5 1e6" takes about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

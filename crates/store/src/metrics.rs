@@ -36,15 +36,18 @@ const CLAIM_OUTCOMES: [&str; 7] = [
 /// Every call of the filter's API, as the error counters name it.
 pub const CALLS: [&str; 5] = ["claim", "complete", "release", "mark_unknown", "abandon"];
 
-/// Every action of the sweeper.
-const SWEEP_ACTIONS: [&str; 6] = [
-    "marked_unknown",
-    "released",
-    "abandoned",
-    "archived",
-    "purged",
-    "events_purged",
-];
+/// Every action of the sweeper, as its rows counter names it, with its
+/// count in a report.
+fn sweep_actions(r: &mut SweepReport) -> [(&'static str, &mut u64); 6] {
+    [
+        ("marked_unknown", &mut r.marked_unknown),
+        ("released", &mut r.released),
+        ("abandoned", &mut r.abandoned),
+        ("archived", &mut r.archived),
+        ("purged", &mut r.purged),
+        ("events_purged", &mut r.events_purged),
+    ]
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabel {
@@ -138,7 +141,7 @@ impl Metrics {
         for call in CALLS {
             call_errors.get_or_create(&CallLabel { call }).inc_by(0);
         }
-        for action in SWEEP_ACTIONS {
+        for (action, _) in sweep_actions(&mut SweepReport::default()) {
             sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(0);
         }
         registry.register(
@@ -384,15 +387,11 @@ impl Metrics {
 
     pub fn observe_sweep(&self, report: &SweepReport) {
         self.sweeper_runs.inc();
-        for (action, n) in [
-            ("marked_unknown", report.marked_unknown),
-            ("released", report.released),
-            ("abandoned", report.abandoned),
-            ("archived", report.archived),
-            ("purged", report.purged),
-            ("events_purged", report.events_purged),
-        ] {
-            self.sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(n);
+        let mut report = *report;
+        for (action, n) in sweep_actions(&mut report) {
+            self.sweeper_rows
+                .get_or_create(&ActionLabel { action })
+                .inc_by(*n);
         }
         self.unknown_records.inc_by(report.marked_unknown);
         self.abandoned_claims.inc_by(report.abandoned);
@@ -401,15 +400,11 @@ impl Metrics {
     /// What the sweeper has done since the store started: every batch that
     /// committed, also in a pass that failed later.
     pub fn swept(&self) -> SweepReport {
-        let rows = |action| self.sweeper_rows.get_or_create(&ActionLabel { action }).get();
-        SweepReport {
-            marked_unknown: rows("marked_unknown"),
-            released: rows("released"),
-            abandoned: rows("abandoned"),
-            archived: rows("archived"),
-            purged: rows("purged"),
-            events_purged: rows("events_purged"),
+        let mut swept = SweepReport::default();
+        for (action, n) in sweep_actions(&mut swept) {
+            *n = self.sweeper_rows.get_or_create(&ActionLabel { action }).get();
         }
+        swept
     }
 
     pub fn render(&self) -> String {
