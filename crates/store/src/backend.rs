@@ -91,9 +91,15 @@ pub struct SweepReport {
     pub purged: u64,
     /// Events past the audit retention.
     pub events_purged: u64,
+    /// Due records that could not be read (a damaged row), left as they are.
+    pub unreadable: u64,
+    /// Phases whose batch failed and was rolled back, each logged with its
+    /// error; the other phases' work is kept.
+    pub failed_phases: u64,
 }
 
 impl SweepReport {
+    /// Rows changed.
     pub fn total(&self) -> u64 {
         self.marked_unknown
             + self.released
@@ -109,6 +115,8 @@ impl SweepReport {
         self.archived += other.archived;
         self.purged += other.purged;
         self.events_purged += other.events_purged;
+        self.unreadable += other.unreadable;
+        self.failed_phases += other.failed_phases;
     }
     /// Whether some phase filled a whole batch (there may be more to do).
     pub fn full(&self, batch: u32) -> bool {
@@ -123,6 +131,57 @@ impl SweepReport {
         ]
         .iter()
         .any(|n| *n >= full)
+    }
+    /// A due record the sweeper cannot read is left as it is and counted,
+    /// so that one damaged row never stops its phase; any other error does.
+    pub fn leave_unreadable(&mut self, e: StoreError) -> Result<()> {
+        match e {
+            StoreError::Corrupt(what) => {
+                tracing::error!(%what, "sweeper: a due record cannot be read and is left as it is");
+                self.unreadable += 1;
+                Ok(())
+            }
+            e => Err(e),
+        }
+    }
+    /// A phase whose batch failed is rolled back alone (the caller's
+    /// savepoint), so that a phase that always fails (a statement always
+    /// past the timeout, say) never holds up the others: leases still run
+    /// out and records still expire.
+    pub fn phase_failed(&mut self, phase: SweepPhase, e: &StoreError) {
+        tracing::warn!(phase = phase.name(), error = %e, "sweeper phase failed and was rolled back");
+        self.failed_phases += 1;
+    }
+}
+
+/// A sweeper pass's phases, in the order each batch runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepPhase {
+    /// In-progress records whose lease ran out.
+    Leases,
+    /// Claims that landed after their filter had abandoned them, and
+    /// abandoned attempts old enough to forget.
+    Abandoned,
+    /// Records past their expiry.
+    Archive,
+    /// What is past the audit retention.
+    Purge,
+}
+
+impl SweepPhase {
+    pub const ALL: [SweepPhase; 4] = [
+        SweepPhase::Leases,
+        SweepPhase::Abandoned,
+        SweepPhase::Archive,
+        SweepPhase::Purge,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            SweepPhase::Leases => "leases",
+            SweepPhase::Abandoned => "abandoned",
+            SweepPhase::Archive => "archive",
+            SweepPhase::Purge => "purge",
+        }
     }
 }
 
@@ -193,8 +252,9 @@ pub trait Backend: Send + Sync {
     /// name (the actor is `operator`); `false` when there was none. The
     /// store's surfaces purge through [`Backend::resolve`].
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool>;
-    /// One batch of each sweeper phase: expired leases, abandoned attempts,
-    /// archiving, purging what is past the audit retention.
+    /// One batch of each sweeper phase ([`SweepPhase`]), each rolled back
+    /// alone when it fails ([`SweepReport::phase_failed`]); `Err` only when
+    /// the batch as a whole could not be committed.
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport>;
     /// The records the monitoring watches (sampled by the sweeper).
     async fn open_records(&self) -> Result<OpenRecords>;

@@ -88,6 +88,8 @@ pub struct Metrics {
     pub sweeper_runs: Counter,
     pub sweeper_rows: Family<ActionLabel, Counter>,
     pub sweeper_errors: Counter,
+    /// Due records the sweeper could not read and left as they are.
+    sweeper_unreadable: Counter,
     /// Unix time of the last sweeper pass that finished.
     pub sweeper_last_success: Gauge<f64, AtomicU64>,
     /// Calls the backend failed (database unreachable or refusing), by call.
@@ -126,6 +128,7 @@ impl Metrics {
         let sweeper_runs = Counter::default();
         let sweeper_rows = Family::<ActionLabel, Counter>::default();
         let sweeper_errors = Counter::default();
+        let sweeper_unreadable = Counter::default();
         let sweeper_last_success = Gauge::<f64, AtomicU64>::default();
         let call_errors = Family::<CallLabel, Counter>::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -214,8 +217,13 @@ impl Metrics {
         );
         registry.register(
             "sweeper_errors",
-            "Sweeper passes that failed (the database could not be reached or refused)",
+            "Sweeper passes that failed, or one of whose phases failed (the database could not be reached or refused)",
             sweeper_errors.clone(),
+        );
+        registry.register(
+            "sweeper_unreadable_records",
+            "Due records the sweeper could not read (a damaged row) and left as they are, each time it met one",
+            sweeper_unreadable.clone(),
         );
         registry.register(
             "sweeper_last_success_timestamp_seconds",
@@ -270,6 +278,7 @@ impl Metrics {
             sweeper_runs,
             sweeper_rows,
             sweeper_errors,
+            sweeper_unreadable,
             sweeper_last_success,
             call_errors,
             build_info,
@@ -395,6 +404,7 @@ impl Metrics {
         }
         self.unknown_records.inc_by(report.marked_unknown);
         self.abandoned_claims.inc_by(report.abandoned);
+        self.sweeper_unreadable.inc_by(report.unreadable);
     }
 
     /// What the sweeper has done since the store started: every batch that

@@ -339,7 +339,7 @@ fn schemas() -> Value {
     let mut schemas = idemgate_core::protocol::component_schemas();
     let own = json!({
                 "Record": { "type": "object", "description": "Everything stored about a record except its body; log_id is the record's keyed-hash name in the logs, response_key the id of the key that sealed its stored response (null: plaintext)" },
-                "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" } } },
+                "SweepReport": { "type": "object", "properties": { "marked_unknown": { "type": "integer" }, "released": { "type": "integer" }, "abandoned": { "type": "integer" }, "archived": { "type": "integer" }, "purged": { "type": "integer" }, "events_purged": { "type": "integer" }, "unreadable": { "type": "integer" }, "failed_phases": { "type": "integer" } } },
                 "Problem": { "type": "object", "properties": { "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "retry_after_ms": { "type": "integer", "description": "key-rate-limited only: the wait in milliseconds" } } }
     });
     if let Value::Object(own) = own {

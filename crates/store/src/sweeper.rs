@@ -41,18 +41,19 @@ impl Default for SweepSettings {
 
 /// Batches until a pass changes fewer rows than a full batch (at most 100
 /// batches, so one call stays bounded), updating the metrics: a pass that
-/// fails is counted, one that finishes sets the time of the last success.
+/// fails, or one of whose phases failed, is counted; one that finishes
+/// whole sets the time of the last success.
 pub async fn sweep_all(store: &Store, policy: &SweepPolicy) -> Result<SweepReport> {
     let pass = sweep_pass(store, policy).await;
     match &pass {
-        Ok(_) => {
+        Ok(report) if report.failed_phases == 0 => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0);
             store.metrics.sweeper_last_success.set(now);
         }
-        Err(_) => {
+        _ => {
             store.metrics.sweeper_errors.inc();
         }
     }
@@ -81,7 +82,9 @@ pub async fn run(store: Store, settings: SweepSettings, mut stop: tokio::sync::w
     let policy = settings.policy();
     loop {
         match sweep_all(&store, &policy).await {
-            Ok(report) if report.total() > 0 => tracing::info!(?report, "sweeper pass"),
+            Ok(report) if report.total() + report.unreadable + report.failed_phases > 0 => {
+                tracing::info!(?report, "sweeper pass")
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
         }

@@ -500,6 +500,7 @@ async fn health_readiness_and_metrics_are_served() {
         "idemgate_store_write_answered_seconds_count",
         "idemgate_store_sweeper_runs_total",
         "idemgate_store_sweeper_errors_total 0",
+        "idemgate_store_sweeper_unreadable_records_total 0",
         "idemgate_store_sweeper_last_success_timestamp_seconds",
         "idemgate_store_build_info{version=\"0.1.0\",backend=\"sqlite\"} 1",
         "idemgate_store_call_errors_total{call=\"complete\"} 0",

@@ -20,4 +20,5 @@ mod roles;
 mod sealing;
 mod stories;
 mod support;
+mod sweeper;
 mod tls;

@@ -90,7 +90,11 @@ pub async fn sweep(store: &Store, args: &SweepArgs) -> Result<(), CliError> {
             break;
         }
     }
-    print_json(&total)
+    print_json(&total)?;
+    match total.failed_phases {
+        0 => Ok(()),
+        failed => Err(CliError::SweepIncomplete { failed }),
+    }
 }
 
 /// Carries out an operator's change; `what` names the records it applies

@@ -34,6 +34,9 @@ pub enum CliError {
     Serve(std::io::Error),
     /// The result could not be written out as JSON.
     Output(serde_json::Error),
+    /// A sweep finished, but batches of some phase failed and were rolled
+    /// back (how many); the log says why.
+    SweepIncomplete { failed: u64 },
 }
 
 impl CliError {
@@ -64,6 +67,11 @@ impl std::fmt::Display for CliError {
             CliError::Listen { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
             CliError::Serve(e) => write!(f, "{e}"),
             CliError::Output(e) => write!(f, "{e}"),
+            CliError::SweepIncomplete { failed } => write!(
+                f,
+                "{failed} batches of a sweeper phase failed and were rolled back (the log says why); \
+                 the other phases were swept"
+            ),
         }
     }
 }
@@ -76,7 +84,7 @@ impl std::error::Error for CliError {
             CliError::Store(e) => Some(e),
             CliError::Output(e) => Some(e),
             CliError::Missing { .. } | CliError::Empty { .. } | CliError::Invalid(_) => None,
-            CliError::NoRecord { .. } => None,
+            CliError::NoRecord { .. } | CliError::SweepIncomplete { .. } => None,
         }
     }
 }

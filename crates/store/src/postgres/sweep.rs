@@ -1,5 +1,6 @@
 //! One sweeper pass in one transaction: expired leases, abandoned attempts,
-//! archiving, and what is past the audit retention. Rows are picked with
+//! archiving, and what is past the audit retention, each phase under its
+//! own savepoint. Rows are picked with
 //! `FOR UPDATE SKIP LOCKED`, so replicas sweeping at once share the work;
 //! each picked record is planned ([`plan::sweep`]) and the plan carried out.
 
@@ -9,14 +10,15 @@ use futures_util::future::try_join_all;
 use idemgate_core::trace::Trace;
 
 use super::operations::carry_out;
-use super::pool::On;
+use super::pool::{unavailable, On, Tx};
 use super::rows::{pick, Param};
 use super::Postgres;
-use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
+use crate::backend::{Result, SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
 use crate::columns::{
     i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS,
 };
 use crate::plan::{self, Due};
+use crate::records::EventInfo;
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
     pick(
@@ -85,56 +87,110 @@ fn purge_generations(delete: &str) -> String {
 
 impl Postgres {
     pub(super) async fn sweep_once(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        let batch = i64::from(policy.batch);
         let mut report = SweepReport::default();
         let mut client = self.connections.client().await?;
         let tx = client.begin().await?;
         let mut events = Vec::new();
-        let phases: [(&LazyLock<String>, Due); 4] = [
-            // Leases that ran out: released or turned unknown, as the claim's policy said.
-            (&RELEASED_ON_EXPIRY, Due::LeaseRanOut),
-            (&UNKNOWN_ON_EXPIRY, Due::LeaseRanOut),
-            // Claims that landed after their filter had abandoned them.
-            (&LANDED_ABANDONED, Due::LandedAbandoned),
-            // Expired records: body dropped, metadata kept.
-            (&EXPIRED, Due::Expired),
-        ];
-        for (sql, due) in phases {
-            let picked = tx.query(sql.as_str(), &[&now, &batch]).await?;
-            // The picked records' plans are carried out together: their
-            // statements are pipelined on the transaction's connection, so
-            // a batch waits for the database's work, not for a round trip
-            // per statement (which, on a busy server, is a wait for a core).
-            let (tx, seal) = (&tx, &self.seal);
-            let carried = picked.iter().map(|row| async move {
-                let key = row.scope_digest()?;
-                let plan = plan::sweep(Some(&LoadedRecord::read(row)?), due, now);
-                carry_out(tx, (&key, seal), plan, now).await
-            });
-            for (swept, written) in try_join_all(carried).await? {
-                events.extend(written);
-                if let Some(swept) = swept {
-                    swept.count(&mut report);
+        for phase in SweepPhase::ALL {
+            let (kept, logged) = (report, events.len());
+            savepoint(&tx, "SAVEPOINT sweep_phase").await?;
+            match self
+                .run_phase(&tx, now, policy, phase, &mut report, &mut events)
+                .await
+            {
+                Ok(()) => savepoint(&tx, "RELEASE sweep_phase").await?,
+                Err(e) => {
+                    // The transaction goes on once back at the savepoint;
+                    // if it cannot get there, the whole batch fails.
+                    if savepoint(&tx, "ROLLBACK TO sweep_phase").await.is_err() {
+                        return Err(e);
+                    }
+                    report = kept;
+                    events.truncate(logged);
+                    report.phase_failed(phase, &e);
                 }
             }
         }
-        // Abandoned attempts whose claims can no longer land.
-        let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
-        tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
-            .await?;
-        // Past the audit retention: archived generations, history, events.
-        let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
-        let params: [Param<'_>; 2] = [&cutoff, &batch];
-        for sql in [&PURGE_ARCHIVED, &PURGE_HISTORY] {
-            let stmt = tx.prepare(sql.as_str()).await?;
-            let row = tx.one(&stmt, &params).await?;
-            report.purged += row.unsigned("generations")?;
-            report.events_purged += row.unsigned("events")?;
-        }
-        report.events_purged += tx.execute(PURGE_EVENTS, &params).await?;
-        tx.execute(PURGE_EVENTLESS_GENERATIONS, &[]).await?;
         tx.commit().await?;
         self.log_all(&events, &Trace::NONE);
         Ok(report)
     }
+
+    async fn run_phase(
+        &self,
+        tx: &Tx<'_>,
+        now: i64,
+        policy: &SweepPolicy,
+        phase: SweepPhase,
+        report: &mut SweepReport,
+        events: &mut Vec<EventInfo>,
+    ) -> Result<()> {
+        let batch = i64::from(policy.batch);
+        let picks: &[(&LazyLock<String>, Due)] = match phase {
+            // Leases that ran out: released or turned unknown, as the claim's policy said.
+            SweepPhase::Leases => &[
+                (&RELEASED_ON_EXPIRY, Due::LeaseRanOut),
+                (&UNKNOWN_ON_EXPIRY, Due::LeaseRanOut),
+            ],
+            // Claims that landed after their filter had abandoned them.
+            SweepPhase::Abandoned => &[(&LANDED_ABANDONED, Due::LandedAbandoned)],
+            // Expired records: body dropped, metadata kept.
+            SweepPhase::Archive => &[(&EXPIRED, Due::Expired)],
+            SweepPhase::Purge => &[],
+        };
+        for &(sql, due) in picks {
+            let picked = tx.query(sql.as_str(), &[&now, &batch]).await?;
+            let mut due_records = Vec::with_capacity(picked.len());
+            for row in &picked {
+                match row
+                    .scope_digest()
+                    .and_then(|key| Ok((key, LoadedRecord::read(row)?)))
+                {
+                    Ok(record) => due_records.push(record),
+                    Err(e) => report.leave_unreadable(e)?,
+                }
+            }
+            // The picked records' plans are carried out together: their
+            // statements are pipelined on the transaction's connection, so
+            // a batch waits for the database's work, not for a round trip
+            // per statement (which, on a busy server, is a wait for a core).
+            let seal = &self.seal;
+            let carried = due_records.iter().map(|(key, loaded)| async move {
+                carry_out(tx, (key, seal), plan::sweep(Some(loaded), due, now), now).await
+            });
+            for (swept, written) in try_join_all(carried).await? {
+                events.extend(written);
+                if let Some(swept) = swept {
+                    swept.count(report);
+                }
+            }
+        }
+        match phase {
+            SweepPhase::Abandoned => {
+                // Abandoned attempts whose claims can no longer land.
+                let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
+                tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
+                    .await?;
+            }
+            SweepPhase::Purge => {
+                // Past the audit retention: archived generations, history, events.
+                let cutoff = now.saturating_sub(i64_from(policy.audit_retention_ms));
+                let params: [Param<'_>; 2] = [&cutoff, &batch];
+                for sql in [&PURGE_ARCHIVED, &PURGE_HISTORY] {
+                    let stmt = tx.prepare(sql.as_str()).await?;
+                    let row = tx.one(&stmt, &params).await?;
+                    report.purged += row.unsigned("generations")?;
+                    report.events_purged += row.unsigned("events")?;
+                }
+                report.events_purged += tx.execute(PURGE_EVENTS, &params).await?;
+                tx.execute(PURGE_EVENTLESS_GENERATIONS, &[]).await?;
+            }
+            SweepPhase::Leases | SweepPhase::Archive => {}
+        }
+        Ok(())
+    }
+}
+
+async fn savepoint(tx: &Tx<'_>, sql: &str) -> Result<()> {
+    tx.batch(sql).await.map_err(unavailable)
 }

@@ -1,6 +1,7 @@
 //! One sweeper pass, one job on the writer: expired leases, abandoned
-//! attempts, archiving, and what is past the audit retention. Each picked
-//! record is planned ([`plan::sweep`]) and the plan carried out.
+//! attempts, archiving, and what is past the audit retention, each phase
+//! under its own savepoint. Each picked record is planned
+//! ([`plan::sweep`]) and the plan carried out.
 
 use std::sync::LazyLock;
 
@@ -8,7 +9,7 @@ use super::engine::Writer;
 use super::generation::Journal;
 use super::operations::carry_out;
 use super::rows::{load, query_keys, query_values};
-use crate::backend::{Result, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
+use crate::backend::{Result, SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
 use crate::columns::{i64_from, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS};
 use crate::conditions::expand;
 use crate::plan::{self, Due};
@@ -77,53 +78,104 @@ pub(super) fn sweep(
     now: i64,
     policy: SweepPolicy,
 ) -> Result<SweepReport> {
-    let SweepPolicy {
-        batch,
-        audit_retention_ms,
-    } = policy;
     let conn: &rusqlite::Connection = w;
     let mut report = SweepReport::default();
+    for phase in SweepPhase::ALL {
+        let (kept, events) = (report, journal.len());
+        control(conn, "SAVEPOINT sweep_phase")?;
+        let done = run_phase(w, journal, seal, now, policy, phase, &mut report);
+        match done {
+            Ok(()) => control(conn, "RELEASE sweep_phase")?,
+            Err(e) => {
+                // A failure that ended the transaction, or a savepoint that
+                // cannot be rolled back to, loses the whole batch.
+                let rolled_back = control(conn, "ROLLBACK TO sweep_phase")
+                    .and_then(|()| control(conn, "RELEASE sweep_phase"));
+                if rolled_back.is_err() || conn.is_autocommit() {
+                    return Err(e);
+                }
+                report = kept;
+                journal.truncate(events);
+                report.phase_failed(phase, &e);
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn control(conn: &rusqlite::Connection, sql: &str) -> Result<()> {
+    conn.execute_batch(sql).map_err(super::engine::unavailable)
+}
+
+fn run_phase(
+    w: &Writer<'_>,
+    journal: &mut Journal,
+    seal: &Seal,
+    now: i64,
+    SweepPolicy {
+        batch,
+        audit_retention_ms,
+    }: SweepPolicy,
+    phase: SweepPhase,
+    report: &mut SweepReport,
+) -> Result<()> {
+    let conn: &rusqlite::Connection = w;
     let mut carry_out_all = |keys: Vec<_>, due| -> Result<()> {
         for key in keys {
-            let plan = plan::sweep(load(conn, &key)?.as_ref(), due, now);
+            let loaded = match load(conn, &key) {
+                Ok(loaded) => loaded,
+                Err(e) => {
+                    report.leave_unreadable(e)?;
+                    continue;
+                }
+            };
+            let plan = plan::sweep(loaded.as_ref(), due, now);
             if let Some(swept) = carry_out(w, journal, (&key, seal), plan, now)? {
-                swept.count(&mut report);
+                swept.count(report);
             }
         }
         Ok(())
     };
-    // Leases that ran out: released or turned unknown, as the claim's policy said.
-    for release in [true, false] {
-        let keys = query_keys(conn, &LEASE_RAN_OUT, &[&now, &batch, &release])?;
-        carry_out_all(keys, Due::LeaseRanOut)?;
+    match phase {
+        // Leases that ran out: released or turned unknown, as the claim's policy said.
+        SweepPhase::Leases => {
+            for release in [true, false] {
+                let keys = query_keys(conn, &LEASE_RAN_OUT, &[&now, &batch, &release])?;
+                carry_out_all(keys, Due::LeaseRanOut)?;
+            }
+        }
+        // Claims that landed after their filter had abandoned them.
+        SweepPhase::Abandoned => {
+            carry_out_all(
+                query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])?,
+                Due::LandedAbandoned,
+            )?;
+            let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
+            run(
+                conn,
+                "DELETE FROM idempotency_abandoned WHERE at <= ?1",
+                &[&forget],
+            )?;
+        }
+        // Expired records: body dropped, metadata kept.
+        SweepPhase::Archive => carry_out_all(query_keys(conn, EXPIRED, &[&now, &batch])?, Due::Expired)?,
+        // Past the audit retention: archived generations, history, events.
+        SweepPhase::Purge => {
+            let cutoff = now.saturating_sub(i64_from(audit_retention_ms));
+            for sql in [&*PURGE_ARCHIVED, &*PURGE_HISTORY] {
+                let (generations, events) = purge_generations(conn, sql, cutoff, batch)?;
+                report.purged += generations;
+                report.events_purged += events;
+            }
+            report.events_purged += run(
+                conn,
+                "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
+                &[&cutoff, &batch],
+            )?;
+            run(conn, PURGE_EVENTLESS_GENERATIONS, &[])?;
+        }
     }
-    // Claims that landed after their filter had abandoned them.
-    carry_out_all(
-        query_keys(conn, &LANDED_ABANDONED, &[&now, &batch])?,
-        Due::LandedAbandoned,
-    )?;
-    let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
-    run(
-        conn,
-        "DELETE FROM idempotency_abandoned WHERE at <= ?1",
-        &[&forget],
-    )?;
-    // Expired records: body dropped, metadata kept.
-    carry_out_all(query_keys(conn, EXPIRED, &[&now, &batch])?, Due::Expired)?;
-    // Past the audit retention: archived generations, history, events.
-    let cutoff = now.saturating_sub(i64_from(audit_retention_ms));
-    for sql in [&*PURGE_ARCHIVED, &*PURGE_HISTORY] {
-        let (generations, events) = purge_generations(conn, sql, cutoff, batch)?;
-        report.purged += generations;
-        report.events_purged += events;
-    }
-    report.events_purged += run(
-        conn,
-        "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
-        &[&cutoff, &batch],
-    )?;
-    run(conn, PURGE_EVENTLESS_GENERATIONS, &[])?;
-    Ok(report)
+    Ok(())
 }
 
 /// Deletes the generations `sql` picks (`?1` the cutoff, `?2` the batch; it
