@@ -278,7 +278,7 @@ async fn every_expression_has_data(prometheus: &Prometheus) -> (usize, usize) {
             signal(rule["query"].as_str().unwrap()),
         ));
     }
-    assert_eq!(expressions.len(), 12, "{expressions:?}");
+    assert_eq!(expressions.len(), 13, "{expressions:?}");
     for expr in dashboard_expressions() {
         expressions.push(("dashboard".to_string(), expr));
     }

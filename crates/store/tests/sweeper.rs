@@ -117,6 +117,7 @@ async fn phases_stand_alone(b: Arc<dyn Backend>, sql: Sql, run: impl Fn(&str)) {
         errors + 1,
         "a pass with a failed phase is an error"
     );
+    assert_eq!(metrics.sweeper_last_success.get(), 0.0, "and no success");
     assert!(
         matches!(retried(&store, "k-expired").await, ClaimReply::Expired { .. }),
         "not purged"
