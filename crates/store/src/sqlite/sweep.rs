@@ -83,8 +83,7 @@ pub(super) fn sweep(
     for phase in SweepPhase::ALL {
         let (kept, events) = (report, journal.len());
         control(conn, "SAVEPOINT sweep_phase")?;
-        let done = run_phase(w, journal, seal, now, policy, phase, &mut report);
-        match done {
+        match run_phase(w, journal, seal, now, policy, phase, &mut report) {
             Ok(()) => control(conn, "RELEASE sweep_phase")?,
             Err(e) => {
                 // A failure that ended the transaction, or a savepoint that
