@@ -99,38 +99,35 @@ pub struct SweepReport {
 }
 
 impl SweepReport {
+    /// Every action of the sweeper, as its rows counter names it, with its
+    /// count: the rows it changed.
+    pub fn actions(&mut self) -> [(&'static str, &mut u64); 6] {
+        [
+            ("marked_unknown", &mut self.marked_unknown),
+            ("released", &mut self.released),
+            ("abandoned", &mut self.abandoned),
+            ("archived", &mut self.archived),
+            ("purged", &mut self.purged),
+            ("events_purged", &mut self.events_purged),
+        ]
+    }
+    fn counts(mut self) -> [u64; 6] {
+        self.actions().map(|(_, n)| *n)
+    }
     /// Rows changed.
     pub fn total(&self) -> u64 {
-        self.marked_unknown
-            + self.released
-            + self.abandoned
-            + self.archived
-            + self.purged
-            + self.events_purged
+        self.counts().iter().sum()
     }
     pub fn add(&mut self, other: SweepReport) {
-        self.marked_unknown += other.marked_unknown;
-        self.released += other.released;
-        self.abandoned += other.abandoned;
-        self.archived += other.archived;
-        self.purged += other.purged;
-        self.events_purged += other.events_purged;
+        for ((_, n), more) in self.actions().into_iter().zip(other.counts()) {
+            *n += more;
+        }
         self.unreadable += other.unreadable;
         self.failed_phases += other.failed_phases;
     }
     /// Whether some phase filled a whole batch (there may be more to do).
     pub fn full(&self, batch: u32) -> bool {
-        let full = u64::from(batch);
-        [
-            self.marked_unknown,
-            self.released,
-            self.abandoned,
-            self.archived,
-            self.purged,
-            self.events_purged,
-        ]
-        .iter()
-        .any(|n| *n >= full)
+        self.counts().iter().any(|n| *n >= u64::from(batch))
     }
     /// A due record the sweeper cannot read is left as it is and counted,
     /// so that one damaged row never stops its phase; any other error does.

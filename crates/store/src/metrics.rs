@@ -36,19 +36,6 @@ const CLAIM_OUTCOMES: [&str; 7] = [
 /// Every call of the filter's API, as the error counters name it.
 pub const CALLS: [&str; 5] = ["claim", "complete", "release", "mark_unknown", "abandon"];
 
-/// Every action of the sweeper, as its rows counter names it, with its
-/// count in a report.
-fn sweep_actions(r: &mut SweepReport) -> [(&'static str, &mut u64); 6] {
-    [
-        ("marked_unknown", &mut r.marked_unknown),
-        ("released", &mut r.released),
-        ("abandoned", &mut r.abandoned),
-        ("archived", &mut r.archived),
-        ("purged", &mut r.purged),
-        ("events_purged", &mut r.events_purged),
-    ]
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabel {
     pub call: &'static str,
@@ -144,7 +131,7 @@ impl Metrics {
         for call in CALLS {
             call_errors.get_or_create(&CallLabel { call }).inc_by(0);
         }
-        for (action, _) in sweep_actions(&mut SweepReport::default()) {
+        for (action, _) in SweepReport::default().actions() {
             sweeper_rows.get_or_create(&ActionLabel { action }).inc_by(0);
         }
         registry.register(
@@ -397,7 +384,7 @@ impl Metrics {
     pub fn observe_sweep(&self, report: &SweepReport) {
         self.sweeper_runs.inc();
         let mut report = *report;
-        for (action, n) in sweep_actions(&mut report) {
+        for (action, n) in report.actions() {
             self.sweeper_rows
                 .get_or_create(&ActionLabel { action })
                 .inc_by(*n);
@@ -411,7 +398,7 @@ impl Metrics {
     /// committed, also in a pass that failed later.
     pub fn swept(&self) -> SweepReport {
         let mut swept = SweepReport::default();
-        for (action, n) in sweep_actions(&mut swept) {
+        for (action, n) in swept.actions() {
             *n = self.sweeper_rows.get_or_create(&ActionLabel { action }).get();
         }
         swept
