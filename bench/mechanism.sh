@@ -97,29 +97,70 @@ pg_wal_paired() { # name path prefix: paired, with the server's WAL syncs per ne
 }
 
 # Open loop: new keys offered at $RATE a second (idempotency-paced-load,
-# whatever pace the answers come back at), through the Envoy without the
-# filter and then the one with it and the store as it is, in $ROUNDS
-# alternating rounds: CPU per request of each process, the load
-# generator's own included, at the same offered work.
-fixed_rate() { # name envoy path prefix seconds
-    local before=() after=() p result cpu url="http://127.0.0.1:${port[$2]}$3"
-    cpu_pids="envoy=${pid_of[$2]} upstream=$up_pid"
-    [[ $2 == without ]] || cpu_pids+=" store=$store_pid$store_db_cpu"
-    "$PACED_BIN" --url "$url" --rate "$RATE" --seconds "$WARMUP" --warmup 0 --prefix "$4-warm" >/dev/null
+# whatever pace the answers come back at), in $ROUNDS alternating rounds:
+# CPU per request of each process, the load generator's own included, at the
+# same offered work. The Envoy without the filter and the one with it and the
+# store as it is; beside them, what this rate's idle gaps make the parts
+# cost: a store call that reaches no decision (straight to the store, a
+# path it does not serve: 404 before any database work) and the callout
+# microbenchmark's Envoy with none and one callout a request, and with a new
+# key's two where idemgate makes them (callout-k).
+fixed_rate() { # name url cpu-pids prefix seconds
+    local before=() after=() p result cpu
+    cpu_pids=$3
+    "$PACED_BIN" --url "$2" --rate "$RATE" --seconds "$WARMUP" --warmup 0 --prefix "$4-warm" >/dev/null
     for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    result=$("$PACED_BIN" --url "$url" --rate "$RATE" --seconds "$5" --warmup 0 --prefix "$4")
+    result=$("$PACED_BIN" --url "$2" --rate "$RATE" --seconds "$5" --warmup 0 --prefix "$4")
     for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
     cpu=$(cpu_json)
     echo "$1: $result; CPU ms: $cpu"
     record "{\"fixed_rate\":{\"scenario\":\"$1\",\"rate\":$RATE,\"result\":$result,\"cpu_ms\":$cpu}}"
 }
 fixed_rate_scenarios() { # with both Envoys and the store on SQLite up
-    local r secs=$(((SECS + ROUNDS - 1) / ROUNDS))
-    say "fixed rate: new keys offered at $RATE/s (open loop), the baseline and 3 alternating, $ROUNDS rounds of ${secs}s"
+    local r secs=$(((SECS + ROUNDS - 1) / ROUNDS)) at=http://127.0.0.1
+    say "fixed rate: new keys offered at $RATE/s (open loop), the baseline, 3 and what a store call and a callout cost at this rate, $ROUNDS rounds of ${secs}s"
+    start_callout
     for ((r = 1; r <= ROUNDS; r++)); do
-        fixed_rate baseline without /pay "fb-$r" "$secs"
-        fixed_rate sqlite with /pay "fs-$r" "$secs"
+        fixed_rate baseline "$at:${port[without]}/pay" "envoy=${pid_of[without]} upstream=$up_pid" "fb-$r" "$secs"
+        fixed_rate sqlite "$at:${port[with]}/pay" "envoy=${pid_of[with]} upstream=$up_pid store=$store_pid" "fs-$r" "$secs"
+        # Three times as long: a call that reaches no decision costs the
+        # store so little that /proc's 10 ms ticks need that many.
+        fixed_rate store-no-decision "$at:$STORE_PORT/v1/none" "store=$store_pid" "fn-$r" "$((3 * secs))"
+        for n in 0 1 k; do
+            fixed_rate "callout-$n" "$at:${port[callout-$n]}/pay" \
+                "envoy=${pid_of[callout]} upstream=$up_pid sink=$sink_pid" "fc$n-$r" "$secs"
+        done
     done
+    stop_callout
+}
+
+# The callout microbenchmark's Envoy (bench/callout): one listener each for
+# 0, 1 and 2 sequential callouts a request to a trivial server
+# (bench/callout/sink.js), then the request goes on to the same upstream;
+# and callout-k, a new key's two calls where idemgate makes them.
+start_callout() {
+    SINK_PORT=$(free_port)
+    admin[callout]=$(free_port)
+    start sink env SINK_PORT="$SINK_PORT" node bench/callout/sink.js
+    sink_pid=$last_pid
+    wait_http "http://127.0.0.1:$SINK_PORT/" "the callout sink"
+    sed -e "s|@ADMIN_PORT@|${admin[callout]}|; s|@UPSTREAM_PORT@|$UP_PORT|; s|@SINK_PORT@|$SINK_PORT|; s|@WASM@|$CALLOUT_WASM|" \
+        bench/callout/envoy.yaml >"$W/envoy-callout.yaml"
+    local n
+    for n in 0 1 2 k; do
+        port[callout-$n]=$(free_port)
+        admin[callout-$n]=${admin[callout]}
+        sed -i "s|@PORT_$n@|${port[callout-$n]}|" "$W/envoy-callout.yaml"
+    done
+    start envoy-callout "$ENVOY" -c "$W/envoy-callout.yaml" --concurrency 2 --disable-hot-restart -l warn
+    pid_of[callout]=$last_pid
+    for n in 0 1 2 k; do pid_of[callout-$n]=$last_pid; done
+    wait_http "http://127.0.0.1:${admin[callout]}/ready" "Envoy (callout microbenchmark)"
+    sleep 1
+}
+stop_callout() {
+    stop "${pid_of[callout]}"
+    stop "$sink_pid"
 }
 
 # Pinned: the store alone on core 0; wrk, the upstream and a pair of Envoys

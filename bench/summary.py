@@ -284,8 +284,7 @@ def summarize(meta, scen, extra, probes):
     for name in ORDER:
         if name in scen:
             rows.append(build_row(name, NAMES[name], scen, grpc_refs if name in GRPC else refs))
-    callout = [build_row(f"callout-{n}", f"{n} callout{'s' if n != 1 else ''} per request", scen, refs)
-               for n in range(3) if f"callout-{n}" in scen]
+    callout = [build_row(f"callout-{n}", label, scen, refs) for n, label in CALLOUT_ROWS if f"callout-{n}" in scen]
     scale = scale_rows(scen, extra, refs)
 
     mem = {}
@@ -338,15 +337,24 @@ def summarize(meta, scen, extra, probes):
             "syncs": floor_targets.syncs(extra), "pg_wal": floor_targets.pg_wal(extra),
             "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
 
+# The callout microbenchmark's listeners: callout-N makes N callouts a
+# request; callout-k a new key's two where idemgate makes them.
+CALLOUT_ROWS = (("0", "0 callouts per request"), ("1", "1 callout per request"), ("2", "2 callouts per request"),
+                ("k", "a new key's 2 calls where idemgate makes them (bodies held and sent), nothing else"))
+
+
 def per_callout(rows):
     """Envoy's CPU per callout: the difference between 1 or 2 callouts per
-    request and none, per callout."""
-    envoy = {int(r["scenario"].split("-")[1]): r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
+    request and none, per callout; and what a new key's two calls cost it
+    where idemgate makes them, above none."""
+    envoy = {r["scenario"].split("-")[1]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
     out = {}
-    if envoy.get(0) is not None:
+    if envoy.get("0") is not None:
         for n in (1, 2):
-            if envoy.get(n) is not None:
-                out[f"envoy_us_per_callout_{n}"] = (envoy[n] - envoy[0]) / n
+            if envoy.get(str(n)) is not None:
+                out[f"envoy_us_per_callout_{n}"] = (envoy[str(n)] - envoy["0"]) / n
+        if envoy.get("k") is not None:
+            out["envoy_us_new_key_calls"] = envoy["k"] - envoy["0"]
     return out
 
 def scale_rows(scen, extra, refs):

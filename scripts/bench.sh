@@ -8,7 +8,9 @@
 #                  of 2-5 and 7 (the ratios of each are to its own baseline run)
 #   1c callout     the callout microbenchmark: a trivial filter (bench/callout)
 #                  making 0, 1 or 2 sequential callouts per request to a trivial
-#                  server, in alternating rounds: Envoy's CPU per callout
+#                  server, in alternating rounds: Envoy's CPU per callout; and
+#                  a new key's two calls where idemgate makes them, nothing
+#                  else (bodies held and sent): the shape's cost to Envoy
 #   2 uncovered    Envoy + filter, a route no policy covers
 #   3 sqlite       Envoy + filter + store on SQLite, a new key per request
 #                  (streaming forwarding: through Envoy's router)
@@ -50,7 +52,10 @@
 # Open loop (bench/mechanism.sh): after 5, new keys offered at BENCH_RATE (200)
 # a second by idempotency-paced-load through each Envoy in alternating
 # rounds, the baseline and 3: CPU per request of every process, the load
-# generator's included, at the same offered work.
+# generator's included, at the same offered work; beside them, at the same
+# rate, a store call that reaches no decision and 1c's Envoy with none, one
+# callout and a new key's two calls a request: what the rate's idle gaps
+# make a call cost.
 # 3p, pinned (bench/mechanism.sh): 3 and its baseline again at BENCH_PIN_CONCURRENCY
 # (32) connections with the store alone on core 0 and wrk, the upstream and
 # a pair of Envoys with one worker each on core 1 (taskset).
@@ -173,7 +178,7 @@ fi
 needed=("$STORE_BIN" "$WASM")
 [[ $ONLY == floor || $ONLY == scale ]] || needed+=("$GRPC_BIN")
 [[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN")
-[[ -n $ONLY ]] || needed+=("$CALLOUT_WASM")
+[[ $ONLY == grpc || $ONLY == scale ]] || needed+=("$CALLOUT_WASM")
 for f in "${needed[@]}"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
 done
@@ -543,30 +548,14 @@ fi
 # trivial server (bench/callout/sink.js), then forward to the same upstream.
 # The three alternate in $ROUNDS rounds; Envoy's CPU per request differs by
 # the callouts alone (the report divides the difference by their number).
-SINK_PORT=$(free_port)
-admin[callout]=$(free_port)
-start sink env SINK_PORT="$SINK_PORT" node bench/callout/sink.js
-sink_pid=$last_pid
-wait_http "http://127.0.0.1:$SINK_PORT/" "the callout sink"
-sed -e "s|@ADMIN_PORT@|${admin[callout]}|; s|@UPSTREAM_PORT@|$UP_PORT|; s|@SINK_PORT@|$SINK_PORT|; s|@WASM@|$CALLOUT_WASM|" \
-    bench/callout/envoy.yaml >"$W/envoy-callout.yaml"
-for n in 0 1 2; do
-    port[callout-$n]=$(free_port)
-    admin[callout-$n]=${admin[callout]}
-    sed -i "s|@PORT_$n@|${port[callout-$n]}|" "$W/envoy-callout.yaml"
-done
-start envoy-callout "$ENVOY" -c "$W/envoy-callout.yaml" --concurrency 2 --disable-hot-restart -l warn
-for n in 0 1 2; do pid_of[callout-$n]=$last_pid; done
-wait_http "http://127.0.0.1:${admin[callout]}/ready" "Envoy (callout microbenchmark)"
-sleep 1
+start_callout
 secs=$SECS lat=$LAT_SECS
 SECS=$(((secs + ROUNDS - 1) / ROUNDS)) LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
 for ((r = 1; r <= ROUNDS; r++)); do
-    for n in 0 1 2; do scenario "callout-$n#$r" "callout-$n" /pay unique "c$n-$r"; done
+    for n in 0 1 2 k; do scenario "callout-$n#$r" "callout-$n" /pay unique "c$n-$r"; done
 done
 SECS=$secs LAT_SECS=$lat
-stop "${pid_of[callout-0]}"
-stop "$sink_pid"
+stop_callout
 
 start_store "sqlite://$W/store.db"
 start_envoy without

@@ -4,9 +4,18 @@
 //! header map copies, no body buffering, no store protocol, so Envoy's CPU
 //! per request at 0, 1 and 2 calls differs by the callouts alone.
 //!
+//! With `"new_key": true` it makes its calls where idemgate makes a new
+//! key's two, and nothing of idemgate's work around them: one `POST` of the
+//! request's body once the body is whole (the request waits for its answer),
+//! one `POST` of the response's body once that is whole (the response waits).
+//! Its Envoy CPU less that of no calls is what the shape of a new key costs
+//! Envoy (two paused streams, both bodies buffered and copied into the VM
+//! and out in a call, two callouts after the gaps between them); idemgate's
+//! less this one is the filter's own work.
+//!
 //! Plugin configuration (JSON): `{"calls": 2, "cluster": "callout_sink",
-//! "path": "/", "authority": "sink", "timeout_ms": 2000}`; every field but
-//! `calls` has that default.
+//! "path": "/", "authority": "sink", "timeout_ms": 2000, "new_key": false}`;
+//! every field but `calls` has that default.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -27,6 +36,9 @@ pub struct Settings {
     pub authority: String,
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// The calls of a new key (see the crate's doc); `calls` is then 2.
+    #[serde(default)]
+    pub new_key: bool,
 }
 
 fn default_cluster() -> String {
@@ -83,6 +95,7 @@ impl RootContext for Root {
             settings: self.settings.clone(),
             left: self.settings.as_ref().map_or(0, |s| s.calls),
             waiting: false,
+            holds_response: false,
         }))
     }
 
@@ -97,11 +110,18 @@ struct Request {
     left: u32,
     /// A call is in flight: the request (body included) waits.
     waiting: bool,
+    /// The call in flight holds the response (`new_key`'s second).
+    holds_response: bool,
 }
 
 impl Request {
-    /// Dispatches the next call if one is left: `true` when one is in flight.
-    fn next_call(&mut self) -> bool {
+    fn new_key(&self) -> bool {
+        self.settings.as_ref().is_some_and(|s| s.new_key)
+    }
+
+    /// Dispatches the next call if one is left (a `POST` of `body` if
+    /// given): `true` when one is in flight.
+    fn next_call(&mut self, body: Option<&[u8]>) -> bool {
         let Some(s) = self.settings.clone() else {
             return false;
         };
@@ -110,12 +130,12 @@ impl Request {
         }
         self.left -= 1;
         let headers = vec![
-            (":method", "GET"),
+            (":method", if body.is_some() { "POST" } else { "GET" }),
             (":path", s.path.as_str()),
             (":authority", s.authority.as_str()),
         ];
         let timeout = Duration::from_millis(s.timeout_ms.max(1));
-        match self.dispatch_http_call(&s.cluster, headers, None, vec![], timeout) {
+        match self.dispatch_http_call(&s.cluster, headers, body, vec![], timeout) {
             Ok(_) => {
                 self.waiting = true;
                 true
@@ -131,15 +151,20 @@ impl Request {
 impl Context for Request {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
         self.waiting = false;
-        if !self.next_call() {
+        if self.holds_response {
+            self.resume_http_response();
+        } else if self.new_key() || !self.next_call(None) {
             self.resume_http_request();
         }
     }
 }
 
 impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.next_call() {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if self.new_key() {
+            return if end_of_stream { Action::Continue } else { Action::Pause };
+        }
+        if self.next_call(None) {
             Action::Pause
         } else {
             Action::Continue
@@ -148,8 +173,45 @@ impl HttpContext for Request {
 
     /// Headers stop iteration (`allow_on_headers_stop_iteration`, as for
     /// idemgate), so the body is held here until the calls are done.
-    fn on_http_request_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.new_key() {
+            let body = end_of_stream.then(|| self.get_http_request_body(0, body_size));
+            return self.call_with_body(body, false);
+        }
         if self.waiting {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if self.new_key() && !end_of_stream {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.new_key() {
+            let body = end_of_stream.then(|| self.get_http_response_body(0, body_size));
+            return self.call_with_body(body, true);
+        }
+        Action::Continue
+    }
+}
+
+impl Request {
+    /// A new key's call: the body is buffered until whole (`None` until
+    /// then), then copied into the VM and sent; its stream waits for the
+    /// answer.
+    fn call_with_body(&mut self, whole: Option<Option<Vec<u8>>>, response: bool) -> Action {
+        let Some(body) = whole else {
+            return Action::Pause;
+        };
+        self.holds_response = response;
+        if self.next_call(Some(&body.unwrap_or_default())) {
             Action::Pause
         } else {
             Action::Continue
@@ -168,7 +230,9 @@ mod tests {
             (s.calls, s.cluster.as_str(), s.path.as_str()),
             (2, "callout_sink", "/")
         );
-        assert_eq!(Settings::parse(b" ").map(|s| s.calls), Ok(0));
+        assert_eq!(Settings::parse(b" ").map(|s| (s.calls, s.new_key)), Ok((0, false)));
+        let k = Settings::parse(br#"{"calls": 2, "new_key": true}"#).map(|s| s.new_key);
+        assert_eq!(k, Ok(true));
         assert!(Settings::parse(br#"{"calls": 1, "clusetr": "x"}"#).is_err());
     }
 }
