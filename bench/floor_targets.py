@@ -110,8 +110,7 @@ def pg_wal(extra):
 
 
 def fixed_rate(extra):
-    """Per scenario (baseline, sqlite, store-no-decision, callout-0,
-    callout-1), its open-loop rounds pooled: offered and achieved rate,
+    """Per scenario (the names of FIXED_RATE_ROWS), its open-loop rounds pooled: offered and achieved rate,
     p50/p99 of the rounds, answers that were not 2xx, failures to get one,
     and CPU µs per request of each process, the load generator ("loadgen")
     included."""
@@ -170,7 +169,8 @@ def fixed_rate_section(summary):
            "measured seconds over the requests answered, the load generator's own included. In the same rounds, "
            "at the same rate: requests straight to the store on a path it does not serve (answered 404 before "
            "any database work: what a call costs the store at this rate, with the idle gap before each), and "
-           "the callout microbenchmark's Envoy (1c) with none and one callout a request to its trivial sink.", "",
+           "the callout microbenchmark's Envoy (1c) with no callout a request to its trivial sink, one, and a new "
+           "key's two where idemgate makes them.", "",
            "| scenario | offered req/s | achieved | p50 ms | p99 ms | not 2xx | errors | Envoy | store | upstream "
            "| callout sink | load generator | all | × baseline |",
            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]

@@ -235,10 +235,8 @@ def callout_section(summary):
     shape = c.get("envoy_us_new_key_calls")
     if shape is not None:
         line = f"A new key's two calls where idemgate makes them, nothing else: {shape:+.0f} µs of Envoy CPU above none"
-        r3 = next((r for r in summary.get("rows", []) if r.get("scenario") == "sqlite"), None)
-        envoy3 = (r3 or {}).get("cpu_us_per_request", {}).get("envoy")
-        base = next((r for r in summary.get("rows", []) if r.get("scenario") == "reference"), None)
-        envoy1 = (base or {}).get("cpu_us_per_request", {}).get("envoy")
+        envoy = {r["scenario"]: r.get("cpu_us_per_request", {}).get("envoy") for r in summary.get("rows", [])}
+        envoy3, envoy1 = envoy.get("sqlite"), envoy.get("reference")
         if envoy3 is not None and envoy1 is not None:
             line += f"; idemgate's new key (3) {envoy3 - envoy1:+.0f} µs above its baseline (1)"
         out += [line + "."]
