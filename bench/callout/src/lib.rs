@@ -119,6 +119,17 @@ impl Request {
         self.settings.as_ref().is_some_and(|s| s.new_key)
     }
 
+    /// A new key's call: the body is held until whole, then copied into the
+    /// VM (`read`) and sent; its stream waits for the answer.
+    fn call_when_whole(&mut self, size: usize, end_of_stream: bool, response: bool, read: Read) -> Action {
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.holds_response = response;
+        let body = read(self, 0, size).unwrap_or_default();
+        paused(self.next_call(Some(&body)))
+    }
+
     /// Dispatches the next call if one is left (a `POST` of `body` if
     /// given): `true` when one is in flight.
     fn next_call(&mut self, body: Option<&[u8]>) -> bool {
@@ -148,6 +159,17 @@ impl Request {
     }
 }
 
+/// How a held body is read out of Envoy: `(start, size)`.
+type Read = fn(&Request, usize, usize) -> Option<Vec<u8>>;
+
+fn paused(wait: bool) -> Action {
+    if wait {
+        Action::Pause
+    } else {
+        Action::Continue
+    }
+}
+
 impl Context for Request {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
         self.waiting = false;
@@ -162,60 +184,29 @@ impl Context for Request {
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if self.new_key() {
-            return if end_of_stream { Action::Continue } else { Action::Pause };
+            return paused(!end_of_stream);
         }
-        if self.next_call(None) {
-            Action::Pause
-        } else {
-            Action::Continue
-        }
+        paused(self.next_call(None))
     }
 
     /// Headers stop iteration (`allow_on_headers_stop_iteration`, as for
     /// idemgate), so the body is held here until the calls are done.
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.new_key() {
-            let body = end_of_stream.then(|| self.get_http_request_body(0, body_size));
-            return self.call_with_body(body, false);
+            return self.call_when_whole(body_size, end_of_stream, false, Self::get_http_request_body);
         }
-        if self.waiting {
-            Action::Pause
-        } else {
-            Action::Continue
-        }
+        paused(self.waiting)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if self.new_key() && !end_of_stream {
-            Action::Pause
-        } else {
-            Action::Continue
-        }
+        paused(self.new_key() && !end_of_stream)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.new_key() {
-            let body = end_of_stream.then(|| self.get_http_response_body(0, body_size));
-            return self.call_with_body(body, true);
+            return self.call_when_whole(body_size, end_of_stream, true, Self::get_http_response_body);
         }
         Action::Continue
-    }
-}
-
-impl Request {
-    /// A new key's call: the body is buffered until whole (`None` until
-    /// then), then copied into the VM and sent; its stream waits for the
-    /// answer.
-    fn call_with_body(&mut self, whole: Option<Option<Vec<u8>>>, response: bool) -> Action {
-        let Some(body) = whole else {
-            return Action::Pause;
-        };
-        self.holds_response = response;
-        if self.next_call(Some(&body.unwrap_or_default())) {
-            Action::Pause
-        } else {
-            Action::Continue
-        }
     }
 }
 
