@@ -221,7 +221,10 @@ mod tests {
             (s.calls, s.cluster.as_str(), s.path.as_str()),
             (2, "callout_sink", "/")
         );
-        assert_eq!(Settings::parse(b" ").map(|s| (s.calls, s.new_key)), Ok((0, false)));
+        assert_eq!(
+            Settings::parse(b" ").map(|s| (s.calls, s.new_key)),
+            Ok((0, false))
+        );
         let k = Settings::parse(br#"{"calls": 2, "new_key": true}"#).map(|s| s.new_key);
         assert_eq!(k, Ok(true));
         assert!(Settings::parse(br#"{"calls": 1, "clusetr": "x"}"#).is_err());
