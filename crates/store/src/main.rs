@@ -52,3 +52,9 @@ fn init_logging(format: LogFormat) {
             .init(),
     }
 }
+
+// glibc's malloc was about a tenth of the store's CPU at 32 connections;
+// mimalloc takes 7–9% off a new key's store CPU there, for about 14 MB more
+// resident memory (profile.md §22).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
