@@ -54,7 +54,7 @@ fn init_logging(format: LogFormat) {
 }
 
 // glibc's malloc was about a tenth of the store's CPU at 32 connections;
-// mimalloc takes 7–9% off a new key's store CPU there, for about 14 MB more
+// mimalloc takes 7–9% off a new key's store CPU there, for about 14 MiB more
 // resident memory (profile.md §22).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
