@@ -55,7 +55,8 @@ fn init_logging(format: LogFormat) {
 
 // glibc's malloc was about a tenth of the store's CPU at 32 connections;
 // mimalloc for Rust's allocations takes 5–6% off a new key's store CPU
-// there, for about 11 MiB more resident memory (profile.md §22). SQLite
+// there, mostly through its huge pages: about 11 MiB more resident memory,
+// which MIMALLOC_ARENA_EAGER_COMMIT=0 gives back (profile.md §22). SQLite
 // keeps glibc's: with `override`, a store under an LD_PRELOADed library that
 // allocates in its constructor (faketime) hangs at start.
 #[global_allocator]
