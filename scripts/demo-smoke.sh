@@ -12,7 +12,9 @@
 #      gRPC walkthrough runs, and their answers say what the step promises (the
 #      retry is a replay, another body under the key is KEY_REUSED, the ledger
 #      executed the key once);
-#   5. stops the demo the way Ctrl-C does (SIGINT to make's process group) and
+#   5. checks that Envoy's calls to the store went through the store's Unix
+#      socket (`.demo/store.sock`, a `pipe` address);
+#   6. stops the demo the way Ctrl-C does (SIGINT to make's process group) and
 #      checks that no process of it is left and its ports are free.
 #
 #   scripts/demo-smoke.sh                 log: target/demo-smoke.log
@@ -310,6 +312,14 @@ if problems:
     sys.exit("the gRPC step does not do what `make demo` says")
 print("ok   the gRPC step: one execution, a replay with idempotent-replayed: true, KEY_REUSED for another body")
 PY
+
+say "checking that Envoy reached the store through its Unix socket"
+clusters=$(curl -fsS --max-time 5 http://127.0.0.1:9901/clusters) || fail "Envoy's /clusters did not answer"
+for cluster in idempotency_store idempotency_store_replay; do
+    grep -Eq "^$cluster::\.demo/store\.sock::rq_success::[1-9]" <<<"$clusters" ||
+        fail "$cluster: no call answered through .demo/store.sock: $(grep "^$cluster::.*::rq_success" <<<"$clusters")"
+done
+echo "ok   both store clusters were answered through .demo/store.sock"
 
 say "stopping the demo with SIGINT to make's process group (as Ctrl-C does)"
 stop_demo

@@ -7,7 +7,7 @@
 #   Envoy     127.0.0.1:10000   (admin 127.0.0.1:9901); HTTP/1.1 and gRPC
 #   payments  127.0.0.1:8080
 #   ledger    127.0.0.1:50051   (gRPC, examples/ledger/ledger.py)
-#   store     127.0.0.1:8787
+#   store     127.0.0.1:8787, and .demo/store.sock for Envoy's callouts
 #
 # `make demo` builds the wasm module and the store first; this script builds the
 # payments example. Run from anywhere; it works from the repository root.
@@ -46,7 +46,7 @@ done
 # A fresh store each time: the upstream's payments live in memory, so records
 # from an earlier run would replay payments it no longer knows.
 mkdir -p "$DIR"
-rm -f "$DIR"/store.db "$DIR"/store.db-*
+rm -f "$DIR"/store.db "$DIR"/store.db-* "$DIR"/store.sock
 
 pids=()    # the four services
 loggers=() # one line-prefixing sed per service
@@ -113,7 +113,7 @@ listening() { # name port: poll until it accepts connections (a gRPC server)
     exit 1
 }
 
-start store env RUST_LOG="${RUST_LOG:-info}" "$STORE" serve --listen 127.0.0.1:8787 \
+start store env RUST_LOG="${RUST_LOG:-info}" "$STORE" serve --listen 127.0.0.1:8787 --listen unix:"$DIR"/store.sock \
     --database-url "sqlite://$DIR/store.db" --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN"
 start payments "$PAYMENTS" --listen 127.0.0.1:8080
 start ledger "$PYTHON" -u "$LEDGER" serve 50051

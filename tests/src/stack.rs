@@ -105,9 +105,11 @@ pub fn bootstrap_with(file: &str, ports: &Ports, wasm: &std::path::Path) -> Stri
 }
 
 /// The store cluster's one endpoint in a bootstrap of `envoy/`, replaced by
-/// one endpoint per replica.
+/// one endpoint per replica...
 const STORE_ENDPOINT: &str =
     "{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8787}}}}";
+/// ...and so is the demo's, the store's Unix socket.
+const DEMO_STORE_ENDPOINT: &str = "{endpoint: {address: {pipe: {path: .demo/store.sock}}}}";
 
 fn store_endpoints(ports: impl Iterator<Item = u16>) -> String {
     ports
@@ -168,8 +170,10 @@ impl Stack {
             upstream: options.upstream_port.unwrap_or(upstream.addr.port()),
         };
         let wasm = options.wasm.clone().unwrap_or_else(crate::wasm_path);
+        let endpoints = store_endpoints(stores.iter().map(|r| r.port));
         let config = bootstrap_with(options.bootstrap, &ports, &wasm)
-            .replace(STORE_ENDPOINT, &store_endpoints(stores.iter().map(|r| r.port)));
+            .replace(STORE_ENDPOINT, &endpoints)
+            .replace(DEMO_STORE_ENDPOINT, &endpoints);
         let config = match options.edit.take() {
             Some(edit) => edit(config),
             None => config,

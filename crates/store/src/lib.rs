@@ -38,6 +38,7 @@ pub mod conditions;
 pub mod console;
 pub mod database_url;
 pub mod error;
+pub mod listen;
 pub mod log_ids;
 pub mod metrics;
 pub mod openapi;
@@ -63,6 +64,7 @@ use tokio::net::TcpListener;
 pub use backend::{Backend, StoreError};
 pub use clock::Clock;
 pub use database_url::open_backend;
+pub use listen::{Listener, Listeners};
 pub use service::Store;
 
 /// Everything a request handler needs: the store, the service's settings
@@ -231,58 +233,43 @@ pub fn surface(state: AppState, surface: Surface) -> Router {
         .with_state(state)
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves, with the sweeper
-/// running alongside; in-flight requests finish before it returns. With
-/// `admin`, the admin surface (`/admin/v1`, the console) is served there
-/// and only the API on `listener`.
-pub async fn run<L>(
-    listener: L,
+/// Serves `state` on each of `api` until `shutdown` resolves, with the
+/// sweeper running alongside; in-flight requests finish before it returns.
+/// With `admin`, the admin surface (`/admin/v1`, the console) is served
+/// there and only the API on `api`.
+pub async fn run(
+    api: impl Into<Listeners> + Send,
     admin: Option<TcpListener>,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-    for<'a> auth::Connection: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
-{
+) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = if state.settings.sweep.enabled {
         Some(tokio::spawn(sweeper::run(
             state.store.clone(),
             state.settings.sweep.clone(),
-            stop_rx,
+            stop_rx.clone(),
         )))
     } else {
         None
     };
-    let addr = listener.local_addr()?;
-    let (stop_admin, admin_stopped) = tokio::sync::watch::channel(false);
-    let (main, admin_server) = match admin {
-        None => (Surface::All, None),
-        Some(admin) => {
-            tracing::info!("admin surface listening on {:?}", admin.local_addr()?);
-            let mut stopped = admin_stopped;
-            let service = surface(state.clone(), Surface::Admin)
-                .into_make_service_with_connect_info::<auth::Connection>();
-            let server = axum::serve(admin, service).with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            });
-            (Surface::Api, Some(tokio::spawn(async move { server.await })))
-        }
+    let main = if admin.is_some() {
+        Surface::Api
+    } else {
+        Surface::All
     };
-    tracing::info!("listening on {addr:?}");
-    // Each connection carries what it has shown (`auth::Connection`), so
-    // its credential is hashed once, not on every request.
-    let service = surface(state, main).into_make_service_with_connect_info::<auth::Connection>();
-    let result = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown)
-        .await;
-    let _ = stop_admin.send(true);
-    if let Some(server) = admin_server {
-        let _ = server.await;
-    }
+    let api = api.into().0.into_iter().map(|l| (l, main));
+    let admin = admin.map(|a| (Listener::Tcp(a), Surface::Admin));
+    let servers: Vec<_> = api
+        .chain(admin)
+        .map(|(listener, surface)| listener.serve(state.clone(), surface, stop_rx.clone()))
+        .collect();
+    shutdown.await;
     let _ = stop_tx.send(true);
+    let mut result = Ok(());
+    for server in servers {
+        result = result.and(server.await.unwrap_or_else(|e| Err(std::io::Error::other(e))));
+    }
     if let Some(handle) = sweeper {
         let _ = handle.await;
     }

@@ -802,7 +802,7 @@ async fn an_identity_is_believed_from_a_trusted_peer_only() {
 /// sender is used; the handle ends when the server has shut down.
 fn serve(
     h: &Harness,
-    api: tokio::net::TcpListener,
+    api: impl Into<idemgate_store::Listeners> + Send + 'static,
     admin: Option<tokio::net::TcpListener>,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
@@ -935,6 +935,49 @@ async fn the_admin_surface_can_listen_on_its_own_address() {
             200
         );
     }
+    shut_down(stop, server).await;
+}
+
+/// `--listen` given twice: the same API on a Unix socket (for an Envoy on
+/// the same host, through a `pipe` address) and on TCP, one store behind both.
+#[tokio::test]
+async fn the_api_is_served_on_every_address_it_listens_on() {
+    use hyper_util::rt::TokioIo;
+    use idemgate_store::{Listener, Listeners};
+    let h = harness().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("store.sock");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let unix = Listener::bind(&format!("unix:{}", socket.display()))
+        .await
+        .unwrap();
+    let (stop, server) = serve(&h, Listeners(vec![Listener::Tcp(tcp), unix]), None);
+
+    let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let claim = hyper::Request::post("/v1/claim")
+        .header("host", "store")
+        .header("authorization", format!("Bearer {API}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame(
+            &claim_json("acme", "over-the-socket"),
+            b"",
+        ))))
+        .unwrap();
+    let resp = sender.send_request(claim).await.unwrap();
+    assert_eq!(resp.status(), 200, "a claim over the Unix socket");
+
+    let lookup = br#"{"tenant": "acme", "key": "over-the-socket"}"#.to_vec();
+    let url = format!("http://{addr}/admin/v1/records/lookup");
+    let r = request(&client(), "POST", &url, Some(ADMIN), lookup).await;
+    assert_eq!(r.status, 200);
+    let found: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let found = found["records"].as_array().map_or(0, Vec::len);
+    assert_eq!(found, 1, "the record claimed over the socket, looked up over TCP");
+    drop(sender);
     shut_down(stop, server).await;
 }
 

@@ -163,9 +163,16 @@ pub enum Command {
 pub struct ServeArgs {
     /// Address to listen on (`host:port`, or `unix:/path` for a Unix domain
     /// socket that an Envoy on the same host reaches through a `pipe`
-    /// address). Listen only where the mesh can reach it.
-    #[arg(long, env = "IDEMGATE_LISTEN", default_value = "127.0.0.1:8787")]
-    pub listen: String,
+    /// address). Repeat it, or separate addresses with commas, to serve the
+    /// same on several: a socket for the Envoy beside the store and TCP
+    /// for the monitoring. Listen only where the mesh can reach it.
+    #[arg(
+        long,
+        env = "IDEMGATE_LISTEN",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:8787"
+    )]
+    pub listen: Vec<String>,
     /// Serve the admin surface (/admin/v1, the console) on this address
     /// instead, and only the API on `--listen`: operators' network path
     /// apart from the mesh's.

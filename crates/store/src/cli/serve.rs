@@ -42,35 +42,27 @@ pub async fn serve(
     }
     let state = crate::AppState::new(store, settings.http);
     let admin = match &settings.admin_listen {
-        Some(addr) => Some(bind(addr).await?),
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(cannot_listen(addr))?,
+        ),
         None => None,
     };
-    let listen = settings.listen;
-    let cannot = |source| CliError::Listen {
-        addr: listen.clone(),
-        source,
-    };
-    let served = match listen.strip_prefix("unix:") {
-        // Envoy on the same host reaches it through a `pipe` address: no
-        // TCP stack between them.
-        Some(path) => {
-            let _ = std::fs::remove_file(path);
-            let listener = tokio::net::UnixListener::bind(path).map_err(cannot)?;
-            crate::run(listener, admin, state, shutdown_signal()).await
-        }
-        None => {
-            let listener = tokio::net::TcpListener::bind(&listen).await.map_err(cannot)?;
-            crate::run(listener, admin, state, shutdown_signal()).await
-        }
-    };
-    served.map_err(CliError::Serve)
+    let mut api = Vec::new();
+    for addr in &settings.listen {
+        api.push(crate::Listener::bind(addr).await.map_err(cannot_listen(addr))?);
+    }
+    crate::run(crate::Listeners(api), admin, state, shutdown_signal())
+        .await
+        .map_err(CliError::Serve)
 }
 
-async fn bind(addr: &str) -> Result<tokio::net::TcpListener, CliError> {
-    (tokio::net::TcpListener::bind(addr).await).map_err(|source| CliError::Listen {
+fn cannot_listen(addr: &str) -> impl FnOnce(std::io::Error) -> CliError + '_ {
+    move |source| CliError::Listen {
         addr: addr.to_string(),
         source,
-    })
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

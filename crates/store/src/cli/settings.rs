@@ -157,7 +157,7 @@ pub fn optional_token(
 
 /// What `serve` serves with.
 pub struct ServeSettings {
-    pub listen: String,
+    pub listen: Vec<String>,
     pub admin_listen: Option<String>,
     /// The HTTP surface: credentials (the next API one included), problem
     /// links, body limit, sweeper and console.

@@ -237,11 +237,21 @@ fn serve_keeps_its_addresses_and_http_limits() {
         "https://docs.example/p/",
     ])
     .unwrap();
-    assert_eq!(s.listen, "unix:/tmp/store.sock");
+    assert_eq!(s.listen, ["unix:/tmp/store.sock"]);
     assert_eq!(s.admin_listen.as_deref(), Some("127.0.0.1:9000"));
     assert_eq!(s.http.max_body_bytes, 1024);
     assert_eq!(s.http.doc_base, "https://docs.example/p/");
     assert!(s.new_keys.is_none());
+}
+
+#[test]
+fn serve_listens_on_every_address_given() {
+    let both = ["127.0.0.1:8787", "unix:/tmp/store.sock"];
+    let repeated = serve(&["--listen", both[0], "--listen", both[1]]).unwrap();
+    assert_eq!(repeated.listen, both);
+    let listed = serve(&["--listen", "127.0.0.1:8787,unix:/tmp/store.sock"]).unwrap();
+    assert_eq!(listed.listen, both);
+    assert_eq!(serve(&[]).unwrap().listen, ["127.0.0.1:8787"]);
 }
 
 #[test]

@@ -1,0 +1,77 @@
+//! The addresses the store serves on: TCP, or a Unix domain socket that an
+//! Envoy on the same host reaches through a `pipe` address (no TCP stack
+//! between them), and several at once: the API on a socket for the Envoy
+//! beside the store and on TCP for the monitoring and operators.
+
+use tokio::net::TcpListener;
+#[cfg(unix)]
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::{AppState, Surface};
+
+/// One bound address.
+pub enum Listener {
+    Tcp(TcpListener),
+    #[cfg(unix)]
+    Unix(UnixListener),
+}
+
+/// The addresses one surface is served on, all alike.
+pub struct Listeners(pub Vec<Listener>);
+
+impl From<TcpListener> for Listeners {
+    fn from(listener: TcpListener) -> Listeners {
+        Listeners(vec![Listener::Tcp(listener)])
+    }
+}
+
+impl Listener {
+    /// Binds `addr`: `host:port`, or `unix:/path` (a stale socket file left
+    /// there by an earlier run is replaced).
+    pub async fn bind(addr: &str) -> std::io::Result<Listener> {
+        #[cfg(unix)]
+        if let Some(path) = addr.strip_prefix("unix:") {
+            let _ = std::fs::remove_file(path);
+            return UnixListener::bind(path).map(Listener::Unix);
+        }
+        TcpListener::bind(addr).await.map(Listener::Tcp)
+    }
+
+    /// Serves `surface` of `state` here until `stop` turns true; in-flight
+    /// requests finish before the task ends.
+    pub(crate) fn serve(
+        self,
+        state: AppState,
+        surface: Surface,
+        mut stop: watch::Receiver<bool>,
+    ) -> JoinHandle<std::io::Result<()>> {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        // Each connection carries what it has shown (`auth::Connection`),
+        // so its credential is hashed once, not on every request.
+        let service =
+            crate::surface(state, surface).into_make_service_with_connect_info::<crate::auth::Connection>();
+        match self {
+            Listener::Tcp(l) => {
+                if let Ok(addr) = l.local_addr() {
+                    tracing::info!(?surface, "listening on {addr}");
+                }
+                let server = axum::serve(l, service).with_graceful_shutdown(stopped);
+                tokio::spawn(async move { server.await })
+            }
+            #[cfg(unix)]
+            Listener::Unix(l) => {
+                let path = l
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(|p| p.display().to_string()));
+                tracing::info!(?surface, "listening on unix:{}", path.unwrap_or_default());
+                let server = axum::serve(l, service).with_graceful_shutdown(stopped);
+                tokio::spawn(async move { server.await })
+            }
+        }
+    }
+}
