@@ -16,6 +16,7 @@ use crate::clock::DatabaseClock;
 pub use crate::error::{Outage, Result, StoreError};
 use crate::log_ids::LogIds;
 pub use crate::records::{label_records, Actor, EventInfo, KeyHistory, OpenRecords, RecordInfo};
+use crate::scope_digest::ScopeDigest;
 
 /// How long an abandon that found no record is remembered: a claim still on
 /// its way to the database under that attempt is released by the sweeper
@@ -131,10 +132,13 @@ impl SweepReport {
     }
     /// A due record the sweeper cannot read is left as it is and counted,
     /// so that one damaged row never stops its phase; any other error does.
-    pub fn leave_unreadable(&mut self, e: StoreError) -> Result<()> {
+    /// `row`: its key, for the operator who repairs or purges it (`None`:
+    /// the key itself is what cannot be read).
+    pub fn leave_unreadable(&mut self, e: StoreError, row: Option<&ScopeDigest>) -> Result<()> {
         match e {
             StoreError::Corrupt(what) => {
-                tracing::error!(%what, "sweeper: a due record cannot be read and is left as it is");
+                let scope_digest = row.map_or_else(|| "unreadable".to_string(), ToString::to_string);
+                tracing::error!(%what, %scope_digest, "sweeper: a due record cannot be read and is left as it is");
                 self.unreadable += 1;
                 Ok(())
             }

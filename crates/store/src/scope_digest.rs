@@ -28,3 +28,11 @@ impl ScopeDigest {
             .map_err(|_| StoreError::Corrupt(format!("scope_digest of {} bytes", bytes.len())))
     }
 }
+
+/// Lowercase hex, as logs name a row: `WHERE scope_digest = x'…'` (SQLite)
+/// or `'\x…'` (PostgreSQL) finds it.
+impl std::fmt::Display for ScopeDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}

@@ -185,6 +185,54 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     assert!(!ok && err.contains("sqlite://"), "{err}");
 }
 
+/// A due record the sweeper cannot read is left as it is, and its log line
+/// names the row by its key, which finds it for the operator who repairs
+/// or purges it.
+#[tokio::test]
+async fn the_sweeper_names_a_record_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let db = format!("sqlite://{}", path.display());
+    let s = scope("k-damaged");
+    {
+        let p = StoreProcess::start(&db).await;
+        let r = request(
+            &client(),
+            "POST",
+            &p.url("/v1/claim"),
+            Some(API),
+            encode_frame(&claim(&s, Some(1)), b""),
+        )
+        .await;
+        assert!(matches!(
+            decode_frame::<ClaimReply>(&r.body).unwrap().0,
+            ClaimReply::Owned { .. }
+        ));
+    }
+    // A value no store writes, in a record whose lease (1 s) then runs out.
+    let damage = "UPDATE idempotency_records SET fingerprint = 'abcdefghijklmnopqrstuvwxyz012345' \
+                  WHERE idem_key = 'k-damaged'";
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(damage, [])
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (ok, out, err) = cli(&db, &["sweep"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"unreadable\": 1"), "{out}");
+    let digest = idemgate_store::scope_digest::ScopeDigest::of(&s).to_string();
+    assert!(err.contains(&format!("scope_digest={digest}")), "{err}");
+    let named: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            &format!("SELECT idem_key FROM idempotency_records WHERE scope_digest = x'{digest}'"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(named, "k-damaged");
+}
+
 #[test]
 fn the_database_url_can_come_from_a_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -142,12 +142,10 @@ impl Postgres {
             let picked = tx.query(sql.as_str(), &[&now, &batch]).await?;
             let mut due_records = Vec::with_capacity(picked.len());
             for row in &picked {
-                match row
-                    .scope_digest()
-                    .and_then(|key| Ok((key, LoadedRecord::read(row)?)))
-                {
-                    Ok(record) => due_records.push(record),
-                    Err(e) => report.leave_unreadable(e)?,
+                match row.scope_digest().map(|key| (key, LoadedRecord::read(row))) {
+                    Ok((key, Ok(loaded))) => due_records.push((key, loaded)),
+                    Ok((key, Err(e))) => report.leave_unreadable(e, Some(&key))?,
+                    Err(e) => report.leave_unreadable(e, None)?,
                 }
             }
             // The picked records' plans are carried out together: their

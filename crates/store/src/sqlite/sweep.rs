@@ -124,7 +124,7 @@ fn run_phase(
             let loaded = match load(conn, &key) {
                 Ok(loaded) => loaded,
                 Err(e) => {
-                    report.leave_unreadable(e)?;
+                    report.leave_unreadable(e, Some(&key))?;
                     continue;
                 }
             };
