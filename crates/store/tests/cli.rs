@@ -21,6 +21,23 @@ fn cli(db: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `s` claimed through a store serving `db` (lease 1 s), which then stops.
+async fn claimed(db: &str, s: &idemgate_core::scope::Scope) {
+    let p = StoreProcess::start(db).await;
+    let r = request(
+        &client(),
+        "POST",
+        &p.url("/v1/claim"),
+        Some(API),
+        encode_frame(&claim(s, Some(1)), b""),
+    )
+    .await;
+    assert!(matches!(
+        decode_frame::<ClaimReply>(&r.body).unwrap().0,
+        ClaimReply::Owned { .. }
+    ));
+}
+
 #[test]
 fn help_documents_every_subcommand_and_flag() {
     let (ok, out, _) = cli("sqlite://unused.db", &["--help"]);
@@ -85,21 +102,7 @@ async fn operators_inspect_resolve_sweep_and_purge_from_the_cli() {
     let (ok, _, err) = cli(&db, &["migrate"]);
     assert!(ok, "{err}");
     let s = scope("k-cli");
-    {
-        let p = StoreProcess::start(&db).await;
-        let r = request(
-            &client(),
-            "POST",
-            &p.url("/v1/claim"),
-            Some(API),
-            encode_frame(&claim(&s, Some(1)), b""),
-        )
-        .await;
-        assert!(matches!(
-            decode_frame::<ClaimReply>(&r.body).unwrap().0,
-            ClaimReply::Owned { .. }
-        ));
-    }
+    claimed(&db, &s).await;
     let (ok, out, err) = cli(&db, &["inspect", "--tenant", "acme", "--key", "k-cli"]);
     assert!(ok, "{err}");
     let history: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -194,21 +197,7 @@ async fn the_sweeper_names_a_record_it_cannot_read() {
     let path = dir.path().join("store.db");
     let db = format!("sqlite://{}", path.display());
     let s = scope("k-damaged");
-    {
-        let p = StoreProcess::start(&db).await;
-        let r = request(
-            &client(),
-            "POST",
-            &p.url("/v1/claim"),
-            Some(API),
-            encode_frame(&claim(&s, Some(1)), b""),
-        )
-        .await;
-        assert!(matches!(
-            decode_frame::<ClaimReply>(&r.body).unwrap().0,
-            ClaimReply::Owned { .. }
-        ));
-    }
+    claimed(&db, &s).await;
     // A value no store writes, in a record whose lease (1 s) then runs out.
     let damage = "UPDATE idempotency_records SET fingerprint = 'abcdefghijklmnopqrstuvwxyz012345' \
                   WHERE idem_key = 'k-damaged'";
