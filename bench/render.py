@@ -149,6 +149,7 @@ def markdown(summary):
     out += ["", "## Memory (VmRSS after the scenario; VmHWM = peak)", "", "| process | RSS | peak |", "|---|--:|--:|",
             f"| Envoy without the filter, idle | {kb('envoy_idle_without_rss_kb')} | – |",
             f"| Envoy with the filter loaded, idle | {kb('envoy_idle_with_rss_kb')} | – |",
+            f"| Envoy with 1c's filter (a module that does nothing), idle | {kb('envoy_idle_callout_rss_kb')} | – |",
             f"| Envoy without the filter (largest after a baseline run) | {kb('envoy_without_filter_rss_kb')} | {kb('envoy_without_filter_hwm_kb')} |",
             f"| Envoy with the filter (largest after 2–5) | {kb('envoy_with_filter_rss_kb')} | {kb('envoy_with_filter_hwm_kb')} |",
             f"| store on SQLite (after 3) | {kb('store_sqlite_rss_kb')} | {kb('store_sqlite_hwm_kb')} |",
