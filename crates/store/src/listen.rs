@@ -27,13 +27,41 @@ impl From<TcpListener> for Listeners {
     }
 }
 
+/// A store that was killed leaves its socket file behind, and binding the
+/// path again needs it gone. Only such a file goes: a socket another store
+/// still answers on stays (two stores on one path would split its traffic
+/// unseen), and so does anything that is not a socket (a mistyped path must
+/// never delete a database).
+#[cfg(unix)]
+fn remove_dead_socket(path: &str) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(_) => return Ok(()),
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                "a file that is not a socket is there, and it is left alone",
+            ))
+        }
+        Ok(_) => {}
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(Error::new(
+            ErrorKind::AddrInUse,
+            "another process is listening on this socket",
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
 impl Listener {
-    /// Binds `addr`: `host:port`, or `unix:/path` (a stale socket file left
-    /// there by an earlier run is replaced).
+    /// Binds `addr`: `host:port`, or `unix:/path` (a socket file that an
+    /// earlier run left there and nothing listens on any more is replaced).
     pub async fn bind(addr: &str) -> std::io::Result<Listener> {
         #[cfg(unix)]
         if let Some(path) = addr.strip_prefix("unix:") {
-            let _ = std::fs::remove_file(path);
+            remove_dead_socket(path)?;
             return UnixListener::bind(path).map(Listener::Unix);
         }
         TcpListener::bind(addr).await.map(Listener::Tcp)

@@ -981,6 +981,42 @@ async fn the_api_is_served_on_every_address_it_listens_on() {
     shut_down(stop, server).await;
 }
 
+/// A Unix address replaces only a socket file nothing listens on (what a
+/// killed store leaves): never a file that is not a socket, and never the
+/// socket of a store still serving on it.
+#[tokio::test]
+async fn a_unix_address_replaces_only_a_dead_socket() {
+    use idemgate_store::Listener;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = |name: &str| format!("unix:{}", dir.path().join(name).display());
+
+    let file = dir.path().join("store.db");
+    std::fs::write(&file, b"records").unwrap();
+    let err = Listener::bind(&addr("store.db")).await.err().unwrap();
+    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"records",
+        "and it is left as it was"
+    );
+
+    let live = std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).unwrap();
+    let err = Listener::bind(&addr("live.sock")).await.err().unwrap();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    std::os::unix::net::UnixStream::connect(dir.path().join("live.sock")).unwrap();
+    assert!(
+        live.accept().is_ok(),
+        "the live socket still reaches its listener"
+    );
+
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("dead.sock")).unwrap());
+    assert!(
+        dir.path().join("dead.sock").exists(),
+        "a dead socket's file stays behind"
+    );
+    Listener::bind(&addr("dead.sock")).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_batch_decides_each_call_on_its_own() {
     use idemgate_core::protocol::{encode_batch, split_batch, BatchReply};
