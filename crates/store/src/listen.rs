@@ -46,13 +46,15 @@ fn remove_dead_socket(path: &str) -> std::io::Result<()> {
         }
         Ok(_) => {}
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(Error::new(
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(Error::new(
             ErrorKind::AddrInUse,
             "another process is listening on this socket",
-        ));
+        )),
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+        // Not known to be dead (a socket this user may not reach, say).
+        Err(e) => Err(e),
     }
-    std::fs::remove_file(path)
 }
 
 impl Listener {
