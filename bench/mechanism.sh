@@ -156,12 +156,9 @@ start_callout() {
     pid_of[callout]=$last_pid
     for n in 0 1 2 k; do pid_of[callout-$n]=$last_pid; done
     wait_http "http://127.0.0.1:${admin[callout]}/ready" "Envoy (callout microbenchmark)"
-    sleep 1
     # What loading any proxy-wasm module costs Envoy, beside the same figure
     # for idemgate's (start_envoy).
-    local rss
-    read -r rss _ < <(mem "$last_pid")
-    record "{\"envoy_idle\":{\"callout\":$rss}}"
+    record_idle callout "$last_pid"
 }
 stop_callout() {
     stop "${pid_of[callout]}"

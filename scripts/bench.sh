@@ -263,8 +263,12 @@ start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
         --disable-hot-restart -l warn
     pid_of[$1]=$last_pid
     wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
+    record_idle "$1" "$last_pid"
+}
+record_idle() { # name pid: an Envoy's resident size a second after it is ready
+    local rss
     sleep 1
-    read -r rss _ < <(mem "$last_pid")
+    read -r rss _ < <(mem "$2")
     record "{\"envoy_idle\":{\"$1\":$rss}}"
 }
 start_store() { # database-url [flags]; the server's CPU is counted for PostgreSQL

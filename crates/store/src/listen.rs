@@ -37,23 +37,20 @@ fn remove_dead_socket(path: &str) -> std::io::Result<()> {
     use std::io::{Error, ErrorKind};
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
-        Err(_) => return Ok(()),
-        Ok(m) if !m.file_type().is_socket() => {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                "a file that is not a socket is there, and it is left alone",
-            ))
-        }
-        Ok(_) => {}
-    }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(Error::new(
-            ErrorKind::AddrInUse,
-            "another process is listening on this socket",
+        Err(_) => Ok(()),
+        Ok(m) if !m.file_type().is_socket() => Err(Error::new(
+            ErrorKind::AlreadyExists,
+            "a file that is not a socket is there, and it is left alone",
         )),
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(path),
-        // Not known to be dead (a socket this user may not reach, say).
-        Err(e) => Err(e),
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => Err(Error::new(
+                ErrorKind::AddrInUse,
+                "another process is listening on this socket",
+            )),
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+            // Not known to be dead (a socket this user may not reach, say).
+            Err(e) => Err(e),
+        },
     }
 }
 
