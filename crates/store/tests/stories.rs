@@ -1228,6 +1228,10 @@ async fn a_batch_decides_each_call_on_its_own(b: Arc<dyn Backend>) {
             req: complete(&done, f_done + 1_000, 500),
             body: body(b"stale"),
         },
+        Call::Complete {
+            req: complete(&done, f_done, 202),
+            body: body(b"twice"),
+        },
     ];
     let answers = cx.backend().decide(calls, cx.now()).await;
     let claimed = |i: usize| match &answers[i] {
@@ -1251,6 +1255,10 @@ async fn a_batch_decides_each_call_on_its_own(b: Arc<dyn Backend>) {
     assert!(
         matches!(answers[5], Ok(Answer::Fence(FenceReply::Stale))),
         "{answers:?}"
+    );
+    assert!(
+        matches!(answers[6], Ok(Answer::Fence(FenceReply::Stale))),
+        "the same completion twice in a batch: {answers:?}"
     );
     // What the batch did is there; the late claim left nothing behind.
     let replay = cx.store.claim(&claim(&done, Some(1))).await.unwrap();
@@ -1628,6 +1636,131 @@ async fn a_batch_whose_set_based_claim_fails_claims_one_by_one_on_postgres() {
         ),
         "4 4"
     );
+}
+
+/// A batch's completions are one PostgreSQL transaction as well: their
+/// records and `completed` events carry one transaction id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_completions_commits_once_on_postgres() {
+    let cluster = pg::PgCluster::start();
+    let b = pg_backend(&cluster.url("postgres")).await;
+    use idemgate_store::backend::{Answer, Call};
+    let owned = b.decide(new_claims("k-one-done", 16), T0).await;
+    let mut calls = completions("k-one-done", &owned);
+    // One of them under a superseded fence: stale, and the others done.
+    if let Some(Call::Complete { req, .. }) = calls.get_mut(5) {
+        req.fence += 1_000;
+    }
+    let answers = b.decide(calls, T0 + 1).await;
+    assert_eq!(done(&answers), 15, "{answers:?}");
+    assert!(
+        matches!(answers[5], Ok(Answer::Fence(FenceReply::Stale))),
+        "{answers:?}"
+    );
+    assert_eq!(
+        cluster.query(
+            "SELECT count(*) || ' ' || count(DISTINCT xmin::text) FROM idempotency_records \
+             WHERE idem_key LIKE 'k-one-done-%' AND state = 'completed'"
+        ),
+        "15 1",
+        "records"
+    );
+    assert_eq!(
+        cluster.query(
+            "SELECT count(*) || ' ' || count(DISTINCT e.xmin::text) FROM idempotency_events e \
+             JOIN idempotency_records r ON e.generation = r.generation \
+             WHERE r.idem_key LIKE 'k-one-done-%' AND e.transition = 'completed' AND e.xmin::text = r.xmin::text"
+        ),
+        "15 1",
+        "a record and its completion's event commit together"
+    );
+}
+
+/// When the set-based completion fails as a whole, every completion of the
+/// batch is still made, each by its own statement: here the table refuses
+/// any statement that updates more than one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_set_based_completion_fails_completes_one_by_one_on_postgres() {
+    let cluster = pg::PgCluster::start();
+    let b = pg_backend(&cluster.url("postgres")).await;
+    let owned = b.decide(new_claims("k-done-alone", 4), T0).await;
+    cluster.query(
+        "CREATE FUNCTION one_at_a_time() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF (SELECT count(*) FROM updated) > 1 THEN RAISE EXCEPTION 'one record at a time'; END IF; \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER one_at_a_time AFTER UPDATE ON idempotency_records \
+           REFERENCING NEW TABLE AS updated FOR EACH STATEMENT EXECUTE FUNCTION one_at_a_time()",
+    );
+    let answers = b.decide(completions("k-done-alone", &owned), T0 + 1).await;
+    assert_eq!(done(&answers), 4, "{answers:?}");
+    assert_eq!(
+        cluster.query(
+            "SELECT count(*) || ' ' || count(DISTINCT xmin::text) FROM idempotency_records \
+             WHERE idem_key LIKE 'k-done-alone-%' AND state = 'completed'"
+        ),
+        "4 4"
+    );
+}
+
+/// A batch's completions wait for the WAL flush if any one of their claims
+/// releases unknown outcomes, and only then (the WAL writer comes by every
+/// 10 s here, so a commit that did not wait leaves its WAL unwritten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_completions_is_durable_if_one_releases_unknown_on_postgres() {
+    use idemgate_store::backend::Call;
+    let cluster = pg::PgCluster::start_with(&[("wal_writer_delay", "10000ms")]);
+    let b = pg_backend(&cluster.url("postgres")).await;
+    let mut claims = new_claims("k-flush", 4);
+    if let Some(Call::Claim { req, .. }) = claims.get_mut(2) {
+        req.on_unknown = OnUnknown::Release;
+    }
+    let owned = b.decide(claims, T0).await;
+    let mut calls = completions("k-flush", &owned).into_iter();
+    let written = || cluster.query("SELECT pg_current_wal_lsn() >= pg_current_wal_insert_lsn()");
+    let relaxed: Vec<_> = calls.by_ref().take(2).collect();
+    assert_eq!(done(&b.decide(relaxed, T0 + 1).await), 2);
+    assert_eq!(
+        written(),
+        "f",
+        "completions that release nothing waited for the flush"
+    );
+    // The releasing one last: the whole transaction waits all the same.
+    let durable: Vec<_> = calls.rev().collect();
+    assert_eq!(done(&b.decide(durable, T0 + 2).await), 2);
+    assert_eq!(
+        written(),
+        "t",
+        "a completion that releases unknown outcomes did not wait for the flush"
+    );
+}
+
+/// The completions of the claims `owned` answered (of `new_claims(prefix, _)`).
+fn completions(
+    prefix: &str,
+    owned: &[idemgate_store::backend::Result<idemgate_store::backend::Answer>],
+) -> Vec<idemgate_store::backend::Call> {
+    owned
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Ok(idemgate_store::backend::Answer::Claim(out)) => match out.reply {
+                ClaimReply::Owned { fence } => Some(idemgate_store::backend::Call::Complete {
+                    req: complete(&scope(&format!("{prefix}-{i}")), fence, 201),
+                    body: bytes::Bytes::from_static(b"ok"),
+                }),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many of `answers` are Done.
+fn done(answers: &[idemgate_store::backend::Result<idemgate_store::backend::Answer>]) -> usize {
+    answers
+        .iter()
+        .filter(|a| matches!(a, Ok(idemgate_store::backend::Answer::Fence(FenceReply::Done))))
+        .count()
 }
 
 /// Claims of `n` new keys `prefix-0`, `prefix-1`, ...

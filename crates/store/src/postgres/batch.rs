@@ -7,17 +7,22 @@
 //! answers every claim whose key was absent (Owned), and every other claim
 //! (its key there, the same key earlier in the batch, or the statement
 //! failed) is sent next, each its own [`CLAIM`] as when the batch held no
-//! new keys. Every other statement is its own transaction, so one call's
-//! failure never fails or undoes another's. What needs more than one
+//! new keys. The completions go the same way: all of them in one
+//! [`COMPLETE`], then each one it did not answer (the same key earlier in
+//! the batch, or the statement failed) on its own. Every other statement
+//! is its own transaction, so one call's failure never fails or undoes
+//! another's beyond its set's, whose calls are then sent one by one. What
+//! needs more than one
 //! statement (a claim that takes over or turns an existing record unknown,
 //! a claim that lost a race, the locked release, mark-unknown and abandon)
 //! then goes the way it goes when sent alone, each on its own connection.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use futures_util::future::{join, join_all};
-use idemgate_core::protocol::{ClaimReply, ClaimRequest};
+use futures_util::future::{join3, join_all};
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest};
+use idemgate_core::scope::Scope;
 
 use super::operations::COMPLETE;
 use super::pool::On;
@@ -104,20 +109,17 @@ impl Postgres {
         });
         let waits = claim_new.is_some();
         let (client, claim, complete) = (&client, &claim, &complete);
-        // First round: the set-based claim, sent first, and with it every
-        // statement that does not wait for its answer. `None`: a claim,
-        // which waits for it (then meets the records it inserted).
+        // First round: the set-based claim, sent first, the set-based
+        // completion, and every statement that does not wait for the
+        // claim's answer. `None`: a claim, which waits for it (then meets
+        // the records it inserted), or a completion.
         let first = calls.iter().map(|call| async move {
             match call {
                 Call::Claim { .. } if waits => None,
                 Call::Claim { req, deadline } => {
                     Some(self.claim_alone(client, claim, req, now, *deadline).await)
                 }
-                Call::Complete { req, body } => Some(Some(
-                    self.complete_on(client, complete, req, body, now)
-                        .await
-                        .map(Answer::Fence),
-                )),
+                Call::Complete { .. } => None,
                 Call::Release(_) | Call::MarkUnknown(_) | Call::Abandon(_) => Some(None),
             }
         });
@@ -133,14 +135,35 @@ impl Postgres {
                     .collect(),
                 Err(e) => {
                     tracing::warn!("postgres: a batch's new keys go one by one: {e}");
-                    std::collections::HashMap::new()
+                    HashMap::new()
                 }
             }
         };
-        let (owned, first) = join(new_keys, join_all(first)).await;
-        // Second round: the claims the set-based statement did not answer,
-        // each the way it goes when the batch holds no new keys.
-        let owned = &owned;
+        let completions = distinct_keys(calls, |call| match call {
+            Call::Complete { req, body } => Some((&req.scope, (req, body.as_ref()))),
+            _ => None,
+        });
+        let completed = async {
+            if completions.len() < 2 {
+                return HashMap::new();
+            }
+            let list: Vec<(&CompleteRequest, &[u8])> = completions.iter().map(|(_, c)| *c).collect();
+            let all = async {
+                let stmt = client.prepare(&COMPLETE).await?;
+                self.complete_all(client, &stmt, &list, now).await
+            };
+            match all.await {
+                Ok(replies) => completions.iter().map(|(i, _)| *i).zip(replies).collect(),
+                Err(e) => {
+                    tracing::warn!("postgres: a batch's completions go one by one: {e}");
+                    HashMap::new()
+                }
+            }
+        };
+        let (owned, completed, first) = join3(new_keys, completed, join_all(first)).await;
+        // Second round: the claims and completions the set-based statements
+        // did not answer, each the way it goes alone.
+        let (owned, completed) = (&owned, &completed);
         let second = calls
             .iter()
             .zip(first)
@@ -149,8 +172,16 @@ impl Postgres {
                 if let Some(answer) = settled {
                     return answer;
                 }
-                let Call::Claim { req, deadline } = call else {
-                    return None;
+                let (req, deadline) = match call {
+                    Call::Claim { req, deadline } => (req, deadline),
+                    Call::Complete { req, body } => {
+                        let reply = match completed.get(&i) {
+                            Some(&reply) => Ok(reply),
+                            None => self.complete_one(client, complete, req, body, now).await,
+                        };
+                        return Some(reply.map(Answer::Fence));
+                    }
+                    _ => return None,
                 };
                 match owned.get(&i) {
                     Some(&fence) => Some(Ok(Answer::Claim(ClaimOutcome::answer(ClaimReply::Owned {
@@ -183,15 +214,24 @@ impl Postgres {
 /// the first has been decided, and meets its record).
 fn new_key_claims(calls: &[Call]) -> Vec<(usize, &ClaimRequest)> {
     let now = Instant::now();
+    distinct_keys(calls, |call| match call {
+        Call::Claim { req, deadline } if !deadline.is_some_and(|d| now >= d) => Some((&req.scope, req)),
+        _ => None,
+    })
+}
+
+/// What `pick` takes of `calls`, with its index, each key only once.
+fn distinct_keys<'c, T>(
+    calls: &'c [Call],
+    pick: impl Fn(&'c Call) -> Option<(&'c Scope, T)>,
+) -> Vec<(usize, T)> {
     let mut seen = HashSet::new();
     calls
         .iter()
         .enumerate()
-        .filter_map(|(i, call)| match call {
-            Call::Claim { req, deadline } if !deadline.is_some_and(|d| now >= d) => {
-                seen.insert(ScopeDigest::of(&req.scope)).then_some((i, req))
-            }
-            _ => None,
+        .filter_map(|(i, call)| {
+            let (scope, taken) = pick(call)?;
+            seen.insert(ScopeDigest::of(scope)).then_some((i, taken))
         })
         .collect()
 }

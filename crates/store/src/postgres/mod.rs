@@ -87,11 +87,12 @@ fn first_integer(messages: &[tokio_postgres::SimpleQueryMessage]) -> Result<Opti
 /// Pending replay counts, one row per record. The fence and state guard keep
 /// a late count off a newer record under the same key.
 static REPLAYS: LazyLock<String> = LazyLock::new(|| {
-    expand(
+    expand(&format!(
         "UPDATE idempotency_records r SET replay_count = r.replay_count + v.n \
          FROM unnest($1::bytea[], $2::bigint[], $3::bigint[]) AS v(scope_digest, fence, n) \
-         WHERE r.scope_digest = v.scope_digest AND r.fence = v.fence AND r.{replayable}",
-    )
+         WHERE {} AND r.scope_digest = v.scope_digest AND r.fence = v.fence AND r.{{replayable}}",
+        rows::planned_once("v.fence", "v.n")
+    ))
 });
 
 /// Unknown records for operators: `$1` the limit.

@@ -1,7 +1,8 @@
 //! The fence calls, abandon and the operators' changes: each locks the
 //! record, plans ([`crate::plan`]) and carries the plan out in one
-//! transaction. The filter's completion is the exception: one statement,
-//! [`COMPLETE`], which states [`plan::complete`] in SQL.
+//! transaction. The filter's completions are the exception: one statement,
+//! [`COMPLETE`], which states [`plan::complete`] in SQL for any number of
+//! them.
 
 use std::sync::LazyLock;
 
@@ -12,52 +13,63 @@ use idemgate_core::trace::Trace;
 
 use super::generation::{end_generation, event_of, execute, noted_event, set_unknown};
 use super::pool::{unavailable, Client, On, Stmt, Tx};
-use super::rows::{bind_with_columns, Bind, Param};
+use super::rows::{bind_with_columns, Param};
 use super::Postgres;
-use crate::backend::{Actor, EventInfo, Resolution, Result};
+use crate::backend::{Actor, EventInfo, Resolution, Result, StoreError};
 use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
 use crate::plan::{self, Fence, Plan, Write};
 use crate::sealing::Seal;
 
-/// Completes the record of `$1` if `$2` is its fence and it is open
+/// Completes each record of `$1[i]` whose fence is `$2[i]` if it is open
 /// (`{fenceable}`: [`idemgate_core::record::may_fence`]) or unknown and
 /// archived since ([`idemgate_core::record::completes_archived`]: then
-/// without its body), and records the event; no row back means stale. This is [`plan::complete`] in one
-/// statement, with no read before it, so a batch of completions is one
-/// round trip; the story suite checks that both come to the same in every
-/// state a completion meets (`a_completion_comes_to_what_its_plan_says`). `$3` status, `$4` headers, `$5` body, `$6` whether it
-/// is stored, `$7` now, `$8` the id of the key that sealed headers and body
-/// (NULL: plaintext).
+/// without its body), and records its event; a completion with no row back
+/// is stale. This is [`plan::complete`] in one statement, with no read
+/// before it, for any number of completions of distinct keys: a batch's
+/// completions are one transaction and one commit. The story suite checks
+/// that it comes to what the plan says in every state a completion meets
+/// (`a_completion_comes_to_what_its_plan_says`). Arrays, one element a
+/// completion: `$1` key, `$2` fence, `$3` status, `$4` headers, `$5` body
+/// (NULL: not stored), `$6` whether it is stored, `$8` the id of the key
+/// that sealed headers and body (NULL: plaintext); `$7` now.
 ///
-/// The statement's own transaction commits with `synchronous_commit = off`
-/// (no wait for the WAL flush) unless the claim's policy releases unknown
+/// The transaction commits with `synchronous_commit = off` (no wait for the
+/// WAL flush) unless the policy of one of its claims releases unknown
 /// outcomes: losing a completion in a database crash leaves the record in
 /// progress, so it turns unknown when its lease runs out and is never run
 /// again; under `on_unknown: release` it would free the key for a second
-/// execution, so that completion waits for the flush like every other write.
+/// execution, so a transaction that holds such a completion waits for the
+/// flush like every other write.
+///
+/// Rows are updated in no set order: two such statements completing the
+/// same keys at once (only a completion sent twice can) may deadlock, and
+/// PostgreSQL then fails one of them, whose completions go one by one.
 pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     let done = conditions::expand(&format!(
-        "done AS (UPDATE idempotency_records SET state = {completed}, response_status = $3, \
-           response_headers = $4, response_body = CASE WHEN archived_at IS NULL THEN $5::bytea END, \
-           body_stored = $6 AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
-           lease_until = $7, response_key = $8 WHERE {key} AND fence = $2 \
+        "c AS (SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[], $5::bytea[], \
+           $6::boolean[], $8::text[]) AS c(c_key, c_fence, c_status, c_headers, c_body, c_stored, c_sealed_by) \
+           WHERE {planned_once}), \
+         done AS (UPDATE idempotency_records SET state = {completed}, response_status = c_status, \
+           response_headers = c_headers, response_body = CASE WHEN archived_at IS NULL THEN c_body END, \
+           body_stored = c_stored AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
+           lease_until = $7, response_key = c_sealed_by FROM c WHERE scope_digest = c_key AND fence = c_fence \
            AND ({{fenceable}} OR {{unknown}} AND archived_at IS NOT NULL) \
-           RETURNING {generation}, fence, response_status, created_at, \
-           set_config('synchronous_commit', CASE WHEN release_on_unknown THEN 'on' ELSE 'off' END, true) \
-             AS commit_mode), ",
+           RETURNING {generation}, fence, response_status, created_at, release_on_unknown), \
+         mode AS (SELECT set_config('synchronous_commit', \
+           CASE WHEN bool_or(release_on_unknown) THEN 'on' ELSE 'off' END, true) AS commit_mode FROM done), ",
         completed = conditions::state(State::Completed),
         expiry = conditions::completion_expiry("$7"),
-        key = key_where!(),
         generation = crate::columns::GENERATION_OF_EVENT,
+        planned_once = super::rows::planned_once("c_fence", "c_status"),
     ));
     let values = format!(
         "SELECT generation, $7, {completion}, fence, response_status, {filter}, NULL, $7 - created_at, NULL \
-         FROM done WHERE commit_mode IS NOT NULL",
+         FROM done, mode WHERE commit_mode IS NOT NULL",
         completion = conditions::transition(Transition::Completed),
         filter = conditions::actor(&Actor::Filter),
     );
-    event_of(&done, &values, "done g")
+    event_of(&done, &values, "done g WHERE g.generation = ev.generation")
 });
 
 /// Carries out `plan` on the record of `key`, locked in `tx`: its reply and
@@ -154,12 +166,11 @@ impl Postgres {
     ) -> Result<FenceReply> {
         let client = self.connections.client().await?;
         let stmt = client.prepare(&COMPLETE).await?;
-        self.complete_on(&client, &stmt, req, body, now).await
+        self.complete_one(&client, &stmt, req, body, now).await
     }
 
-    /// [`COMPLETE`] on `client` (prepared there as `stmt`): one statement, so
-    /// a batch sends it together with the other calls' statements.
-    pub(super) async fn complete_on(
+    /// [`COMPLETE`] of one completion on `client` (prepared there as `stmt`).
+    pub(super) async fn complete_one(
         &self,
         client: &Client,
         stmt: &Stmt<'_>,
@@ -167,32 +178,63 @@ impl Postgres {
         body: &[u8],
         now: i64,
     ) -> Result<FenceReply> {
-        let key = ScopeDigest::of(&req.scope);
-        let fence = i64_from(req.fence);
-        let status = i32::from(req.status);
-        let body: Option<&[u8]> = if req.body_stored { Some(body) } else { None };
-        // Sealed under the fence the statement requires of the record.
-        let sealed = self
-            .seal
-            .seal(&key, req.fence, encode_headers(&req.headers), body)?;
-        let body = sealed.body.as_deref();
-        let params = key.bind(&[
-            &fence,
-            &status,
-            &sealed.headers,
-            &body,
-            &req.body_stored,
-            &now,
-            &sealed.key_id,
-        ]);
+        let replies = self.complete_all(client, stmt, &[(req, body)], now).await?;
+        replies
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Corrupt("a completion went unanswered".into()))
+    }
+
+    /// [`COMPLETE`] of `completions` (their keys distinct) on `client`
+    /// (prepared there as `stmt`): one statement, so a batch sends it
+    /// together with the other calls' statements. Their replies, in order.
+    /// An error means nothing is known of any of them (the statement is one
+    /// transaction: none was made, unless the error came after its commit).
+    pub(super) async fn complete_all(
+        &self,
+        client: &Client,
+        stmt: &Stmt<'_>,
+        completions: &[(&CompleteRequest, &[u8])],
+        now: i64,
+    ) -> Result<Vec<FenceReply>> {
+        let reqs: Vec<&CompleteRequest> = completions.iter().map(|(req, _)| *req).collect();
+        let keys: Vec<ScopeDigest> = reqs.iter().map(|req| ScopeDigest::of(&req.scope)).collect();
+        // Each sealed under the fence the statement requires of its record.
+        let sealed = completions
+            .iter()
+            .zip(&keys)
+            .map(|((req, body), key)| {
+                let body = req.body_stored.then_some(*body);
+                self.seal.seal(key, req.fence, encode_headers(&req.headers), body)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let digests: Vec<&[u8]> = keys.iter().map(ScopeDigest::as_bytes).collect();
+        let fences: Vec<i64> = reqs.iter().map(|req| i64_from(req.fence)).collect();
+        let statuses: Vec<i32> = reqs.iter().map(|req| i32::from(req.status)).collect();
+        let headers: Vec<&str> = sealed.iter().map(|s| s.headers.as_str()).collect();
+        let bodies: Vec<Option<&[u8]>> = sealed.iter().map(|s| s.body.as_deref()).collect();
+        let stored: Vec<bool> = reqs.iter().map(|req| req.body_stored).collect();
+        let sealed_by: Vec<Option<&str>> = sealed.iter().map(|s| s.key_id.as_deref()).collect();
+        let params: [Param<'_>; 8] = [
+            &digests, &fences, &statuses, &headers, &bodies, &stored, &now, &sealed_by,
+        ];
         let rows = client.rows(stmt, &params).await?;
-        let events = rows.iter().map(EventInfo::read).collect::<Result<Vec<_>>>()?;
-        self.log_all(&events, &req.trace);
-        Ok(if events.is_empty() {
-            FenceReply::Stale
-        } else {
-            FenceReply::Done
-        })
+        // A completion whose event came back is done; the others are stale.
+        let mut replies = vec![FenceReply::Stale; reqs.len()];
+        for row in &rows {
+            let event = EventInfo::read(row)?;
+            let key = ScopeDigest::of(&event.scope);
+            let i = keys.iter().position(|k| *k == key);
+            let (Some(reply), Some(req)) = (i.and_then(|i| replies.get_mut(i)), i.and_then(|i| reqs.get(i)))
+            else {
+                return Err(StoreError::Corrupt(
+                    "a completion returned a key it was not given".into(),
+                ));
+            };
+            *reply = FenceReply::Done;
+            self.log_all(std::slice::from_ref(&event), &req.trace);
+        }
+        Ok(replies)
     }
 
     /// Locks the record of `scope`, plans with `plan_for` (from `input`, the
