@@ -1620,13 +1620,7 @@ async fn a_batch_of_new_keys_commits_once_on_postgres() {
 async fn a_batch_whose_set_based_claim_fails_claims_one_by_one_on_postgres() {
     let cluster = pg::PgCluster::start();
     let b = pg_backend(&cluster.url("postgres")).await;
-    cluster.query(
-        "CREATE FUNCTION one_at_a_time() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF (SELECT count(*) FROM inserted) > 1 THEN RAISE EXCEPTION 'one record at a time'; END IF; \
-           RETURN NULL; END $$; \
-         CREATE TRIGGER one_at_a_time AFTER INSERT ON idempotency_records \
-           REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION one_at_a_time()",
-    );
+    one_record_at_a_time(&cluster, "INSERT");
     let answers = b.decide(new_claims("k-fallback", 4), T0).await;
     assert_eq!(owners(&answers), 4, "{answers:?}");
     assert_eq!(
@@ -1684,13 +1678,7 @@ async fn a_batch_whose_set_based_completion_fails_completes_one_by_one_on_postgr
     let cluster = pg::PgCluster::start();
     let b = pg_backend(&cluster.url("postgres")).await;
     let owned = b.decide(new_claims("k-done-alone", 4), T0).await;
-    cluster.query(
-        "CREATE FUNCTION one_at_a_time() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF (SELECT count(*) FROM updated) > 1 THEN RAISE EXCEPTION 'one record at a time'; END IF; \
-           RETURN NULL; END $$; \
-         CREATE TRIGGER one_at_a_time AFTER UPDATE ON idempotency_records \
-           REFERENCING NEW TABLE AS updated FOR EACH STATEMENT EXECUTE FUNCTION one_at_a_time()",
-    );
+    one_record_at_a_time(&cluster, "UPDATE");
     let answers = b.decide(completions("k-done-alone", &owned), T0 + 1).await;
     assert_eq!(done(&answers), 4, "{answers:?}");
     assert_eq!(
@@ -1761,6 +1749,18 @@ fn done(answers: &[idemgate_store::backend::Result<idemgate_store::backend::Answ
         .iter()
         .filter(|a| matches!(a, Ok(idemgate_store::backend::Answer::Fence(FenceReply::Done))))
         .count()
+}
+
+/// Makes the records' table refuse any statement that writes (`on`:
+/// `INSERT` or `UPDATE`) more than one record.
+fn one_record_at_a_time(cluster: &pg::PgCluster, on: &str) {
+    cluster.query(&format!(
+        "CREATE FUNCTION one_at_a_time() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF (SELECT count(*) FROM written) > 1 THEN RAISE EXCEPTION 'one record at a time'; END IF; \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER one_at_a_time AFTER {on} ON idempotency_records \
+           REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION one_at_a_time()"
+    ));
 }
 
 /// Claims of `n` new keys `prefix-0`, `prefix-1`, ...

@@ -109,16 +109,31 @@ impl Postgres {
         });
         let waits = claim_new.is_some();
         let (client, claim, complete) = (&client, &claim, &complete);
-        // First round: the set-based claim, sent first, the set-based
-        // completion, and every statement that does not wait for the
-        // claim's answer. `None`: a claim, which waits for it (then meets
-        // the records it inserted), or a completion.
-        let first = calls.iter().map(|call| async move {
+        // The completions, each key once: together if two or more.
+        let completions = distinct_keys(calls, |call| match call {
+            Call::Complete { req, body } => Some((&req.scope, (req, body.as_ref()))),
+            _ => None,
+        });
+        let alone = match completions.as_slice() {
+            [(i, _)] => Some(*i),
+            _ => None,
+        };
+        // First round: the set-based statements, sent first, and every
+        // statement that does not wait for their answers. `None`: a claim,
+        // which waits for the set-based claim (then meets the records it
+        // inserted), or a completion the set-based one answers or that
+        // follows one of the same key.
+        let first = calls.iter().enumerate().map(|(i, call)| async move {
             match call {
                 Call::Claim { .. } if waits => None,
                 Call::Claim { req, deadline } => {
                     Some(self.claim_alone(client, claim, req, now, *deadline).await)
                 }
+                Call::Complete { req, body } if alone == Some(i) => Some(Some(
+                    self.complete_one(client, complete, req, body, now)
+                        .await
+                        .map(Answer::Fence),
+                )),
                 Call::Complete { .. } => None,
                 Call::Release(_) | Call::MarkUnknown(_) | Call::Abandon(_) => Some(None),
             }
@@ -139,10 +154,6 @@ impl Postgres {
                 }
             }
         };
-        let completions = distinct_keys(calls, |call| match call {
-            Call::Complete { req, body } => Some((&req.scope, (req, body.as_ref()))),
-            _ => None,
-        });
         let completed = async {
             if completions.len() < 2 {
                 return HashMap::new();
