@@ -159,11 +159,7 @@ impl Postgres {
                 return HashMap::new();
             }
             let list: Vec<(&CompleteRequest, &[u8])> = completions.iter().map(|(_, c)| *c).collect();
-            let all = async {
-                let stmt = client.prepare(&COMPLETE).await?;
-                self.complete_all(client, &stmt, &list, now).await
-            };
-            match all.await {
+            match self.complete_all(client, complete, &list, now).await {
                 Ok(replies) => completions.iter().map(|(i, _)| *i).zip(replies).collect(),
                 Err(e) => {
                     tracing::warn!("postgres: a batch's completions go one by one: {e}");
@@ -183,22 +179,21 @@ impl Postgres {
                 if let Some(answer) = settled {
                     return answer;
                 }
-                let (req, deadline) = match call {
-                    Call::Claim { req, deadline } => (req, deadline),
+                match call {
+                    Call::Claim { req, deadline } => match owned.get(&i) {
+                        Some(&fence) => Some(Ok(Answer::Claim(ClaimOutcome::answer(ClaimReply::Owned {
+                            fence,
+                        })))),
+                        None => self.claim_alone(client, claim, req, now, *deadline).await,
+                    },
                     Call::Complete { req, body } => {
                         let reply = match completed.get(&i) {
                             Some(&reply) => Ok(reply),
                             None => self.complete_one(client, complete, req, body, now).await,
                         };
-                        return Some(reply.map(Answer::Fence));
+                        Some(reply.map(Answer::Fence))
                     }
-                    _ => return None,
-                };
-                match owned.get(&i) {
-                    Some(&fence) => Some(Ok(Answer::Claim(ClaimOutcome::answer(ClaimReply::Owned {
-                        fence,
-                    })))),
-                    None => self.claim_alone(client, claim, req, now, *deadline).await,
+                    Call::Release(_) | Call::MarkUnknown(_) | Call::Abandon(_) => None,
                 }
             });
         join_all(second).await
