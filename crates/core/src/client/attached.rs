@@ -82,7 +82,7 @@ impl Attached {
         let (calls, group) = match self.alone.pop_front() {
             Some(one) => (vec![one], false),
             None if self.busy || self.queued.is_empty() => return None,
-            None => (pack(&mut self.queued, |q| &q.call, false), true),
+            None => (pack(&mut self.queued, |q| &q.call), true),
         };
         self.queued_bytes = self
             .queued_bytes

@@ -50,6 +50,9 @@ pub struct Letters {
     waiting: VecDeque<Posted>,
     bytes: usize,
     flights: HashMap<Flight, Vec<Posted>>,
+    /// The batch in flight: letters due meanwhile go together once it
+    /// returns, as the group's calls do.
+    batch: Option<Flight>,
     alone_only: bool,
     next_flight: Flight,
     /// Jitter for the backoff, so the workers of a proxy that lost the
@@ -65,6 +68,7 @@ impl Letters {
             waiting: VecDeque::new(),
             bytes: 0,
             flights: HashMap::new(),
+            batch: None,
             alone_only: false,
             next_flight: 0,
             jitter: seed.max(1),
@@ -95,14 +99,19 @@ impl Letters {
         pushed_out
     }
 
-    /// The next callout to make: letters that are due, packed in order.
+    /// The next callout to make: a due letter that travels alone, or the
+    /// due letters packed in order unless a batch of them is in flight.
     pub fn poll_transmit(&mut self, now: i64) -> Option<Transmit> {
         let (mut due, later): (VecDeque<Posted>, VecDeque<Posted>) =
             self.waiting.drain(..).partition(|p| p.due <= now);
         self.waiting = later;
-        let alone = self.alone_only || due.front().is_some_and(|p| p.alone);
-        let letters = pack(&mut due, |p| &p.letter.call, alone);
-        // What did not fit goes first next time.
+        let alone = due.iter().position(|p| self.alone_only || p.alone);
+        let letters = match alone {
+            Some(i) => due.remove(i).into_iter().collect(),
+            None if self.batch.is_some() => Vec::new(),
+            None => pack(&mut due, |p| &p.letter.call),
+        };
+        // What was not sent goes first next time.
         for p in due.into_iter().rev() {
             self.waiting.push_front(p);
         }
@@ -112,12 +121,15 @@ impl Letters {
         self.bytes = self
             .bytes
             .saturating_sub(letters.iter().map(|p| weight(&p.letter.call)).sum());
+        let flight = self.next_flight;
+        self.next_flight += 1;
+        if alone.is_none() {
+            self.batch = Some(flight);
+        }
         let call = match letters.as_slice() {
             [one] => one.letter.call.clone(),
             many => StoreCall::batch(&many.iter().map(|p| &p.letter.call).collect::<Vec<_>>()),
         };
-        let flight = self.next_flight;
-        self.next_flight += 1;
         self.flights.insert(flight, letters);
         Some(Transmit { flight, call })
     }
@@ -133,6 +145,9 @@ impl Letters {
         let Some(letters) = self.flights.remove(&flight) else {
             return Vec::new();
         };
+        if self.batch == Some(flight) {
+            self.batch = None;
+        }
         let answers = match batch_verdict(answer, letters.len()) {
             BatchVerdict::Split(answers) => answers,
             verdict => {
@@ -174,9 +189,15 @@ impl Letters {
         step / 2 + self.jitter % (step / 2 + 1)
     }
 
-    /// When the next letter is due (`None`: nothing waits).
+    /// When the next letter is due that can go then (`None`: nothing
+    /// waits, or only for the batch in flight, whose answer sends it).
     pub fn next_due(&self) -> Option<i64> {
-        self.waiting.iter().map(|p| p.due).min()
+        let batch_out = self.batch.is_some();
+        self.waiting
+            .iter()
+            .filter(|p| !batch_out || self.alone_only || p.alone)
+            .map(|p| p.due)
+            .min()
     }
 
     /// Nothing waits and nothing is in flight.

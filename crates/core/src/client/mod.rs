@@ -13,8 +13,10 @@
 //!   caller's deadline: a call that cannot be queued or waited too long is
 //!   answered with nothing (the request fails closed, `503`).
 //! - [`Letters`]: calls that must outlive their request (an abandoned claim,
-//!   a settlement the store did not confirm), sent again with backoff until
-//!   the store decides them, for a bounded time.
+//!   a settlement under `settle: background` or one the store did not
+//!   confirm), sent again with backoff until the store decides them, for a
+//!   bounded time. They are group-committed the same way: letters due while
+//!   a batch of them is in flight go together once it returns.
 //!
 //! A batch is bounded by count ([`MAX_BATCH`]) and bytes ([`MAX_BATCH_BYTES`]),
 //! so it never exceeds the store's frame. A batch the store refuses as a
@@ -85,14 +87,14 @@ pub fn weight(call: &StoreCall) -> usize {
 
 /// Takes from the front of `queue` the calls of the next callout: at least
 /// one, then as many as fit in a batch by count and bytes, skipping none
-/// (order is kept). `alone` sends one at a time.
-pub fn pack<T>(queue: &mut VecDeque<T>, call: impl Fn(&T) -> &StoreCall, alone: bool) -> Vec<T> {
+/// (order is kept).
+pub fn pack<T>(queue: &mut VecDeque<T>, call: impl Fn(&T) -> &StoreCall) -> Vec<T> {
     let mut taken = Vec::new();
     let mut bytes = 0;
     while let Some(next) = queue.front() {
         let w = weight(call(next));
         let full = taken.len() >= MAX_BATCH || bytes + w > MAX_BATCH_BYTES;
-        if !taken.is_empty() && (alone || full) {
+        if !taken.is_empty() && full {
             break;
         }
         bytes += w;

@@ -51,15 +51,15 @@ fn a_quiet_worker_sends_at_once_and_a_busy_one_batches() {
 #[test]
 fn a_batch_is_bounded_by_bytes_as_well_as_count() {
     let mut queue: VecDeque<StoreCall> = (0..3).map(|_| call(4 * 1024 * 1024)).collect();
-    assert_eq!(pack(&mut queue, |c| c, false).len(), 1);
+    assert_eq!(pack(&mut queue, |c| c).len(), 1);
     let mut queue: VecDeque<StoreCall> = (0..20).map(|_| call(512 * 1024)).collect();
-    let first = pack(&mut queue, |c| c, false);
+    let first = pack(&mut queue, |c| c);
     assert!(first.len() < 20 && first.iter().map(weight).sum::<usize>() <= MAX_BATCH_BYTES);
     let mut queue: VecDeque<StoreCall> = (0..100).map(|_| call(1)).collect();
-    assert_eq!(pack(&mut queue, |c| c, false).len(), crate::protocol::MAX_BATCH);
+    assert_eq!(pack(&mut queue, |c| c).len(), crate::protocol::MAX_BATCH);
     // A call larger than a batch still goes, alone.
     let mut queue: VecDeque<StoreCall> = [call(MAX_BATCH_BYTES + 1)].into();
-    assert_eq!(pack(&mut queue, |c| c, false).len(), 1);
+    assert_eq!(pack(&mut queue, |c| c).len(), 1);
 }
 
 #[test]
@@ -219,10 +219,45 @@ fn large_letters_are_batched_within_the_frame() {
     for _ in 0..4 {
         l.post(letter(3 * 1024 * 1024), 0);
     }
+    let first = l.poll_transmit(0).unwrap();
+    assert_eq!(calls_in(&first), 2);
+    assert!(l.poll_transmit(0).is_none());
+    assert_eq!(l.answered(first.flight, ok_batch(2), 0).len(), 2);
+    assert_eq!(calls_in(&l.poll_transmit(0).unwrap()), 2);
+}
+
+#[test]
+fn letters_posted_while_a_batch_of_them_is_in_flight_go_together_once_it_returns() {
+    let mut l = Letters::new(BOUND, 1);
+    l.post(letter(10), 0);
+    let first = l.poll_transmit(0).unwrap();
+    assert_eq!(calls_in(&first), 1, "a quiet worker sends at once");
+    for _ in 0..3 {
+        l.post(letter(10), 1);
+    }
+    assert!(l.poll_transmit(1).is_none());
+    assert_eq!(l.next_due(), None, "the answer sends them, not the timer");
+    assert_eq!(l.answered(first.flight, Some((200, vec![])), 2).len(), 1);
+    let next = l.poll_transmit(2).unwrap();
+    assert_eq!(calls_in(&next), 3);
+    assert!(l.poll_transmit(2).is_none());
+}
+
+#[test]
+fn a_letter_that_travels_alone_does_not_wait_for_the_batch_in_flight() {
+    let mut l = Letters::new(BOUND, 1);
+    for _ in 0..2 {
+        l.post(letter(10), 0);
+    }
+    let refused = l.poll_transmit(0).unwrap();
+    assert!(l.answered(refused.flight, Some((413, vec![])), 0).is_empty());
+    l.post(letter(10), 0);
     let sent: Vec<usize> = std::iter::from_fn(|| l.poll_transmit(0))
         .map(|t| calls_in(&t))
         .collect();
-    assert_eq!(sent, [2, 2]);
+    assert_eq!(sent, [1, 1, 1], "two alone, then the new one as the batch");
+    l.post(letter(10), 0);
+    assert!(l.poll_transmit(0).is_none(), "the batch of one is in flight");
 }
 
 #[test]
