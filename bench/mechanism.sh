@@ -29,18 +29,19 @@ store_counters() {
         END {printf "{\"commits\":%d,\"durable\":%d,\"checkpoints\":%d}\n", c, d, k}'
 }
 
-# Syncs per durable batch: the store's fsync and fdatasync calls (all its
-# threads, `strace -f -c`) while new keys arrive at one connection for
-# $BENCH_STRACE_SECONDS, against its durable commits meanwhile. Under strace
-# every call is slower: these runs count, they time nothing.
+# Syncs per durable batch: the store's fsync and fdatasync calls (every
+# thread, `strace -f`) while new keys arrive at one connection for
+# $BENCH_STRACE_SECONDS, against its durable commits meanwhile, those of the
+# checkpointer's thread (a checkpoint's, not a batch's) counted apart. Under
+# strace every call is slower: these runs count, they time nothing.
 syncs_per_batch() { # name path prefix
     if ! command -v strace >/dev/null; then
         record "{\"syncs\":{\"scenario\":\"$1\",\"error\":\"no strace\"}}"
         return 0
     fi
-    local out=$W/strace-$1.txt tracer c0 c1 calls secs=${BENCH_STRACE_SECONDS:-4}
+    local out=$W/strace-$1.txt tracer c0 c1 calls checkpointer secs=${BENCH_STRACE_SECONDS:-4}
     say "$1: the store's sync calls under strace, new keys at one connection for ${secs}s"
-    strace -f -c -e trace=fdatasync,fsync -o "$out" -p "$store_pid" 2>>"$W/strace.log" &
+    strace -f -e trace=fdatasync,fsync -o "$out" -p "$store_pid" 2>>"$W/strace.log" &
     tracer=$!
     sleep 1
     c0=$(store_counters)
@@ -48,9 +49,16 @@ syncs_per_batch() { # name path prefix
         -- unique "$3" >/dev/null
     sleep 0.5 # completions after the last response (settle: background)
     c1=$(store_counters)
+    # Thread names are cut to 15 characters: "sqlite-checkpointer" reads "sqlite-checkpoi".
+    checkpointer=$(grep -l '^sqlite-checkpoi' /proc/"$store_pid"/task/*/comm 2>/dev/null | cut -d/ -f5 | paste -sd,)
     kill -INT "$tracer" 2>/dev/null || true
     wait "$tracer" 2>/dev/null || true
-    calls=$(awk '$NF == "fdatasync" || $NF == "fsync" {printf "%s\"%s\":%s", (n++ ? "," : ""), $NF, $4}' "$out" 2>/dev/null)
+    # Each call once, where it starts: "TID fdatasync(7) = 0" or "TID fdatasync(7 <unfinished ...>".
+    calls=$(awk -v ck=",$checkpointer," '
+        match($2, /^(fdatasync|fsync)\(/) {
+            n[(index(ck, "," $1 ",") ? "checkpointer_" : "") substr($2, 1, RLENGTH - 1)]++
+        }
+        END {for (k in n) printf "%s\"%s\":%d", (m++ ? "," : ""), k, n[k]}' "$out" 2>/dev/null)
     echo "sync calls {$calls}; store counters before $c0, after $c1"
     record "{\"syncs\":{\"scenario\":\"$1\",\"calls\":{$calls},\"before\":$c0,\"after\":$c1}}"
 }
