@@ -15,7 +15,7 @@ use crate::{AppState, Surface};
 pub enum Listener {
     Tcp(TcpListener),
     #[cfg(unix)]
-    Unix(UnixListener),
+    Unix(UnixListener, SocketFile),
 }
 
 /// The addresses one surface is served on, all alike.
@@ -54,6 +54,37 @@ fn remove_dead_socket(path: &str) -> std::io::Result<()> {
     }
 }
 
+/// The socket file a listener made: removed when the store stops, unless
+/// the path has meanwhile become another's (a store started after this one
+/// stopped accepting, which found the socket dead and bound it again).
+#[cfg(unix)]
+pub struct SocketFile {
+    path: std::path::PathBuf,
+    id: (u64, u64),
+}
+
+#[cfg(unix)]
+impl SocketFile {
+    fn of(path: &std::path::Path) -> std::io::Result<SocketFile> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(SocketFile {
+            path: path.to_path_buf(),
+            id: (m.dev(), m.ino()),
+        })
+    }
+
+    fn remove(self) {
+        let still_ours = SocketFile::of(&self.path).is_ok_and(|now| now.id == self.id);
+        if !still_ours {
+            return;
+        }
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), "the socket file stays behind: {e}");
+        }
+    }
+}
+
 impl Listener {
     /// Binds `addr`: `host:port`, or `unix:/path` (a socket file that an
     /// earlier run left there and nothing listens on any more is replaced).
@@ -61,7 +92,9 @@ impl Listener {
         #[cfg(unix)]
         if let Some(path) = addr.strip_prefix("unix:") {
             remove_dead_socket(path)?;
-            return UnixListener::bind(path).map(Listener::Unix);
+            let listener = UnixListener::bind(path)?;
+            let file = SocketFile::of(std::path::Path::new(path))?;
+            return Ok(Listener::Unix(listener, file));
         }
         TcpListener::bind(addr).await.map(Listener::Tcp)
     }
@@ -90,14 +123,14 @@ impl Listener {
                 tokio::spawn(async move { server.await })
             }
             #[cfg(unix)]
-            Listener::Unix(l) => {
-                let path = l
-                    .local_addr()
-                    .ok()
-                    .and_then(|a| a.as_pathname().map(|p| p.display().to_string()));
-                tracing::info!(?surface, "listening on unix:{}", path.unwrap_or_default());
+            Listener::Unix(l, file) => {
+                tracing::info!(?surface, "listening on unix:{}", file.path.display());
                 let server = axum::serve(l, service).with_graceful_shutdown(stopped);
-                tokio::spawn(async move { server.await })
+                tokio::spawn(async move {
+                    let served = server.await;
+                    file.remove();
+                    served
+                })
             }
         }
     }

@@ -979,6 +979,30 @@ async fn the_api_is_served_on_every_address_it_listens_on() {
     assert_eq!(found, 1, "the record claimed over the socket, looked up over TCP");
     drop(sender);
     shut_down(stop, server).await;
+    assert!(!socket.exists(), "a store that stops removes its socket file");
+}
+
+/// A store that stops leaves alone a socket file that is no longer its own:
+/// the path of a store started meanwhile (which found the old socket no
+/// longer accepting and bound the path again).
+#[tokio::test]
+async fn a_store_that_stops_leaves_the_socket_of_the_store_after_it() {
+    use idemgate_store::{Listener, Listeners};
+    let h = harness().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("store.sock");
+    let old = Listener::bind(&format!("unix:{}", socket.display()))
+        .await
+        .unwrap();
+    let (stop, server) = serve(&h, Listeners(vec![old]), None);
+    std::fs::remove_file(&socket).unwrap();
+    let newer = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    shut_down(stop, server).await;
+    std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    assert!(
+        newer.accept().is_ok(),
+        "the newer store's socket still reaches it"
+    );
 }
 
 /// A Unix address replaces only a socket file nothing listens on (what a
