@@ -405,8 +405,11 @@ def floor_targets(summary):
     if pg_cpu is None or not w4 or w4.get("per_key") is None:
         not_measured(target, "687 µs / 0.88", "≤ 300 µs / ≤ 0.35", "scenario 4 or its WAL count did not run")
     else:
-        wcd = wal.get("postgres-commit-delay") or {}
-        extra = f" (commit_delay=100: {wcd['per_key']:.2f})" if wcd.get("per_key") is not None else ""
+        others = [(label, (wal.get(name) or {}).get("per_key"))
+                  for name, label in (("postgres-commit-delay", "commit_delay=100"),
+                                      ("postgres-background", "4b, settle: background"))]
+        others = [f"{label}: {per:.2f}" for label, per in others if per is not None]
+        extra = f" ({'; '.join(others)})" if others else ""
         out.append((target, "687 µs / 0.88", "≤ 300 µs / ≤ 0.35", f"{pg_cpu:.0f} µs / {w4['per_key']:.2f}{extra}",
                     pg_cpu <= 300 and w4["per_key"] <= 0.35))
     target = "all processes, CPU per new key × baseline, fixed rate (load generator included)"

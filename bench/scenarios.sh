@@ -95,7 +95,7 @@ store_alone() {
 # 4. The store on PostgreSQL (same Envoy; the store's cluster points at the
 # same port): a throwaway cluster, then 4, 4b (settle: background) and 4cd (4
 # with the server's commit_delay=100 µs, commit_siblings at its default), with
-# the server's WAL flushes per new key for 4 and 4cd.
+# the server's WAL flushes per new key for each.
 pg_cluster() {
     say "PostgreSQL: throwaway cluster on port $PG_PORT"
     mkdir -p "$W/pg"
@@ -112,7 +112,7 @@ pg_scenarios() {
         -c "SELECT count(*), pg_total_relation_size('idempotency_records') FROM idempotency_records")
     record "{\"postgres_size\":{\"records\":${pgsize%% *},\"bytes\":${pgsize##* }}}"
     echo "PostgreSQL: records and bytes: $pgsize"
-    paired postgres-background with /pay-background unique pb
+    pg_wal_paired postgres-background /pay-background pb
     pg_conf commit_delay 100
     pg_wal_paired postgres-commit-delay /pay pd
     pg_conf commit_delay

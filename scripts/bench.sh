@@ -23,8 +23,8 @@
 #                  Envoy's store cluster reaches through a `pipe` address
 #   4 postgres     the same with the store on PostgreSQL; 4b with `settle:
 #                  background`; 4cd 4 with the server's commit_delay=100 (and
-#                  PostgreSQL's WAL flushes per new key, pg_stat_wal, for 4
-#                  and 4cd)
+#                  PostgreSQL's WAL flushes per new key, pg_stat_wal, for
+#                  each)
 #   5 replay       retries of completed keys (store on SQLite)
 #   7 scale        for SQLite, then PostgreSQL: the store empty and pre-filled
 #                  with each of $BENCH_SCALE records (bench/fill.py, straight
