@@ -1,18 +1,22 @@
 // Duplicate-execution probe: N identical requests with one Idempotency-Key,
 // all in flight at once, to a handler that takes 200 ms; then asks the
-// upstream how many times it executed for that key.
+// upstream how many times it executed for that key. A race's count varies
+// from one try to the next, so the burst is repeated ROUNDS times (a key
+// each, one round after the other).
 //
-//   node bench/burst.js URL KEY N EXECUTIONS_URL
-// Prints one JSON line: {"sent":N,"statuses":{...},"executions":E}.
+//   node bench/burst.js URL KEY N EXECUTIONS_URL [ROUNDS]
+// Prints one JSON line: {"sent":N,"statuses":{...},"executions":E,"per_round":[...]}:
+// the statuses of every round, and the executions of the worst round and of each.
 'use strict';
 const http = require('http');
 
-const [url, key, n, execUrl] = process.argv.slice(2);
+const [url, key, n, execUrl, r] = process.argv.slice(2);
 const count = Number(n || 50);
+const rounds = Number(r || 1);
 const body = JSON.stringify({ amount: 1000, currency: 'EUR', note: 'burst' });
 const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
 
-function post() {
+function post(key) {
     return new Promise((resolve) => {
         const req = http.request(url, {
             method: 'POST', agent,
@@ -37,9 +41,13 @@ function get(u) {
 }
 
 (async () => {
-    const codes = await Promise.all(Array.from({ length: count }, post));
     const statuses = {};
-    for (const c of codes) statuses[c] = (statuses[c] || 0) + 1;
-    const ex = await get(`${execUrl}?key=${encodeURIComponent(key)}`);
-    console.log(JSON.stringify({ sent: count, statuses, executions: ex.executions }));
+    const perRound = [];
+    for (let i = 1; i <= rounds; i++) {
+        const k = rounds > 1 ? `${key}-${i}` : key;
+        const codes = await Promise.all(Array.from({ length: count }, () => post(k)));
+        for (const c of codes) statuses[c] = (statuses[c] || 0) + 1;
+        perRound.push((await get(`${execUrl}?key=${encodeURIComponent(k)}`)).executions);
+    }
+    console.log(JSON.stringify({ sent: count, statuses, executions: Math.max(...perRound), per_round: perRound }));
 })().catch((e) => { console.error(e); process.exit(1); });

@@ -39,7 +39,7 @@ peer_scenarios() {
     record "{\"redis_size\":{\"records\":$keys,\"used_memory_delta\":$((used1 - used0))}}"
     if [[ -z $FLOOR ]]; then
         say "duplicate-execution probe: peer"
-        probe=$(node bench/burst.js "http://127.0.0.1:$peer_port/pay/slow" "burst-peer-$$" 50 "http://127.0.0.1:$peer_port/_bench/executions")
+        probe=$(node bench/burst.js "http://127.0.0.1:$peer_port/pay/slow" "burst-peer-$$" 50 "http://127.0.0.1:$peer_port/_bench/executions" "$PROBE_ROUNDS")
         echo "$probe"
         record "{\"probe\":\"peer\",\"result\":$probe}"
     fi

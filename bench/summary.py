@@ -483,8 +483,11 @@ def targets(summary):
                         w["p999_ms"] <= w.get("timeout_ms", 0) and bool(w.get("done"))))
     probes = summary["probes"]
     if "idemgate" in probes:
-        e = probes["idemgate"]["executions"]
-        out.append(("0 duplicate executions (50 at once, one key)", f"{e - 1 if e else 0} duplicates", e <= 1))
+        rounds = probes["idemgate"].get("per_round") or [probes["idemgate"]["executions"]]
+        duplicates = sum(max(e - 1, 0) for e in rounds)
+        out.append((f"0 duplicate executions (50 at once, one key; {len(rounds)} "
+                    f"round{'s' if len(rounds) != 1 else ''})", f"{duplicates} duplicates",
+                    duplicates == 0 and all(e >= 1 for e in rounds)))
     wasm = summary["meta"].get("wasm_bytes")
     if wasm:
         out.append(("wasm module ≤ 1 MB", f"{wasm / 1e6:.2f} MB ({wasm} bytes)", wasm <= 1_000_000))

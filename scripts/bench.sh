@@ -45,7 +45,8 @@
 #                  flight over BENCH_GRPC_CONNECTIONS (4) connections, and one
 #                  call at a time on one connection.
 #   + the duplicate-execution probe: 50 identical requests at once, one key,
-#     a 200 ms handler, for the peer and for idemgate.
+#     a 200 ms handler, for the peer and for idemgate, in BENCH_PROBE_ROUNDS
+#     (5) rounds of a key each: a race's count varies from try to try.
 # Every Envoy scenario also reads Envoy's counters of the store's cluster
 # (upstream_rq_total, upstream_cx_total) and of the filter's requests around
 # its measured run: store callouts and connections per covered request.
@@ -125,6 +126,7 @@ WARMUP=${BENCH_WARMUP:-2}
 CONC=${BENCH_CONCURRENCY:-${FLOOR:+1}}
 CONC=${CONC:-32}
 THREADS=${BENCH_THREADS:-1}
+PROBE_ROUNDS=${BENCH_PROBE_ROUNDS:-5}
 ENVOY=${ENVOY_BIN:-$ROOT/.tools/venv/bin/envoy}
 STORE_BIN=${IDEMGATE_STORE_BIN:-$ROOT/target/release/idempotency-store}
 WASM=${IDEMGATE_WASM:-$ROOT/target/idemgate.wasm}
@@ -569,8 +571,8 @@ start_envoy with
 paired uncovered with /free unique free
 sqlite_new_keys
 
-say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler)"
-probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions")
+say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler, $PROBE_ROUNDS rounds)"
+probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions" "$PROBE_ROUNDS")
 echo "$probe"
 record "{\"probe\":\"idemgate\",\"result\":$probe}"
 stop "$store_pid"
