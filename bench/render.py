@@ -10,6 +10,7 @@ from summary import (FORWARDING_MODES, GRPC, GRPC_SETUP, PEERS, fmt_per, forward
 def fmt_counters(c):
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
 
+
 def per_round(probe, unit=""):
     """A duplicate-execution probe's executions, each round's (one number before rounds were kept)."""
     return ", ".join(f"{e}{unit}" for e in probe.get("per_round") or [probe["executions"]])

@@ -17,12 +17,6 @@ struct Queued {
     deadline: i64,
 }
 
-struct Carried {
-    calls: Vec<Queued>,
-    /// The group's callout: what queued meanwhile goes once it returns.
-    group: bool,
-}
-
 pub struct Attached {
     /// Beyond it a call is answered with nothing at once (the request gets
     /// `503`, `Retry-After`).
@@ -33,9 +27,9 @@ pub struct Attached {
     /// refused or did not know their batch): sent at once.
     alone: VecDeque<Queued>,
     queued_bytes: usize,
-    flights: HashMap<Flight, Carried>,
-    /// The group's callout is in flight.
-    busy: bool,
+    flights: HashMap<Flight, Vec<Queued>>,
+    /// The group's callout in flight: what queues meanwhile goes once it returns.
+    group: Option<Flight>,
     /// The store answered a batch with 404 (it predates batches).
     alone_only: bool,
     next_flight: Flight,
@@ -49,7 +43,7 @@ impl Attached {
             alone: VecDeque::new(),
             queued_bytes: 0,
             flights: HashMap::new(),
-            busy: false,
+            group: None,
             alone_only: false,
             next_flight: 0,
         }
@@ -81,15 +75,17 @@ impl Attached {
     pub fn poll_transmit(&mut self, now: i64) -> Option<Transmit> {
         let (calls, group) = match self.alone.pop_front() {
             Some(one) => (vec![one], false),
-            None if self.busy || self.queued.is_empty() => return None,
+            None if self.group.is_some() || self.queued.is_empty() => return None,
             None => (pack(&mut self.queued, |q| &q.call), true),
         };
         self.queued_bytes = self
             .queued_bytes
             .saturating_sub(calls.iter().map(|q| weight(&q.call)).sum());
-        self.busy |= group;
         let flight = self.next_flight;
         self.next_flight += 1;
+        if group {
+            self.group = Some(flight);
+        }
         let call = match calls.as_slice() {
             [one] => one.call.clone(),
             many => {
@@ -101,7 +97,7 @@ impl Attached {
                 batch
             }
         };
-        self.flights.insert(flight, Carried { calls, group });
+        self.flights.insert(flight, calls);
         Some(Transmit { flight, call })
     }
 
@@ -113,27 +109,27 @@ impl Attached {
     /// The answer to `flight`, split per call. A batch the store refused or
     /// did not know is sent again call by call, and answers nobody yet.
     pub fn answered(&mut self, flight: Flight, answer: StoreAnswer) -> Vec<(Owner, StoreAnswer)> {
-        let Some(carried) = self.flights.remove(&flight) else {
+        let Some(calls) = self.flights.remove(&flight) else {
             return Vec::new();
         };
-        if carried.group {
-            self.busy = false;
+        if self.group == Some(flight) {
+            self.group = None;
         }
-        let answers = match batch_verdict(answer, carried.calls.len()) {
+        let answers = match batch_verdict(answer, calls.len()) {
             BatchVerdict::Split(answers) => answers,
             verdict => {
                 if matches!(verdict, BatchVerdict::Unknown) {
                     self.alone_only = true;
                     self.alone.extend(self.queued.drain(..));
                 }
-                for q in carried.calls.into_iter().rev() {
+                for q in calls.into_iter().rev() {
                     self.queued_bytes += weight(&q.call);
                     self.alone.push_front(q);
                 }
                 return Vec::new();
             }
         };
-        carried.calls.into_iter().map(|q| q.owner).zip(answers).collect()
+        calls.into_iter().map(|q| q.owner).zip(answers).collect()
     }
 
     /// Calls still queued whose callers stopped waiting, answered with nothing.

@@ -105,7 +105,7 @@ impl Letters {
         let (mut due, later): (VecDeque<Posted>, VecDeque<Posted>) =
             self.waiting.drain(..).partition(|p| p.due <= now);
         self.waiting = later;
-        let alone = due.iter().position(|p| self.alone_only || p.alone);
+        let alone = due.iter().position(|p| self.travels_alone(p));
         let letters = match alone {
             Some(i) => due.remove(i).into_iter().collect(),
             None if self.batch.is_some() => Vec::new(),
@@ -192,12 +192,16 @@ impl Letters {
     /// When the next letter is due that can go then (`None`: nothing
     /// waits, or only for the batch in flight, whose answer sends it).
     pub fn next_due(&self) -> Option<i64> {
-        let batch_out = self.batch.is_some();
         self.waiting
             .iter()
-            .filter(|p| !batch_out || self.alone_only || p.alone)
+            .filter(|p| self.batch.is_none() || self.travels_alone(p))
             .map(|p| p.due)
             .min()
+    }
+
+    /// A letter that goes alone, and so does not wait for the batch in flight.
+    fn travels_alone(&self, p: &Posted) -> bool {
+        self.alone_only || p.alone
     }
 
     /// Nothing waits and nothing is in flight.
