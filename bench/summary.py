@@ -347,9 +347,16 @@ CALLOUT_ROWS = (("0", "0 callouts per request"), ("1", "1 callout per request"),
 def per_callout(rows):
     """Envoy's CPU per callout: the difference between 1 or 2 callouts per
     request and none, per callout; and what a new key's two calls cost it
-    where idemgate makes them, above none."""
+    where idemgate makes them, above none. The same differences of the p50
+    at one connection: the latency a callout adds, and a new key's two."""
     envoy = {r["scenario"].split("-")[1]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
+    one = {r["scenario"].split("-")[1]: r.get("one_p50_ms") for r in rows}
     out = {}
+    if one.get("0") is not None:
+        if one.get("2") is not None:
+            out["one_ms_per_callout"] = (one["2"] - one["0"]) / 2
+        if one.get("k") is not None:
+            out["one_ms_new_key_calls"] = one["k"] - one["0"]
     if envoy.get("0") is not None:
         for n in (1, 2):
             if envoy.get(str(n)) is not None:
