@@ -142,6 +142,23 @@ fixed_rate_scenarios() { # with both Envoys and the store on SQLite up
     stop_callout
 }
 
+# 1c. The callout microbenchmark: a third Envoy whose listeners run the trivial
+# filter of bench/callout with 0, 1 and 2 sequential callouts per request to a
+# trivial server (bench/callout/sink.js), then forward to the same upstream.
+# The three alternate in $ROUNDS rounds; Envoy's CPU per request differs by
+# the callouts alone (the report divides the difference by their number), and
+# so does the p50 at one connection (the floors under the latency goals).
+callout_scenarios() {
+    local secs=$SECS lat=$LAT_SECS r n
+    start_callout
+    SECS=$(((secs + ROUNDS - 1) / ROUNDS)) LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
+    for ((r = 1; r <= ROUNDS; r++)); do
+        for n in 0 1 2 k; do scenario "callout-$n#$r" "callout-$n" /pay unique "c$n-$r"; done
+    done
+    SECS=$secs LAT_SECS=$lat
+    stop_callout
+}
+
 # The callout microbenchmark's Envoy (bench/callout): one listener each for
 # 0, 1 and 2 sequential callouts a request to a trivial server
 # (bench/callout/sink.js), then the request goes on to the same upstream;

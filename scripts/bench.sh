@@ -84,8 +84,9 @@
 # latest.* and the README alone. BENCH_ONLY=floor runs what the latency floor
 # needs, at one connection (BENCH_CONCURRENCY defaults to 1, BENCH_SECONDS
 # and BENCH_LATENCY_SECONDS to 9): the disk's sync floors, the store alone,
-# 3, 3c, 3u, 3p, 4, 4b, 4cd, 5, 6a, 6 and 6d, each with its baseline, and the
-# fixed-rate rounds, in about 15 minutes; its report goes to
+# 1c (the calls' own latency: the floors under 3's and 3c's goals), 3, 3c,
+# 3u, 3p, 4, 4b, 4cd, 5, 6a, 6 and 6d, each with its baseline, and the
+# fixed-rate rounds, in about 17 minutes; its report goes to
 # bench/results/only-floor/. BENCH_ONLY=scale runs 7 alone (BENCH_SCALE and
 # BENCH_SCALE_DBS choose what; 1e7 on postgres alone takes about 15
 # minutes), its report in bench/results/only-scale/.
@@ -532,6 +533,7 @@ fi
 if [[ $ONLY == floor ]]; then
     fsync_floors
     store_alone
+    callout_scenarios
     start_store "sqlite://$W/store.db"
     start_envoy without
     start_envoy with
@@ -549,19 +551,7 @@ if [[ $ONLY == floor ]]; then
     exit 0
 fi
 
-# 1c. The callout microbenchmark: a third Envoy whose listeners run the trivial
-# filter of bench/callout with 0, 1 and 2 sequential callouts per request to a
-# trivial server (bench/callout/sink.js), then forward to the same upstream.
-# The three alternate in $ROUNDS rounds; Envoy's CPU per request differs by
-# the callouts alone (the report divides the difference by their number).
-start_callout
-secs=$SECS lat=$LAT_SECS
-SECS=$(((secs + ROUNDS - 1) / ROUNDS)) LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
-for ((r = 1; r <= ROUNDS; r++)); do
-    for n in 0 1 2 k; do scenario "callout-$n#$r" "callout-$n" /pay unique "c$n-$r"; done
-done
-SECS=$secs LAT_SECS=$lat
-stop_callout
+callout_scenarios
 
 start_store "sqlite://$W/store.db"
 start_envoy without
