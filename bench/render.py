@@ -5,15 +5,15 @@ from pathlib import Path
 
 import floor_targets
 from summary import (FORWARDING_MODES, GRPC, GRPC_SETUP, PEERS, fmt_per, forwarding_modes, grpc_summary,
-                     records_label, row_of, targets)
+                     probe_rounds, records_label, row_of, targets)
 
 def fmt_counters(c):
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
 
 
 def per_round(probe, unit=""):
-    """A duplicate-execution probe's executions, each round's (one number before rounds were kept)."""
-    return ", ".join(f"{e}{unit}" for e in probe.get("per_round") or [probe["executions"]])
+    """A duplicate-execution probe's executions, each round's."""
+    return ", ".join(f"{e}{unit}" for e in probe_rounds(probe))
 
 
 def conditions(meta):
@@ -361,7 +361,7 @@ def readme_section(summary):
         out += ["", FORWARDING_MODES + " " + forwarding_modes(summary)]
     p = summary["probes"]
     if "idemgate" in p and "peer" in p:
-        rounds = len(p["peer"].get("per_round") or [0])
+        rounds = len(probe_rounds(p["peer"]))
         tries = "" if rounds == 1 else f" (in {rounds} tries, a key each)"
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler{tries} executed it "
                     f"**{per_round(p['idemgate'], '×')}** behind idemgate and **{per_round(p['peer'], '×')}** "

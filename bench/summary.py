@@ -423,6 +423,12 @@ def sweep_summary(w):
 def row_of(summary, name):
     return next((r for r in summary["rows"] if r["scenario"] == name), None)
 
+def probe_rounds(probe):
+    """A duplicate-execution probe's executions, round by round (a run from
+    before rounds were kept has its one)."""
+    return probe.get("per_round") or [probe["executions"]]
+
+
 def targets(summary):
     """(target, measured, met) for each target; None where not measured."""
     out = []
@@ -490,7 +496,7 @@ def targets(summary):
                         w["p999_ms"] <= w.get("timeout_ms", 0) and bool(w.get("done"))))
     probes = summary["probes"]
     if "idemgate" in probes:
-        rounds = probes["idemgate"].get("per_round") or [probes["idemgate"]["executions"]]
+        rounds = probe_rounds(probes["idemgate"])
         duplicates = sum(max(e - 1, 0) for e in rounds)
         out.append((f"0 duplicate executions (50 at once, one key; {len(rounds)} "
                     f"round{'s' if len(rounds) != 1 else ''})", f"{duplicates} duplicates",
