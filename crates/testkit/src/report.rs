@@ -1,9 +1,9 @@
 //! Rows of the results table in docs/reliability.md, written after the run's
 //! own checks with their verdict: `passed`, `FAILED`, or `skipped (why)` for
 //! a run that could not happen here. A run writes its row only when
-//! `IDEMGATE_REPORT` names the file (the Makefile's `test`, `chaos` and
-//! `soak` targets set it), through scripts/reliability-row.sh, the same
-//! script scripts/fuzz.sh uses.
+//! `IDEMGATE_REPORT` names the file (the Makefile's `report`, `chaos` and
+//! `soak` targets set it; `make test` leaves the file alone), through
+//! scripts/reliability-row.sh, the same script scripts/fuzz.sh uses.
 
 pub struct Row<'a> {
     pub run: &'a str,
