@@ -104,6 +104,8 @@ impl HttpContext for Filter {
             }
             self.fail_on_response = crate::fault::asked("response");
         }
+        // Before anything else, whether this filter is configured or not.
+        host::remove_forged_replay_marker();
         let (Some(worker), Some(attempt)) = (self.worker.clone(), self.attempt.take()) else {
             return Action::Continue;
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
 use idemgate_core::exchange::{StoreAnswer, StoreCall, UpstreamCall};
-use idemgate_core::protocol::{FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER};
+use idemgate_core::protocol::{FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER, REPLAY_MARKER};
 use idemgate_core::trace::{Trace, TRACE_HEADER};
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;
@@ -239,15 +239,38 @@ pub fn reroute(call: &StoreCall, held: usize) {
             done &= hostcalls::remove_map_value(MapType::HttpRequestHeaders, &name).is_ok();
         }
     }
-    // Envoy no longer picks the route again when a filter changes headers
-    // (envoyproxy/envoy#36671): its `clear_route_cache` function asks it to.
+    // The replay route admits only requests that carry the marker.
+    done &= set_request_header(REPLAY_MARKER, "1");
     done = done
         && hostcalls::set_buffer(BufferType::HttpRequestBody, 0, held, &call.body).is_ok()
-        && hostcalls::call_foreign_function("clear_route_cache", None).is_ok();
+        && clear_route_cache();
     if !done {
         log(
             LogLevel::Error,
             "could not reroute a replay to the store; resetting the stream",
+        );
+        let _ = hostcalls::reset_http_request();
+    }
+}
+
+/// Envoy no longer picks the route again when a filter changes headers
+/// (envoyproxy/envoy#36671): its `clear_route_cache` function asks it to.
+fn clear_route_cache() -> bool {
+    hostcalls::call_foreign_function("clear_route_cache", None).is_ok()
+}
+
+/// Removes the replay route's marker from a client's request, and has
+/// Envoy pick that request's route again without it: only the filter's own
+/// reroutes reach the store's replay route.
+pub fn remove_forged_replay_marker() {
+    if request_header(REPLAY_MARKER).is_none() {
+        return;
+    }
+    remove_request_header(REPLAY_MARKER);
+    if !clear_route_cache() {
+        log(
+            LogLevel::Error,
+            "a client's request carried the replay marker and its route could not be picked again; resetting the stream",
         );
         let _ = hostcalls::reset_http_request();
     }

@@ -612,3 +612,37 @@ async fn the_store_credential_can_come_from_envoys_environment_instead_of_its_co
         "the store credential shows in /config_dump"
     );
 }
+
+/// The store's gRPC replay method answers only the filter's own reroutes: a
+/// client on the demo's virtual host, which serves browsers too, cannot have
+/// it reflect a page or a cookie, with the route's marker header or without.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_cannot_make_the_replay_route_reflect_a_page_or_a_cookie() {
+    let mut opts = Options::new("envoy/demo.yaml", Database::Sqlite, 1);
+    opts.api_token = "demo-api-token";
+    let s = Stack::start(opts).await;
+    let block = r#"{"headers":[["content-type","text/html"],["set-cookie","session=stolen"]],"trailers":[]}"#;
+    let page = format!("{block}\n<script>alert(document.domain)</script>");
+    for marker in [None, Some("1")] {
+        let mut req = s
+            .client
+            .post(s.url(idemgate_core::protocol::REPLAY_PATH))
+            .bearer_auth(token("tenant-a.jwt"))
+            .header("content-type", "text/plain")
+            .body(page.clone());
+        if let Some(value) = marker {
+            req = req.header(idemgate_core::protocol::REPLAY_MARKER, value);
+        }
+        let a = send(req).await;
+        let body = String::from_utf8_lossy(&a.body);
+        assert!(
+            a.header("set-cookie").is_none()
+                && a.header("content-type") != Some("text/html")
+                && !body.contains("<script>"),
+            "marker {marker:?}: reflected: {a:?}"
+        );
+        // The demo's virtual host has no route for the path once the
+        // marker is gone: Envoy's own problem, not the store's answer.
+        assert_eq!(a.status, 404, "marker {marker:?}: {a:?}");
+    }
+}

@@ -116,6 +116,52 @@ pub fn split_trailers(body: &[u8]) -> Option<(&[u8], Metadata)> {
     }
 }
 
+/// Cookies: the filter never replays them (`config::NEVER_REPLAYED`), and
+/// the replay route answers on the API's own origin.
+const COOKIES: [&str; 2] = ["set-cookie", "set-cookie2"];
+
+/// Why the store's replay route refuses to send a response back: it sends
+/// only gRPC responses (a gRPC content type, whole message frames, no
+/// cookies), so whoever reaches it cannot make it reflect a page, a script
+/// or a cookie on the API's origin.
+pub fn replay_refusal(headers: &[(String, String)], messages: &[u8]) -> Option<&'static str> {
+    let content_type = headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    if !content_type.is_some_and(|(_, value)| is_grpc(value.as_bytes())) {
+        return Some("a replay is a gRPC response: its content-type must be application/grpc");
+    }
+    if headers
+        .iter()
+        .any(|(name, _)| COOKIES.iter().any(|cookie| name.eq_ignore_ascii_case(cookie)))
+    {
+        return Some("a replay never sets cookies");
+    }
+    if !whole_messages(messages) {
+        return Some("a replay's body is whole gRPC message frames");
+    }
+    None
+}
+
+/// Whether `body` is a sequence of whole length-prefixed messages (no
+/// trailer frame: trailers travel as trailers).
+fn whole_messages(mut body: &[u8]) -> bool {
+    while !body.is_empty() {
+        let Some(header) = body.get(..5) else {
+            return false;
+        };
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if header[0] & !1 != 0 {
+            return false;
+        }
+        let Some(rest) = body.get(5..).and_then(|rest| rest.get(len..)) else {
+            return false;
+        };
+        body = rest;
+    }
+    true
+}
+
 /// `grpc-message`'s percent-encoding: every byte outside printable ASCII,
 /// and `%`, as `%XX`.
 pub fn percent_encode(message: &str) -> String {
@@ -272,6 +318,39 @@ mod tests {
         let mut longer = body.clone();
         longer.extend_from_slice(&frame(b"after"));
         assert_eq!(split_trailers(&longer), None, "a frame after the trailers");
+    }
+
+    #[test]
+    fn the_replay_route_sends_back_only_grpc_responses() {
+        let grpc = |extra: &[(&str, &str)]| -> Vec<(String, String)> {
+            [("content-type", "application/grpc"), ("x-ledger-entry", "E-1")]
+                .iter()
+                .chain(extra)
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        };
+        let messages = [frame(b"one"), frame(b""), vec![1, 0, 0, 0, 2, 0x1f, 0x8b]].concat();
+        assert_eq!(replay_refusal(&grpc(&[]), &messages), None);
+        assert_eq!(replay_refusal(&grpc(&[]), &[]), None, "no message at all");
+
+        let page = vec![("content-type".to_string(), "text/html".to_string())];
+        assert!(replay_refusal(&page, &messages).is_some(), "text/html");
+        assert!(replay_refusal(&[], &messages).is_some(), "no content-type");
+        for cookie in ["set-cookie", "Set-Cookie2"] {
+            assert!(
+                replay_refusal(&grpc(&[(cookie, "session=x")]), &messages).is_some(),
+                "{cookie}"
+            );
+        }
+        for body in [&b"<script>alert(1)</script>"[..], &messages[..messages.len() - 1]] {
+            assert!(replay_refusal(&grpc(&[]), body).is_some(), "{body:?}");
+        }
+        let mut with_trailers = messages.clone();
+        append_trailers(&mut with_trailers, &[("grpc-status".into(), "0".into())]);
+        assert!(
+            replay_refusal(&grpc(&[]), &with_trailers).is_some(),
+            "a trailer frame"
+        );
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub const BATCH_PATH: &str = "/v1/batch";
 /// The store's replay route for gRPC responses, named as a gRPC method so
 /// that a route matching it exactly never meets a real one.
 pub const REPLAY_PATH: &str = "/idemgate.v1.Store/Replay";
+/// The request header Envoy's replay route requires. The filter sets it on
+/// the replays it reroutes and removes it from every request a client sends,
+/// so a client never reaches the store's replay route.
+pub const REPLAY_MARKER: &str = "x-idemgate-replay";
 pub const FRAME_CONTENT_TYPE: &str = "application/vnd.idemgate.frame";
 
 /// The header in which a peer lists the protocol versions it speaks (a

@@ -5,7 +5,11 @@
 //! response it read from the store here, on a route of Envoy's to this
 //! service over HTTP/2, and this sends it back as it came: headers,
 //! message frames, trailers. It reads and writes nothing, so it needs no
-//! credential: whoever calls it gets back only what they sent.
+//! credential: whoever calls it gets back only what they sent. Envoy's
+//! route to it requires a header only the filter's reroutes carry
+//! (`REPLAY_MARKER`), and this sends back only gRPC responses
+//! (`grpc::replay_refusal`): it can never reflect a page or a cookie on the
+//! API's origin.
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -24,6 +28,9 @@ pub async fn serve(body: Body) -> Response {
     let Ok((request, messages)) = decode_frame::<ReplayRequest>(&frame) else {
         return status_only(grpc::code::INTERNAL, "not a replay frame");
     };
+    if let Some(refusal) = grpc::replay_refusal(&request.headers, messages) {
+        return status_only(grpc::code::INTERNAL, refusal);
+    }
     let (Some(headers), Some(trailers)) = (fields(&request.headers), fields(&request.trailers)) else {
         return status_only(grpc::code::INTERNAL, "a stored field is not a header");
     };

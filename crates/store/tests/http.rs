@@ -1087,3 +1087,63 @@ async fn a_batch_decides_each_call_on_its_own() {
         .await;
     assert_eq!(r.status, 401);
 }
+
+/// The gRPC replay route sends back what it was sent only when that is a
+/// gRPC response: never a page, a script or a cookie on the API's origin.
+#[tokio::test]
+async fn the_replay_route_reflects_nothing_but_grpc_responses() {
+    use idemgate_core::protocol::{ReplayRequest, REPLAY_PATH};
+    let h = harness().await;
+    let replay = |headers: &[(&str, &str)], messages: &[u8]| {
+        let request = ReplayRequest {
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            trailers: vec![("grpc-status".into(), "0".into())],
+        };
+        encode_frame(&request, messages)
+    };
+    let message = [&[0, 0, 0, 0, 2][..], b"ok"].concat();
+
+    let r = h
+        .send(
+            "POST",
+            REPLAY_PATH,
+            None,
+            replay(
+                &[("content-type", "application/grpc"), ("x-ledger-entry", "E-1")],
+                &message,
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/grpc");
+    assert_eq!(r.headers["x-ledger-entry"], "E-1");
+    assert_eq!(r.body, message);
+
+    let script = b"<script>document.cookie</script>";
+    for (why, headers, body) in [
+        ("a page", &[("content-type", "text/html")][..], &script[..]),
+        (
+            "a cookie",
+            &[
+                ("content-type", "application/grpc"),
+                ("set-cookie", "session=stolen"),
+            ][..],
+            &message[..],
+        ),
+        (
+            "bytes that are not gRPC messages",
+            &[("content-type", "application/grpc")][..],
+            &script[..],
+        ),
+    ] {
+        let r = h.send("POST", REPLAY_PATH, None, replay(headers, body)).await;
+        assert_eq!(r.status, 200, "{why}");
+        assert_eq!(r.headers["content-type"], "application/grpc", "{why}");
+        assert_eq!(r.headers["grpc-status"], "13", "{why}");
+        assert!(!r.headers.contains_key("set-cookie"), "{why}");
+        assert!(r.body.is_empty(), "{why}: {}", String::from_utf8_lossy(&r.body));
+    }
+}

@@ -206,7 +206,9 @@ fn the_routes_match_the_bootstrap() {
     // the replay route (before the catch-all) to the store over HTTP/2.
     assert!(yaml.contains(r#""lease_seconds": 3, "grpc": {}}"#));
     let method = yaml.find(&format!("match: {{path: \"{}\"}}", GRPC.path)).unwrap();
-    let replay = yaml.find("match: {path: \"/idemgate.v1.Store/Replay\"}").unwrap();
+    let replay = yaml
+        .find("match: {path: \"/idemgate.v1.Store/Replay\", headers: [{name: x-idemgate-replay, present_match: true}]}")
+        .unwrap();
     let catch_all = yaml.find("match: {prefix: \"/\"}").unwrap();
     assert!(method < catch_all && replay < catch_all);
     assert!(yaml.contains("codec_type: AUTO"));
