@@ -270,17 +270,33 @@ impl Problem {
     /// The wait a `key-rate-limited` problem body (the store's answer to a
     /// claim) asks for; `None` for any other body.
     pub fn rate_limited_wait(body: &[u8]) -> Option<u64> {
+        let problem = Problem::read(ProblemKind::KeyRateLimited.status(), body)?;
+        (problem.kind == ProblemKind::KeyRateLimited).then(|| problem.retry_after_ms.unwrap_or(1000).max(1))
+    }
+
+    /// The problem a document answered with `status` states, when it is
+    /// one of ours (the store renders every refusal with [`Problem::render`]):
+    /// its `type` is a documentation base followed by a kind's slug, and
+    /// that kind's status, the document's `status` and the answer's agree.
+    /// `None` for anything else — plain text, Envoy's `about:blank`
+    /// problems, whatever a proxy or rate limiter in front of the store
+    /// writes.
+    pub fn read(status: u16, body: &[u8]) -> Option<Problem> {
         let v = serde_json::from_slice::<serde_json::Value>(body).ok()?;
-        let slug = v.get("type")?.as_str()?.rsplit('/').next()?;
-        if slug != ProblemKind::KeyRateLimited.slug() {
+        let type_uri = v.get("type")?.as_str()?;
+        let kind = ProblemKind::ALL
+            .into_iter()
+            .find(|k| type_uri.ends_with(k.slug()))?;
+        if kind.status() != status || v.get("status")?.as_u64()? != u64::from(status) {
             return None;
         }
-        Some(
-            v.get("retry_after_ms")
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(1000)
-                .max(1),
-        )
+        let detail = v
+            .get("detail")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        let mut problem = Problem::new(kind, detail);
+        problem.retry_after_ms = v.get("retry_after_ms").and_then(serde_json::Value::as_u64);
+        Some(problem)
     }
 
     /// The full response: status, `application/problem+json`, `Cache-Control:
@@ -435,6 +451,30 @@ mod tests {
         assert!(body.get("retry_after_ms").is_none(), "{body}");
         assert_eq!(Problem::rate_limited_wait(&busy.body), None);
         assert_eq!(Problem::rate_limited_wait(b"not json"), None);
+    }
+
+    #[test]
+    fn only_a_problem_of_ours_is_read_as_one() {
+        let refused =
+            Problem::new(ProblemKind::BodyTooLarge, "over 8 MiB").render("https://store.example/p/");
+        let read = Problem::read(413, &refused.body).unwrap();
+        assert_eq!(
+            (read.kind, read.detail.as_str()),
+            (ProblemKind::BodyTooLarge, "over 8 MiB")
+        );
+        // Whatever base the store was given, with a slash or without.
+        let unslashed = Problem::new(ProblemKind::BadRequest, "no").render("https://store.example/p");
+        let read = Problem::read(400, &unslashed.body).map(|p| p.kind);
+        assert_eq!(read, Some(ProblemKind::BadRequest));
+        // Another status than the document's is not its answer.
+        assert_eq!(Problem::read(400, &refused.body), None);
+        // Envoy's own replies, and what proxies and rate limiters write.
+        let envoy = envoy_reply(413, "Payload Too Large", "request body too large");
+        assert_eq!(Problem::read(413, &envoy.body), None);
+        assert_eq!(Problem::read(429, b"local_rate_limited"), None);
+        assert_eq!(Problem::read(408, b""), None);
+        let foreign = br#"{"type":"https://proxy.example/too-many","status":429,"detail":"slow down"}"#;
+        assert_eq!(Problem::read(429, foreign), None);
     }
     kind!(unauthorized_is_a_401, ProblemKind::Unauthorized, "unauthorized" => 401);
     kind!(forbidden_is_a_403, ProblemKind::Forbidden, "forbidden" => 403);

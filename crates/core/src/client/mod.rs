@@ -14,14 +14,17 @@
 //!   answered with nothing (the request fails closed, `503`).
 //! - [`Letters`]: calls that must outlive their request (an abandoned claim,
 //!   a settlement under `settle: background` or one the store did not
-//!   confirm), sent again with backoff until the store decides them, for a
-//!   bounded time. They are group-committed the same way: letters due while
+//!   confirm), sent again with backoff until the store itself decides them
+//!   ([`crate::exchange::decided`]: an answer from something in front of
+//!   it, such as a rate limiter's `429`, decides nothing), for a bounded
+//!   time. They are group-committed the same way: letters due while
 //!   a batch of them is in flight go together once it returns.
 //!
 //! A batch is bounded by count ([`MAX_BATCH`]) and bytes ([`MAX_BATCH_BYTES`]),
-//! so it never exceeds the store's frame. A batch the store refuses as a
-//! whole (a 4xx other than 404) is sent again call by call: a refusal of the
-//! batch is never read as each call's own answer.
+//! so it never exceeds the store's frame. A batch refused as a whole (any
+//! 4xx other than 404, whether the store's or a proxy's `408`, `413` or
+//! `429`) is sent again call by call: a refusal of the batch is never read
+//! as each call's own answer.
 
 use std::collections::VecDeque;
 
@@ -111,8 +114,9 @@ pub(crate) enum BatchVerdict {
     Split(Vec<crate::exchange::StoreAnswer>),
     /// The store predates batches (404): send every call alone from now on.
     Unknown,
-    /// The batch itself was refused (another 4xx, e.g. 413): send each call
-    /// alone; no call's own answer is known.
+    /// The batch itself was refused (another 4xx: the store's, or a 408,
+    /// 413 or 429 from something in front of it): send each call alone; no
+    /// call's own answer is known.
     Refused,
 }
 
@@ -122,7 +126,7 @@ pub(crate) fn batch_verdict(answer: crate::exchange::StoreAnswer, n: usize) -> B
     match &answer {
         _ if n == 1 => BatchVerdict::Split(vec![answer]),
         _ if crate::exchange::batches_unknown(&answer) => BatchVerdict::Unknown,
-        Some((status @ 400..=499, _)) if *status != 429 => BatchVerdict::Refused,
+        Some((400..=499, _)) => BatchVerdict::Refused,
         _ => BatchVerdict::Split(crate::exchange::batch_answers(answer, n)),
     }
 }

@@ -170,8 +170,8 @@ fn a_letter_is_sent_again_with_growing_backoff_until_the_store_decides() {
         "{gaps:?}"
     );
     let t = l.poll_transmit(now).unwrap();
-    let ended = l.answered(t.flight, Some((200, vec![1])), now);
-    assert_eq!(ended, vec![(letter(10), Delivery::Decided(Some((200, vec![1]))))]);
+    let ended = l.answered(t.flight, done(), now);
+    assert_eq!(ended, vec![(letter(10), Delivery::Decided(done()))]);
     assert!(l.is_idle());
 }
 
@@ -222,7 +222,7 @@ fn large_letters_are_batched_within_the_frame() {
     let first = l.poll_transmit(0).unwrap();
     assert_eq!(calls_in(&first), 2);
     assert!(l.poll_transmit(0).is_none());
-    assert_eq!(l.answered(first.flight, ok_batch(2), 0).len(), 2);
+    assert_eq!(l.answered(first.flight, done_batch(2), 0).len(), 2);
     assert_eq!(calls_in(&l.poll_transmit(0).unwrap()), 2);
 }
 
@@ -237,7 +237,7 @@ fn letters_posted_while_a_batch_of_them_is_in_flight_go_together_once_it_returns
     }
     assert!(l.poll_transmit(1).is_none());
     assert_eq!(l.next_due(), None, "the answer sends them, not the timer");
-    assert_eq!(l.answered(first.flight, Some((200, vec![])), 2).len(), 1);
+    assert_eq!(l.answered(first.flight, done(), 2).len(), 1);
     let next = l.poll_transmit(2).unwrap();
     assert_eq!(calls_in(&next), 3);
     assert!(l.poll_transmit(2).is_none());
@@ -274,4 +274,90 @@ fn a_batch_names_the_request_of_each_of_its_calls_in_order() {
     let batch = StoreCall::batch(&[&a, &b]);
     let ids: Vec<_> = batch.traces.iter().map(|t| t.request_id.as_deref()).collect();
     assert_eq!(ids, [Some("a"), Some("b")]);
+}
+
+/// The store's confirmation of a settlement, as it frames it.
+fn done() -> StoreAnswer {
+    Some((
+        200,
+        crate::protocol::encode_frame(&crate::protocol::FenceReply::Done, &[]),
+    ))
+}
+
+/// The store's answer to a batch of `n` settlements, each confirmed.
+fn done_batch(n: usize) -> StoreAnswer {
+    let results: Vec<(u16, Vec<u8>)> = (0..n).filter_map(|_| done()).collect();
+    Some((200, encode_batch_reply(&results)))
+}
+
+/// Answers to a settlement from something in front of the store: a rate
+/// limiter's plain text, a proxy's bare timeout, Envoy's own problem.
+fn not_the_stores() -> Vec<StoreAnswer> {
+    let envoy = crate::problem::envoy_reply(413, "Payload Too Large", "request body too large");
+    vec![
+        Some((429, b"local_rate_limited".to_vec())),
+        Some((408, Vec::new())),
+        Some((413, envoy.body)),
+    ]
+}
+
+#[test]
+fn a_letter_answered_by_something_in_front_of_the_store_is_sent_again() {
+    for answer in not_the_stores() {
+        let mut l = Letters::new(BOUND, 3);
+        l.post(letter(10), 0);
+        let t = l.poll_transmit(0).unwrap();
+        assert!(l.answered(t.flight, answer.clone(), 0).is_empty(), "{answer:?}");
+        let due = l.next_due().expect("sent again");
+        assert!(due > 0, "after a backoff: {answer:?}");
+        let again = l.poll_transmit(due).unwrap();
+        assert_eq!(again.call, t.call);
+        assert_eq!(
+            l.answered(again.flight, done(), due),
+            vec![(letter(10), Delivery::Decided(done()))]
+        );
+    }
+}
+
+#[test]
+fn a_letter_the_store_refuses_itself_ends_on_that_refusal() {
+    let problem = crate::problem::Problem::new(crate::problem::ProblemKind::BodyTooLarge, "too large");
+    let refused = Some((413, problem.render("https://store.example/problems/").body));
+    let mut l = Letters::new(BOUND, 3);
+    l.post(letter(10), 0);
+    let t = l.poll_transmit(0).unwrap();
+    assert_eq!(
+        l.answered(t.flight, refused.clone(), 0),
+        vec![(letter(10), Delivery::Decided(refused))]
+    );
+}
+
+#[test]
+fn a_batch_answered_429_as_a_whole_is_not_read_as_each_calls_answer() {
+    let limited = Some((429, b"local_rate_limited".to_vec()));
+    let mut c = Attached::new(BOUND);
+    c.submit(1, call(10), 0).unwrap();
+    let first = c.poll_transmit(0).unwrap();
+    c.submit(2, call(10), 0).unwrap();
+    c.submit(3, call(10), 0).unwrap();
+    c.answered(first.flight, done());
+    let batch = c.poll_transmit(0).unwrap();
+    assert_eq!(calls_in(&batch), 2);
+    assert!(c.answered(batch.flight, limited.clone()).is_empty());
+    let (a, b) = (c.poll_transmit(0).unwrap(), c.poll_transmit(0).unwrap());
+    assert_eq!((calls_in(&a), calls_in(&b)), (1, 1));
+
+    let mut l = Letters::new(BOUND, 1);
+    for _ in 0..3 {
+        l.post(letter(10), 0);
+    }
+    let t = l.poll_transmit(0).unwrap();
+    assert_eq!(calls_in(&t), 3);
+    assert!(l.answered(t.flight, limited, 0).is_empty(), "no letter ends");
+    let sent: Vec<Transmit> = std::iter::from_fn(|| l.poll_transmit(0)).collect();
+    assert_eq!(sent.iter().map(calls_in).collect::<Vec<_>>(), [1, 1, 1]);
+    for t in sent {
+        assert_eq!(l.answered(t.flight, done(), 0).len(), 1);
+    }
+    assert!(l.is_idle());
 }

@@ -12,8 +12,9 @@ use crate::Reply;
 
 impl Exchange {
     pub(super) fn claimed(&mut self, answer: StoreAnswer) -> Step {
-        // A store that refused the frame (4xx) wrote nothing; any other
-        // failure may have lost the answer to a committed claim.
+        // A store that refused the frame with a problem of its own wrote
+        // nothing; any other failure may have lost the answer to a
+        // committed claim.
         let refused = self.refusal.is_some();
         // Over the tenant's budget of new keys: the store claimed nothing,
         // so there is nothing to abandon and the key stays unused.

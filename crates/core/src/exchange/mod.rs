@@ -99,7 +99,8 @@ pub struct Exchange {
     settlement: Option<Settlement>,
     /// The valid key as an sf-string, echoed on every answer.
     echo: Option<String>,
-    /// The store refused a frame with a 4xx: status and its problem detail.
+    /// The store refused a frame with a final problem of its own
+    /// ([`refusal`]): status and its detail.
     refusal: Option<(u16, String)>,
     /// Detached forwarding: the request to send once the key is ours.
     upstream: Option<UpstreamCall>,
@@ -107,7 +108,7 @@ pub struct Exchange {
     /// has settled the record.
     relay: Option<Reply>,
     /// The settling call in flight, handed to the worker's letters if the
-    /// store does not decide it (no answer, or unavailable): the outcome is
+    /// store itself does not decide it ([`decided`]): the outcome is
     /// known, so it is delivered rather than left to the lease.
     redeliver: Option<StoreCall>,
 }

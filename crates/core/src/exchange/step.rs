@@ -1,5 +1,6 @@
 //! What the exchange asks of the filter, and what the store answers.
 
+use crate::problem::Problem;
 use crate::protocol::{decode_frame, encode_batch, split_batch, BatchReply, FenceReply, BATCH_PATH};
 use crate::Reply;
 
@@ -101,10 +102,15 @@ pub fn batches_unknown(answer: &StoreAnswer) -> bool {
 /// timeout, dispatch failure).
 pub type StoreAnswer = Option<(u16, Vec<u8>)>;
 
-/// Whether the store itself decided on the call (anything below 500): no
-/// answer, or an unavailable store, means it should be sent again.
+/// Whether the store itself decided a settlement (complete, release,
+/// mark-unknown, abandon): it answered with its fence frame (done, or a
+/// stale fence) or refused the call with a final problem of its own. Only
+/// that ends the call; anything else means it should be sent again: no
+/// answer, an unavailable store, and any answer the store did not write —
+/// a `408`, `413` or `429` from a proxy or rate limiter in front of it
+/// says nothing about the record.
 pub fn decided(answer: &StoreAnswer) -> bool {
-    matches!(answer, Some((status, _)) if *status < 500)
+    matches!(answer, Some((_, body)) if decode_frame::<FenceReply>(body).is_ok()) || refusal(answer).is_some()
 }
 
 /// Whether the store confirmed a complete, release or mark-unknown call.
@@ -112,28 +118,22 @@ pub fn settled(answer: &StoreAnswer) -> bool {
     matches!(answer, Some((200, body)) if decode_frame::<FenceReply>(body).ok().map(|(reply, _)| reply) == Some(FenceReply::Done))
 }
 
-/// A 4xx from the store means it refused the frame itself (a limit, the
-/// credential, the API version): a deployment error, not an outage. 409 is
-/// the store's ordinary "stale fence" answer, 429 its answer to a tenant
-/// over its budget of new keys.
+/// The store refused the frame itself (a limit, the credential, the API
+/// version) with a problem of its own that is final: a deployment error,
+/// not an outage. A problem it asks to be retried on (`key-rate-limited`,
+/// `store-unavailable`) is none, nor is its stale fence (a frame), nor any
+/// answer it did not write: `(status, detail)`.
 pub fn refusal(answer: &StoreAnswer) -> Option<(u16, String)> {
-    match answer {
-        Some((status @ 400..=499, body)) if *status != 409 && *status != 429 => {
-            let detail = serde_json::from_slice::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string))
-                .unwrap_or_default();
-            Some((*status, detail))
-        }
-        _ => None,
-    }
+    let (status, body) = answer.as_ref()?;
+    let problem = Problem::read(*status, body).filter(|p| !p.kind.retryable())?;
+    Some((*status, problem.detail))
 }
 
 /// Each call's answer from the answer to a batch of `n` calls. A batch
-/// answered as a whole (no answer, an unavailable store, a refusal of the
-/// batch itself, a reply that does not match the batch) gives every call
-/// that same answer, so each fails closed, or reports the refusal, exactly
-/// as it would have alone.
+/// answered as a whole (no answer, an unavailable store, a reply that does
+/// not match the batch) gives every call that same answer, so each fails
+/// closed exactly as it would have alone. (A batch refused with a `4xx`
+/// is not split: [`crate::client`] sends its calls again one by one.)
 pub fn batch_answers(answer: StoreAnswer, n: usize) -> Vec<StoreAnswer> {
     let split = |body: &[u8]| {
         let (meta, bytes) = decode_frame::<BatchReply>(body).ok()?;

@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::ENVOY_DEFAULT_BUFFER_LIMIT;
 use crate::limits;
+use crate::problem::ProblemKind;
 use crate::protocol::{
     decode_frame, encode_frame, AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceRequest,
     COMPLETE_PATH,
@@ -79,6 +80,12 @@ fn claim_of(step: &Step) -> ClaimRequest {
 
 fn reply(reply: ClaimReply, body: &[u8]) -> StoreAnswer {
     Some((200, encode_frame(&reply, body)))
+}
+
+/// A refusal as the store answers it: a problem document of its own.
+fn store_problem(kind: ProblemKind, detail: &str) -> StoreAnswer {
+    let reply = Problem::new(kind, detail).render("https://store.example/problems/");
+    Some((reply.status, reply.body))
 }
 
 fn problem_slug(step: &Step) -> (u16, String) {
@@ -328,7 +335,7 @@ fn every_answer_to_a_valid_key_echoes_it_as_an_sf_string() {
 #[test]
 fn a_store_4xx_is_reported_once_as_a_refusal_and_still_fails_closed() {
     let (mut ex, _) = begin("/pay", Some("k"), Some("{}"));
-    let refused = Some((400, br#"{"detail":"ttl_ms must be between 1 and 9"}"#.to_vec()));
+    let refused = store_problem(ProblemKind::BadRequest, "ttl_ms must be between 1 and 9");
     assert_eq!(
         problem_slug(&ex.store_reply(refused)),
         (503, "store-unavailable".into())
@@ -671,10 +678,7 @@ fn a_refused_completion_is_reported_as_failed() {
 fn a_refused_completion_is_also_a_refusal_to_report() {
     let mut ex = owned("/pay");
     ex.response_headers(upstream(201, &[], true));
-    let refused = Some((
-        400,
-        br#"{"detail":"status must be between 100 and 599"}"#.to_vec(),
-    ));
+    let refused = store_problem(ProblemKind::BadRequest, "status must be between 100 and 599");
     assert_eq!(ex.store_reply(refused), Step::Continue);
     assert_eq!(ex.settlement(), Some(Settlement::Failed));
     assert_eq!(
@@ -712,6 +716,7 @@ fn answer(status: &str, extra: &[(&str, &str)], body_size: usize) -> UpstreamAns
 
 const MARK: (&str, &str) = ("x-envoy-upstream-service-time", "3");
 const DONE: &[u8] = b"{\"outcome\":\"done\"}\n";
+const STALE: &[u8] = b"{\"outcome\":\"stale\"}\n";
 
 #[test]
 fn a_detached_answer_is_completed_then_relayed_whole() {
@@ -775,7 +780,7 @@ fn a_detached_completion_the_store_did_not_take_goes_to_the_store_client() {
     // A store that decided (stale fence, refused frame) is not asked again.
     for decided in [
         Some((409, b"{\"outcome\":\"stale\"}\n".to_vec())),
-        Some((400, b"{}".to_vec())),
+        store_problem(ProblemKind::BadRequest, "a header name is not a token"),
     ] {
         let mut ex = forwarded();
         ex.upstream_reply(answer("201", &[MARK], 2), || b"ok".to_vec());
@@ -870,12 +875,37 @@ fn a_settlement_the_store_did_not_decide_is_delivered_in_every_mode() {
     // A stale fence is the store's decision: nothing to deliver again.
     let mut ex = owned("/pay");
     ex.response_headers(upstream(201, &[], true));
-    assert_eq!(ex.store_reply(Some((409, Vec::new()))), Step::Continue);
+    assert_eq!(ex.store_reply(Some((409, STALE.to_vec()))), Step::Continue);
     assert_eq!(ex.settlement(), Some(Settlement::Failed));
     // With the client gone mid-request, a detached exchange is marked unknown
     // only when nobody can take it over.
     let mut ex = forwarded();
     assert_eq!(ex.finish().map(|c| c.path), Some(MARK_UNKNOWN_PATH));
+}
+
+#[test]
+fn a_settlement_answered_by_something_in_front_of_the_store_is_delivered_again() {
+    let envoy = crate::problem::envoy_reply(413, "Payload Too Large", "request body too large");
+    for answer in [
+        Some((429, b"local_rate_limited".to_vec())),
+        Some((408, Vec::new())),
+        Some((413, envoy.body)),
+    ] {
+        let mut ex = owned("/pay");
+        let Step::Call(call) = ex.response_headers(upstream(201, &[], true)) else {
+            panic!("expected the completion")
+        };
+        let Step::Deliver(again, next) = ex.store_reply(answer.clone()) else {
+            panic!("{answer:?}: not delivered again")
+        };
+        assert_eq!((again, *next), (call, Step::Continue));
+        assert_eq!(ex.settlement(), Some(Settlement::Completed));
+        assert_eq!(
+            ex.take_store_refusal(),
+            None,
+            "{answer:?} is not the store's refusal"
+        );
+    }
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! The exchange, the worker's store client and the store's rules, simulated
 //! together: many requests on one Envoy worker against the store in memory,
-//! over a network that loses, delays and refuses, with clients that leave at
-//! any moment and an upstream that is slow or cut off. Deterministic: a seed
-//! and a policy make a scenario, and a scenario always runs the same way.
-//! After each scenario the audit checks the contract's promises.
+//! over a network that loses, delays and refuses (the store, or something in
+//! front of it), with clients that leave at any moment and an upstream that
+//! is slow or cut off. Deterministic: a seed and a policy make a scenario,
+//! and a scenario always runs the same way. After each scenario the audit
+//! checks the contract's promises.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -149,7 +150,7 @@ fn faults() -> impl Strategy<Value = Faults> {
     let p = || prop_oneof![Just(0.0), 0.0..0.3f64];
     let behind = prop_oneof![Just(0i64), 1_000..5_000i64];
     let restarts = prop::bool::weighted(0.2);
-    (p(), p(), p(), p(), 0.0..0.6f64, p(), behind, restarts).prop_map(
+    (p(), p(), p(), p(), 0.0..0.6f64, p(), behind, restarts, p()).prop_map(
         |(
             lose_request,
             lose_answer,
@@ -159,6 +160,7 @@ fn faults() -> impl Strategy<Value = Faults> {
             upstream_lost,
             clock_steps_back_ms,
             store_restarts,
+            in_front,
         )| Faults {
             lose_request,
             lose_answer,
@@ -168,6 +170,7 @@ fn faults() -> impl Strategy<Value = Faults> {
             upstream_lost,
             clock_steps_back_ms,
             store_restarts,
+            in_front,
         },
     )
 }
@@ -523,6 +526,19 @@ fn the_seeds_that_found_defects_stay_fixed() {
                 ..Knobs::default()
             },
             faults: Faults::default(),
+        },
+        // A settlement answered 408, 413 or 429 by something in front of the store ended as if the store had decided it: "request 2 was answered 201 but its record ended Some(Open(Unknown))".
+        Input {
+            seed: 7397736452244787137,
+            knobs: Knobs {
+                short_ttl: true,
+                ..Knobs::default()
+            },
+            faults: Faults {
+                upstream_lost: 0.014586472137040942,
+                in_front: 0.245591425783675,
+                ..Faults::default()
+            },
         },
     ];
     let broken: Vec<String> = seeds

@@ -5,8 +5,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use idemgate_core::config::OnUnknown;
+use idemgate_core::config::{OnUnknown, DEFAULT_DOC_BASE};
 use idemgate_core::limits::MAX_FRAME;
+use idemgate_core::problem::{Problem, ProblemKind};
 use idemgate_core::protocol::{
     decode_frame, encode_batch_reply, encode_frame, split_batch, AbandonRequest, Batch, ClaimReply,
     ClaimRequest, CompleteRequest, FenceReply, FenceRequest, ABANDON_PATH, BATCH_PATH, CLAIM_PATH,
@@ -49,6 +50,12 @@ pub enum Claimed {
     Wait,
 }
 
+/// A refusal as the store writes it: a problem document of its own.
+fn refused(kind: ProblemKind, detail: &str) -> (u16, Vec<u8>) {
+    let reply = Problem::new(kind, detail).render(DEFAULT_DOC_BASE);
+    (reply.status, reply.body)
+}
+
 fn fence_answer(done: bool) -> (u16, Vec<u8>) {
     let reply = if done { FenceReply::Done } else { FenceReply::Stale };
     (if done { 200 } else { 409 }, encode_frame(&reply, &[]))
@@ -58,7 +65,8 @@ impl MemStore {
     /// One call, as `POST path` with `body`.
     pub fn call(&mut self, path: &str, body: &[u8], now: i64, waited_out: bool) -> Claimed {
         if body.len() > MAX_FRAME {
-            return Claimed::Answer(413, b"{\"detail\":\"frame too large\"}".to_vec());
+            let (status, body) = refused(ProblemKind::BodyTooLarge, "frame too large");
+            return Claimed::Answer(status, body);
         }
         let answer = match path {
             BATCH_PATH => self.batch(body, now),
@@ -70,10 +78,10 @@ impl MemStore {
 
     fn batch(&mut self, body: &[u8], now: i64) -> (u16, Vec<u8>) {
         let Ok((meta, bytes)) = decode_frame::<Batch>(body) else {
-            return (400, Vec::new());
+            return refused(ProblemKind::BadRequest, "not a frame");
         };
         let Ok(parts) = split_batch(meta.calls.iter().map(|c| c.len), bytes) else {
-            return (400, Vec::new());
+            return refused(ProblemKind::BadRequest, "not a frame");
         };
         let results: Vec<(u16, Vec<u8>)> = meta
             .calls
@@ -89,7 +97,8 @@ impl MemStore {
 
     fn claim(&mut self, body: &[u8], now: i64, waited_out: bool) -> Claimed {
         let Ok((req, _)) = decode_frame::<ClaimRequest>(body) else {
-            return Claimed::Answer(400, Vec::new());
+            let (status, body) = refused(ProblemKind::BadRequest, "not a claim frame");
+            return Claimed::Answer(status, body);
         };
         let existing = self.records.get(&req.scope).map(|r| &r.view);
         let reply = match decide_claim(existing, &req, now) {
@@ -156,7 +165,7 @@ impl MemStore {
         match path {
             COMPLETE_PATH => {
                 let Ok((req, bytes)) = decode_frame::<CompleteRequest>(body) else {
-                    return (400, Vec::new());
+                    return refused(ProblemKind::BadRequest, "not a frame");
                 };
                 let late = |r: &Record| {
                     r.view.archived
@@ -183,7 +192,7 @@ impl MemStore {
             }
             RELEASE_PATH | MARK_UNKNOWN_PATH => {
                 let Ok((req, _)) = decode_frame::<FenceRequest>(body) else {
-                    return (400, Vec::new());
+                    return refused(ProblemKind::BadRequest, "not a frame");
                 };
                 if self.fenced(&req.scope, req.fence).is_none() {
                     return fence_answer(false);
@@ -197,7 +206,7 @@ impl MemStore {
             }
             ABANDON_PATH => {
                 let Ok((req, _)) = decode_frame::<AbandonRequest>(body) else {
-                    return (400, Vec::new());
+                    return refused(ProblemKind::BadRequest, "not a frame");
                 };
                 let attempt = req.attempt.as_str();
                 match decide_abandon(self.records.get(&req.scope).map(|r| &r.view), attempt) {
@@ -212,7 +221,7 @@ impl MemStore {
                     }
                 }
             }
-            _ => (404, Vec::new()),
+            _ => refused(ProblemKind::NotFound, "not a call of /v1"),
         }
     }
 

@@ -33,6 +33,10 @@ pub struct Faults {
     pub clock_steps_back_ms: i64,
     /// The store is killed once, at a moment chosen by the seed.
     pub store_restarts: bool,
+    /// Something in front of the store (a rate limiter, a proxy) answers a
+    /// call itself, `408`, `413` or `429` in its own words, and the store
+    /// never sees it.
+    pub in_front: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -588,6 +592,11 @@ impl World {
             .any(|r| (*r..r + RESTART_MS).contains(&self.now));
         if down || self.chance(self.scenario.faults.unavailable) {
             self.reply(token, Some((503, Vec::new())));
+            return;
+        }
+        if self.chance(self.scenario.faults.in_front) {
+            let status = [408, 413, 429][self.rng.range(0, 3) as usize];
+            self.reply(token, Some((status, b"local_rate_limited".to_vec())));
             return;
         }
         let Some(c) = self.callouts.get(&token) else {
