@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use e2e::stack::{Database, Options, Stack};
 use e2e::{eventually, poll, send, Answer, Harness};
 
 use e2e::fresh_key as key;
@@ -428,6 +429,51 @@ async fn an_upstream_never_reached_releases_the_key() {
         // Envoy's own reply, rendered as a problem by local_reply_config; the
         // retry reached the router again instead of meeting a conflict.
         assert_eq!(a.problem().as_deref(), Some("about:blank"), "{a:?}");
+    }
+}
+
+/// Envoy's own replies as the reference bootstraps render them: a problem
+/// document for every HTTP request, whether or not it has a body or a
+/// content-type, and a gRPC status for a gRPC call.
+#[tokio::test(flavor = "multi_thread")]
+async fn envoys_own_replies_are_problems_for_any_http_request_and_statuses_for_grpc_calls() {
+    fn assert_envoys_problem(what: &str, a: &Answer, status: u16) {
+        assert_eq!(a.status, status, "{what}: {a:?}");
+        assert_eq!(a.problem().as_deref(), Some("about:blank"), "{what}: {a:?}");
+        assert_eq!(a.header("cache-control"), Some("no-store"), "{what}: {a:?}");
+        assert_eq!(a.json()["status"], status, "{what}: {a:?}");
+    }
+    let h = Harness::start().await;
+    let bare = send(h.client.get(h.url("/unreachable"))).await;
+    assert_envoys_problem("envoy/e2e.yaml, no healthy upstream", &bare, 503);
+
+    // The demo's bootstrap leaves paths unrouted and tells gRPC calls apart.
+    let mut options = Options::new("envoy/demo.yaml", Database::Sqlite, 1);
+    options.api_token = "demo-api-token";
+    let demo = Stack::start(options).await;
+    let token = std::fs::read_to_string(e2e::repo_root().join("examples/tokens/tenant-a.jwt")).unwrap();
+    let get = |path: &str| demo.client.get(demo.url(path)).bearer_auth(token.trim());
+    let post = |path: &str| demo.client.post(demo.url(path)).bearer_auth(token.trim());
+    let bare = send(get("/nowhere")).await;
+    assert_envoys_problem("no route, no body, no content-type", &bare, 404);
+    let json = send(
+        post("/nowhere")
+            .header("content-type", "application/json")
+            .body("{}"),
+    )
+    .await;
+    assert_envoys_problem("no route, a JSON body", &json, 404);
+    for content_type in ["application/grpc", "application/grpc+proto"] {
+        let grpc = send(
+            post("/nowhere.v1.Service/Call")
+                .header("content-type", content_type)
+                .header("te", "trailers")
+                .body(vec![0u8; 5]),
+        )
+        .await;
+        assert_eq!(grpc.status, 200, "{content_type}: {grpc:?}");
+        assert_eq!(grpc.header("content-type"), Some("application/grpc"), "{grpc:?}");
+        assert_eq!(grpc.header("grpc-status"), Some("12"), "UNIMPLEMENTED: {grpc:?}");
     }
 }
 
