@@ -7,8 +7,10 @@
 //! sweeper's and the listings' selections. Their conditions are built here,
 //! once, by asking the rules which states they accept, and both backends
 //! write them through [`expand`]: neither spells a state list of its own, so
-//! they cannot disagree with the rules or with each other. The story suite
-//! covers each condition on both backends. The states, transitions and
+//! they cannot disagree with the rules or with each other. Each condition is
+//! first a predicate ([`fenceable`], [`leased`], ...) that its SQL is spelled
+//! from, and which the in-memory backend asks as it is. The story suite
+//! covers each condition on every backend. The states, transitions and
 //! actors statements write as literals are spelled here too ([`state`],
 //! [`transition`], [`actor`]), by the enums, so none spells its own.
 //!
@@ -67,33 +69,58 @@ fn states_where(accepted: impl Fn(State) -> bool) -> String {
 /// The state and archive half of [`record::may_fence`] (the fence half is the
 /// statement's own `fence = $n`): complete, release and mark-unknown act only
 /// on such a record.
-pub static FENCEABLE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{} AND archived_at IS NULL",
-        states_where(|s| record::may_fence(s, 1, 1))
-    )
-});
+pub fn fenceable(state: State, archived: bool) -> bool {
+    !archived && record::may_fence(state, 1, 1)
+}
 
 /// The state and archive half of [`record::may_abandon`] (the attempt half is
 /// the statement's own join): the sweeper releases an abandoned claim that
 /// landed late only while it is such a record.
-pub static ABANDONABLE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{} AND archived_at IS NULL",
-        states_where(|s| record::may_abandon(s, Some("attempt"), "attempt"))
-    )
-});
+pub fn abandonable(state: State, archived: bool) -> bool {
+    !archived && record::may_abandon(state, Some("attempt"), "attempt")
+}
 
 /// A record whose stored response [`record::decide_claim`] may replay: only
 /// such a record counts replays.
-pub static REPLAYABLE: LazyLock<String> = LazyLock::new(|| states_where(|s| s == State::Completed));
+pub fn replayable(state: State) -> bool {
+    state == State::Completed
+}
 
 /// A record with a lease that can run out (the sweeper's first phase and the
 /// stuck listing).
-pub static LEASED: LazyLock<String> = LazyLock::new(|| states_where(|s| s == State::InProgress));
+pub fn leased(state: State) -> bool {
+    state == State::InProgress
+}
 
-/// An unknown record (the unknown listing).
-pub static UNKNOWN: LazyLock<String> = LazyLock::new(|| states_where(|s| s == State::Unknown));
+/// An unknown record (the unknown listing and the monitoring).
+pub fn unknown(state: State) -> bool {
+    state == State::Unknown
+}
+
+/// [`fenceable`] in SQL.
+pub static FENCEABLE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} AND archived_at IS NULL",
+        states_where(|s| fenceable(s, false))
+    )
+});
+
+/// [`abandonable`] in SQL.
+pub static ABANDONABLE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} AND archived_at IS NULL",
+        states_where(|s| abandonable(s, false))
+    )
+});
+
+/// [`replayable`] in SQL.
+pub static REPLAYABLE: LazyLock<String> = LazyLock::new(|| states_where(replayable));
+
+/// [`leased`] in SQL.
+pub static LEASED: LazyLock<String> = LazyLock::new(|| states_where(leased));
+
+/// [`unknown`] in SQL.
+pub static UNKNOWN: LazyLock<String> = LazyLock::new(|| states_where(unknown));
 
 /// [`record::completion_expiry`] in SQL, for the statement that completes
 /// without reading first; `now` is the statement's parameter for now.

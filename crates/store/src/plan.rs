@@ -1,23 +1,26 @@
-//! What the fence calls, abandon, the operators' changes and the sweeper do
-//! to a record, decided once for both backends.
+//! What a claim, the fence calls, abandon, the operators' changes and the
+//! sweeper do to a record, decided once for every backend.
 //!
 //! Each operation is planned from the record as loaded (and locked, on
 //! PostgreSQL): a [`Plan`] is the reply and the [`Write`]s that make it
 //! true, in order. A backend loads, asks here, and carries the plan out with
-//! the steps it has for each write (`carry_out` in `sqlite::operations` and
-//! `postgres::operations`); neither backend decides anything of its own.
-//! The rules themselves are [`idemgate_core::record`]'s.
+//! the steps it has for each write (`carry_out` in `sqlite::operations`,
+//! `postgres::operations` and `memory::operations`); no backend decides
+//! anything of its own. A claim is planned as a [`ClaimPlan`]: its one step
+//! no other operation takes is starting a generation. The rules themselves
+//! are [`idemgate_core::record`]'s.
 //!
 //! One decision is also stated in SQL: PostgreSQL completes a record with a
 //! single statement that reads nothing first (`postgres::operations::COMPLETE`,
 //! built from [`crate::conditions`]); the story suite checks that it comes
 //! to what [`complete`] plans, in every state a completion can meet.
 
-use idemgate_core::protocol::{CompleteRequest, FenceReply};
-use idemgate_core::record::{self, AbandonDecision, State, Transition};
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply};
+use idemgate_core::record::{self, AbandonDecision, ClaimDecision, Standing, State, Transition};
 use idemgate_core::scope::Scope;
 
 use crate::backend::{Action, Actor, Resolution, SweepReport};
+use crate::calls::ClaimOutcome;
 use crate::columns::LoadedRecord;
 
 /// A transition, who caused it (an operator lives as long as the plan), and
@@ -96,6 +99,72 @@ impl<'a, R> Plan<'a, R> {
 
     fn of(reply: R, writes: Vec<Write<'a>>) -> Plan<'a, R> {
         Plan { reply, writes }
+    }
+}
+
+/// What a claim does to its key ([`record::decide_claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimPlan {
+    /// Answer this; nothing changes.
+    Answer(ClaimReply),
+    /// Serve the stored response (status, headers, body) and count the
+    /// replay in the record.
+    Replay { status: u16, completed_at: i64 },
+    /// Take the key: the generation there, if any, moves to the history as
+    /// `replaced` (without its body), a fresh one starts in progress under
+    /// a new fence from the one sequence, `by` is recorded on it, and the
+    /// claim is answered `Owned` with that fence.
+    Take {
+        replaced: Option<Standing>,
+        by: By<'static>,
+    },
+    /// Change the record without taking the key (an expired lease turns
+    /// unknown): the plan's writes, then its answer.
+    Change(Plan<'static, ClaimOutcome>),
+}
+
+impl ClaimPlan {
+    /// Whether carrying it out writes anything but a replay's count: a claim
+    /// past its caller's deadline must not, and a peek does not.
+    pub fn writes(&self) -> bool {
+        matches!(self, ClaimPlan::Take { .. } | ClaimPlan::Change(_))
+    }
+}
+
+/// A claim of `req`'s key, whose current record is `loaded`.
+pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> ClaimPlan {
+    match (record::decide_claim(loaded.map(|l| &l.view), req, now), loaded) {
+        (ClaimDecision::Answer(reply), _) => ClaimPlan::Answer(reply),
+        (ClaimDecision::Replay { status, completed_at }, _) => ClaimPlan::Replay { status, completed_at },
+        // The generation it replaces keeps its row in the history; the
+        // `reclaimed` event on the new one says what took it over.
+        (ClaimDecision::Claim, Some(old)) => ClaimPlan::Take {
+            replaced: Some(record::ended_as(old.view.state, Transition::Reclaimed)),
+            by: (Transition::Reclaimed, &Actor::Filter, None),
+        },
+        (ClaimDecision::BecomeUnknown, Some(l)) => ClaimPlan::Change(Plan::of(
+            ClaimOutcome {
+                reply: ClaimReply::Unknown,
+                body: Vec::new(),
+                became_unknown: true,
+            },
+            vec![
+                Write::SetUnknown {
+                    read_with: (l.view.fence, l.view.state),
+                    expires_at: record::unknown_expiry(now, l.ttl_ms),
+                },
+                Write::Event {
+                    by: (Transition::LeaseExpired, &Actor::Filter, Some("unknown")),
+                    note: None,
+                },
+            ],
+        )),
+        // No record: the key is free (`decide_claim` turns nothing unknown
+        // that is not there).
+        (ClaimDecision::Claim | ClaimDecision::BecomeUnknown, None) => ClaimPlan::Take {
+            replaced: None,
+            by: (Transition::Claimed, &Actor::Filter, None),
+        },
     }
 }
 

@@ -317,3 +317,73 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
     }
     assert_eq!(report.total(), 4);
 }
+
+fn claiming(on_unknown: idemgate_core::config::OnUnknown) -> ClaimRequest {
+    ClaimRequest {
+        scope: scope(),
+        fingerprint: None,
+        lease_ms: 1_000,
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        after_expiry: idemgate_core::config::AfterExpiry::Reject,
+        on_unknown,
+        attempt: None,
+        deadline_ms: 0,
+        trace: Default::default(),
+    }
+}
+
+#[test]
+fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
+    use idemgate_core::config::OnUnknown;
+    let conflict = claiming(OnUnknown::Conflict);
+    let claimed = (Transition::Claimed, &Actor::Filter, None);
+    assert_eq!(
+        claim(None, &conflict, NOW),
+        ClaimPlan::Take {
+            replaced: None,
+            by: claimed
+        }
+    );
+    assert!(claim(None, &conflict, NOW).writes());
+    // The lease (until 2 000) ran out: turned unknown, or taken over.
+    let open = loaded(State::InProgress);
+    let unknown = ClaimPlan::Change(Plan::of(
+        ClaimOutcome {
+            reply: ClaimReply::Unknown,
+            body: Vec::new(),
+            became_unknown: true,
+        },
+        vec![
+            Write::SetUnknown {
+                read_with: (7, State::InProgress),
+                expires_at: NOW + 10_000,
+            },
+            event((Transition::LeaseExpired, &Actor::Filter, Some("unknown"))),
+        ],
+    ));
+    assert_eq!(claim(Some(&open), &conflict, NOW), unknown);
+    assert_eq!(
+        claim(Some(&open), &claiming(OnUnknown::Release), NOW),
+        ClaimPlan::Take {
+            replaced: Some(Standing::EndedBy(Transition::LeaseExpired)),
+            by: (Transition::Reclaimed, &Actor::Filter, None),
+        }
+    );
+    // Inside the lease, and a completed record: answered, nothing written.
+    let early = claim(Some(&open), &conflict, 1_500);
+    assert_eq!(
+        early,
+        ClaimPlan::Answer(ClaimReply::InProgress { retry_after_ms: 500 })
+    );
+    assert!(!early.writes());
+    let replay = claim(Some(&loaded(State::Completed)), &conflict, 20_000);
+    assert_eq!(
+        replay,
+        ClaimPlan::Replay {
+            status: 201,
+            completed_at: 1_000
+        }
+    );
+    assert!(!replay.writes());
+}

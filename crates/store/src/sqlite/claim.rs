@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
-use idemgate_core::record::{self, ClaimDecision, Transition};
 use rusqlite::Connection;
 
 use super::engine::{Durability, Engine, Job, Pending, Writer};
-use super::generation::{apply_replays, event, insert_generation, set_unknown, to_history, Journal};
+use super::generation::{apply_replays, event, insert_generation, to_history, Journal};
+use super::operations::carry_out;
 use super::rows::load_with;
 use super::Logged;
-use crate::backend::{Actor, Answer, ClaimOutcome, Result, StoreError};
+use crate::backend::{Answer, ClaimOutcome, Result, StoreError};
 use crate::columns::ScopeDigest;
+use crate::plan::{self, ClaimPlan};
 use crate::replays::{AskedFlush, ReplayTally};
 use crate::sealing::Seal;
 
@@ -45,14 +46,14 @@ pub(super) fn probe(
         let Some(loaded) = loaded else {
             return Ok(Seen::Absent);
         };
-        Ok(match record::decide_claim(Some(&loaded.view), &req, now) {
-            ClaimDecision::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
-            ClaimDecision::Replay { status, completed_at } => {
+        Ok(match plan::claim(Some(&loaded), &req, now) {
+            ClaimPlan::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
+            ClaimPlan::Replay { status, completed_at } => {
                 let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
                 Seen::Decided(outcome)
             }
-            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Seen::Changes,
+            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Seen::Changes,
         })
     })?;
     let absent = match seen {
@@ -77,14 +78,14 @@ pub(super) fn peek(
         let Some(loaded) = loaded else {
             return Ok(None);
         };
-        match record::decide_claim(Some(&loaded.view), req, now) {
-            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
-            ClaimDecision::Replay { status, completed_at } => {
+        match plan::claim(Some(&loaded), req, now) {
+            ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimPlan::Replay { status, completed_at } => {
                 let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
                 Ok(Some(outcome))
             }
-            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
         }
     })
 }
@@ -166,15 +167,20 @@ fn claim_absent(
     now: i64,
     journal: &mut Journal,
 ) -> Result<Option<u64>> {
+    // What a claim of an absent record plans: a generation, `claimed`.
+    let ClaimPlan::Take { by, .. } = plan::claim(None, req, now) else {
+        return Ok(None);
+    };
     let fence = w.next_fence()?;
     if !insert_generation(w, req, key, fence, now, false)? {
         return Ok(None);
     }
-    event(w, key, (Transition::Claimed, &Actor::Filter, None), now, journal)?;
+    event(w, key, by, now, journal)?;
     Ok(Some(fence))
 }
 
-/// Read, decide with the shared rules, write: only ever called on the writer.
+/// Read, plan with the shared rules ([`plan::claim`]), carry the plan out:
+/// only ever called on the writer.
 fn claim_on_writer(
     w: &Writer<'_>,
     (req, seal): (&ClaimRequest, &Seal),
@@ -182,32 +188,26 @@ fn claim_on_writer(
     now: i64,
     journal: &mut Journal,
 ) -> Result<ClaimOutcome> {
-    let (loaded, decision, body) = load_with(w, key, |loaded, body| {
-        let decision = record::decide_claim(loaded.as_ref().map(|l| &l.view), req, now);
-        let body = match decision {
-            ClaimDecision::Replay { .. } => body()?,
+    let (loaded, planned, body) = load_with(w, key, |loaded, body| {
+        let planned = plan::claim(loaded.as_ref(), req, now);
+        let body = match planned {
+            ClaimPlan::Replay { .. } => body()?,
             _ => Vec::new(),
         };
-        Ok((loaded, decision, body))
+        Ok((loaded, planned, body))
     })?;
-    match decision {
-        ClaimDecision::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
-        ClaimDecision::Claim => {
-            // The generation it replaces keeps its row in the history.
-            let transition = match &loaded {
-                Some(old) => {
-                    let ended = record::ended_as(old.view.state, Transition::Reclaimed);
-                    to_history(w, key, ended, now)?;
-                    Transition::Reclaimed
-                }
-                None => Transition::Claimed,
-            };
+    match planned {
+        ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
+        ClaimPlan::Take { replaced, by } => {
+            if let Some(ended) = replaced {
+                to_history(w, key, ended, now)?;
+            }
             let fence = w.next_fence()?;
             insert_generation(w, req, key, fence, now, true)?;
-            event(w, key, (transition, &Actor::Filter, None), now, journal)?;
+            event(w, key, by, now, journal)?;
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
-        ClaimDecision::Replay { status, completed_at } => {
+        ClaimPlan::Replay { status, completed_at } => {
             let sql = concat!(
                 "UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE ",
                 key_where!()
@@ -218,16 +218,6 @@ fn claim_on_writer(
                 None => Ok(ClaimOutcome::replay(status, None, completed_at, body)),
             }
         }
-        ClaimDecision::BecomeUnknown => {
-            let ttl_ms = loaded.map(|l| l.ttl_ms).unwrap_or(0);
-            set_unknown(w, key, record::unknown_expiry(now, ttl_ms))?;
-            let by = (Transition::LeaseExpired, &Actor::Filter, Some("unknown"));
-            event(w, key, by, now, journal)?;
-            Ok(ClaimOutcome {
-                reply: ClaimReply::Unknown,
-                body: Vec::new(),
-                became_unknown: true,
-            })
-        }
+        ClaimPlan::Change(planned) => carry_out(w, journal, (key, seal), planned, now),
     }
 }
