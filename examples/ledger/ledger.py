@@ -5,6 +5,7 @@
                                 which counts its executions per idempotency
                                 key, and ledger.v1.Ledger/Executions, which
                                 reports that count (never covered by a policy)
+      --compress gzip           compress every answer (`grpc-encoding: gzip`)
   ledger.py call TARGET ...     one or more Transfer calls; prints a JSON line
                                 per call: what the client read (status,
                                 message, metadata, error details)
@@ -69,13 +70,14 @@ def _code(n):
     return next(c for c in grpc.StatusCode if c.value[0] == n)
 
 
-def serve(port):
+def serve(port, compress=None):
     ledger = Ledger()
     handlers = {
         "Transfer": grpc.unary_unary_rpc_method_handler(ledger.transfer),
         "Executions": grpc.unary_unary_rpc_method_handler(ledger.count),
     }
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    compression = grpc.Compression.Gzip if compress == "gzip" else None
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), compression=compression)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
@@ -181,6 +183,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve")
     s.add_argument("port", type=int)
+    s.add_argument("--compress", choices=["gzip"], help="compress every answer with this encoding")
     c = sub.add_parser("call")
     c.add_argument("target")
     c.add_argument("--key")
@@ -193,7 +196,7 @@ def main():
     c.add_argument("--pretty", action="store_true", help="print each answer for a human, not as JSON")
     args = parser.parse_args()
     if args.command == "serve":
-        serve(args.port)
+        serve(args.port, args.compress)
     else:
         call(args)
 

@@ -34,6 +34,11 @@ struct Ledger {
 
 impl Ledger {
     async fn start() -> Ledger {
+        Ledger::serving(&[]).await
+    }
+
+    /// The ledger started with `ledger.py serve`'s options, e.g. `--compress gzip`.
+    async fn serving(options: &[&str]) -> Ledger {
         let port = e2e::free_port();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("ledger.log");
@@ -41,7 +46,8 @@ impl Ledger {
             "ledger",
             Command::new(e2e::python())
                 .arg(script())
-                .args(["serve", &port.to_string()]),
+                .args(["serve", &port.to_string()])
+                .args(options),
             log.clone(),
         );
         e2e::eventually("the gRPC ledger listens", Duration::from_secs(20), || {
@@ -148,6 +154,35 @@ async fn a_retried_call_runs_once_and_its_replay_reads_as_the_original() {
     let missing = ledger.call(&["--body", "amount=1"]).await.remove(0);
     assert_eq!(missing["code"], INVALID_ARGUMENT, "{missing}");
     assert_eq!(reason(&missing), "KEY_MISSING");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compressed_answer_replays_as_readably_as_it_first_came() {
+    let ledger = Ledger::serving(&["--compress", "gzip"]).await;
+    let key = fresh_key("grpc-gzip");
+    // Long enough to compress: gRPC sends a message that gzip would not
+    // shrink as it is, with the compressed flag off.
+    let body = format!("amount=100;memo={}", "x".repeat(2000));
+    let first = ledger.one(&key, &body).await;
+    assert_eq!(first["code"], OK, "{first}");
+    assert_eq!(first["text"], format!("executed 1 for {body}"));
+    let retry = ledger.one(&key, &body).await;
+    assert_eq!(retry["code"], OK, "{retry}");
+    assert_eq!(retry["message"], first["message"], "the same message");
+    assert_eq!(metadata(&retry, "initial", "idempotent-replayed"), Some("true"));
+    assert_eq!(ledger.executions(&key).await, 1);
+    // Stored as the server sent it: compressed, with its encoding.
+    let record = ledger
+        .stack
+        .current_record("acme", "*", "ledger.transfer", &key)
+        .await;
+    assert!(
+        record["headers"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!(["grpc-encoding", "gzip"])),
+        "{record}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

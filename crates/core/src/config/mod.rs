@@ -264,6 +264,12 @@ pub const BASE_REPLAY_HEADERS: [&str; 8] = [
     "content-encoding",
 ];
 
+/// Response headers a gRPC policy also stores and replays: what a client
+/// needs to read the stored messages. A compressed message (its flag set)
+/// means nothing without the encoding it was compressed with; the encodings
+/// the server accepts (`grpc-accept-encoding`) only matter to a request.
+pub const GRPC_REPLAY_HEADERS: [&str; 1] = ["grpc-encoding"];
+
 /// Never stored or replayed, whatever a policy lists.
 pub const NEVER_REPLAYED: [&str; 14] = [
     "set-cookie",
@@ -289,7 +295,9 @@ impl Policy {
         if NEVER_REPLAYED.contains(&name.as_str()) || name.starts_with("x-envoy-") || name.starts_with(':') {
             return false;
         }
-        BASE_REPLAY_HEADERS.contains(&name.as_str()) || self.replay_headers.contains(&name)
+        BASE_REPLAY_HEADERS.contains(&name.as_str())
+            || (self.grpc.is_some() && GRPC_REPLAY_HEADERS.contains(&name.as_str()))
+            || self.replay_headers.contains(&name)
     }
 
     /// Whether a gRPC response's trailer is replayed: the status and its

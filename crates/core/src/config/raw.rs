@@ -385,12 +385,14 @@ impl RawPolicy {
         if let Some(h) = replay_headers.iter().find(|h| !is_header_name(h)) {
             return Err(err(f("replay_headers"), format!("`{h}` is not a header name")));
         }
-        if BASE_REPLAY_HEADERS.len() + replay_headers.len() > limits::MAX_HEADERS {
+        let kept_unlisted =
+            BASE_REPLAY_HEADERS.len() + grpc.as_ref().map_or(0, |_| GRPC_REPLAY_HEADERS.len());
+        if kept_unlisted + replay_headers.len() > limits::MAX_HEADERS {
             return Err(err(
                 f("replay_headers"),
                 format!(
                     "at most {} extra headers: the store keeps at most {} per response",
-                    limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len(),
+                    limits::MAX_HEADERS - kept_unlisted,
                     limits::MAX_HEADERS
                 ),
             ));

@@ -510,6 +510,26 @@ replays!(envoy_headers_are_never_replayed, ["x-envoy-upstream-service-time"], "x
 replays!(pseudo_headers_are_never_replayed, [], ":status" => false);
 replays!(idempotency_control_is_never_replayed, ["idempotency-control"], "idempotency-control" => false);
 
+#[test]
+fn a_grpc_policy_replays_the_encoding_its_messages_were_compressed_with() {
+    let grpc = policy_with(json!({"match": {"path": {"exact": "/ledger.v1.Ledger/Transfer"}}, "grpc": {}}));
+    assert!(grpc.replays_header("grpc-encoding"));
+    assert!(grpc.replays_header("Grpc-Encoding"));
+    assert!(
+        !grpc.replays_header("grpc-accept-encoding"),
+        "only requests need it"
+    );
+    assert!(
+        !policy_with(json!({})).replays_header("grpc-encoding"),
+        "an HTTP answer has no gRPC messages"
+    );
+}
+
+rejects!(more_replay_headers_than_the_store_keeps_beside_the_grpc_encoding_are_rejected, {},
+    {"match": {"path": {"exact": "/ledger.v1.Ledger/Transfer"}}, "grpc": {},
+     "replay_headers": (0..limits::MAX_HEADERS - BASE_REPLAY_HEADERS.len()).map(|i| format!("x-h{i}")).collect::<Vec<_>>()}
+    => "policies[0].replay_headers");
+
 macro_rules! releases {
     ($name:ident, $statuses:tt, $status:expr => $want:expr) => {
         #[test]

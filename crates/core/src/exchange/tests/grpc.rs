@@ -152,6 +152,44 @@ fn a_response_with_messages_is_stored_with_its_trailers() {
 }
 
 #[test]
+fn compressed_messages_are_stored_and_replayed_with_their_encoding() {
+    let mut ex = owned();
+    let headers = [
+        ("content-type", "application/grpc"),
+        ("grpc-encoding", "gzip"),
+        ("grpc-accept-encoding", "identity, gzip"),
+    ];
+    assert_eq!(response(&mut ex, &headers, false), Step::Pause);
+    // A message with its compressed flag set; its bytes are never read.
+    let mut body = message(b"\x1f\x8b\x08\x00");
+    body[0] = 1;
+    assert_eq!(ex.response_body(&body, false), Step::Pause);
+    let step = ex.response_trailers(&fields(&[("grpc-status", "0")]));
+    let Step::Call(call) = &step else {
+        panic!("expected the completion, got {step:?}")
+    };
+    let (request, stored) = decode_frame::<CompleteRequest>(&call.body).unwrap();
+    let kept = vec![
+        ("content-type".to_string(), "application/grpc".to_string()),
+        ("grpc-encoding".to_string(), "gzip".to_string()),
+    ];
+    assert_eq!(request.headers, kept);
+
+    let (mut ex, _) = begin(Some("k1"));
+    let reply = ClaimReply::Replay {
+        status: 200,
+        headers: kept.clone(),
+        completed_at: 1,
+    };
+    let Step::Reroute(call) = answered(&mut ex, reply, stored) else {
+        panic!("expected a reroute")
+    };
+    let (request, messages) = decode_frame::<ReplayRequest>(&call.body).unwrap();
+    assert_eq!(messages, body.as_slice());
+    assert!(request.headers.starts_with(&kept), "{:?}", request.headers);
+}
+
+#[test]
 fn a_trailers_only_error_the_server_acted_on_is_stored() {
     let mut ex = owned();
     let head = [
