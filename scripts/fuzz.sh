@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets in fuzz/ for a bounded time each, then replays
-# every seed and saved crash on stable Rust (fuzz/tests/regressions.rs).
+# Runs the libFuzzer targets in fuzz/ for a bounded time each. Every seed
+# (fuzz/seeds/<target>/) and every input a target ever crashed on
+# (fuzz/regressions/<target>/) is run first, as part of the target's corpus;
+# fuzz/tests/regressions.rs replays the same inputs on stable Rust without
+# libFuzzer (`cargo test --manifest-path fuzz/Cargo.toml`).
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 25 s, all)
 #
 # `make test` runs 25 s per target, `make fuzz` 300 s. A crash is copied to
 # fuzz/regressions/<target>/ (so it becomes a regression test) and fails the
-# run. cargo-fuzz is installed from crates.io when missing. It needs nightly
-# flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. The code
+# run. The targets are built as `cargo fuzz build --sanitizer none
+# --debug-assertions` builds them (its instrumentation flags, below), by cargo
+# itself: installing cargo-fuzz from source would cost a fresh clone's
+# `make test` minutes for a wrapper around these few flags. The flags need
+# nightly; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. The code
 # under test has no `unsafe` (the workspace denies it), so the targets run
 # without AddressSanitizer but with debug assertions (overflow checks) on.
 # With IDEMGATE_REPORT=FILE each target's executions go into its results table.
@@ -19,12 +25,21 @@ shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(key jcs config store_request)
 
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "fuzz: installing cargo-fuzz from crates.io (cargo install cargo-fuzz --locked)"
-    cargo install cargo-fuzz --locked
-fi
-
+# cargo-fuzz's instrumentation (its `Project::cargo`): libFuzzer's coverage
+# counters, comparison tracing and stack depth, `cfg(fuzzing)`. A build for
+# the host's triple named explicitly keeps these flags off build scripts.
+triple=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTC_BOOTSTRAP=1
+export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
+-Cllvm-args=-sanitizer-coverage-stack-depth --cfg fuzzing -Clink-dead-code -Cdebug-assertions"
+bins=()
+for t in "${targets[@]}"; do bins+=(--bin "$t"); done
+echo "fuzz: building ${targets[*]}"
+cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$triple" "${bins[@]}"
+unset RUSTFLAGS
+
 out=target/fuzz
 mkdir -p "$out"
 total=0
@@ -40,11 +55,12 @@ for t in "${targets[@]}"; do
     artifacts=$out/artifacts/$t/
     # Old artifacts were saved to fuzz/regressions/ already.
     rm -rf "$artifacts"
-    mkdir -p "$corpus" "$artifacts"
+    mkdir -p "$corpus" "$artifacts" "fuzz/regressions/$t"
     log=$out/$t.log
     echo "fuzz: $t for ${secs}s"
     status=0
-    cargo fuzz run --sanitizer none --debug-assertions "$t" "$corpus" "fuzz/seeds/$t" -- \
+    # New inputs go to the first corpus directory only.
+    "fuzz/target/$triple/release/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1 || status=$?
     runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1 || true)
@@ -68,8 +84,6 @@ for t in "${targets[@]}"; do
             "$( ((status == 0 && crashes == 0)) && echo passed || echo FAILED)"
     fi
 done
-echo "fuzz: replaying seeds and saved crashes"
-cargo test --quiet --release --manifest-path fuzz/Cargo.toml --test regressions
 echo "fuzz: $total executions in total"
 if ((${#failed[@]})); then
     echo "fuzz: FAILED: ${failed[*]}" >&2
