@@ -40,6 +40,8 @@ pub mod database_url;
 pub mod error;
 pub mod listen;
 pub mod log_ids;
+/// The in-memory backend of the simulation and the tests; never storage.
+pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod plan;

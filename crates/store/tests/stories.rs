@@ -1481,12 +1481,29 @@ async fn a_completion_comes_to_what_its_plan_says(b: Arc<dyn Backend>) {
     complete_as_planned(&cx, "k-plan-archived", &complete(&s, f, 201)).await;
 }
 
+/// The in-memory backend the simulation runs on, empty.
+fn memory_backend() -> Arc<dyn Backend> {
+    let ids = idemgate_store::log_ids::LogIds::new(b"the memory stories' log key").unwrap();
+    Arc::new(idemgate_store::memory::Memory::new(ids))
+}
+
 /// One test per story and backend, so a failing story hides none of the
-/// others: `stories::sqlite::NAME`, `stories::postgres::NAME` and
-/// `stories::pgbouncer::NAME`. The PostgreSQL ones share a throwaway
-/// cluster (and PgBouncer), each in a fresh database.
+/// others: `stories::sqlite::NAME`, `stories::memory::NAME`,
+/// `stories::postgres::NAME` and `stories::pgbouncer::NAME`. The PostgreSQL
+/// ones share a throwaway cluster (and PgBouncer), each in a fresh database.
+/// Every story runs in memory too: it has no files, no durability and no
+/// sealing at rest, and no story is about any of them.
 macro_rules! stories {
     ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::memory_backend()).await;
+                }
+            )*
+        }
+
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

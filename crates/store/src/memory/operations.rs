@@ -1,0 +1,161 @@
+//! Every operation on one key: load the record, plan ([`crate::plan`]),
+//! carry the plan out. A claim is planned by [`plan::claim`]; the fence
+//! calls, abandon, the operators' changes and the sweeper by their plans,
+//! whose [`Write`]s [`carry_out`] makes true, as `sqlite::operations` and
+//! `postgres::operations` do.
+
+use std::time::Instant;
+
+use idemgate_core::protocol::{ClaimReply, ClaimRequest};
+use idemgate_core::record::State;
+
+use super::tables::{Journal, Tables};
+use crate::backend::{ClaimOutcome, Result, StoreError};
+use crate::columns::{encode_headers, LoadedRecord, ScopeDigest};
+use crate::plan::{self, ClaimPlan, Fence, Plan, Write};
+use crate::sealing::Seal;
+
+/// Carries out `plan` on the record of `key` and returns its reply. The
+/// tables are the caller's alone while it runs, so the record is as the
+/// plan read it; a write's `durable` asks nothing of memory, which keeps
+/// nothing across a restart.
+pub(super) fn carry_out<R>(
+    t: &mut Tables,
+    journal: &mut Journal,
+    key: &ScopeDigest,
+    plan: Plan<'_, R>,
+    now: i64,
+) -> R {
+    for write in plan.writes {
+        match write {
+            Write::Event { by, note } => t.event(key, by, note, now, journal),
+            Write::EndGeneration { last, by, note } => t.end_generation(key, last, (by, note), now, journal),
+            Write::SetUnknown {
+                read_with,
+                expires_at,
+            } => t.set_unknown(key, read_with, expires_at),
+            Write::Complete {
+                response,
+                fence,
+                expires_at,
+                durable: _,
+            } => {
+                let fence = match fence {
+                    Fence::Held(f) => f,
+                    Fence::New => t.next_fence(),
+                };
+                if let Some(current) = t.records.get_mut(key) {
+                    let r = &mut current.row;
+                    current.state = State::Completed;
+                    r.fence = fence;
+                    r.status = Some(response.status);
+                    r.headers = Some(encode_headers(response.headers));
+                    r.body = response.body.map(<[u8]>::to_vec);
+                    r.body_stored = response.body_stored;
+                    r.completed_at = Some(now);
+                    r.expires_at = Some(expires_at);
+                    r.lease_until = now;
+                }
+            }
+            Write::Archive => {
+                if let Some(current) = t.records.get_mut(key) {
+                    current.row.archived_at = Some(now);
+                    current.row.body = None;
+                }
+            }
+            // An attempt abandoned again keeps when it was first remembered.
+            Write::RememberAbandon { scope: _, attempt } => {
+                t.abandoned.entry((*key, attempt.to_string())).or_insert(now);
+            }
+        }
+    }
+    plan.reply
+}
+
+/// Loads the record of `key`, plans with `plan_for` and carries the plan out.
+pub(super) fn planned<'a, R>(
+    t: &mut Tables,
+    journal: &mut Journal,
+    key: &ScopeDigest,
+    now: i64,
+    plan_for: impl FnOnce(Option<&LoadedRecord>) -> Plan<'a, R>,
+) -> R {
+    let plan = plan_for(t.load(key).as_ref());
+    carry_out(t, journal, key, plan, now)
+}
+
+/// Whether the caller of a claim has stopped waiting. The deadline is the
+/// caller's own instant, so this is the one clock the backend reads, and
+/// only for a caller that set a deadline.
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// A claim, planned and carried out at once. A claim past its caller's
+/// deadline that would write is refused ([`StoreError::Late`]): it would
+/// leave a record its filter is abandoning. One that only answers or
+/// replays is answered.
+pub(super) fn claim(
+    t: &mut Tables,
+    journal: &mut Journal,
+    req: &ClaimRequest,
+    now: i64,
+    deadline: Option<Instant>,
+) -> Result<ClaimOutcome> {
+    let key = ScopeDigest::of(&req.scope);
+    let loaded = t.load(&key);
+    let planned = plan::claim(loaded.as_ref(), req, now);
+    if planned.writes() && past(deadline) {
+        return Err(StoreError::Late);
+    }
+    match planned {
+        ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
+        ClaimPlan::Replay { status, completed_at } => {
+            replay(t, &key, loaded.as_ref(), (status, completed_at))
+        }
+        ClaimPlan::Take { replaced, by } => {
+            if let Some(ended) = replaced {
+                t.keep_in_history(&key, ended, now);
+            }
+            let fence = t.next_fence();
+            t.start_generation(req, &key, fence, now);
+            t.event(&key, by, None, now, journal);
+            Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
+        }
+        ClaimPlan::Change(plan) => Ok(carry_out(t, journal, &key, plan, now)),
+    }
+}
+
+/// [`crate::backend::Backend::peek`]: the claim's plan, carried out only
+/// when it answers or replays (whose count is kept, as on every backend).
+pub(super) fn peek(t: &mut Tables, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+    let key = ScopeDigest::of(&req.scope);
+    let loaded = t.load(&key);
+    match plan::claim(loaded.as_ref(), req, now) {
+        ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+        ClaimPlan::Replay { status, completed_at } => {
+            replay(t, &key, loaded.as_ref(), (status, completed_at)).map(Some)
+        }
+        ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
+    }
+}
+
+/// Serves the stored response of the record of `key` and counts the replay.
+fn replay(
+    t: &mut Tables,
+    key: &ScopeDigest,
+    loaded: Option<&LoadedRecord>,
+    (status, completed_at): (u16, i64),
+) -> Result<ClaimOutcome> {
+    t.count_replay(key);
+    let body = t
+        .records
+        .get(key)
+        .and_then(|c| c.row.body.clone())
+        .unwrap_or_default();
+    match loaded {
+        // Read through the same mapping as a stored row, unsealed.
+        Some(l) => l.replay(&Seal::off(), key, (status, completed_at), body),
+        None => Ok(ClaimOutcome::replay(status, None, completed_at, body)),
+    }
+}
