@@ -640,3 +640,101 @@ async fn a_multi_host_url_whose_first_host_is_gone_reaches_the_next_within_the_b
     let took = until_claimed(&*b, "k-gone-first", within).await;
     eprintln!("first host gone: claimed after {took:?}");
 }
+
+/// A multi-host URL that says nothing about the session it wants, its
+/// first host a streaming hot standby: the standby accepts connections and
+/// refuses every write, so a store that kept the first host to answer would
+/// fail every claim there (or, worse, answer lookups from a copy that lags).
+/// The store passes the standby over and writes on the primary, with the
+/// URL as the command line takes it and in the key-value form the library
+/// also takes; `inspect`, whose sessions are read-only, reads the primary
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_host_url_naming_a_standby_first_writes_on_the_primary() {
+    let _verdict = verdict(
+        "storage fault: the first host of a multi-host URL is a standby",
+        "the store on a two-host PostgreSQL URL without target_session_attrs, a streaming hot standby first and its primary second",
+        "the standby accepts connections and refuses writes; the store claims, completes and replays on the primary",
+    );
+    let primary = pg::PgCluster::start();
+    let url = primary.fresh_database().await;
+    let db = url.rsplit('/').next().unwrap().to_string();
+    // The schema before the base backup: the standby starts with it.
+    drop(pg_store(&url, 1).await);
+    let standby = tokio::task::block_in_place(|| pg::PgCluster::standby_of(&primary, &[]));
+    assert_eq!(standby.query("SELECT pg_is_in_recovery()"), "t");
+
+    let forms = [
+        format!(
+            "postgres://idem@127.0.0.1:{},127.0.0.1:{}/{db}",
+            standby.port, primary.port
+        ),
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=idem dbname={db}",
+            standby.port, primary.port
+        ),
+    ];
+    for (n, both) in forms.iter().enumerate() {
+        let b: Arc<dyn Backend> = if both.starts_with("postgres://") {
+            pg_store(both, 2).await
+        } else {
+            let log_ids = idemgate_store::log_ids::LogIds::random().unwrap();
+            let session = idemgate_store::postgres::PgSession::default();
+            let pg = idemgate_store::postgres::Postgres::connect_with(
+                both,
+                2,
+                PgTimeouts::default(),
+                session,
+                log_ids,
+                idemgate_store::sealing::Seal::off(),
+            );
+            Arc::new(pg.unwrap())
+        };
+        let s = scope(&format!("k-standby-first-{n}"));
+        let fence = match try_claim(&*b, &claim(&s, Some(1))).await {
+            Ok(ClaimReply::Owned { fence }) => fence,
+            other => panic!("{both}: a fresh key was answered {other:?}"),
+        };
+        let done = b.complete(&complete(&s, fence, 201), b"paid", system_now()).await;
+        assert!(
+            matches!(done, Ok(FenceReply::Done)),
+            "{both}: the completion was answered {done:?}"
+        );
+        match try_claim(&*b, &claim(&s, Some(1))).await {
+            Ok(ClaimReply::Replay { .. }) => {}
+            other => panic!("{both}: the retry was answered {other:?}"),
+        }
+    }
+    assert_eq!(
+        primary.query_in(
+            &db,
+            "SELECT count(*) FROM idempotency_records WHERE response_status = 201"
+        ),
+        "2",
+        "the completions are not on the primary"
+    );
+
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idempotency-store"));
+    let (ok, out, err) = idemgate_testkit::store::run(
+        bin,
+        &forms[0],
+        &["inspect", "--tenant", "acme", "--key", "k-standby-first-0"],
+    );
+    assert!(ok, "inspect on the two-host URL: {err}");
+    assert!(out.contains("completed"), "{out}");
+
+    // A URL may not ask a writing command for a session that need not
+    // take writes; `inspect` may, to read a standby knowingly.
+    let on_standby = format!("postgres://idem@127.0.0.1:{}/{db}", standby.port);
+    let (ok, _, err) =
+        idemgate_testkit::store::run(bin, &format!("{on_standby}?target_session_attrs=any"), &["sweep"]);
+    assert!(!ok && err.contains("target_session_attrs"), "{err}");
+    let (ok, _, err) = idemgate_testkit::store::run(bin, &on_standby, &["inspect", "--unknown"]);
+    assert!(!ok && err.contains("does not allow writes"), "{err}");
+    let (ok, _, err) = idemgate_testkit::store::run(
+        bin,
+        &format!("{on_standby}?target_session_attrs=any"),
+        &["inspect", "--unknown"],
+    );
+    assert!(ok, "inspect on the standby, asked for: {err}");
+}

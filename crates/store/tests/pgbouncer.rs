@@ -186,3 +186,72 @@ async fn each_transaction_bounds_its_statements() {
     );
     holder.join().unwrap();
 }
+
+/// A switchover behind PgBouncer in transaction mode: the primary stops
+/// cleanly, its standby is promoted, and the former primary comes back as a
+/// standby of it on the same port. PgBouncer keeps the store's connections
+/// open and hands them server connections to the demoted server, where
+/// every write is refused. Those pooled connections are dropped, not reused:
+/// the next claim opens a new one, which passes the demoted server over and
+/// lands on the new primary, the URL's second host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_demoted_primary_are_dropped_for_the_next_host() {
+    let a = pg::PgCluster::start();
+    let direct = a.fresh_database().await;
+    let db = direct.rsplit('/').next().unwrap().to_string();
+    let bouncer = bouncer_or_skip!(&a, PoolMode::Transaction, 2, &[]);
+    let b = tokio::task::block_in_place(|| pg::PgCluster::standby_of(&a, &[]));
+    let url = format!(
+        "postgres://idem@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
+        bouncer.port, b.port
+    );
+    let store = backend(&url, Pooler::Transaction, PgTimeouts::default());
+    store.migrate().await.unwrap();
+    let store = Store::new(store, Clock::System);
+    let s = scope("k-before-switchover");
+    let fence = match store.claim(&claim(&s, Some(1))).await.unwrap().reply {
+        ClaimReply::Owned { fence } => fence,
+        other => panic!("expected Owned, got {other:?}"),
+    };
+    store.complete(&complete(&s, fence, 201), b"paid").await.unwrap();
+
+    tokio::task::block_in_place(|| {
+        a.stop();
+        b.promote();
+        a.follow(&b);
+    });
+    assert_eq!(a.query("SELECT pg_is_in_recovery()"), "t");
+
+    let s = scope("k-after-switchover");
+    let started = Instant::now();
+    let mut refused = 0;
+    let fence = loop {
+        match store.claim(&claim(&s, Some(1))).await {
+            Ok(outcome) => match outcome.reply {
+                ClaimReply::Owned { fence } => break fence,
+                other => panic!("a fresh key was answered {other:?}"),
+            },
+            Err(e) => {
+                refused += 1;
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "still refused after {refused} claims in {:?}: {e}",
+                    started.elapsed()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "after the switchover: claimed after {refused} refusals, {:?}",
+        started.elapsed()
+    );
+    store.complete(&complete(&s, fence, 201), b"paid").await.unwrap();
+    assert_eq!(
+        b.query_in(
+            &db,
+            "SELECT count(*) FROM idempotency_records WHERE response_status = 201"
+        ),
+        "2"
+    );
+}

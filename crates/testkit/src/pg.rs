@@ -111,6 +111,9 @@ impl PgCluster {
         let c = PgCluster::unstarted(settings, &[]);
         let data = c.data_dir();
         let port = primary.port.to_string();
+        // A fast checkpoint to start the backup from: the default spreads
+        // its writes over most of `checkpoint_timeout`, and a primary that
+        // has just been written to (a schema migrated) took 95 s.
         let out = c.run(
             "pg_basebackup",
             &[
@@ -125,6 +128,7 @@ impl PgCluster {
                 "-R",
                 "-X",
                 "stream",
+                "--checkpoint=fast",
                 "--no-sync",
             ],
         );
@@ -292,6 +296,54 @@ impl PgCluster {
             "pg_ctl promote failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Stops the server cleanly (`pg_ctl stop -m fast`): sessions are
+    /// ended, and a primary sends its standbys every WAL record up to its
+    /// shutdown checkpoint before it exits, so a standby promoted after it
+    /// holds all it committed.
+    pub fn stop(&self) {
+        let data = self.data_dir();
+        let out = self.run(
+            "pg_ctl",
+            &["-D", path(&data), "-m", "fast", "-w", "-t", "60", "stop"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts this stopped cluster again as a hot standby of `primary`
+    /// (`standby.signal`, `primary_conninfo`): a former primary demoted in
+    /// a switchover, on the same port. It follows `primary`'s newer
+    /// timeline, so `primary` must have been promoted after this one
+    /// stopped cleanly ([`PgCluster::stop`]).
+    pub fn follow(&self, primary: &PgCluster) {
+        let data = self.data_dir();
+        let signal = data.join("standby.signal");
+        std::fs::write(&signal, "").unwrap();
+        let auto = data.join("postgresql.auto.conf");
+        let mut conf = std::fs::read_to_string(&auto).unwrap_or_default();
+        conf.push_str(&format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=idem'\n",
+            primary.port
+        ));
+        std::fs::write(&auto, conf).unwrap();
+        if self.as_root {
+            give_to_postgres(&signal, "standby.signal");
+            give_to_postgres(&auto, "postgresql.auto.conf");
+        }
+        self.start_server();
+        let streaming = (0..500).any(|_| {
+            let n = primary.query("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'");
+            n != "0" || {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }
+        });
+        assert!(streaming, "the demoted primary never streamed from the new one");
     }
 
     /// One query's result as `psql -At` prints it (fields `|`-separated,

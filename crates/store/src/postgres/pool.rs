@@ -10,6 +10,12 @@
 //! bounded on the client too ([`PgTimeouts::call`]), and a connection held
 //! longer than that is closed instead of going back to the pool, so a
 //! connection stuck behind a dead network is never handed out again.
+//!
+//! Only a primary is used ([`primary_only`]): a new connection must find its
+//! server taking writes (`target_session_attrs=read-write`), and a server
+//! that refuses a write later (demoted behind a pooler that kept the
+//! connection) has every connection opened before then dropped
+//! ([`Demotion`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -18,6 +24,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::TryStreamExt;
+use tokio_postgres::config::TargetSessionAttrs;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, Row, Statement};
 
@@ -99,6 +107,7 @@ pub(super) struct Client {
     taken: Instant,
     limit: Duration,
     condemned: Condemned,
+    demotion: Demotion,
     setup: Setup,
 }
 
@@ -108,6 +117,42 @@ type Condemned = Arc<Mutex<HashSet<usize>>>;
 
 fn identity(client: &deadpool_postgres::ClientWrapper) -> usize {
     Arc::as_ptr(&client.statement_cache) as usize
+}
+
+/// When a statement last found its server refusing writes. A server that
+/// does so on a connection it accepted as writable has been demoted (a
+/// failover behind a pooler, which keeps the store's connections open and
+/// hands them the demoted server), or turned read-only: every connection
+/// opened before then is dropped at its next checkout rather than failing
+/// one write each, and the connections opened instead pass such a server
+/// over ([`primary_only`]).
+#[derive(Clone, Default)]
+pub(super) struct Demotion(Arc<Mutex<Option<Instant>>>);
+
+impl Demotion {
+    /// `result`, noted if it says the server refuses writes.
+    fn note<T>(&self, result: PgResult<T>) -> PgResult<T> {
+        if let Err(e) = &result {
+            // 25006: a write in a read-only transaction, which is every
+            // transaction on a standby.
+            if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) {
+                self.now();
+            }
+        }
+        result
+    }
+
+    fn now(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether a connection opened at `created` predates the last refusal.
+    fn outlived(&self, created: Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|refused| created <= refused)
+    }
 }
 
 impl std::ops::Deref for Client {
@@ -187,6 +232,7 @@ pub(super) struct Connections {
     pub(super) timeouts: PgTimeouts,
     pub(super) session: PgSession,
     condemned: Condemned,
+    demotion: Demotion,
 }
 
 impl Connections {
@@ -197,6 +243,13 @@ impl Connections {
         session: PgSession,
     ) -> Result<Connections> {
         let (mut config, transport) = super::tls::target(url)?;
+        let attrs = primary_only(url, session)?;
+        config.target_session_attrs(attrs);
+        // tokio-postgres checks `transaction_read_only` once connected, and
+        // a read-only session's own default would make every server look
+        // like a standby: such a session turns read-only after the check
+        // instead (the `post_create` hook below).
+        let read_only_after_check = session.read_only && attrs == TargetSessionAttrs::ReadWrite;
         if session.pooler == Pooler::Session {
             // Appended, so it wins over a `statement_timeout` in the URL's own
             // `options`: the store's bounds depend on it. Behind a transaction
@@ -211,7 +264,7 @@ impl Connections {
                 config.get_options().unwrap_or_default(),
                 timeouts.statement.as_millis()
             );
-            if session.read_only {
+            if session.read_only && !read_only_after_check {
                 options.push_str(" -c default_transaction_read_only=on");
             }
             config.options(options.trim_start());
@@ -236,20 +289,40 @@ impl Connections {
         };
         let condemned = Condemned::default();
         let marked = Arc::clone(&condemned);
-        let pool = Pool::builder(manager)
+        let demotion = Demotion::default();
+        let refused = demotion.clone();
+        let mut builder = Pool::builder(manager)
             .max_size(pool_size.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(timeouts.wait))
             .create_timeout(Some(timeouts.connect))
             .recycle_timeout(Some(timeouts.recycle))
-            .pre_recycle(Hook::sync_fn(move |client, _| {
+            .pre_recycle(Hook::sync_fn(move |client, metrics| {
                 let mut marked = marked.lock().unwrap_or_else(|e| e.into_inner());
-                if marked.remove(&identity(client)) {
+                let held_too_long = marked.remove(&identity(client));
+                if refused.outlived(metrics.created) {
+                    tracing::warn!(
+                        "postgres: dropping a connection whose server refused a write \
+                         (demoted to a standby, or read-only); a new one goes to a primary"
+                    );
+                    Err(HookError::message("its server refused a write"))
+                } else if held_too_long {
                     Err(HookError::message("held past the call timeout"))
                 } else {
                     Ok(())
                 }
-            }))
+            }));
+        if read_only_after_check {
+            builder = builder.post_create(Hook::async_fn(|client, _| {
+                Box::pin(async move {
+                    client
+                        .batch_execute("SET default_transaction_read_only = on")
+                        .await
+                        .map_err(|e| HookError::message(format!("a read-only session: {}", e.describe())))
+                })
+            }));
+        }
+        let pool = builder
             .build()
             .map_err(|e| StoreError::Config(format!("postgres pool: {e}")))?;
         Ok(Connections {
@@ -258,6 +331,7 @@ impl Connections {
             timeouts,
             session,
             condemned,
+            demotion,
         })
     }
 
@@ -272,6 +346,7 @@ impl Connections {
             taken: Instant::now(),
             limit: self.timeouts.call(),
             condemned: Arc::clone(&self.condemned),
+            demotion: self.demotion.clone(),
             setup: Setup {
                 session: self.session,
                 statement: self.timeouts.statement,
@@ -304,6 +379,59 @@ impl Connections {
         self.bounded(async { self.client().await?.query(sql, params).await })
             .await
     }
+}
+
+/// The session every new connection must find: a writable one, on a
+/// primary. A multi-host URL is tried host by host, and a host that is a
+/// hot standby (or a primary turned read-only) is passed over for the next
+/// one, as libpq's `target_session_attrs=read-write` does: a standby would
+/// refuse every write, and answer lookups from a copy that lags. This
+/// holds whatever the URL says when the session writes (`any` or
+/// `read-only` there is refused, not obeyed); a read-only session
+/// (`inspect`) reads the primary too, unless its URL names another
+/// `target_session_attrs`, to read a standby knowingly.
+fn primary_only(url: &str, session: PgSession) -> Result<TargetSessionAttrs> {
+    match names_session_attrs(url)? {
+        Some(attrs) if session.read_only => Ok(attrs),
+        None | Some(TargetSessionAttrs::ReadWrite) => Ok(TargetSessionAttrs::ReadWrite),
+        Some(_) => Err(StoreError::Config(
+            "the database URL asks for a session that may not take writes (target_session_attrs): \
+             the store writes, and only to a primary; leave it out or say read-write"
+                .into(),
+        )),
+    }
+}
+
+/// The `target_session_attrs` that `url` itself names, if any, in either
+/// form of a database URL. tokio-postgres reads it, and its default (`any`)
+/// is the same as saying `any`: the key-value form is parsed twice with a
+/// different value put before the URL's own, which wins if there is one.
+fn names_session_attrs(url: &str) -> Result<Option<TargetSessionAttrs>> {
+    const KEY: &str = "target_session_attrs";
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let query = url.split_once('?').map_or("", |(_, query)| query);
+        let value = query
+            .split('&')
+            .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+            .rfind(|(name, _)| *name == KEY);
+        return match value {
+            None => Ok(None),
+            Some((_, "any")) => Ok(Some(TargetSessionAttrs::Any)),
+            Some((_, "read-write")) => Ok(Some(TargetSessionAttrs::ReadWrite)),
+            Some((_, "read-only")) => Ok(Some(TargetSessionAttrs::ReadOnly)),
+            Some((_, other)) => Err(StoreError::Config(format!(
+                "{KEY}={other} is not supported: use read-write (or, for inspect, any or read-only)"
+            ))),
+        };
+    }
+    let parsed = |first: &str| {
+        format!("{KEY}={first} {url}")
+            .parse::<tokio_postgres::Config>()
+            .map(|config| config.get_target_session_attrs())
+            .map_err(|e| StoreError::Config(format!("bad postgres URL: {e}")))
+    };
+    let (a, b) = (parsed("read-only")?, parsed("read-write")?);
+    Ok((a == b).then_some(a))
 }
 
 /// How a session was set up: what each transaction sets itself behind a
@@ -339,19 +467,28 @@ impl Client {
     /// does not carry them.
     pub(super) async fn begin(&mut self) -> Result<Tx<'_>> {
         let setup = self.setup;
+        let demotion = self.demotion.clone();
         let tx = self
             .object
             .build_transaction()
             .read_only(setup.session.read_only)
             .start()
-            .await
-            .map_err(unavailable)?;
+            .await;
+        let tx = match tx {
+            // 0A000 for `START TRANSACTION READ WRITE`: the server is in
+            // recovery, a standby.
+            Err(e) if !setup.session.read_only && e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) => {
+                demotion.now();
+                return Err(unavailable(e));
+            }
+            other => other.map_err(unavailable)?,
+        };
         if setup.session.pooler == Pooler::Transaction {
-            tx.batch_execute(&setup.local_settings())
-                .await
+            demotion
+                .note(tx.batch_execute(&setup.local_settings()).await)
                 .map_err(unavailable)?;
         }
-        Ok(Tx { tx, setup })
+        Ok(Tx { tx, setup, demotion })
     }
 }
 
@@ -359,11 +496,13 @@ impl Client {
 pub(super) struct Tx<'a> {
     tx: deadpool_postgres::Transaction<'a>,
     setup: Setup,
+    demotion: Demotion,
 }
 
 impl Tx<'_> {
     pub(super) async fn commit(self) -> Result<()> {
-        self.tx.commit().await.map_err(unavailable)
+        let demotion = self.demotion;
+        demotion.note(self.tx.commit().await).map_err(unavailable)
     }
 }
 
@@ -502,21 +641,27 @@ macro_rules! on {
                 $autocommit
             }
             async fn prepare_named(&self, sql: &str) -> PgResult<Statement> {
-                <$cached>::prepare_cached(&self.$inner, sql).await
+                self.demotion
+                    .note(<$cached>::prepare_cached(&self.$inner, sql).await)
             }
             async fn run_prepared(
                 &self,
                 stmt: &Statement,
                 params: &[Param<'_>],
             ) -> PgResult<(Vec<Row>, u64)> {
-                drain(<$pg>::query_raw(&self.$inner, stmt, params.iter().copied()).await?).await
+                let ran = async {
+                    drain(<$pg>::query_raw(&self.$inner, stmt, params.iter().copied()).await?).await
+                };
+                self.demotion.note(ran.await)
             }
             async fn run_typed(&self, sql: &str, params: &[(Param<'_>, Type)]) -> PgResult<(Vec<Row>, u64)> {
                 let params = params.iter().map(|(p, t)| (*p, t.clone()));
-                drain(<$pg>::query_typed_raw(&self.$inner, sql, params).await?).await
+                let ran = async { drain(<$pg>::query_typed_raw(&self.$inner, sql, params).await?).await };
+                self.demotion.note(ran.await)
             }
             async fn batch(&self, sql: &str) -> PgResult<()> {
-                <$pg>::batch_execute(&self.$inner, sql).await
+                self.demotion
+                    .note(<$pg>::batch_execute(&self.$inner, sql).await)
             }
         }
     };
@@ -573,4 +718,96 @@ fn typed<'p>(params: &[Param<'p>]) -> Result<Vec<(Param<'p>, Type)>> {
                 .ok_or_else(|| StoreError::Corrupt(format!("parameter ${} has no type to send it as", i + 1)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WRITES: PgSession = PgSession {
+        pooler: Pooler::Session,
+        read_only: false,
+    };
+    const READS: PgSession = PgSession {
+        pooler: Pooler::Session,
+        read_only: true,
+    };
+
+    #[test]
+    fn a_url_that_names_no_session_gets_a_writable_one_in_either_form() {
+        for url in [
+            "postgres://idem@10.0.0.1,10.0.0.2/db",
+            "postgres://idem@10.0.0.1,10.0.0.2/db?application_name=store",
+            "host=10.0.0.1,10.0.0.2 dbname=db",
+            "host = 10.0.0.1 password='target_session_attrs=any'",
+        ] {
+            assert_eq!(names_session_attrs(url).unwrap(), None, "{url}");
+            for session in [WRITES, READS] {
+                assert_eq!(
+                    primary_only(url, session).unwrap(),
+                    TargetSessionAttrs::ReadWrite,
+                    "{url}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn what_the_url_names_is_read_in_either_form() {
+        for (url, attrs) in [
+            (
+                "postgres://h/db?target_session_attrs=any",
+                TargetSessionAttrs::Any,
+            ),
+            (
+                "postgres://h/db?sslmode=disable&target_session_attrs=read-only",
+                TargetSessionAttrs::ReadOnly,
+            ),
+            (
+                "postgresql://h/db?target_session_attrs=read-write",
+                TargetSessionAttrs::ReadWrite,
+            ),
+            ("host=h target_session_attrs=any", TargetSessionAttrs::Any),
+            (
+                "host=h target_session_attrs = 'read-only'",
+                TargetSessionAttrs::ReadOnly,
+            ),
+            (
+                "host=h target_session_attrs=read-write",
+                TargetSessionAttrs::ReadWrite,
+            ),
+        ] {
+            assert_eq!(names_session_attrs(url).unwrap(), Some(attrs), "{url}");
+            assert_eq!(primary_only(url, READS).unwrap(), attrs, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_writing_session_may_not_be_asked_to_land_anywhere_but_on_a_primary() {
+        for url in [
+            "postgres://h/db?target_session_attrs=any",
+            "postgres://h/db?target_session_attrs=read-only",
+            "host=h target_session_attrs=any",
+        ] {
+            let Err(StoreError::Config(detail)) = primary_only(url, WRITES) else {
+                panic!("{url} accepted for a writing session");
+            };
+            assert!(detail.contains("target_session_attrs"), "{detail}");
+        }
+        assert_eq!(
+            primary_only("postgres://h/db?target_session_attrs=read-write", WRITES).unwrap(),
+            TargetSessionAttrs::ReadWrite
+        );
+    }
+
+    #[test]
+    fn a_refusal_drops_only_the_connections_opened_before_it() {
+        let demotion = Demotion::default();
+        let before = Instant::now();
+        assert!(!demotion.outlived(before));
+        demotion.now();
+        let after = Instant::now();
+        assert!(demotion.outlived(before));
+        assert!(!demotion.outlived(after + Duration::from_millis(1)));
+    }
 }
