@@ -203,3 +203,6 @@ impl Backend for Memory {
         Ok(self.with(&Trace::NONE, |t, _| reads::open_records(t)))
     }
 }
+
+#[cfg(test)]
+mod tests;
