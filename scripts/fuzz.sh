@@ -9,13 +9,18 @@
 #
 # `make test` runs 25 s per target, `make fuzz` 300 s. A crash is copied to
 # fuzz/regressions/<target>/ (so it becomes a regression test) and fails the
-# run. The targets are built as `cargo fuzz build --sanitizer none
-# --debug-assertions` builds them (its instrumentation flags, below), by cargo
-# itself: installing cargo-fuzz from source would cost a fresh clone's
-# `make test` minutes for a wrapper around these few flags. The flags need
-# nightly; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. The code
-# under test has no `unsafe` (the workspace denies it), so the targets run
-# without AddressSanitizer but with debug assertions (overflow checks) on.
+# run. The targets are built by cargo with cargo-fuzz's instrumentation
+# flags (below; installing cargo-fuzz from source would cost a fresh clone's
+# `make test` minutes for a wrapper around them), on the workspace's debug
+# build: only the crates under test (the core, the store and the targets)
+# are instrumented, through per-package profile flags, so every dependency is
+# the one `make test` has compiled already, and the targets build in about a
+# minute instead of a release build of the whole dependency tree. Coverage
+# is fed back from the project's own code, which is what the targets are
+# about; debug assertions (overflow checks) are on. The flags need nightly;
+# RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. The code under
+# test has no `unsafe` (the workspace denies it), so the targets run without
+# AddressSanitizer.
 # With IDEMGATE_REPORT=FILE each target's executions go into its results table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,19 +31,19 @@ targets=("$@")
 ((${#targets[@]})) || targets=(key jcs config store_request)
 
 # cargo-fuzz's instrumentation (its `Project::cargo`): libFuzzer's coverage
-# counters, comparison tracing and stack depth, `cfg(fuzzing)`. A build for
-# the host's triple named explicitly keeps these flags off build scripts.
-triple=$(rustc -vV | sed -n 's/^host: //p')
+# counters, comparison tracing and stack depth, `cfg(fuzzing)`.
+flags='["-Cpasses=sancov-module", "-Cllvm-args=-sanitizer-coverage-level=4",
+  "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters", "-Cllvm-args=-sanitizer-coverage-pc-table",
+  "-Cllvm-args=-sanitizer-coverage-trace-compares", "-Cllvm-args=-simplifycfg-branch-fold-threshold=0",
+  "-Cllvm-args=-sanitizer-coverage-stack-depth", "--cfg", "fuzzing", "-Clink-dead-code"]'
+build=(cargo build --quiet --manifest-path fuzz/Cargo.toml -Zprofile-rustflags)
+for crate in idemgate-core idemgate-store idemgate-fuzz; do
+    build+=(--config "profile.dev.package.$crate.rustflags=$flags")
+done
+for t in "${targets[@]}"; do build+=(--bin "$t"); done
 export RUSTC_BOOTSTRAP=1
-export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
--Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
--Cllvm-args=-sanitizer-coverage-trace-compares -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
--Cllvm-args=-sanitizer-coverage-stack-depth --cfg fuzzing -Clink-dead-code -Cdebug-assertions"
-bins=()
-for t in "${targets[@]}"; do bins+=(--bin "$t"); done
 echo "fuzz: building ${targets[*]}"
-cargo build --quiet --release --manifest-path fuzz/Cargo.toml --target "$triple" "${bins[@]}"
-unset RUSTFLAGS
+CARGO_TARGET_DIR=$PWD/target "${build[@]}"
 
 out=target/fuzz
 mkdir -p "$out"
@@ -60,7 +65,7 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t for ${secs}s"
     status=0
     # New inputs go to the first corpus directory only.
-    "fuzz/target/$triple/release/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
+    "target/debug/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1 || status=$?
     runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1 || true)
