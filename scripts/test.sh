@@ -6,7 +6,8 @@
 #   scripts/test.sh check     the inner loop: formatting, clippy (host and
 #                             wasm), the core's tests (the simulation's fixed
 #                             set and the map among them), the store's unit
-#                             tests, its layers and its SQLite stories; no
+#                             tests, its layers, its SQLite and in-memory
+#                             stories; no
 #                             Envoy, no PostgreSQL
 #   scripts/test.sh lint      formatting, clippy (host and wasm), rustdoc
 #   scripts/test.sh test      everything CI runs (`make test`)
@@ -98,8 +99,8 @@ check() {
     lint
     stage "core: unit, simulation, map" cargo test -p idemgate-core
     stage "store: unit" cargo test -p idemgate-store --lib --bins
-    stage "store: layers, planner, SQLite stories" cargo test -p idemgate-store --test tests -- \
-        layers:: planner:: stories::sqlite:: stories::sealed_sqlite::
+    stage "store: layers, planner, SQLite and memory stories" cargo test -p idemgate-store --test tests -- \
+        layers:: planner:: stories::sqlite:: stories::sealed_sqlite:: stories::memory::
 }
 
 test_all() {
