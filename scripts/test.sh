@@ -7,8 +7,7 @@
 #                             wasm), the core's tests (the simulation's fixed
 #                             set and the map among them), the store's unit
 #                             tests, its layers, its SQLite and in-memory
-#                             stories; no
-#                             Envoy, no PostgreSQL
+#                             stories; no Envoy, no PostgreSQL
 #   scripts/test.sh lint      formatting, clippy (host and wasm), rustdoc
 #   scripts/test.sh test      everything CI runs (`make test`)
 #
