@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use idemgate_core::client::Owner;
 use idemgate_core::config::Forwarding;
-use idemgate_core::exchange::{Exchange, Step};
+use idemgate_core::exchange::{self, Exchange, Step};
 use idemgate_core::headers::{self, CONTROL_HEADER, KEY_HEADER};
 use idemgate_core::jwt::claim_in_metadata;
 use idemgate_core::protocol::Attempt;
@@ -136,7 +136,7 @@ impl HttpContext for Filter {
             Forwarding::Streaming => None,
         };
         let route_cluster = route_cluster.map(|c| String::from_utf8_lossy(&c).into_owned());
-        let head = headers::request_head(
+        let head = exchange::request_head(
             &policy,
             &method,
             &path,
@@ -187,7 +187,7 @@ impl HttpContext for Filter {
             return Action::Continue;
         }
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
-        let head = headers::response_head(lines, &String::from_utf8_lossy(&details), end_of_stream);
+        let head = exchange::response_head(lines, &String::from_utf8_lossy(&details), end_of_stream);
         self.drive(Direction::Response, |c| c.exchange.response_headers(head))
     }
 

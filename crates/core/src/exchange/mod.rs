@@ -36,7 +36,7 @@ mod step;
 
 pub use crate::origin::Origin;
 pub use handling::{Handling, Settlement};
-pub use head::{RequestHead, ResponseHead};
+pub use head::{request_head, response_head, upstream_call, RequestHead, ResponseHead};
 pub use step::{
     batch_answers, batches_unknown, decided, refusal, settled, Left, Step, StoreAnswer, StoreCall,
     UpstreamAnswer, UpstreamCall,

@@ -43,7 +43,7 @@ fn begin(path: &str, key: Option<&str>, body: Option<&str>) -> (Exchange, Step) 
         key_fields: key.map(|k| vec![k.as_bytes().to_vec()]).unwrap_or_default(),
         tenant: Some(b"acme".to_vec()),
         end_of_stream: body.is_none(),
-        upstream: crate::headers::upstream_call(&policy, Some("route"), &lines),
+        upstream: upstream_call(&policy, Some("route"), &lines),
         trace: crate::trace::Trace::of_request(&lines),
         ..RequestHead::default()
     };
@@ -425,7 +425,7 @@ fn envoys_replies_that_never_reached_the_upstream_release_and_timeouts_mark_unkn
         ("response_timeout", MARK_UNKNOWN_PATH),
     ] {
         let mut ex = owned("/pay");
-        let head = crate::headers::response_head(vec![(":status".into(), b"200".to_vec())], details, true);
+        let head = response_head(vec![(":status".into(), b"200".to_vec())], details, true);
         assert_eq!(called_path(&ex.response_headers(head)), path, "{details}");
     }
 }

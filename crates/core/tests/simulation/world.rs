@@ -299,7 +299,7 @@ impl World {
             key_fields: vec![key_name(key).into_bytes()],
             end_of_stream: false,
             content_length: Some(2),
-            upstream: idemgate_core::headers::upstream_call(&policy, Some("upstream"), &lines),
+            upstream: idemgate_core::exchange::upstream_call(&policy, Some("upstream"), &lines),
             ..RequestHead::default()
         };
         let (ex, step) = Exchange::begin(
