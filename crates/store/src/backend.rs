@@ -1,6 +1,8 @@
-//! The storage trait both backends implement, and the types of its calls
-//! and answers. It is the bottom of the backends' stack: it names neither
-//! backend (the `--database-url` picks one in [`crate::database_url`]). The
+//! The storage trait every backend implements, and the types of its calls
+//! and answers. It is the bottom of the backends' stack: it names no
+//! backend (the `--database-url` picks SQLite or PostgreSQL in
+//! [`crate::database_url`]; the simulation and the tests build the
+//! in-memory one, [`crate::memory`], themselves). The
 //! types it shares with the column mapping live below both
 //! ([`crate::error`], [`crate::calls`], [`crate::records`]) and are
 //! re-exported here; the clock reads the database's time through its own
