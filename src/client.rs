@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner, BOUND};
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::StoreAnswer;
+use idemgate_core::store_call::StoreAnswer;
 
 use crate::host;
 

@@ -7,7 +7,9 @@
 use std::rc::Rc;
 
 use idemgate_core::client::{Letter, Owner};
-use idemgate_core::exchange::{Exchange, Handling, Left, Settlement, Step, StoreAnswer, UpstreamAnswer};
+use idemgate_core::exchange::{Exchange, Left, Step, UpstreamAnswer};
+use idemgate_core::handling::{Handling, Settlement};
+use idemgate_core::store_call::StoreAnswer;
 use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host;

@@ -7,8 +7,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use idemgate_core::config::StoreConfig;
-use idemgate_core::exchange::{StoreAnswer, StoreCall, UpstreamCall};
+use idemgate_core::exchange::UpstreamCall;
 use idemgate_core::protocol::{FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER, REPLAY_MARKER};
+use idemgate_core::store_call::{StoreAnswer, StoreCall};
 use idemgate_core::trace::{Trace, TRACE_HEADER};
 use idemgate_core::Reply;
 use proxy_wasm::hostcalls;

@@ -28,7 +28,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use idemgate_core::config::{Config, ROLLOUTS};
-use idemgate_core::exchange::{Handling, Settlement};
+use idemgate_core::handling::{Handling, Settlement};
 use proxy_wasm::types::LogLevel;
 
 use crate::host;

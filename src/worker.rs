@@ -8,7 +8,8 @@ use std::rc::Rc;
 
 use idemgate_core::client::{Delivery, Letter, Owner};
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{refusal, settled, Settlement, StoreAnswer, StoreCall};
+use idemgate_core::handling::Settlement;
+use idemgate_core::store_call::{refusal, settled, StoreAnswer, StoreCall};
 use proxy_wasm::types::LogLevel;
 
 use crate::client::{Pumped, Queue, StoreClient};

@@ -13,6 +13,7 @@ pub mod config;
 pub mod exchange;
 pub mod fingerprint;
 pub mod grpc;
+pub mod handling;
 pub mod headers;
 pub mod identity;
 pub mod jcs;
@@ -25,6 +26,7 @@ pub mod problem;
 pub mod protocol;
 pub mod record;
 pub mod scope;
+pub mod store_call;
 pub mod trace;
 
 /// An HTTP response the filter sends itself (a replay or a problem).

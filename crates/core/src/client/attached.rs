@@ -3,8 +3,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Owner, Transmit};
-use crate::exchange::{StoreAnswer, StoreCall};
 use crate::record::plus_ms;
+use crate::store_call::{StoreAnswer, StoreCall};
 
 /// The queue is full: the call was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,9 +4,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{batch_verdict, pack, weight, BatchVerdict, Bound, Flight, Transmit};
-use crate::exchange::{decided, Settlement, StoreAnswer, StoreCall};
+use crate::handling::Settlement;
 use crate::protocol::Attempt;
 use crate::record::plus_ms;
+use crate::store_call::{decided, StoreAnswer, StoreCall};
 
 /// The first retry waits this long, each further one twice as long...
 const BACKOFF_FIRST_MS: u64 = 200;

@@ -15,7 +15,7 @@
 //! - [`Letters`]: calls that must outlive their request (an abandoned claim,
 //!   a settlement under `settle: background` or one the store did not
 //!   confirm), sent again with backoff until the store itself decides them
-//!   ([`crate::exchange::decided`]: an answer from something in front of
+//!   ([`crate::store_call::decided`]: an answer from something in front of
 //!   it, such as a rate limiter's `429`, decides nothing), for a bounded
 //!   time. They are group-committed the same way: letters due while
 //!   a batch of them is in flight go together once it returns.
@@ -28,9 +28,9 @@
 
 use std::collections::VecDeque;
 
-use crate::exchange::StoreCall;
 use crate::limits::MAX_FRAME;
 use crate::protocol::MAX_BATCH;
+use crate::store_call::{batch_answers, batches_unknown, StoreAnswer, StoreCall};
 
 mod attached;
 mod letters;
@@ -111,7 +111,7 @@ pub fn pack<T>(queue: &mut VecDeque<T>, call: impl Fn(&T) -> &StoreCall) -> Vec<
 /// How the store answered a callout that carried a batch, as a whole.
 pub(crate) enum BatchVerdict {
     /// A reply for each call.
-    Split(Vec<crate::exchange::StoreAnswer>),
+    Split(Vec<StoreAnswer>),
     /// The store predates batches (404): send every call alone from now on.
     Unknown,
     /// The batch itself was refused (another 4xx: the store's, or a 408,
@@ -122,12 +122,12 @@ pub(crate) enum BatchVerdict {
 
 /// How to read the answer to a callout that carried `n` calls (one alone
 /// is its own answer, whatever it is).
-pub(crate) fn batch_verdict(answer: crate::exchange::StoreAnswer, n: usize) -> BatchVerdict {
+pub(crate) fn batch_verdict(answer: StoreAnswer, n: usize) -> BatchVerdict {
     match &answer {
         _ if n == 1 => BatchVerdict::Split(vec![answer]),
-        _ if crate::exchange::batches_unknown(&answer) => BatchVerdict::Unknown,
+        _ if batches_unknown(&answer) => BatchVerdict::Unknown,
         Some((400..=499, _)) => BatchVerdict::Refused,
-        _ => BatchVerdict::Split(crate::exchange::batch_answers(answer, n)),
+        _ => BatchVerdict::Split(batch_answers(answer, n)),
     }
 }
 

@@ -1,8 +1,9 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::exchange::{Settlement, StoreAnswer};
+use crate::handling::Settlement;
 use crate::protocol::{decode_frame, encode_batch_reply, Batch, BATCH_PATH, COMPLETE_PATH};
+use crate::store_call::StoreAnswer;
 
 fn call(len: usize) -> StoreCall {
     StoreCall {

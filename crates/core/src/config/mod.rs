@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FingerprintSpec;
 use crate::grpc;
+use crate::handling::Settlement;
 use crate::key::KeyRules;
 
 mod matching;
@@ -120,8 +121,7 @@ pub struct GrpcPolicy {
 impl GrpcPolicy {
     /// What a response's `grpc-status` does to the record: `None` stores
     /// the response; otherwise the key is released or the outcome unknown.
-    pub fn settles(&self, code: u8) -> Option<crate::exchange::Settlement> {
-        use crate::exchange::Settlement;
+    pub fn settles(&self, code: u8) -> Option<Settlement> {
         if grpc::UNKNOWN_CODES.contains(&code) {
             Some(Settlement::MarkedUnknown)
         } else if grpc::DEFAULT_RELEASE_CODES.contains(&code) || self.release_codes.contains(&code) {

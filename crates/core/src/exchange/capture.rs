@@ -3,10 +3,11 @@
 
 use super::{Exchange, Phase, ResponseHead, Step};
 use crate::config::{Forwarding, ENVOY_DEFAULT_BUFFER_LIMIT};
-use crate::exchange::{Origin, Settlement};
 use crate::grpc;
+use crate::handling::Settlement;
 use crate::headers::{self, Control};
 use crate::limits;
+use crate::origin::Origin;
 use crate::protocol::{start_frame, CompleteRequestRef, COMPLETE_PATH};
 
 impl Exchange {

@@ -1,13 +1,14 @@
 //! What the store's answer to a claim means for the request: go on to the
 //! upstream, replay, or answer with a problem.
 
-use super::{Exchange, Phase, Step, StoreAnswer};
+use super::{Exchange, Phase, Step};
 use crate::config::{FailureMode, Mode};
-use crate::exchange::{Handling, Settlement};
 use crate::grpc;
+use crate::handling::{Handling, Settlement};
 use crate::headers::KEY_HEADER;
 use crate::problem::Problem;
 use crate::protocol::{decode_frame, encode_frame, ClaimReply, ReplayRequest, REPLAY_PATH};
+use crate::store_call::StoreAnswer;
 use crate::Reply;
 
 impl Exchange {

@@ -3,7 +3,7 @@
 
 use super::{Exchange, Phase, ResponseHead, Step, UpstreamAnswer};
 use crate::config::Forwarding;
-use crate::exchange::Settlement;
+use crate::handling::Settlement;
 use crate::headers;
 use crate::origin;
 use crate::problem::{envoy_reply, Problem};

@@ -11,9 +11,11 @@
 
 use std::rc::Rc;
 
+use crate::client::Letter;
 use crate::config::{Config, InFlight, Mode, Policy, Settle};
 use crate::fingerprint::Fingerprinter;
 use crate::grpc;
+use crate::handling::{Handling, Settlement};
 use crate::headers::KEY_HEADER;
 use crate::identity::client_scope;
 use crate::key::parse_key;
@@ -24,23 +26,19 @@ use crate::protocol::{
     ABANDON_PATH, CLAIM_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
 };
 use crate::scope::Scope;
+use crate::store_call::{decided, refusal, settled, StoreAnswer, StoreCall};
 use crate::trace::Trace;
 use crate::Reply;
 
 mod capture;
 mod claimed;
 mod detached;
-mod handling;
 mod head;
 mod step;
 
 pub use crate::origin::Origin;
-pub use handling::{Handling, Settlement};
 pub use head::{request_head, response_head, upstream_call, RequestHead, ResponseHead};
-pub use step::{
-    batch_answers, batches_unknown, decided, refusal, settled, Left, Step, StoreAnswer, StoreCall,
-    UpstreamAnswer, UpstreamCall,
-};
+pub use step::{Left, Step, UpstreamAnswer, UpstreamCall};
 
 enum Phase {
     /// Not ours to dedupe: everything flows untouched.
@@ -152,8 +150,8 @@ impl Exchange {
 
     /// `call`, to be delivered by the worker's store client: it settles
     /// this exchange's record as [`Exchange::settlement`] says.
-    pub fn letter(&self, call: StoreCall) -> crate::client::Letter {
-        crate::client::Letter {
+    pub fn letter(&self, call: StoreCall) -> Letter {
+        Letter {
             call,
             settles: self.settlement().unwrap_or(Settlement::Failed),
             policy: self.policy_name().to_string(),

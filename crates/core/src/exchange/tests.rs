@@ -909,23 +909,6 @@ fn a_settlement_answered_by_something_in_front_of_the_store_is_delivered_again()
 }
 
 #[test]
-fn a_batch_answer_is_split_per_call_or_given_whole_to_each() {
-    use crate::protocol::encode_batch_reply;
-    let reply = encode_batch_reply(&[(200, b"a".to_vec()), (409, b"b".to_vec())]);
-    assert_eq!(
-        batch_answers(Some((200, reply.clone())), 2),
-        vec![Some((200, b"a".to_vec())), Some((409, b"b".to_vec()))]
-    );
-    // A reply that does not match the batch: nothing is known of any call.
-    assert_eq!(batch_answers(Some((200, reply)), 3), vec![None, None, None]);
-    assert_eq!(batch_answers(Some((200, b"junk".to_vec())), 2), vec![None, None]);
-    // The batch answered as a whole: each call gets that answer.
-    assert_eq!(batch_answers(None, 2), vec![None, None]);
-    let refused = Some((401, b"{}".to_vec()));
-    assert_eq!(batch_answers(refused.clone(), 2), vec![refused.clone(), refused]);
-}
-
-#[test]
 fn with_settle_background_the_response_goes_on_while_the_store_client_records_it() {
     let mut ex = owned("/background");
     let Step::Deliver(call, next) = ex.response_headers(upstream(201, &[], true)) else {

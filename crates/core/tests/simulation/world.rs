@@ -12,10 +12,10 @@ use crate::store::{Claimed, MemStore};
 use crate::Rng;
 use idemgate_core::client::{Attached, Bound, Delivery, Flight, Letter, Letters, Owner};
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{
-    Exchange, Left, Origin, RequestHead, ResponseHead, Step, StoreAnswer, StoreCall, UpstreamAnswer,
-};
+use idemgate_core::exchange::{Exchange, Left, Origin, RequestHead, ResponseHead, Step, UpstreamAnswer};
+use idemgate_core::handling::Handling;
 use idemgate_core::protocol::{decode_frame, Attempt, ClaimRequest, CLAIM_PATH};
+use idemgate_core::store_call::{StoreAnswer, StoreCall};
 use idemgate_core::Reply;
 
 /// The faults of one scenario, as chances per event (none by default).
@@ -347,7 +347,7 @@ impl World {
             Step::Pause => {}
             Step::Continue if dir == Dir::Request => {
                 // Through Envoy's router: the upstream gets the request.
-                if slot.ex.handling() == idemgate_core::exchange::Handling::Owned && slot.exec.is_none() {
+                if slot.ex.handling() == Handling::Owned && slot.exec.is_none() {
                     self.start_exec(owner);
                 }
             }
