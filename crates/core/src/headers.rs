@@ -2,21 +2,25 @@
 //! what Envoy has: what a header name is, which field lines count, when an
 //! identity header is ambiguous, what `Idempotency-Control` says, and which
 //! lines a request or response the filter sends itself leaves behind. The
-//! crate's ground floor: it reads lines, never a policy or an exchange
-//! (how a policy reads a request's head is [`crate::exchange::request_head`]).
-
-use crate::limits;
+//! crate's ground floor: it imports nothing of the crate, so every other
+//! module may read lines with it (how a policy reads a request's head is
+//! [`crate::exchange::request_head`]).
 
 /// Header names are compared case-insensitively; these are written lower-case.
 pub const KEY_HEADER: &str = "idempotency-key";
 pub const CONTROL_HEADER: &str = "idempotency-control";
 
+/// The longest header name the filter and the store take: a bound of the
+/// contract like those of [`crate::limits`] (which lists it too), kept with
+/// the rule it bounds.
+pub const MAX_HEADER_NAME: usize = 256;
+
 /// Whether `name` is a header name (an RFC 9110 token of at most
-/// [`limits::MAX_HEADER_NAME`] bytes): the one check for the policy's header
+/// [`MAX_HEADER_NAME`] bytes): the one check for the policy's header
 /// sources, fingerprint and replay headers, and the responses the store keeps.
 pub fn is_header_name(name: &str) -> bool {
     let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    (1..=limits::MAX_HEADER_NAME).contains(&name.len()) && name.bytes().all(tchar)
+    (1..=MAX_HEADER_NAME).contains(&name.len()) && name.bytes().all(tchar)
 }
 
 /// Header field lines as Envoy hands them over: name, raw value.
@@ -185,7 +189,7 @@ mod tests {
         for bad in ["", "a b", "a:b", "a\u{1}", "ü"] {
             assert!(!is_header_name(bad), "{bad:?}");
         }
-        assert!(!is_header_name(&"n".repeat(limits::MAX_HEADER_NAME + 1)));
+        assert!(!is_header_name(&"n".repeat(MAX_HEADER_NAME + 1)));
         // The same rule at each place that names a header.
         let policy = |field: &str| {
             format!(

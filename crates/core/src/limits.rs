@@ -5,6 +5,8 @@
 //! at run time means the two were deployed with different limits (or a wrong
 //! credential), never that a policy asked for too much.
 
+use crate::headers::is_header_name;
+
 /// Longest lease a claim may ask for (`lease_seconds`).
 pub const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
 /// Longest a record may be kept (`ttl_seconds`).
@@ -17,7 +19,9 @@ pub const MAX_WAIT_MS: u64 = 60 * 1000;
 pub const MAX_DEADLINE_MS: u64 = 2 * MAX_WAIT_MS;
 /// Most response header lines a completion may store.
 pub const MAX_HEADERS: usize = 64;
-pub const MAX_HEADER_NAME: usize = 256;
+/// Longest header name: the header-name rule's own bound, defined with the
+/// rule in [`crate::headers`].
+pub use crate::headers::MAX_HEADER_NAME;
 pub const MAX_HEADER_VALUE: usize = 8 * 1024;
 /// Most bytes of names and values the stored headers of one response hold
 /// together: escaped to JSON and sealed, they stay well inside the
@@ -57,7 +61,7 @@ pub fn response_fits(status: u16, headers: &[(String, String)]) -> Result<(), St
 
 /// Whether a response header may be stored as it is.
 pub fn header_fits(name: &str, value: &str) -> bool {
-    crate::headers::is_header_name(name)
+    is_header_name(name)
         && value.len() <= MAX_HEADER_VALUE
         && !value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
 }
