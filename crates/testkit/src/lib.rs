@@ -1,14 +1,16 @@
-//! Test support shared by the store's tests, the end-to-end tests and the
-//! fuzz oracle: free ports, throwaway PostgreSQL clusters and PgBouncers in
-//! front of them, processes that keep their output for a failing test, the
-//! store's command line, waiting for a condition, the internals that must
-//! never reach a client, a small tmpfs for disk-full tests, and the rows
-//! runs write into docs/reliability.md.
+//! Test support shared by the store's tests, the end-to-end tests, the fuzz
+//! oracle and the core's layering test: free ports, throwaway PostgreSQL
+//! clusters and PgBouncers in front of them, processes that keep their
+//! output for a failing test, the store's command line, waiting for a
+//! condition, the internals that must never reach a client, a small tmpfs
+//! for disk-full tests, the rows runs write into docs/reliability.md, and a
+//! crate's module graph for the tests that keep its modules in layers.
 
 // Test support: failing loudly is how it reports a broken environment.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod internals;
+pub mod layers;
 pub mod patroni;
 pub mod pg;
 pub mod pgbouncer;
