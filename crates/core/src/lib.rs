@@ -7,6 +7,24 @@
 //! talks to the store (and batches and redelivers its calls), and the per-request state machine the filter carries out.
 //! Nothing in this crate does I/O or reads a clock; time is always an argument,
 //! so every rule is tested with plain values.
+//!
+//! Each module imports only modules named before it here, and
+//! `tests/layers.rs` fails when a file leads back to itself:
+//!
+//! - the words everything shares: [`headers`] (header names and field
+//!   lines), [`handling`] (how a request was handled, what became of its
+//!   record), [`key`], [`path`], [`origin`], [`jcs`], [`jwt`], and [`Reply`];
+//! - what is built on them: [`limits`], [`trace`], [`scope`], [`problem`],
+//!   [`grpc`], [`fingerprint`];
+//! - the plugin configuration, [`config`];
+//! - what follows from a policy: who the client is ([`identity`]), the
+//!   frames between filter and store ([`protocol`]), what a record's state
+//!   allows ([`record`]);
+//! - a call to the store and what its answer says, [`store_call`];
+//! - the worker's store client, [`client`], which batches and redelivers
+//!   calls and never names the exchange;
+//! - the per-request state machine, [`exchange`], which reads a request's
+//!   head under its policy and hands the client its letters.
 
 pub mod client;
 pub mod config;
