@@ -37,7 +37,13 @@ const NEVER_REACH: &[(&str, &[&str])] = &[
 #[test]
 fn no_file_of_the_core_leads_back_to_itself() {
     let graph = core_graph();
-    for file in ["exchange", "exchange::head", "client::letters", "config::raw", "crate"] {
+    for file in [
+        "exchange",
+        "exchange::head",
+        "client::letters",
+        "config::raw",
+        "crate",
+    ] {
         assert!(graph.contains_key(file), "no {file} in {:?}", graph.keys());
     }
     let found = layers::cycles(&graph);
@@ -85,18 +91,30 @@ fn the_reader_follows_groups_climbs_and_lines_and_skips_tests_comments_and_liter
         ["a::b", "a::c", "d", "f::*"]
     );
     assert_eq!(
-        named("use crate::protocol::{\n    encode_frame,\n    Frame,\n};", &["x"]),
+        named(
+            "use crate::protocol::{\n    encode_frame,\n    Frame,\n};",
+            &["x"]
+        ),
         ["protocol::encode_frame", "protocol::Frame"]
     );
     assert_eq!(
         named("use super::super::columns::X;", &["sqlite", "engine", "writer"]),
         ["sqlite::columns::X"]
     );
-    assert_eq!(named("use super::{Writer, step::Step};", &["a", "b"]), ["a::Writer", "a::step::Step"]);
+    assert_eq!(
+        named("use super::{Writer, step::Step};", &["a", "b"]),
+        ["a::Writer", "a::step::Step"]
+    );
     assert_eq!(named("use super::*;", &["config"]), ["*"]);
-    assert_eq!(named("pub(in crate::sqlite) fn f()", &["sqlite", "x"]), ["sqlite"]);
+    assert_eq!(
+        named("pub(in crate::sqlite) fn f()", &["sqlite", "x"]),
+        ["sqlite"]
+    );
     // A struct literal's brace is no group.
-    assert_eq!(named("crate::client::Letter {\n call,\n}", &["x"]), ["client::Letter"]);
+    assert_eq!(
+        named("crate::client::Letter {\n call,\n}", &["x"]),
+        ["client::Letter"]
+    );
     assert!(named("use idemgate_crate::x; use a::super::b; use super::c;", &[]).is_empty());
     let not_code = "// crate::a\n/* crate::b /* crate::c */ */\nlet s = \"crate::d\\\"\";\n\
                     let r = r#\"crate::e\"#; let q = '\"'; let l: &'static str = b\"crate::f\";\n\

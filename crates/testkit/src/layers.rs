@@ -229,7 +229,8 @@ fn code(text: &str) -> String {
             }
         }
     };
-    let starts = |s: &[char], i: usize, word: &str| word.chars().enumerate().all(|(k, c)| s.get(i + k) == Some(&c));
+    let starts =
+        |s: &[char], i: usize, word: &str| word.chars().enumerate().all(|(k, c)| s.get(i + k) == Some(&c));
     let mut i = 0;
     while i < s.len() {
         let c = s[i];
@@ -264,7 +265,9 @@ fn code(text: &str) -> String {
                 i += 1;
                 continue;
             }
-            let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+            let close: String = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
             let from = i + 2 + hashes;
             (from..s.len())
                 .find(|&j| starts(&s, j, &close))
@@ -276,7 +279,9 @@ fn code(text: &str) -> String {
             }
             j + 1
         } else if c == '\'' && s.get(i + 1) == Some(&'\\') {
-            (i + 3..s.len()).find(|&j| s[j] == '\'').map_or(s.len(), |j| j + 1)
+            (i + 3..s.len())
+                .find(|&j| s[j] == '\'')
+                .map_or(s.len(), |j| j + 1)
         } else if c == '\'' && s.get(i + 2) == Some(&'\'') {
             i + 3
         } else {
@@ -338,9 +343,9 @@ fn matching_brace(s: &[char], open: usize) -> usize {
 fn refuse_climbs_in_inline_modules(code: &str, file: &Path) {
     let s: Vec<char> = code.chars().collect();
     let mut i = 0;
-    while let Some(at) = (i..s.len().saturating_sub(3)).find(|&j| {
-        s[j..j + 4] == ['m', 'o', 'd', ' '] && (j == 0 || !is_ident(s[j - 1]))
-    }) {
+    while let Some(at) = (i..s.len().saturating_sub(3))
+        .find(|&j| s[j..j + 4] == ['m', 'o', 'd', ' '] && (j == 0 || !is_ident(s[j - 1])))
+    {
         let mut j = at + 4;
         while j < s.len() && (is_ident(s[j]) || s[j].is_whitespace()) {
             j += 1;
