@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use prometheus_client::metrics::counter::Counter;
 use rusqlite::Connection;
 
-use super::engine::unavailable;
+use super::errors::unavailable;
 use crate::backend::{Result, StoreError};
 
 /// The writer nudges the checkpointer each time the WAL has grown by this

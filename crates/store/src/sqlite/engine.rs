@@ -30,6 +30,7 @@ use rusqlite::types::{Value, ValueRef};
 use rusqlite::Connection;
 
 use super::checkpoint::Checkpoints;
+use super::errors::unavailable;
 use crate::backend::{Outage, Result, StoreError, WriterStages};
 
 mod writer;
@@ -126,42 +127,6 @@ impl<R> Pending<R> {
         answered.observe(sent.elapsed().as_secs_f64());
         out
     }
-}
-
-/// A statement's error as the store's: [`StoreError::TransactionLost`] when
-/// it may have ended the transaction ([`ends_transaction`]), which the
-/// writer then fails whole.
-pub(crate) fn unavailable(e: rusqlite::Error) -> StoreError {
-    match ends_transaction(&e) {
-        true => StoreError::TransactionLost(std::sync::Arc::new(e)),
-        false => StoreError::unavailable(Outage::Database, e),
-    }
-}
-
-/// Errors after which SQLite may have rolled back the transaction on its
-/// own (<https://sqlite.org/lang_transaction.html>, "Response To Errors
-/// Within A Transaction"): disk full, I/O error, out of memory, busy; and
-/// those that say the file cannot be written at all. After one of them a
-/// savepoint cannot be trusted to keep the batch's other jobs: if the
-/// transaction is gone, statements after it run in autocommit mode, each
-/// committed on its own.
-fn ends_transaction(e: &rusqlite::Error) -> bool {
-    use rusqlite::ErrorCode::*;
-    matches!(
-        e.sqlite_error_code(),
-        Some(
-            DiskFull
-                | SystemIoFailure
-                | OutOfMemory
-                | DatabaseBusy
-                | DatabaseLocked
-                | ReadOnly
-                | DatabaseCorrupt
-                | NotADatabase
-                | CannotOpen
-                | FileLockingProtocolFailed
-        )
-    )
 }
 
 /// One call's jobs, or one `/v1/batch`'s: never split across transactions.

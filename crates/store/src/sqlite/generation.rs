@@ -10,7 +10,7 @@ use idemgate_core::protocol::ClaimRequest;
 use idemgate_core::record::{self, Standing, State, Transition};
 use rusqlite::Connection;
 
-use super::engine::unavailable;
+use super::errors::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
 use super::stored::{StoredActor, StoredAttempt, StoredFingerprint, StoredTransition};
 use crate::backend::{Actor, EventInfo, Result};

@@ -55,13 +55,15 @@ macro_rules! key_where {
 mod checkpoint;
 mod claim;
 mod engine;
+mod errors;
 mod generation;
 mod operations;
 mod rows;
 mod stored;
 mod sweep;
 
-use engine::{unavailable, Durability, Engine, Writer};
+use engine::{Durability, Engine, Writer};
+use errors::unavailable;
 use generation::{apply_replays, Journal};
 use operations::planned;
 use rows::{query_events, query_infos, INFO_COLUMNS};

@@ -8,7 +8,7 @@ use idemgate_core::record::{State, Transition};
 use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Row, ToSql};
 
-use super::engine::unavailable;
+use super::errors::unavailable;
 use super::stored;
 use crate::backend::{Actor, EventInfo, RecordInfo, Result, StoreError};
 use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};

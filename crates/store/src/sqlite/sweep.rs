@@ -68,7 +68,7 @@ fn run(conn: &rusqlite::Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) 
     conn.prepare_cached(sql)
         .and_then(|mut stmt| stmt.execute(params))
         .map(count)
-        .map_err(super::engine::unavailable)
+        .map_err(super::errors::unavailable)
 }
 
 pub(super) fn sweep(
@@ -103,7 +103,7 @@ pub(super) fn sweep(
 }
 
 fn control(conn: &rusqlite::Connection, sql: &str) -> Result<()> {
-    conn.execute_batch(sql).map_err(super::engine::unavailable)
+    conn.execute_batch(sql).map_err(super::errors::unavailable)
 }
 
 fn run_phase(

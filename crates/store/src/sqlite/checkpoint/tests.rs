@@ -1,4 +1,5 @@
-use super::super::engine::{unavailable, Durability, Engine};
+use super::super::engine::{Durability, Engine};
+use super::super::errors::unavailable;
 use super::NUDGE_FRAMES;
 
 async fn insert(engine: &Engine, blob: usize) {

@@ -154,8 +154,8 @@ struct Ran {
 /// Runs `job` inside the open transaction; `savepoint` keeps a failure from
 /// undoing the batch's other jobs, as long as the failure was the job's own
 /// (a refused change, a bad row). A failure that may have ended the
-/// transaction ([`super::ends_transaction`]) or broken the savepoint loses the
-/// whole batch instead.
+/// transaction ([`crate::sqlite::errors::unavailable`]) or broken the
+/// savepoint loses the whole batch instead.
 fn run_job(conn: &Connection, fences: &Fences, job: Job, savepoint: bool) -> Ran {
     let durable = Cell::new(job.durability == Durability::Durable);
     if savepoint {
