@@ -13,7 +13,10 @@
 //! One decision is also stated in SQL: PostgreSQL completes a record with a
 //! single statement that reads nothing first (`postgres::operations::COMPLETE`,
 //! built from [`crate::conditions`]); the story suite checks that it comes
-//! to what [`complete`] plans, in every state a completion can meet.
+//! to what [`complete`] plans, in every state a completion can meet. And
+//! PostgreSQL inserts a new key with the statement that reads its record
+//! (`postgres::rows::CLAIM`, and `CLAIM_NEW` for a batch's new keys): the
+//! generation and `claimed` event [`claim`] plans when there is no record.
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply};
 use idemgate_core::record::{self, AbandonDecision, ClaimDecision, Standing, State, Transition};

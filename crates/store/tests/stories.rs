@@ -1050,6 +1050,65 @@ async fn a_claim_past_its_callers_deadline_is_not_committed(b: Arc<dyn Backend>)
     cx.owned(&claim(&s, Some(1))).await;
 }
 
+/// The deadline refuses only a claim that would commit something
+/// ([`Backend::claim`]): past its caller's deadline, a claim that answers
+/// (a record in progress, another request's fingerprint) or replays is
+/// answered as it would be in time, while one that would turn an expired
+/// lease unknown or take the key over is refused and leaves the record as
+/// it was.
+async fn a_late_claim_is_refused_only_when_it_would_write(b: Arc<dyn Backend>) {
+    /// `req` with a deadline that has passed.
+    async fn late(
+        cx: &Ctx,
+        req: &idemgate_core::protocol::ClaimRequest,
+    ) -> Result<idemgate_store::backend::ClaimOutcome, StoreError> {
+        let passed = std::time::Instant::now();
+        cx.backend().claim(req, cx.now(), Some(passed)).await
+    }
+    let cx = Ctx::new(b);
+    let s = scope("k-late-answers");
+    let f = cx.owned(&claim(&s, Some(1))).await;
+    let out = late(&cx, &claim(&s, Some(1))).await.unwrap();
+    assert_eq!(
+        out.reply,
+        ClaimReply::InProgress {
+            retry_after_ms: 1_000
+        }
+    );
+    let out = late(&cx, &claim(&s, Some(2))).await.unwrap();
+    assert_eq!(out.reply, ClaimReply::Mismatch);
+    cx.store.complete(&complete(&s, f, 201), b"kept").await.unwrap();
+    let out = late(&cx, &claim(&s, Some(1))).await.unwrap();
+    assert!(
+        matches!(out.reply, ClaimReply::Replay { status: 201, .. }),
+        "{:?}",
+        out.reply
+    );
+    assert_eq!(out.body, b"kept");
+
+    // The lease runs out: a claim on time would turn the record unknown,
+    // or take the key under `on_unknown: release`.
+    let u = scope("k-late-unknown");
+    let f = cx.owned(&claim(&u, Some(1))).await;
+    cx.clock.advance(1_000);
+    let out = late(&cx, &claim(&u, Some(1))).await;
+    assert!(matches!(out, Err(StoreError::Late)), "{out:?}");
+    let mut release = claim(&u, Some(1));
+    release.on_unknown = OnUnknown::Release;
+    let out = late(&cx, &release).await;
+    assert!(matches!(out, Err(StoreError::Late)), "{out:?}");
+    let h = history(&cx, "k-late-unknown").await;
+    let gens: Vec<(u64, &str)> = h
+        .records
+        .iter()
+        .map(|r| (r.generation, r.state.as_str()))
+        .collect();
+    assert_eq!(gens, [(f, "in_progress")]);
+    assert_eq!(transitions(&h), ["claimed"]);
+    // On time, the same claim turns it unknown.
+    assert_eq!(cx.reply(&claim(&u, Some(1))).await, ClaimReply::Unknown);
+}
+
 async fn a_new_generation_keeps_the_old_one_and_its_events(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let s = scope("k-generations");
@@ -1595,6 +1654,7 @@ stories!(
     an_abandon_after_the_record_was_archived_still_frees_the_key,
     a_completion_after_the_unknown_record_was_archived_is_recorded_without_its_body,
     a_claim_past_its_callers_deadline_is_not_committed,
+    a_late_claim_is_refused_only_when_it_would_write,
     a_new_generation_keeps_the_old_one_and_its_events,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
@@ -1628,6 +1688,48 @@ async fn a_batch_of_new_keys_commits_once_on_postgres() {
         "1",
         "a record and its event commit together"
     );
+}
+
+/// A claim whose caller's deadline passes while it waits for its record's
+/// lock is planned again from the locked row, and refused if that plan
+/// writes: here the lease it would turn unknown. Another session holds the
+/// record's row lock past the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_deadline_passes_under_the_lock_commits_nothing_on_postgres() {
+    let cluster = shared_cluster();
+    let url = cluster.fresh_database().await;
+    let b = pg_backend(&url).await;
+    let s = scope("k-late-locked");
+    let req = claim(&s, Some(1));
+    let Ok(ClaimReply::Owned { .. }) = b.claim(&req, T0, None).await.map(|o| o.reply) else {
+        panic!("not owned")
+    };
+    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; SELECT 1 FROM idempotency_records WHERE idem_key = 'k-late-locked' FOR UPDATE")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(100);
+    let claimed = tokio::spawn({
+        let (b, req) = (Arc::clone(&b), req.clone());
+        async move { b.claim(&req, T0 + 1_000, Some(deadline)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let out = claimed.await.unwrap();
+    assert!(matches!(out, Err(StoreError::Late)), "{out:?}");
+    let q = Lookup {
+        tenant: "acme".into(),
+        key: "k-late-locked".into(),
+        ..Default::default()
+    };
+    let h = b.lookup(&q, 10).await.unwrap();
+    assert_eq!(h.records.len(), 1, "{h:?}");
+    assert_eq!(h.records[0].state, Standing::In(State::InProgress));
+    assert_eq!(transitions(&h), ["claimed"]);
 }
 
 /// When the set-based statement fails as a whole, every claim of the

@@ -12,10 +12,10 @@
 //! the batch, or the statement failed) on its own. Every other statement
 //! is its own transaction, so one call's failure never fails or undoes
 //! another's beyond its set's, whose calls are then sent one by one. What
-//! needs more than one
-//! statement (a claim that takes over or turns an existing record unknown,
-//! a claim that lost a race, the locked release, mark-unknown and abandon)
-//! then goes the way it goes when sent alone, each on its own connection.
+//! needs more than one statement (a claim that takes over or turns an
+//! existing record unknown, a claim that lost a race, the locked release,
+//! mark-unknown and abandon), and a claim past its caller's deadline, then
+//! goes the way it goes when sent alone, each on its own connection.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -24,6 +24,7 @@ use futures_util::future::{join3, join_all};
 use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest};
 use idemgate_core::scope::Scope;
 
+use super::claim::past;
 use super::operations::COMPLETE;
 use super::pool::On;
 use super::rows::{CLAIM, CLAIM_NEW};
@@ -100,11 +101,11 @@ impl Postgres {
             together.clear();
             None
         };
-        // A claim whose caller gave up meanwhile is not sent: it goes on
-        // alone, which refuses it.
-        let sent = Instant::now();
+        // A claim whose caller gave up meanwhile is not sent to a statement
+        // that inserts: it goes on alone, which answers it from the record
+        // as committed, or refuses it if its plan writes.
         together.retain(|(i, _)| match &calls[*i] {
-            Call::Claim { deadline, .. } => !deadline.is_some_and(|d| sent >= d),
+            Call::Claim { deadline, .. } => !past(*deadline),
             _ => false,
         });
         let waits = claim_new.is_some();
@@ -215,13 +216,11 @@ impl Postgres {
 }
 
 /// The claims of `calls` that [`CLAIM_NEW`] may decide, with their index:
-/// not past their caller's deadline (those are refused, not sent), and
 /// each key only once (a second claim of the same key goes alone, after
 /// the first has been decided, and meets its record).
 fn new_key_claims(calls: &[Call]) -> Vec<(usize, &ClaimRequest)> {
-    let now = Instant::now();
     distinct_keys(calls, |call| match call {
-        Call::Claim { req, deadline } if !deadline.is_some_and(|d| now >= d) => Some((&req.scope, req)),
+        Call::Claim { req, .. } => Some((&req.scope, req)),
         _ => None,
     })
 }

@@ -1,19 +1,25 @@
-//! A claim: one statement in the common path, a locked re-decision when it
-//! must change an existing record.
+//! A claim, planned by [`plan::claim`] as on every backend: one statement
+//! in the common path, which inserts a new key ([`CLAIM`] states in SQL
+//! what the plan of an absent record is) or returns the record, whose plan
+//! is answered or replayed from it; a plan that changes the record is
+//! planned again from the record under its lock and carried out there.
 
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use idemgate_core::config::OnUnknown;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
-use idemgate_core::record::{self, ClaimDecision, Transition};
+use idemgate_core::record::{self, Transition};
 use tokio_postgres::Row;
 
-use super::generation::{event, lock, set_unknown, to_history};
+use super::generation::{event, lock, to_history, LOADED};
+use super::operations::carry_out;
 use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
 use super::Postgres;
 use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
+use crate::plan::{self, ClaimPlan};
 
 /// What a claim's [`CLAIM`] row says.
 enum Read {
@@ -65,36 +71,63 @@ impl<'r> Claimed<'r> {
     }
 }
 
+/// Whether the caller of a claim has stopped waiting.
+pub(super) fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// The record as committed, read without a lock: what [`LoadedRecord::read`]
+/// reads, and the body a replay serves.
+static COMMITTED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {LOADED}, response_body FROM idempotency_records WHERE {}",
+        key_where!()
+    )
+});
+
 impl Postgres {
     /// [`crate::backend::Backend::peek`]: the record as committed, read
-    /// without a lock, decided by the same rules.
+    /// without a lock, planned by the same rules.
     pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
-        const SQL: &str = concat!(
-            "SELECT state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, response_key, \
-             response_body, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
-             release_on_unknown FROM idempotency_records WHERE ",
-            key_where!()
-        );
         let key = ScopeDigest::of(&req.scope);
-        let rows = self.connections.query(SQL, &key.bind(&[])).await?;
-        let Some(row) = rows.first() else {
+        let rows = self.connections.query(&COMMITTED, &key.bind(&[])).await?;
+        self.unwritten(req, &key, rows.first(), now)
+    }
+
+    /// The claim's answer when its plan for `row` (the record as read, or
+    /// none) writes nothing ([`ClaimPlan::writes`]): an answer, or a replay
+    /// served from the row and counted. `None` when the plan writes.
+    fn unwritten(
+        &self,
+        req: &ClaimRequest,
+        key: &ScopeDigest,
+        row: Option<&Row>,
+        now: i64,
+    ) -> Result<Option<ClaimOutcome>> {
+        let Some(row) = row else {
             return Ok(None);
         };
         let loaded = LoadedRecord::read(row)?;
-        match record::decide_claim(Some(&loaded.view), req, now) {
-            ClaimDecision::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
-            ClaimDecision::Replay { status, completed_at } => {
-                self.count_replay(key, loaded.view.fence);
+        match plan::claim(Some(&loaded), req, now) {
+            ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimPlan::Replay { status, completed_at } => {
                 let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                Ok(Some(loaded.replay(
-                    &self.seal,
-                    &key,
-                    (status, completed_at),
-                    body,
-                )?))
+                self.replay(key, &loaded, (status, completed_at), body).map(Some)
             }
-            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Ok(None),
+            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
         }
+    }
+
+    /// Serves the stored response of `loaded` and counts the replay.
+    fn replay(
+        &self,
+        key: &ScopeDigest,
+        loaded: &LoadedRecord,
+        (status, completed_at): (u16, i64),
+        body: Vec<u8>,
+    ) -> Result<ClaimOutcome> {
+        self.count_replay(*key, loaded.view.fence);
+        loaded.replay(&self.seal, key, (status, completed_at), body)
     }
 
     pub(super) async fn claim_record(
@@ -109,10 +142,15 @@ impl Postgres {
         let mut client = self.connections.client().await?;
         let claim_stmt = client.prepare(&CLAIM).await?;
         for _ in 0..MAX_ATTEMPTS {
-            // Nobody waits for this claim any more: committing it would only
-            // leave a record that its filter is abandoning.
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(StoreError::Late);
+            // Nobody waits for this claim any more: it is answered from the
+            // record as committed, and refused if its plan writes, since
+            // committing it would only leave a record that its filter is
+            // abandoning. [`CLAIM`] may insert, so it is not sent.
+            if past(deadline) {
+                let rows = client.query(&COMMITTED, &key.bind(&[])).await?;
+                return self
+                    .unwritten(req, &key, rows.first(), now)?
+                    .ok_or(StoreError::Late);
             }
             let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
             let query = client.rows(&claim_stmt, &params);
@@ -153,7 +191,7 @@ impl Postgres {
                     }
                 }
             }
-            // The record went away between our read and our lock: decide again.
+            // The record went away between our read and our lock: plan again.
         }
         Err(StoreError::unavailable(
             Outage::Database,
@@ -198,16 +236,10 @@ impl Postgres {
             self.log_claimed(req, claimed, fence, now);
             return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
         }
-        let loaded = LoadedRecord::read(row)?;
-        Ok(match record::decide_claim(Some(&loaded.view), req, now) {
-            ClaimDecision::Answer(reply) => Read::Decided(ClaimOutcome::answer(reply)),
-            ClaimDecision::Replay { status, completed_at } => {
-                // Served from the committed row this statement returned.
-                self.count_replay(*key, loaded.view.fence);
-                let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                Read::Decided(loaded.replay(&self.seal, key, (status, completed_at), body)?)
-            }
-            ClaimDecision::Claim | ClaimDecision::BecomeUnknown => Read::Changes,
+        // Answered or replayed from the committed row this statement returned.
+        Ok(match self.unwritten(req, key, Some(row), now)? {
+            Some(outcome) => Read::Decided(outcome),
+            None => Read::Changes,
         })
     }
 
@@ -215,7 +247,7 @@ impl Postgres {
     /// other calls' statements: decided by its first [`CLAIM`] alone when
     /// that is enough (a new key, an answer, a replay), else `None` and it
     /// goes the whole way of [`Postgres::claim_record`] afterwards. A claim
-    /// past its caller's deadline is not sent.
+    /// past its caller's deadline is not sent: it goes that way at once.
     pub(super) async fn claim_pipelined(
         &self,
         client: &Client,
@@ -224,8 +256,8 @@ impl Postgres {
         now: i64,
         deadline: Option<Instant>,
     ) -> Option<Result<ClaimOutcome>> {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Some(Err(StoreError::Late));
+        if past(deadline) {
+            return None;
         }
         let key = ScopeDigest::of(&req.scope);
         let columns = KeyColumns::of(&req.scope);
@@ -242,10 +274,11 @@ impl Postgres {
         }
     }
 
-    /// A claim that must change an existing record (a new generation, or a
-    /// lease that ran out turning unknown), decided again under the record's
-    /// lock so that nothing that happened since (a completion, another
-    /// claim) is overwritten. `None` when the record is gone.
+    /// A claim whose plan changes an existing record (a new generation, or
+    /// a lease that ran out turning unknown), planned again from the record
+    /// under its lock so that nothing that happened since (a completion,
+    /// another claim) is overwritten, and carried out there. `None` when
+    /// the record is gone.
     async fn change_claimed(
         &self,
         client: &mut Client,
@@ -259,47 +292,33 @@ impl Postgres {
         let Some((loaded, body)) = lock(&tx, &key).await? else {
             return Ok(None);
         };
-        let view = &loaded.view;
-        let mut events = Vec::new();
-        let outcome = match record::decide_claim(Some(view), req, now) {
-            ClaimDecision::Answer(reply) => ClaimOutcome::answer(reply),
-            ClaimDecision::Replay { status, completed_at } => {
-                self.count_replay(key, view.fence);
-                loaded.replay(&self.seal, &key, (status, completed_at), body)?
-            }
-            ClaimDecision::Claim => {
-                to_history(
-                    &tx,
-                    &key,
-                    record::ended_as(view.state, Transition::Reclaimed),
-                    now,
-                )
-                .await?;
-                let stmt = tx.prepare(&REPLACE_GENERATION).await?;
-                let (old_fence, old_state) = (i64_from(view.fence), view.state.as_str());
-                let mut params: Vec<Param<'_>> = vec![&key];
-                params.extend(claimed.params(&[&old_fence, &old_state]));
-                let row = tx.one(&stmt, &params).await?;
-                let fence = row.unsigned("fence")?;
-                events.extend(event(&tx, &key, (Transition::Reclaimed, &Actor::Filter, None), now).await?);
-                ClaimOutcome::answer(ClaimReply::Owned { fence })
-            }
-            ClaimDecision::BecomeUnknown => {
-                let expires_at = record::unknown_expiry(now, loaded.ttl_ms);
-                set_unknown(&tx, &key, (view.fence, view.state), expires_at).await?;
-                let by = (Transition::LeaseExpired, &Actor::Filter, Some("unknown"));
-                events.extend(event(&tx, &key, by, now).await?);
-                ClaimOutcome {
-                    reply: ClaimReply::Unknown,
-                    body: Vec::new(),
-                    became_unknown: true,
-                }
-            }
-        };
-        if matches!(outcome.reply, ClaimReply::Owned { .. }) && deadline.is_some_and(|d| Instant::now() >= d)
-        {
+        let planned = plan::claim(Some(&loaded), req, now);
+        // The lock may have been waited for past the deadline: as at the
+        // start, a plan that writes is refused then (the transaction rolls
+        // back with nothing in it).
+        if planned.writes() && past(deadline) {
             return Err(StoreError::Late);
         }
+        let (outcome, events) = match planned {
+            ClaimPlan::Answer(reply) => (ClaimOutcome::answer(reply), Vec::new()),
+            ClaimPlan::Replay { status, completed_at } => (
+                self.replay(&key, &loaded, (status, completed_at), body)?,
+                Vec::new(),
+            ),
+            ClaimPlan::Take { replaced, by } => {
+                if let Some(ended) = replaced {
+                    to_history(&tx, &key, ended, now).await?;
+                }
+                let stmt = tx.prepare(&REPLACE_GENERATION).await?;
+                let (old_fence, old_state) = (i64_from(loaded.view.fence), loaded.view.state.as_str());
+                let mut params: Vec<Param<'_>> = vec![&key];
+                params.extend(claimed.params(&[&old_fence, &old_state]));
+                let fence = tx.one(&stmt, &params).await?.unsigned("fence")?;
+                let events = event(&tx, &key, by, now).await?;
+                (ClaimOutcome::answer(ClaimReply::Owned { fence }), events)
+            }
+            ClaimPlan::Change(planned) => carry_out(&tx, (&key, &self.seal), planned, now).await?,
+        };
         tx.commit().await?;
         self.log_all(&events, &req.trace);
         Ok(Some(outcome))
