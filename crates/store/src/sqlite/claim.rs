@@ -137,20 +137,19 @@ pub(super) fn write_job(
     absent: bool,
 ) -> (Job, Pending<Logged>) {
     Engine::job(Durability::Durable, move |w| {
-        // Nobody waits for this claim any more: committing it would only
-        // leave a record that its filter is abandoning.
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(StoreError::Late);
-        }
+        // Nobody waits for this claim any more: it is answered if its plan
+        // writes nothing, and refused otherwise, since committing it would
+        // only leave a record that its filter is abandoning.
+        let late = deadline.is_some_and(|d| Instant::now() >= d);
         let mut journal = Journal::new();
         let key = ScopeDigest::of(&req.scope);
-        if absent {
+        if absent && !late {
             if let Some(fence) = claim_absent(w, &req, &key, now, &mut journal)? {
                 let answer = Answer::Claim(ClaimOutcome::answer(ClaimReply::Owned { fence }));
                 return Ok((answer, journal));
             }
         }
-        let outcome = claim_on_writer(w, (&req, &seal), &key, now, &mut journal)?;
+        let outcome = claim_on_writer(w, (&req, &seal), &key, (now, late), &mut journal)?;
         Ok((Answer::Claim(outcome), journal))
     })
 }
@@ -180,12 +179,13 @@ fn claim_absent(
 }
 
 /// Read, plan with the shared rules ([`plan::claim`]), carry the plan out:
-/// only ever called on the writer.
+/// only ever called on the writer. `late`: past its caller's deadline, a
+/// plan that writes is refused.
 fn claim_on_writer(
     w: &Writer<'_>,
     (req, seal): (&ClaimRequest, &Seal),
     key: &ScopeDigest,
-    now: i64,
+    (now, late): (i64, bool),
     journal: &mut Journal,
 ) -> Result<ClaimOutcome> {
     let (loaded, planned, body) = load_with(w, key, |loaded, body| {
@@ -196,6 +196,9 @@ fn claim_on_writer(
         };
         Ok((loaded, planned, body))
     })?;
+    if planned.writes() && late {
+        return Err(StoreError::Late);
+    }
     match planned {
         ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
         ClaimPlan::Take { replaced, by } => {
