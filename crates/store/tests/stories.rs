@@ -580,6 +580,32 @@ async fn the_sweeper_takes_the_oldest_due_first(b: Arc<dyn Backend>) {
     }
 }
 
+/// Ended generations past the retention are purged the oldest ended first,
+/// whatever the order they were written in: here replicas whose clocks
+/// disagree end them out of the order of their times.
+async fn ended_generations_are_purged_the_oldest_first(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let retention = 60_000;
+    // The place of each key's release among the releases' times.
+    let places = [5, 2, 7, 0, 3, 6, 1, 4];
+    for (i, place) in places.iter().enumerate() {
+        let s = scope(&format!("k-ended-{i}"));
+        let f = cx.owned(&claim(&s, Some(1))).await;
+        let released = cx.now() + 10 * place;
+        assert_eq!(
+            cx.backend().release(&fence(&s, f), released).await.unwrap(),
+            FenceReply::Done
+        );
+    }
+    cx.clock.advance(retention + 1_000);
+    assert_eq!(cx.sweep_batch(retention as u64, 4).await.purged, 4);
+    for (i, place) in places.iter().enumerate() {
+        let key = format!("k-ended-{i}");
+        let purged = history(&cx, &key).await.records.is_empty();
+        assert_eq!(purged, *place < 4, "{key}");
+    }
+}
+
 /// A batch larger than the SQLite writer's slice (100 records a phase) is
 /// swept whole, each record once, and no more than the batch: 250 leases
 /// run out, swept 240 at a time. On SQLite the batch is committed slice by
@@ -1641,6 +1667,7 @@ stories!(
     mark_unknown_and_result_unavailable,
     expiry_archives_then_purges,
     the_sweeper_takes_the_oldest_due_first,
+    ended_generations_are_purged_the_oldest_first,
     a_batch_larger_than_a_slice_is_swept_whole,
     after_expiry_reject_or_new,
     the_same_key_in_another_scope_is_another_record,

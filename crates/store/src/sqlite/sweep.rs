@@ -44,7 +44,7 @@ static PURGE_ARCHIVED: LazyLock<String> = LazyLock::new(|| {
 static PURGE_HISTORY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM idempotency_history WHERE rowid IN (SELECT rowid FROM idempotency_history \
-         WHERE ended_at <= ?1 LIMIT ?2) RETURNING {GENERATION_OF_EVENT}"
+         WHERE ended_at <= ?1 ORDER BY ended_at LIMIT ?2) RETURNING {GENERATION_OF_EVENT}"
     )
 });
 const EXPIRED: &str = "SELECT scope_digest FROM idempotency_records \
@@ -168,7 +168,8 @@ fn run_phase(
             }
             report.events_purged += run(
                 conn,
-                "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 LIMIT ?2)",
+                "DELETE FROM idempotency_events WHERE id IN (SELECT id FROM idempotency_events WHERE at <= ?1 \
+                 ORDER BY at LIMIT ?2)",
                 &[&cutoff, &batch],
             )?;
             run(conn, PURGE_EVENTLESS_GENERATIONS, &[])?;
