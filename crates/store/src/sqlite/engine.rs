@@ -19,29 +19,26 @@
 //! locking of its own. How a batch commits, and how durably, is
 //! [`writer`]'s.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use prometheus_client::metrics::histogram::Histogram;
-use rusqlite::functions::FunctionFlags;
-use rusqlite::types::{Value, ValueRef};
 use rusqlite::Connection;
 
 use super::checkpoint::Checkpoints;
+use super::connection::open_connection;
 use super::errors::unavailable;
 use crate::backend::{Outage, Result, StoreError, WriterStages};
 
+mod queue;
 mod writer;
 
+use queue::{Group, Queue, Queued};
 pub(super) use writer::Writer;
 use writer::{BatchEnd, WriterState};
 
 const READERS: usize = 4;
-/// How long a connection waits for a lock another process holds.
-const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-const MAX_BATCH: usize = 256;
 
 /// Hands a job's result to its caller once the batch's commit is known;
 /// the histogram times the hand-over ([`WriterStages::answered`]).
@@ -126,78 +123,6 @@ impl<R> Pending<R> {
             .map_err(|_| StoreError::internal("the sqlite writer dropped the job"))?;
         answered.observe(sent.elapsed().as_secs_f64());
         out
-    }
-}
-
-/// One call's jobs, or one `/v1/batch`'s: never split across transactions.
-struct Group {
-    jobs: Vec<Job>,
-    /// A request's own writes, which a caller that finds the writer idle
-    /// may run on its thread ([`Engine::submit`]). The others wait for the
-    /// writer thread: writes no request waits for, which may be long (a
-    /// sweep), and a batch that found another process's write lock.
-    here: bool,
-}
-
-/// What queuing a group found.
-enum Queued {
-    /// The group was empty.
-    Nothing,
-    /// Queued behind work only the writer thread may do.
-    BehindTheWritersOwn,
-    /// Queued; a caller may run it if the writer is idle.
-    Ready,
-}
-
-/// The writer's queue.
-#[derive(Default)]
-struct Queue {
-    groups: VecDeque<Group>,
-    /// A batch run where nobody may wait left the WAL's restart to the
-    /// writer thread.
-    restart_due: bool,
-    /// Answers of a batch committed where nobody may wait, held until the
-    /// writer thread has made that commit durable (see [`writer`]).
-    sync_due: Vec<Deliver>,
-    /// No more jobs are taken: the engine was dropped, or the writer broke.
-    stopped: bool,
-}
-
-impl Queue {
-    /// Jobs waiting for a batch.
-    fn jobs(&self) -> usize {
-        self.groups.iter().map(|g| g.jobs.len()).sum()
-    }
-
-    /// Whether the writer thread has anything to do.
-    fn has_work(&self) -> bool {
-        !self.groups.is_empty() || self.restart_due || !self.sync_due.is_empty()
-    }
-
-    /// Whether the writer thread has work no caller's thread may do.
-    fn writer_thread_due(&self) -> bool {
-        self.restart_due || !self.sync_due.is_empty() || self.groups.iter().any(|g| !g.here)
-    }
-
-    /// The next batch: whole groups in their order, up to [`MAX_BATCH`]
-    /// jobs unless the first group alone is larger; with `here_only`, only
-    /// the groups a caller may run on its thread.
-    fn next_batch(&mut self, here_only: bool) -> Vec<Job> {
-        let mut batch: Vec<Job> = Vec::new();
-        let mut i = 0;
-        while let Some(group) = self.groups.get(i) {
-            if here_only && !group.here {
-                i += 1;
-                continue;
-            }
-            if !batch.is_empty() && batch.len() + group.jobs.len() > MAX_BATCH {
-                break;
-            }
-            if let Some(group) = self.groups.remove(i) {
-                batch.extend(group.jobs);
-            }
-        }
-        batch
     }
 }
 
@@ -388,62 +313,6 @@ impl Drop for NotRun {
             tracing::warn!("sqlite: {what} lost: the writer did not run it");
         }
     }
-}
-
-/// For migrations that rewrite existing rows:
-/// `idemgate_scope_digest(version, tenant, principal, route, namespace,
-/// key)`, a current record's key ([`idemgate_core::scope::digest_parts`]);
-/// `idemgate_stored_attempt(id)`, `idemgate_stored_transition(name)` and
-/// `idemgate_stored_actor(name)`, a value as its column holds it
-/// ([`super::stored`]).
-fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
-    type AsStored = fn(ValueRef<'_>) -> Value;
-    let stored: [(&str, AsStored); 3] = [
-        ("idemgate_stored_attempt", super::stored::stored_attempt),
-        ("idemgate_stored_transition", super::stored::stored_transition),
-        ("idemgate_stored_actor", super::stored::stored_actor),
-    ];
-    for (name, as_stored) in stored {
-        conn.create_scalar_function(
-            name,
-            1,
-            FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
-            move |ctx| Ok(as_stored(ctx.get_raw(0))),
-        )?;
-    }
-    conn.create_scalar_function(
-        "idemgate_scope_digest",
-        6,
-        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
-        |ctx| {
-            let part = |i: usize| {
-                ctx.get_raw(i)
-                    .as_str()
-                    .map_err(|e| rusqlite::Error::UserFunctionError(e.into()))
-            };
-            let parts = [part(0)?, part(1)?, part(2)?, part(3)?, part(4)?, part(5)?];
-            Ok(idemgate_core::scope::digest_parts(parts).to_vec())
-        },
-    )
-}
-
-fn open_connection(path: &str, synchronous_full: bool) -> Result<Connection> {
-    let conn = Connection::open(path).map_err(unavailable)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(unavailable)?;
-    // Room for every statement the writer repeats (queries and transaction
-    // control), so none is evicted and parsed again.
-    conn.set_prepared_statement_cache_capacity(64);
-    let sync = if synchronous_full { "FULL" } else { "NORMAL" };
-    // Temporary storage in memory: above all the statement journal that a
-    // savepoint keeps of the pages it changes (the sweeper's phases, a
-    // batch's jobs), which in a file made a sweep of 10^6 records take 17%
-    // longer, in memory 4% (bench/results/profile.md §20).
-    conn.execute_batch(&format!(
-        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
-    ))
-    .map_err(unavailable)?;
-    register_functions(&conn).map_err(unavailable)?;
-    Ok(conn)
 }
 
 impl Engine {

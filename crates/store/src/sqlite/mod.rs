@@ -54,6 +54,7 @@ macro_rules! key_where {
 
 mod checkpoint;
 mod claim;
+mod connection;
 mod engine;
 mod errors;
 mod generation;

@@ -1,5 +1,7 @@
+use super::queue::MAX_BATCH;
 use super::*;
 use crate::sqlite::checkpoint::RESTART_FRAMES;
+use crate::sqlite::connection::BUSY_TIMEOUT;
 
 fn engine() -> (tempfile::TempDir, Engine) {
     let dir = tempfile::tempdir().unwrap();

@@ -366,6 +366,6 @@ fn begin(conn: &Connection, may_wait: bool) -> rusqlite::Result<()> {
     }
     conn.busy_timeout(std::time::Duration::ZERO)?;
     let begun = control(conn, "BEGIN IMMEDIATE");
-    conn.busy_timeout(super::BUSY_TIMEOUT)?;
+    conn.busy_timeout(crate::sqlite::connection::BUSY_TIMEOUT)?;
     begun
 }
