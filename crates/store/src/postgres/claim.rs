@@ -12,10 +12,10 @@ use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::{self, Transition};
 use tokio_postgres::Row;
 
-use super::generation::{event, lock, to_history, LOADED};
+use super::generation::{event, lock, to_history};
 use super::operations::carry_out;
 use super::pool::{Client, On, Stmt};
-use super::rows::{bind_with_columns, Bind, Param, CLAIM, REPLACE_GENERATION};
+use super::rows::{bind_with_columns, Bind, Param, CLAIM, LOADED, REPLACE_GENERATION};
 use super::Postgres;
 use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};

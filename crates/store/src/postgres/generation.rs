@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use idemgate_core::record::{self, Standing, State, Transition};
 
 use super::pool::{On, Tx};
-use super::rows::{Bind, Param, TO_HISTORY};
+use super::rows::{Bind, Param, LOADED, TO_HISTORY};
 use crate::backend::{Actor, EventInfo, Result};
 use crate::columns::{event_select, i64_from, LoadedRecord, ScopeDigest, EVENT_OWN_COLUMNS};
 
@@ -94,12 +94,6 @@ pub(super) async fn end_generation(
     .await?;
     Ok(events)
 }
-
-/// What [`LoadedRecord::read`] reads, for a select list.
-pub(super) const LOADED: &str =
-    "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
-     response_key, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
-     release_on_unknown";
 
 /// The current record, locked for the rest of `tx`, and its stored body.
 pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(LoadedRecord, Vec<u8>)>> {

@@ -14,6 +14,13 @@ use crate::columns::{record_list, ColumnReader, KeyColumns, ScopeDigest, RECORD_
 /// A statement parameter.
 pub(super) type Param<'p> = &'p (dyn ToSql + Sync);
 
+/// What [`LoadedRecord::read`](crate::columns::LoadedRecord) reads, for a
+/// select list.
+pub(super) const LOADED: &str =
+    "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
+     response_key, body_stored, completed_at, expires_at, archived_at IS NOT NULL AS archived, attempt, \
+     release_on_unknown";
+
 /// A record's key is a `bytea`.
 impl ToSql for ScopeDigest {
     fn to_sql(
@@ -260,6 +267,6 @@ pub(super) fn pick(condition: &str, by: &str) -> String {
     crate::conditions::expand(&format!(
         "SELECT scope_digest, {} FROM idempotency_records WHERE {condition} ORDER BY {by} \
          LIMIT $2 FOR UPDATE SKIP LOCKED",
-        super::generation::LOADED
+        LOADED
     ))
 }
