@@ -13,6 +13,10 @@
 #                as OCI image layouts, the release store binary; pins examples/istio
 #   make soak    10 minutes at moderate load, then 30 minutes on millions of
 #                records with the sweeper at work; memory, WAL, errors (not in CI)
+#   make compat  the bootstraps, the Istio payloads, the detached, lost-claim and
+#                gRPC suites and the demo walkthrough on every Envoy minor the
+#                Istio manifests admit (1.36 to 1.40), then a table minor x suite
+#                (not in CI)
 # report, fuzz, chaos and soak write their rows of docs/reliability.md.
 # Point ENVOY_BIN at another Envoy (tested: 1.36 to 1.40) to use it instead of the pinned wheel.
 
@@ -28,7 +32,7 @@ CHAOS_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 GROWTH_SECONDS ?= 1800
 
-.PHONY: setup wasm build check lint test report demo bench clean fuzz chaos soak release
+.PHONY: setup wasm build check lint test report demo bench clean fuzz chaos soak release compat
 .NOTPARALLEL:
 
 setup:
@@ -92,6 +96,16 @@ bench:
 	@scripts/wasm.sh callout
 	cargo build --release -p idemgate-store -p idemgate-store-load
 	@scripts/bench.sh
+
+# Every Envoy minor that an Istio minor the manifests admit ships
+# (examples/istio/README.md, "Istio versions"), each from its own virtualenv
+# (scripts/setup.sh compat): scripts/compat.sh prints which passed.
+# COMPAT_MINORS="1.37 1.39" runs only those, COMPAT_SUITES="grpc demo" only those suites.
+compat:
+	@scripts/setup.sh compat
+	@scripts/wasm.sh
+	cargo build -p idemgate-store
+	@scripts/compat.sh $(COMPAT_MINORS)
 
 release: wasm
 	cargo build --release -p idemgate-store

