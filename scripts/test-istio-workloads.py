@@ -71,6 +71,22 @@ class ProxyVersion(unittest.TestCase):
                       "scripts/setup.sh installs another Envoy than TESTED_ENVOY names: update "
                       "TESTED_ENVOY (and ISTIO_ENVOY) in scripts/istio-workloads.py")
 
+    def test_the_tested_envoys_are_the_ones_make_compat_installs_and_runs(self):
+        with open(os.path.join(ROOT, "scripts/setup.sh")) as f:
+            setup = f.read()
+        installed = {re.search(rf"^{name}=(\d+\.\d+)\.\d+", setup, re.M).group(1)
+                     for name in ("ENVOY_VERSION", "ENVOY_OLDEST_VERSION")}
+        compat = re.search(r"^ENVOY_COMPAT_VERSIONS=\(([^)]*)\)", setup, re.M).group(1).split()
+        installed |= {v.rsplit(".", 1)[0] for v in compat}
+        with open(os.path.join(ROOT, "scripts/compat.sh")) as f:
+            run = set(re.search(r"^MINORS=\(([^)]*)\)", f.read(), re.M).group(1).split())
+        self.assertEqual(set(gen.TESTED_ENVOY), installed,
+                         "TESTED_ENVOY in scripts/istio-workloads.py and the Envoys scripts/setup.sh "
+                         "installs (ENVOY_VERSION, ENVOY_OLDEST_VERSION, ENVOY_COMPAT_VERSIONS) differ")
+        self.assertEqual(set(gen.TESTED_ENVOY), run,
+                         "TESTED_ENVOY in scripts/istio-workloads.py and the minors scripts/compat.sh "
+                         "runs (MINORS) differ")
+
     def test_every_envoyfilter_of_the_filter_uses_the_computed_regex(self):
         regex, seen = gen.proxy_version_regex(), 0
         for file, doc in envoy_filters():
