@@ -25,255 +25,73 @@ macro_rules! event_columns {
     };
 }
 
+// The operators' surface (`/admin/v1`): lookups, listings, resolve, purge, sweep.
 pub mod admin;
+// The filter's API (`/v1`): frames in, frames or JSON out.
 pub mod api;
+// The API's and the admin surface's credentials, and the operator's identity.
 pub mod auth;
+// The storage trait every backend implements, and the types of its calls.
 pub mod backend;
+// The budget of new keys per tenant.
 pub mod budget;
+// One call of the filter's API, validated, as a backend decides it.
 pub mod calls;
+// The command line: `serve`, `migrate`, `inspect`, `resolve`, `purge`, `sweep`.
 pub mod cli;
+// The store's clock: the database server's on PostgreSQL, a manual one in tests.
 pub mod clock;
+// The tables' columns, once for every backend.
 pub mod columns;
+// The record rules where a statement must state them in SQL.
 pub mod conditions;
+// The reconciliation console on the admin surface.
 pub mod console;
+// The `--database-url`: which backend it opens.
 pub mod database_url;
+// The store's one error type.
 pub mod error;
+// The addresses the store serves on: TCP or a Unix socket.
 pub mod listen;
+// How records are named in logs: a keyed hash, never their raw key.
 pub mod log_ids;
-/// The in-memory backend of the simulation and the tests; never storage.
+// The in-memory backend of the simulation and the tests; never storage.
 pub mod memory;
+// Prometheus metrics at `/metrics`.
 pub mod metrics;
+// The OpenAPI document at `/openapi.json`.
 pub mod openapi;
+// What every operation writes, a claim included, decided once for every backend.
 pub mod plan;
+// PostgreSQL, for several store replicas sharing one database.
 pub mod postgres;
+// Problem details (RFC 9457) as the HTTP layer's responses.
 pub mod problem;
+// What the store shows of its records: a record, its events, a key's history.
 pub mod records;
+// The gRPC replay route: a stored gRPC response sent back as it came.
 mod replay;
+// Replay counts, applied off the request path.
 mod replays;
+// The HTTP surface: every route, which listener serves which, and serving them.
+pub mod router;
+// The key of a current record's row.
 pub mod scope_digest;
+// Stored responses encrypted at rest.
 pub mod sealing;
+// The store as the HTTP layer sees it: a backend, the clock, waits, budgets, metrics.
 pub mod service;
+// SQLite, the embedded default.
 pub mod sqlite;
+// What every request handler shares: the store and the service's settings.
+pub mod state;
+// The background job: leases, abandoned claims, archiving, purging.
 pub mod sweeper;
-
-use std::future::Future;
-use std::sync::Arc;
-
-use axum::routing::{get, post};
-use axum::Router;
-use tokio::net::TcpListener;
 
 pub use backend::{Backend, StoreError};
 pub use clock::Clock;
 pub use database_url::open_backend;
 pub use listen::{Listener, Listeners};
+pub use router::{app, run, surface, Surface, ROUTES};
 pub use service::Store;
-
-/// Everything a request handler needs: the store, the service's settings
-/// and the console's sessions.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Store,
-    pub settings: Arc<Settings>,
-    pub sessions: Arc<console::Sessions>,
-}
-
-/// How the HTTP surface is configured.
-#[derive(Clone)]
-pub struct Settings {
-    pub api_token: auth::Credential,
-    pub admin_token: auth::Credential,
-    /// Where problem type URIs point.
-    pub doc_base: String,
-    /// Largest request body accepted on any endpoint.
-    pub max_body_bytes: usize,
-    pub sweep: sweeper::SweepSettings,
-    pub console: console::ConsoleSettings,
-}
-
-impl Settings {
-    /// The defaults (problem links, body limit, sweeper, console) with
-    /// these credentials.
-    pub fn new(api_token: &str, admin_token: &str) -> Settings {
-        Settings {
-            api_token: auth::Credential::new(api_token),
-            admin_token: auth::Credential::new(admin_token),
-            doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            sweep: sweeper::SweepSettings::default(),
-            console: console::ConsoleSettings::default(),
-        }
-    }
-}
-
-impl AppState {
-    pub fn new(store: Store, settings: Settings) -> AppState {
-        AppState {
-            store,
-            settings: Arc::new(settings),
-            sessions: Arc::default(),
-        }
-    }
-
-    /// The same state, also accepting `token` on the API: the next
-    /// credential while the filters move to it (a rotation without outage).
-    pub fn with_next_api_token(mut self, token: &str) -> AppState {
-        let mut settings = (*self.settings).clone();
-        settings.api_token = settings.api_token.and(token);
-        self.settings = Arc::new(settings);
-        self
-    }
-
-    /// The same state with the console configured as `console` says.
-    pub fn with_console(mut self, console: console::ConsoleSettings) -> AppState {
-        let mut settings = (*self.settings).clone();
-        settings.console = console;
-        self.settings = Arc::new(settings);
-        self
-    }
-}
-
-/// 8 MiB: a stored response is at most the largest `max_stored_body` the
-/// filter accepts plus a metadata line.
-pub const DEFAULT_MAX_BODY_BYTES: usize = idemgate_core::limits::MAX_FRAME;
-
-/// The largest `--max-body-bytes`: a stored body, sealed, must fit the
-/// database's bound on the column (64 MiB), or the store would accept a
-/// completion it then fails to write.
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024 - sealing::OVERHEAD;
-
-/// Every API route the service answers, as (method, path). The router and
-/// the OpenAPI document are both checked against this list and
-/// [`console::ROUTES`] in tests.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("get", "/healthz"),
-    ("get", "/readyz"),
-    ("get", "/metrics"),
-    ("get", "/openapi.json"),
-    ("post", idemgate_core::protocol::CLAIM_PATH),
-    ("post", idemgate_core::protocol::COMPLETE_PATH),
-    ("post", idemgate_core::protocol::RELEASE_PATH),
-    ("post", idemgate_core::protocol::MARK_UNKNOWN_PATH),
-    ("post", idemgate_core::protocol::ABANDON_PATH),
-    ("post", idemgate_core::protocol::BATCH_PATH),
-    ("post", idemgate_core::protocol::REPLAY_PATH),
-    ("post", admin::LOOKUP_PATH),
-    ("get", admin::UNKNOWN_PATH),
-    ("get", admin::STUCK_PATH),
-    ("post", admin::RESOLVE_PATH),
-    ("post", admin::PURGE_PATH),
-    ("post", admin::SWEEP_PATH),
-];
-
-/// The whole HTTP surface.
-pub fn app(state: AppState) -> Router {
-    surface(state, Surface::All)
-}
-
-/// Which part of the HTTP surface a listener serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    /// Everything on one address.
-    All,
-    /// What the filters and the monitoring need: `/v1`, health, metrics,
-    /// the OpenAPI document.
-    Api,
-    /// What operators need: `/admin/v1`, the console, health.
-    Admin,
-}
-
-/// The routes of one [`Surface`].
-pub fn surface(state: AppState, surface: Surface) -> Router {
-    use idemgate_core::protocol::{
-        ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, MARK_UNKNOWN_PATH, RELEASE_PATH,
-    };
-    let v1 = Router::new()
-        .route(CLAIM_PATH, post(api::single))
-        .route(COMPLETE_PATH, post(api::single))
-        .route(RELEASE_PATH, post(api::single))
-        .route(MARK_UNKNOWN_PATH, post(api::single))
-        .route(ABANDON_PATH, post(api::single))
-        .route(BATCH_PATH, post(api::batch))
-        .route_layer(axum::middleware::from_fn(api::speak_protocol))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_api,
-        ));
-    let admin = Router::new()
-        .route(admin::LOOKUP_PATH, post(admin::lookup))
-        .route(admin::UNKNOWN_PATH, get(admin::unknown))
-        .route(admin::STUCK_PATH, get(admin::stuck))
-        .route(admin::RESOLVE_PATH, post(admin::resolve))
-        .route(admin::PURGE_PATH, post(admin::purge))
-        .route(admin::SWEEP_PATH, post(admin::sweep))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_admin,
-        ));
-    let mut routes = Router::new()
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz));
-    if surface != Surface::Admin {
-        routes = routes
-            .route("/metrics", get(metrics::serve))
-            .route("/openapi.json", get(openapi::serve))
-            .route(idemgate_core::protocol::REPLAY_PATH, post(replay::serve))
-            .merge(v1);
-    }
-    if surface != Surface::Api {
-        routes = routes.merge(admin).merge(console::router(&state));
-    }
-    routes
-        .fallback(api::not_found)
-        .layer(axum::middleware::map_response_with_state(
-            state.clone(),
-            problem::render_refusals,
-        ))
-        // Bodies are read with our own limit so an oversize body gets a
-        // problem+json 413 instead of axum's plain-text one.
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(state)
-}
-
-/// Serves `state` on each of `api` until `shutdown` resolves, with the
-/// sweeper running alongside; in-flight requests finish before it returns.
-/// With `admin`, the admin surface (`/admin/v1`, the console) is served
-/// there and only the API on `api`.
-pub async fn run(
-    api: impl Into<Listeners> + Send,
-    admin: Option<TcpListener>,
-    state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sweeper = if state.settings.sweep.enabled {
-        Some(tokio::spawn(sweeper::run(
-            state.store.clone(),
-            state.settings.sweep.clone(),
-            stop_rx.clone(),
-        )))
-    } else {
-        None
-    };
-    let main = if admin.is_some() {
-        Surface::Api
-    } else {
-        Surface::All
-    };
-    let api = api.into().0.into_iter().map(|l| (l, main));
-    let admin = admin.map(|a| (Listener::Tcp(a), Surface::Admin));
-    let servers: Vec<_> = api
-        .chain(admin)
-        .map(|(listener, surface)| listener.serve(state.clone(), surface, stop_rx.clone()))
-        .collect();
-    shutdown.await;
-    let _ = stop_tx.send(true);
-    let mut result = Ok(());
-    for server in servers {
-        result = result.and(server.await.unwrap_or_else(|e| Err(std::io::Error::other(e))));
-    }
-    if let Some(handle) = sweeper {
-        let _ = handle.await;
-    }
-    result
-}
+pub use state::{AppState, Settings, DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES};

@@ -3,7 +3,7 @@
 //! and nothing it holds outlives the process.
 //!
 //! It decides nothing of its own: a claim is planned by
-//! [`plan::claim`](crate::plan::claim), every other operation by its plan in
+//! [`crate::plan::claim`], every other operation by its plan in
 //! [`crate::plan`], and it only carries the plans out, on the same tables
 //! as the SQL backends (`tables`): current records by their key, the
 //! history of ended generations, the events, the abandoned attempts and the

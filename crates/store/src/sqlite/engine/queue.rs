@@ -13,7 +13,7 @@ pub(super) const MAX_BATCH: usize = 256;
 pub(super) struct Group {
     pub(super) jobs: Vec<Job>,
     /// A request's own writes, which a caller that finds the writer idle
-    /// may run on its thread ([`Engine::submit`]). The others wait for the
+    /// may run on its thread ([`super::Engine::submit`]). The others wait for the
     /// writer thread: writes no request waits for, which may be long (a
     /// sweep), and a batch that found another process's write lock.
     pub(super) here: bool,
@@ -37,7 +37,7 @@ pub(super) struct Queue {
     /// writer thread.
     pub(super) restart_due: bool,
     /// Answers of a batch committed where nobody may wait, held until the
-    /// writer thread has made that commit durable (see [`writer`]).
+    /// writer thread has made that commit durable (see [`super::writer`]).
     pub(super) sync_due: Vec<Deliver>,
     /// No more jobs are taken: the engine was dropped, or the writer broke.
     pub(super) stopped: bool,
