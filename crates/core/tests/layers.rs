@@ -46,23 +46,13 @@ fn no_file_of_the_core_leads_back_to_itself() {
     ] {
         assert!(graph.contains_key(file), "no {file} in {:?}", graph.keys());
     }
-    let found = layers::cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "files that lead back to themselves:\n{}",
-        layers::describe(&graph, &found)
-    );
+    layers::assert_no_cycle(&graph, "files");
 }
 
 #[test]
 fn no_folder_of_the_core_leads_back_to_itself() {
     let graph = layers::folders(&core_graph());
-    let found = layers::cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "folders that lead back to themselves:\n{}",
-        layers::describe(&graph, &found)
-    );
+    layers::assert_no_cycle(&graph, "folders");
 }
 
 #[test]

@@ -45,12 +45,7 @@ fn no_two_of_the_stores_modules_import_each_other() {
         graph.contains_key("backend") && graph.contains_key("sqlite"),
         "{graph:?}"
     );
-    let found = layers::cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "modules that lead back to themselves:\n{}",
-        layers::describe(&graph, &found)
-    );
+    layers::assert_no_cycle(&graph, "modules");
 }
 
 #[test]
@@ -61,12 +56,7 @@ fn no_file_leads_back_to_itself() {
         "{:?}",
         graph.keys()
     );
-    let found = layers::cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "files that lead back to themselves:\n{}",
-        layers::describe(&graph, &found)
-    );
+    layers::assert_no_cycle(&graph, "files");
 }
 
 #[test]

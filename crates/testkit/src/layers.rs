@@ -159,6 +159,17 @@ pub fn reach(graph: &Graph, from: &str) -> BTreeSet<String> {
     seen
 }
 
+/// Fails when `graph` has a cycle, naming each with the lines that close
+/// it; `nodes` says what the graph's nodes are ("files", "modules").
+pub fn assert_no_cycle(graph: &Graph, nodes: &str) {
+    let found = cycles(graph);
+    assert!(
+        found.is_empty(),
+        "{nodes} that lead back to themselves:\n{}",
+        describe(graph, &found)
+    );
+}
+
 /// Each cycle with its edges and where each is written, for a failure.
 pub fn describe(graph: &Graph, cycles: &[Vec<String>]) -> String {
     let mut out = Vec::new();
