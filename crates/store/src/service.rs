@@ -1,13 +1,19 @@
 //! The store as the HTTP layer sees it: a backend plus the clock, the wait
 //! for in-flight records, and the metrics.
+//!
+//! Waits and callers' deadlines are measured on the runtime's monotonic
+//! clock ([`tokio::time::Instant`], the system's own in a running store), so
+//! that a simulation whose runtime's time is paused moves them with its
+//! world instead of the wall.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idemgate_core::protocol::{
     AbandonRequest, ClaimReply, ClaimRequest, CompleteRequest, FenceReply, FenceRequest,
 };
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::backend::{
     label_records, limits, Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, RecordInfo,
@@ -84,7 +90,11 @@ impl Store {
     }
 
     /// One claim at the backend, within the tenant's budget.
-    async fn claim_once(&self, req: &ClaimRequest, deadline: Option<Instant>) -> Result<ClaimOutcome> {
+    async fn claim_once(
+        &self,
+        req: &ClaimRequest,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<ClaimOutcome> {
         match self.charge(req) {
             Ok(charged) => {
                 let outcome = self.backend.claim(req, self.clock.now(), deadline).await;
@@ -305,8 +315,8 @@ impl Store {
 /// When the caller of a claim stops waiting, counted from when its claim
 /// reached us (a little after it was sent, so the filter abandons what
 /// slips through).
-fn caller_deadline(req: &ClaimRequest, started: Instant) -> Option<Instant> {
-    (req.deadline_ms > 0).then(|| started + Duration::from_millis(req.deadline_ms))
+fn caller_deadline(req: &ClaimRequest, started: Instant) -> Option<std::time::Instant> {
+    (req.deadline_ms > 0).then(|| (started + Duration::from_millis(req.deadline_ms)).into_std())
 }
 
 /// Which call an answer belongs to, for its metrics.

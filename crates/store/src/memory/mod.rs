@@ -12,8 +12,10 @@
 //! SQLite and PostgreSQL.
 //!
 //! It is deterministic: every `now` is the caller's; it reads no clock
-//! (but a claim's deadline, which is the caller's instant, when it has
-//! one), draws nothing at random, and starts no thread or task. The tables
+//! but the runtime's monotonic one, against a claim's deadline (the
+//! caller's instant, on that clock) when it has one, which a simulation
+//! whose runtime's time is paused moves by hand; it draws nothing at
+//! random, and starts no thread or task. The tables
 //! are behind one std Mutex, not an async one, because nothing awaits while
 //! it is held: every call completes the first time its future is polled.
 //!

@@ -85,10 +85,11 @@ pub(super) fn planned<'a, R>(
 }
 
 /// Whether the caller of a claim has stopped waiting. The deadline is the
-/// caller's own instant, so this is the one clock the backend reads, and
-/// only for a caller that set a deadline.
+/// caller's own instant, on the runtime's monotonic clock (the service's):
+/// the one clock the backend reads, and only for a caller that set a
+/// deadline. A simulation that pauses the runtime's time moves it.
 fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
+    deadline.is_some_and(|d| tokio::time::Instant::now().into_std() >= d)
 }
 
 /// A claim, planned and carried out at once. A claim past its caller's
