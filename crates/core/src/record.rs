@@ -55,10 +55,13 @@ impl State {
 /// A change in a record's life: one event row and one log line each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transition {
-    /// A key claimed for the first time or after its generation was released.
+    /// A generation began: its key claimed, for the first time or after
+    /// the generation before it ended.
     Claimed,
-    /// A new generation replaced a finished one (`after_expiry: new`,
-    /// `on_unknown: release`); the old one moved to the history.
+    /// A finished generation (an unknown outcome under `on_unknown:
+    /// release`, an expired key under `after_expiry: new`) ended because a
+    /// new claim replaced it, and moved to the history. (One in progress
+    /// that a new claim replaces ends with `LeaseExpired`.)
     Reclaimed,
     Completed,
     /// The upstream refused before acting; the key is free again.

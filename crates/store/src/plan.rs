@@ -113,17 +113,26 @@ pub enum ClaimPlan {
     /// Serve the stored response (status, headers, body) and count the
     /// replay in the record.
     Replay { status: u16, completed_at: i64 },
-    /// Take the key: the generation there, if any, moves to the history as
-    /// `replaced` (without its body), a fresh one starts in progress under
-    /// a new fence from the one sequence, `by` is recorded on it, and the
-    /// claim is answered `Owned` with that fence.
+    /// Take the key: the generation there, if any, ends as `replaced` says
+    /// (its event, then its move to the history without its body), a fresh
+    /// one starts in progress under a new fence from the one sequence, `by`
+    /// is recorded on it, and the claim is answered `Owned` with that fence.
     Take {
-        replaced: Option<Standing>,
+        replaced: Option<Replaced>,
         by: By<'static>,
     },
     /// Change the record without taking the key (an expired lease turns
     /// unknown): the plan's writes, then its answer.
     Change(Plan<'static, ClaimOutcome>),
+}
+
+/// How a claim ends the generation it replaces: `by`, the event recorded
+/// on that generation while it is still the key's record, and `ended`, how
+/// the history keeps it ([`record::ended_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replaced {
+    pub ended: Standing,
+    pub by: By<'static>,
 }
 
 impl ClaimPlan {
@@ -139,11 +148,19 @@ pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> Cla
     match (record::decide_claim(loaded.map(|l| &l.view), req, now), loaded) {
         (ClaimDecision::Answer(reply), _) => ClaimPlan::Answer(reply),
         (ClaimDecision::Replay { status, completed_at }, _) => ClaimPlan::Replay { status, completed_at },
-        // The generation it replaces keeps its row in the history; the
-        // `reclaimed` event on the new one says what took it over.
+        // The generation it replaces ends with an event of its own before
+        // it keeps its row in the history: a lease that ran out releases
+        // it, as the sweeper would have; a finished one (unknown, or
+        // expired) is reclaimed. The new one begins as every generation does.
         (ClaimDecision::Claim, Some(old)) => ClaimPlan::Take {
-            replaced: Some(record::ended_as(old.view.state, Transition::Reclaimed)),
-            by: (Transition::Reclaimed, &Actor::Filter, None),
+            replaced: Some(Replaced {
+                ended: record::ended_as(old.view.state, Transition::Reclaimed),
+                by: match old.view.state {
+                    State::InProgress => (Transition::LeaseExpired, &Actor::Filter, Some("released")),
+                    State::Completed | State::Unknown => (Transition::Reclaimed, &Actor::Filter, None),
+                },
+            }),
+            by: (Transition::Claimed, &Actor::Filter, None),
         },
         (ClaimDecision::BecomeUnknown, Some(l)) => ClaimPlan::Change(Plan::of(
             ClaimOutcome {

@@ -1177,16 +1177,96 @@ async fn a_new_generation_keeps_the_old_one_and_its_events(b: Arc<dyn Backend>) 
     assert!(h.records[2].archived_at.is_some());
     assert_eq!(
         transitions(&h),
-        ["claimed", "completed", "archived", "reclaimed", "reclaimed"]
+        [
+            "claimed",
+            "completed",
+            "archived",
+            "reclaimed",
+            "claimed",
+            "lease_expired",
+            "claimed"
+        ]
     );
     let fences: Vec<u64> = h.events.iter().map(|e| e.generation).collect();
-    assert_eq!(fences, [first, first, first, second, third]);
+    assert_eq!(fences, [first, first, first, first, second, second, third]);
     // Released generations stay too.
     cx.store.release(&fence(&s, third)).await.unwrap();
     let h = history(&cx, "k-generations").await;
     assert_eq!(h.records.len(), 3);
     assert_eq!(h.records[0].state, Standing::EndedBy(Transition::Released));
     assert_eq!(transitions(&h).last(), Some(&"released"));
+}
+
+/// A generation that a new claim replaces ends with an event of its own,
+/// recorded on it before it moves to the history: its lease ran out (an
+/// owner that never settled, under `on_unknown: release`), or it was
+/// reclaimed (an unknown outcome, or an expired key under `after_expiry:
+/// new`). The new generation begins with `claimed`, as every generation
+/// does, so each one's events tell its whole life.
+async fn a_replaced_generation_ends_with_an_event_of_its_own(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-replaced");
+    let mut req = claim(&s, Some(1));
+    req.on_unknown = OnUnknown::Release;
+    // In progress until its lease ran out.
+    let first = cx.owned(&req).await;
+    cx.clock.advance(1_000);
+    let second = cx.owned(&req).await;
+    // Marked unknown, then claimed again once its lease ran out.
+    cx.store.mark_unknown(&fence(&s, second)).await.unwrap();
+    cx.clock.advance(1_000);
+    let third = cx.owned(&req).await;
+    // Completed, expired and archived, then claimed again as new.
+    cx.store
+        .complete(&complete(&s, third, 201), b"one")
+        .await
+        .unwrap();
+    cx.clock.advance(10_000);
+    assert_eq!(cx.sweep(60_000).await.archived, 1);
+    req.after_expiry = AfterExpiry::New;
+    let fourth = cx.owned(&req).await;
+    let h = history(&cx, "k-replaced").await;
+    let events: Vec<(u64, &str, &Actor, Option<&str>)> = h
+        .events
+        .iter()
+        .map(|e| (e.generation, e.transition.as_str(), &e.actor, e.detail.as_deref()))
+        .collect();
+    let filter = &Actor::Filter;
+    assert_eq!(
+        events,
+        [
+            (first, "claimed", filter, None),
+            (first, "lease_expired", filter, Some("released")),
+            (second, "claimed", filter, None),
+            (second, "marked_unknown", filter, None),
+            (second, "reclaimed", filter, None),
+            (third, "claimed", filter, None),
+            (third, "completed", filter, None),
+            (third, "archived", &Actor::Sweeper, None),
+            (third, "reclaimed", filter, None),
+            (fourth, "claimed", filter, None),
+        ]
+    );
+    let gens: Vec<(u64, &str)> = h
+        .records
+        .iter()
+        .map(|r| (r.generation, r.state.as_str()))
+        .collect();
+    assert_eq!(
+        gens,
+        [
+            (fourth, "in_progress"),
+            (third, "completed"),
+            (second, "unknown"),
+            (first, "lease_expired")
+        ]
+    );
+    // Each ended generation's last event is the one that ended it, dated
+    // when it left for the history.
+    for g in h.records.iter().filter(|r| r.ended_at.is_some()) {
+        let last = h.events.iter().rev().find(|e| e.generation == g.generation);
+        assert_eq!(last.map(|e| e.at), g.ended_at, "generation {}", g.generation);
+    }
 }
 
 async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
@@ -1683,6 +1763,7 @@ stories!(
     a_claim_past_its_callers_deadline_is_not_committed,
     a_late_claim_is_refused_only_when_it_would_write,
     a_new_generation_keeps_the_old_one_and_its_events,
+    a_replaced_generation_ends_with_an_event_of_its_own,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,

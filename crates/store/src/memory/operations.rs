@@ -115,8 +115,9 @@ pub(super) fn claim(
             replay(t, &key, loaded.as_ref(), (status, completed_at))
         }
         ClaimPlan::Take { replaced, by } => {
-            if let Some(ended) = replaced {
-                t.keep_in_history(&key, ended, now);
+            if let Some(replaced) = replaced {
+                t.event(&key, replaced.by, None, now, journal);
+                t.keep_in_history(&key, replaced.ended, now);
             }
             let fence = t.next_fence();
             t.start_generation(req, &key, fence, now);

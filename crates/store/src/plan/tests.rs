@@ -366,8 +366,11 @@ fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
     assert_eq!(
         claim(Some(&open), &claiming(OnUnknown::Release), NOW),
         ClaimPlan::Take {
-            replaced: Some(Standing::EndedBy(Transition::LeaseExpired)),
-            by: (Transition::Reclaimed, &Actor::Filter, None),
+            replaced: Some(Replaced {
+                ended: Standing::EndedBy(Transition::LeaseExpired),
+                by: (Transition::LeaseExpired, &Actor::Filter, Some("released")),
+            }),
+            by: (Transition::Claimed, &Actor::Filter, None),
         }
     );
     // Inside the lease, and a completed record: answered, nothing written.

@@ -306,15 +306,17 @@ impl Postgres {
                 Vec::new(),
             ),
             ClaimPlan::Take { replaced, by } => {
-                if let Some(ended) = replaced {
-                    to_history(&tx, &key, ended, now).await?;
+                let mut events = Vec::new();
+                if let Some(replaced) = replaced {
+                    events = event(&tx, &key, replaced.by, now).await?;
+                    to_history(&tx, &key, replaced.ended, now).await?;
                 }
                 let stmt = tx.prepare(&REPLACE_GENERATION).await?;
                 let (old_fence, old_state) = (i64_from(loaded.view.fence), loaded.view.state.as_str());
                 let mut params: Vec<Param<'_>> = vec![&key];
                 params.extend(claimed.params(&[&old_fence, &old_state]));
                 let fence = tx.one(&stmt, &params).await?.unsigned("fence")?;
-                let events = event(&tx, &key, by, now).await?;
+                events.extend(event(&tx, &key, by, now).await?);
                 (ClaimOutcome::answer(ClaimReply::Owned { fence }), events)
             }
             ClaimPlan::Change(planned) => carry_out(&tx, (&key, &self.seal), planned, now).await?,

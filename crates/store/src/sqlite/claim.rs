@@ -202,8 +202,9 @@ fn claim_on_writer(
     match planned {
         ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
         ClaimPlan::Take { replaced, by } => {
-            if let Some(ended) = replaced {
-                to_history(w, key, ended, now)?;
+            if let Some(replaced) = replaced {
+                event(w, key, replaced.by, now, journal)?;
+                to_history(w, key, replaced.ended, now)?;
             }
             let fence = w.next_fence()?;
             insert_generation(w, req, key, fence, now, true)?;
