@@ -13,7 +13,7 @@ use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, Fen
 use idemgate_core::scope::{Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
-pub use crate::calls::{Answer, Call, ClaimOutcome};
+pub use crate::calls::{Answer, Call, ClaimOutcome, Peeked};
 use crate::clock::DatabaseClock;
 pub use crate::error::{Outage, Result, StoreError};
 use crate::log_ids::LogIds;
@@ -213,11 +213,11 @@ pub trait Backend: Send + Sync {
         now: i64,
         deadline: Option<std::time::Instant>,
     ) -> Result<ClaimOutcome>;
-    /// What the claim would answer without writing anything: `None` when it
-    /// would take the key (a new record or generation) or change the record
-    /// (turn an expired lease unknown). A replay it answers is counted like
-    /// any other.
-    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>>;
+    /// What the claim would do, without writing anything: its answer, or
+    /// whether it would take the key (a new record or generation) or only
+    /// change the record (turn an expired lease unknown). A replay it
+    /// answers is counted like any other.
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked>;
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;

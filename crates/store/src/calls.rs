@@ -44,6 +44,29 @@ impl ClaimOutcome {
     }
 }
 
+/// What a claim would do, looked at without writing anything
+/// ([`Backend::peek`](crate::backend::Backend::peek)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peeked {
+    /// Its answer: it writes nothing but a replay's count.
+    Answered(ClaimOutcome),
+    /// It would take the key: a new record, or a new generation of one.
+    Takes,
+    /// It would change the record without taking the key: turn a lease
+    /// that ran out unknown.
+    Changes,
+}
+
+impl Peeked {
+    /// The answer, when the claim writes nothing.
+    pub fn answered(self) -> Option<ClaimOutcome> {
+        match self {
+            Peeked::Answered(outcome) => Some(outcome),
+            Peeked::Takes | Peeked::Changes => None,
+        }
+    }
+}
+
 /// One call of the filter's API, validated, as a backend decides it.
 #[derive(Debug, Clone)]
 pub enum Call {

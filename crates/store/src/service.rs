@@ -16,8 +16,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
-    label_records, limits, Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, RecordInfo,
-    Result, StoreError,
+    label_records, limits, Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, Peeked,
+    RecordInfo, Result, StoreError,
 };
 use crate::budget::Budgets;
 use crate::clock::Clock;
@@ -75,12 +75,25 @@ impl Store {
         }
     }
 
-    /// A claim whose tenant's budget is spent: answered as usual when that
-    /// takes no key (a replay, a conflict, a mismatch), refused otherwise.
-    async fn over_budget(&self, req: &ClaimRequest, wait_ms: u64) -> Result<ClaimOutcome> {
-        match self.backend.peek(req, self.clock.now()).await? {
-            Some(outcome) => Ok(outcome),
-            None => {
+    /// A claim whose tenant's budget is spent: carried out as usual when it
+    /// takes no key (a replay, a conflict, a mismatch, a lease that ran out
+    /// turned unknown), refused otherwise.
+    async fn over_budget(
+        &self,
+        req: &ClaimRequest,
+        deadline: Option<std::time::Instant>,
+        wait_ms: u64,
+    ) -> Result<ClaimOutcome> {
+        let now = self.clock.now();
+        match self.backend.peek(req, now).await? {
+            Peeked::Answered(outcome) => Ok(outcome),
+            // The budget counts keys, and turning a lease that ran out
+            // unknown takes none. The claim is planned again when it is
+            // written: had its record been freed in between, it takes the
+            // key, one beyond the budget, which is no more exact than that
+            // anyway (each replica keeps its own).
+            Peeked::Changes => self.backend.claim(req, now, deadline).await,
+            Peeked::Takes => {
                 self.metrics.rate_limited_claims.inc();
                 Err(StoreError::RateLimited {
                     retry_after_ms: wait_ms,
@@ -104,7 +117,7 @@ impl Store {
                 }
                 outcome
             }
-            Err(wait_ms) => self.over_budget(req, wait_ms).await,
+            Err(wait_ms) => self.over_budget(req, deadline, wait_ms).await,
         }
     }
 
@@ -149,11 +162,10 @@ impl Store {
                 .iter()
                 .map(|(_, req)| async move { self.claim(req).await.map(Answer::Claim) }),
         );
-        let peeks = futures_util::future::join_all(
-            over_budget
-                .iter()
-                .map(|(_, req, wait_ms)| async move { self.over_budget(req, *wait_ms).await }),
-        );
+        let peeks = futures_util::future::join_all(over_budget.iter().map(|(_, req, wait_ms)| async move {
+            let deadline = caller_deadline(req, started);
+            self.over_budget(req, deadline, *wait_ms).await
+        }));
         let (decided, waited, peeked) = tokio::join!(backend, waits, peeks);
         for ((i, kind), answer) in kinds.into_iter().zip(decided) {
             self.observe(kind, &answer, started);

@@ -1269,6 +1269,41 @@ async fn a_replaced_generation_ends_with_an_event_of_its_own(b: Arc<dyn Backend>
     }
 }
 
+/// The budget of new keys limits only claims that take a key: a claim over
+/// budget that meets a lease that ran out turns the record unknown
+/// (`lease_expired`) and is answered `Unknown`, as it is without a budget,
+/// whether it waits (`Store::claim`) or not (`Store::decide`); a new key is
+/// refused.
+async fn a_claim_over_budget_still_turns_a_lease_that_ran_out_unknown(b: Arc<dyn Backend>) {
+    let clock = Clock::manual(T0);
+    let budgets = idemgate_store::budget::Budgets::new(0.001, 2).unwrap();
+    let cx = Ctx {
+        store: Store::new(b, clock.clone()).with_budgets(budgets),
+        clock,
+    };
+    let (waits, decided) = (scope("k-budget-waits"), scope("k-budget-decided"));
+    cx.owned(&claim(&waits, Some(1))).await;
+    cx.owned(&claim(&decided, Some(1))).await;
+    cx.clock.advance(1_000);
+    let new = cx.store.claim(&claim(&scope("k-budget-new"), Some(1))).await;
+    assert!(matches!(new, Err(StoreError::RateLimited { .. })), "{new:?}");
+    assert_eq!(cx.reply(&claim(&waits, Some(1))).await, ClaimReply::Unknown);
+    let call = idemgate_store::backend::Call::Claim {
+        req: claim(&decided, Some(1)),
+        deadline: None,
+    };
+    let answer = cx.store.decide(vec![call]).await.pop().unwrap().unwrap();
+    assert!(
+        matches!(&answer, idemgate_store::backend::Answer::Claim(o) if o.reply == ClaimReply::Unknown),
+        "{answer:?}"
+    );
+    for key in ["k-budget-waits", "k-budget-decided"] {
+        let h = history(&cx, key).await;
+        assert_eq!(transitions(&h), ["claimed", "lease_expired"], "{key}");
+        assert_eq!(h.records[0].state, Standing::In(State::Unknown), "{key}");
+    }
+}
+
 async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let old = scope("k-retention-old");
@@ -1764,6 +1799,7 @@ stories!(
     a_late_claim_is_refused_only_when_it_would_write,
     a_new_generation_keeps_the_old_one_and_its_events,
     a_replaced_generation_ends_with_an_event_of_its_own,
+    a_claim_over_budget_still_turns_a_lease_that_ran_out_unknown,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,

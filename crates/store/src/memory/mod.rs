@@ -39,8 +39,8 @@ use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, RecordInfo, Resolution,
-    Result, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, Peeked, RecordInfo,
+    Resolution, Result, SweepPolicy, SweepReport,
 };
 use crate::columns::ScopeDigest;
 use crate::log_ids::LogIds;
@@ -149,7 +149,7 @@ impl Backend for Memory {
         self.claim_now(req, now, deadline)
     }
 
-    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
         self.with(&req.trace, |t, _| operations::peek(t, req, now))
     }
 

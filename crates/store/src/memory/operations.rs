@@ -10,7 +10,7 @@ use idemgate_core::protocol::{ClaimReply, ClaimRequest};
 use idemgate_core::record::State;
 
 use super::tables::{Journal, Tables};
-use crate::backend::{ClaimOutcome, Result, StoreError};
+use crate::backend::{ClaimOutcome, Peeked, Result, StoreError};
 use crate::columns::{encode_headers, LoadedRecord, ScopeDigest};
 use crate::plan::{self, ClaimPlan, Fence, Plan, Write};
 use crate::sealing::Seal;
@@ -130,15 +130,16 @@ pub(super) fn claim(
 
 /// [`crate::backend::Backend::peek`]: the claim's plan, carried out only
 /// when it answers or replays (whose count is kept, as on every backend).
-pub(super) fn peek(t: &mut Tables, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+pub(super) fn peek(t: &mut Tables, req: &ClaimRequest, now: i64) -> Result<Peeked> {
     let key = ScopeDigest::of(&req.scope);
     let loaded = t.load(&key);
     match plan::claim(loaded.as_ref(), req, now) {
-        ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+        ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
         ClaimPlan::Replay { status, completed_at } => {
-            replay(t, &key, loaded.as_ref(), (status, completed_at)).map(Some)
+            replay(t, &key, loaded.as_ref(), (status, completed_at)).map(Peeked::Answered)
         }
-        ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
+        ClaimPlan::Take { .. } => Ok(Peeked::Takes),
+        ClaimPlan::Change(_) => Ok(Peeked::Changes),
     }
 }
 

@@ -17,7 +17,7 @@ use super::operations::carry_out;
 use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, LOADED, REPLACE_GENERATION};
 use super::Postgres;
-use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Result, StoreError};
+use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Peeked, Result, StoreError};
 use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::plan::{self, ClaimPlan};
 
@@ -88,33 +88,36 @@ static COMMITTED: LazyLock<String> = LazyLock::new(|| {
 impl Postgres {
     /// [`crate::backend::Backend::peek`]: the record as committed, read
     /// without a lock, planned by the same rules.
-    pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+    pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
         let key = ScopeDigest::of(&req.scope);
         let rows = self.connections.query(&COMMITTED, &key.bind(&[])).await?;
         self.unwritten(req, &key, rows.first(), now)
     }
 
-    /// The claim's answer when its plan for `row` (the record as read, or
-    /// none) writes nothing ([`ClaimPlan::writes`]): an answer, or a replay
-    /// served from the row and counted. `None` when the plan writes.
+    /// What the claim's plan for `row` (the record as read, or none) does
+    /// without writing ([`ClaimPlan::writes`]): an answer, or a replay
+    /// served from the row and counted; or whether it would take the key or
+    /// change the record.
     fn unwritten(
         &self,
         req: &ClaimRequest,
         key: &ScopeDigest,
         row: Option<&Row>,
         now: i64,
-    ) -> Result<Option<ClaimOutcome>> {
+    ) -> Result<Peeked> {
         let Some(row) = row else {
-            return Ok(None);
+            return Ok(Peeked::Takes);
         };
         let loaded = LoadedRecord::read(row)?;
         match plan::claim(Some(&loaded), req, now) {
-            ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
             ClaimPlan::Replay { status, completed_at } => {
                 let body = row.optional_bytes("response_body")?.unwrap_or_default();
-                self.replay(key, &loaded, (status, completed_at), body).map(Some)
+                self.replay(key, &loaded, (status, completed_at), body)
+                    .map(Peeked::Answered)
             }
-            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
+            ClaimPlan::Take { .. } => Ok(Peeked::Takes),
+            ClaimPlan::Change(_) => Ok(Peeked::Changes),
         }
     }
 
@@ -150,6 +153,7 @@ impl Postgres {
                 let rows = client.query(&COMMITTED, &key.bind(&[])).await?;
                 return self
                     .unwritten(req, &key, rows.first(), now)?
+                    .answered()
                     .ok_or(StoreError::Late);
             }
             let params = bind_with_columns(&key, &columns, &claimed.params(&[]));
@@ -237,7 +241,7 @@ impl Postgres {
             return Ok(Read::Decided(ClaimOutcome::answer(ClaimReply::Owned { fence })));
         }
         // Answered or replayed from the committed row this statement returned.
-        Ok(match self.unwritten(req, key, Some(row), now)? {
+        Ok(match self.unwritten(req, key, Some(row), now)?.answered() {
             Some(outcome) => Read::Decided(outcome),
             None => Read::Changes,
         })

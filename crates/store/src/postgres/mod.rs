@@ -22,8 +22,8 @@ use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, PoolStats,
-    RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport,
+    Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, Peeked,
+    PoolStats, RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport,
 };
 use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
@@ -350,7 +350,7 @@ impl Backend for Postgres {
             .await
     }
 
-    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
         self.peek_record(req, now).await
     }
 

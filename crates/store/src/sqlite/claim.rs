@@ -14,7 +14,7 @@ use super::generation::{apply_replays, event, insert_generation, to_history, Jou
 use super::operations::carry_out;
 use super::rows::load_with;
 use super::Logged;
-use crate::backend::{Answer, ClaimOutcome, Result, StoreError};
+use crate::backend::{Answer, ClaimOutcome, Peeked, Result, StoreError};
 use crate::columns::ScopeDigest;
 use crate::plan::{self, ClaimPlan};
 use crate::replays::{AskedFlush, ReplayTally};
@@ -72,20 +72,21 @@ pub(super) fn peek(
     (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
     req: &ClaimRequest,
     now: i64,
-) -> Result<Option<ClaimOutcome>> {
+) -> Result<Peeked> {
     let key = ScopeDigest::of(&req.scope);
     load_with(conn, &key, |loaded, body| {
         let Some(loaded) = loaded else {
-            return Ok(None);
+            return Ok(Peeked::Takes);
         };
         match plan::claim(Some(&loaded), req, now) {
-            ClaimPlan::Answer(reply) => Ok(Some(ClaimOutcome::answer(reply))),
+            ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
             ClaimPlan::Replay { status, completed_at } => {
                 let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
-                Ok(Some(outcome))
+                Ok(Peeked::Answered(outcome))
             }
-            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Ok(None),
+            ClaimPlan::Take { .. } => Ok(Peeked::Takes),
+            ClaimPlan::Change(_) => Ok(Peeked::Changes),
         }
     })
 }

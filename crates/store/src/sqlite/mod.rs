@@ -33,8 +33,8 @@ use idemgate_core::trace::Trace;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::backend::{
-    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, PoolStats, RecordInfo,
-    Resolution, Result, StoreError, SweepPolicy, SweepReport, WriterStages,
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, Peeked, PoolStats,
+    RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport, WriterStages,
 };
 use crate::columns::i64_from;
 use crate::conditions::expand;
@@ -355,7 +355,7 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Option<ClaimOutcome>> {
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
         let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
         let req = req.clone();
         self.engine
