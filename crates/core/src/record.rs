@@ -332,7 +332,9 @@ pub fn may_abandon(state: State, stored: Option<&str>, offered: &str) -> bool {
 /// What an abandon of claim attempt `offered` does to the record it finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AbandonDecision {
-    /// The record is open under that attempt: its generation ends, abandoned.
+    /// The record is open under that attempt: its generation ends,
+    /// abandoned. The abandon is remembered too, as with `Remember`: a copy
+    /// of that claim delivered twice may still land.
     End,
     /// No record of that attempt: its claim may still be on its way (queued
     /// in the filter, or waiting in the store for another attempt's outcome).

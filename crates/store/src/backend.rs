@@ -20,9 +20,9 @@ use crate::log_ids::LogIds;
 pub use crate::records::{label_records, Actor, EventInfo, KeyHistory, OpenRecords, RecordInfo};
 use crate::scope_digest::ScopeDigest;
 
-/// How long an abandon that found no record is remembered: a claim still on
-/// its way to the database under that attempt is released by the sweeper
-/// when it lands. Claims past their caller's deadline are never committed,
+/// How long an abandon is remembered: a claim still on its way to the
+/// database under that attempt (or a copy of one delivered twice) is
+/// released by the sweeper when it lands. Claims past their caller's deadline are never committed,
 /// so this only has to outlast a claim statement already running.
 pub const ABANDONED_ATTEMPT_MEMORY_MS: i64 = 10 * 60 * 1000;
 
@@ -221,9 +221,9 @@ pub trait Backend: Send + Sync {
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply>;
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply>;
-    /// Releases the record if it is still open under this attempt; if the
-    /// attempt holds no record, remembers it so the sweeper releases a claim
-    /// of it that lands later (`record::decide_abandon`).
+    /// Releases the record if it is still open under this attempt, and
+    /// remembers the attempt so the sweeper releases a claim of it that
+    /// lands later (`record::decide_abandon`).
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply>;
     /// Decides several calls at once, each on its own: the answer of one
     /// never depends on whether another failed, and one call's failure never

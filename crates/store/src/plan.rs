@@ -279,13 +279,19 @@ pub fn abandon<'a>(
     attempt: &'a str,
 ) -> Plan<'a, FenceReply> {
     match (record::decide_abandon(loaded.map(|l| &l.view), attempt), loaded) {
+        // Remembered too: a copy of the claim that lands afterwards (one
+        // delivered twice by something in front of the store) is ended by
+        // the sweeper as any claim that lands after its abandon.
         (AbandonDecision::End, Some(l)) => Plan::of(
             FenceReply::Done,
-            vec![Write::EndGeneration {
-                last: l.view.state,
-                by: (Transition::Abandoned, &Actor::Filter, None),
-                note: None,
-            }],
+            vec![
+                Write::EndGeneration {
+                    last: l.view.state,
+                    by: (Transition::Abandoned, &Actor::Filter, None),
+                    note: None,
+                },
+                Write::RememberAbandon { scope, attempt },
+            ],
         ),
         (AbandonDecision::Settled, _) => Plan::only(FenceReply::Stale),
         // The claim may still be on its way: the sweeper ends it if it

@@ -1304,6 +1304,32 @@ async fn a_claim_over_budget_still_turns_a_lease_that_ran_out_unknown(b: Arc<dyn
     }
 }
 
+/// An abandon remembers its attempt even when it ended that attempt's
+/// record: a copy of the claim that lands afterwards (a proxy in front of
+/// the store that delivered it twice) is released by the sweeper like any
+/// claim that lands after its abandon, never left owned by nobody, and
+/// the retry the 503 invited is a first request.
+async fn a_claim_delivered_again_after_its_abandon_is_released(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-twice");
+    let mut req = claim(&s, Some(1));
+    req.attempt = attempt(&filter_id(1));
+    let first = cx.owned(&req).await;
+    assert_eq!(
+        cx.store.abandon(&abandon(&s, &filter_id(1))).await.unwrap(),
+        FenceReply::Done
+    );
+    let again = cx.owned(&req).await;
+    assert!(again > first);
+    cx.clock.advance(1);
+    assert_eq!(cx.sweep(60_000).await.abandoned, 1);
+    let h = history(&cx, "k-twice").await;
+    assert_eq!(transitions(&h), ["claimed", "abandoned", "claimed", "abandoned"]);
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt(&filter_id(2));
+    cx.owned(&retry).await;
+}
+
 async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let old = scope("k-retention-old");
@@ -1800,6 +1826,7 @@ stories!(
     a_new_generation_keeps_the_old_one_and_its_events,
     a_replaced_generation_ends_with_an_event_of_its_own,
     a_claim_over_budget_still_turns_a_lease_that_ran_out_unknown,
+    a_claim_delivered_again_after_its_abandon_is_released,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,

@@ -159,13 +159,22 @@ fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
 }
 
 #[test]
-fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
+fn an_abandon_ends_its_own_open_claim_and_remembers_every_attempt() {
     let s = scope();
     let by = (Transition::Abandoned, &Actor::Filter, None);
     let open = loaded(State::InProgress);
+    // Remembered also when it ended its claim: a copy of that claim may
+    // still land.
+    let remembered = Write::RememberAbandon {
+        scope: &s,
+        attempt: "a",
+    };
     assert_eq!(
         abandon(Some(&open), &s, "a"),
-        Plan::of(FenceReply::Done, vec![end(State::InProgress, by)])
+        Plan::of(
+            FenceReply::Done,
+            vec![end(State::InProgress, by), remembered.clone()]
+        )
     );
     let remember = Plan::of(
         FenceReply::Done,
@@ -181,7 +190,7 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_any_other() {
     // Unknown only because its lease ran out, and since archived: it never ran.
     assert_eq!(
         abandon(Some(&archived(State::Unknown)), &s, "a"),
-        Plan::of(FenceReply::Done, vec![end(State::Unknown, by)])
+        Plan::of(FenceReply::Done, vec![end(State::Unknown, by), remembered])
     );
 }
 
