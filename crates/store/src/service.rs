@@ -197,9 +197,6 @@ impl Store {
     /// waits (bounded by `wait_ms`) for it to finish, then decides again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome> {
         let started = Instant::now();
-        // The caller's deadline, from when its claim reached us (a little
-        // after it was sent, so the filter abandons what slips through).
-        let caller_deadline = caller_deadline(req, started);
         let deadline = started + Duration::from_millis(req.wait_ms.min(limits::MAX_WAIT_MS));
         let outcome = loop {
             // Register for the wake-up before looking, so a completion that
@@ -207,7 +204,10 @@ impl Store {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let outcome = match self.claim_once(req, caller_deadline).await {
+            let outcome = match self
+                .claim_once(req, commit_deadline(req, started, Instant::now()))
+                .await
+            {
                 Err(e @ StoreError::Late) => {
                     self.metrics.late_claims.inc();
                     return Err(e);
@@ -331,6 +331,18 @@ fn caller_deadline(req: &ClaimRequest, started: Instant) -> Option<std::time::In
     (req.deadline_ms > 0).then(|| (started + Duration::from_millis(req.deadline_ms)).into_std())
 }
 
+/// The latest a claim looked at `look` may commit, for a caller whose claim
+/// reached us at `started`: when the caller stops waiting, and no later
+/// than its store timeout (`deadline_ms` less `wait_ms`) after the look.
+/// The lease counts from the look's clock, and the filter keeps only its
+/// store timeout of the lease for the claim's answer to reach it: a waiting
+/// claim the database commits later than that would leave the upstream less
+/// than its timeout, and a retry could take the key while it still runs.
+fn commit_deadline(req: &ClaimRequest, started: Instant, look: Instant) -> Option<std::time::Instant> {
+    let answered_within = Duration::from_millis(req.deadline_ms.saturating_sub(req.wait_ms));
+    caller_deadline(req, started).map(|d| d.min((look + answered_within).into_std()))
+}
+
 /// Which call an answer belongs to, for its metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -361,5 +373,32 @@ impl Kind {
             Call::MarkUnknown(_) => Kind::MarkUnknown,
             Call::Abandon(_) => Kind::Abandon,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_claim_commits_within_the_callers_store_timeout_of_each_look() {
+        let mut req: ClaimRequest = serde_json::from_str(
+            r#"{"scope": {"version": "v1", "tenant": "t", "principal": "p", "route": "r",
+                "namespace": "u", "key": "k"}, "lease_ms": 2000, "ttl_ms": 1000, "wait_ms": 300,
+                "deadline_ms": 500, "after_expiry": "reject", "on_unknown": "conflict"}"#,
+        )
+        .unwrap();
+        let started = Instant::now();
+        let ms = |n| (started + Duration::from_millis(n)).into_std();
+        // The first look: within the store timeout (200 ms) of it.
+        assert_eq!(commit_deadline(&req, started, started), Some(ms(200)));
+        // A look late in the wait: the caller's own deadline comes first.
+        let late = started + Duration::from_millis(400);
+        assert_eq!(commit_deadline(&req, started, late), Some(ms(500)));
+        // A claim that does not wait: the caller's deadline, as before.
+        req.wait_ms = 0;
+        assert_eq!(commit_deadline(&req, started, started), Some(ms(500)));
+        req.deadline_ms = 0;
+        assert_eq!(commit_deadline(&req, started, started), None);
     }
 }
