@@ -2,6 +2,8 @@
 #   make check   the inner loop (a few minutes): formatting, clippy, the core's
 #                tests with the simulation's fixed set, the store's unit tests
 #                and SQLite stories; no Envoy, no PostgreSQL
+#   make explore new simulation scenarios on every core for EXPLORE_MINUTES (10),
+#                until one breaks a promise (EXPLORE_ARGS: --all goes on, --seed S)
 #   make demo    watch the filter at work in a real Envoy
 #   make test    everything CI runs: lint, wasm build, bootstrap validation, tests
 #                (with 20 s chaos runs and 25 s per fuzz target); prints each
@@ -30,9 +32,11 @@ E2E_ENV = IDEMGATE_WASM=$(CURDIR)/$(WASM) \
 FUZZ_SECONDS ?= 300
 CHAOS_SECONDS ?= 60
 SOAK_SECONDS ?= 600
+EXPLORE_MINUTES ?= 10
+EXPLORE_ARGS ?=
 GROWTH_SECONDS ?= 1800
 
-.PHONY: setup wasm build check lint test report demo bench clean fuzz chaos soak release compat
+.PHONY: setup wasm build check lint test report demo bench clean fuzz chaos soak release compat explore
 .NOTPARALLEL:
 
 setup:
@@ -58,6 +62,11 @@ test:
 # make test, writing its rows of docs/reliability.md.
 report:
 	@IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/test.sh test
+
+# The simulation's scenarios drawn afresh (crates/simulation/src/bin/explore.rs);
+# a violation prints the scenario whole, to be kept in its regressions.rs.
+explore:
+	cargo run --release -p idemgate-simulation --bin explore -- --minutes $(EXPLORE_MINUTES) $(EXPLORE_ARGS)
 
 fuzz: setup
 	IDEMGATE_REPORT=$(CURDIR)/docs/reliability.md scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -96,7 +96,8 @@ lint() {
 check() {
     stage setup scripts/setup.sh check
     lint
-    stage "core: unit, simulation, map" cargo test -p idemgate-core
+    stage "core: unit, map" cargo test -p idemgate-core
+    stage "simulation: the fixed set" cargo test -p idemgate-simulation
     stage "store: unit" cargo test -p idemgate-store --lib --bins
     stage "store: layers, planner, SQLite and memory stories" cargo test -p idemgate-store --test tests -- \
         layers:: planner:: stories::sqlite:: stories::sealed_sqlite:: stories::memory::
@@ -118,7 +119,8 @@ test_all() {
     stage manifests scripts/validate-manifests.sh
     stage "oci round trip" scripts/oci-roundtrip.sh target/idemgate.wasm
     stage "release dry run" release_dry_run
-    stage "workspace tests" e2e "$ENVOY" --workspace --exclude e2e
+    stage "simulation: the fixed set" cargo test -p idemgate-simulation
+    stage "workspace tests" e2e "$ENVOY" --workspace --exclude e2e --exclude idemgate-simulation
     stage "e2e: harness" cargo test -p e2e --lib
     local suite
     for suite in $(sed -n 's/^mod \([a-z0-9_]*\);.*$/\1/p' tests/tests/main.rs); do

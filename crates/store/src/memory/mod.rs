@@ -1,6 +1,7 @@
-//! In memory: the backend of the deterministic simulation and of tests,
-//! never storage. No `--database-url` names it ([`crate::database_url`]),
-//! and nothing it holds outlives the process.
+//! In memory: the backend of the deterministic simulation
+//! (`crates/simulation`) and of tests, never storage. No `--database-url`
+//! names it ([`crate::database_url`]), and nothing it holds outlives the
+//! process.
 //!
 //! It decides nothing of its own: a claim is planned by
 //! [`crate::plan::claim`], every other operation by its plan in

@@ -1,63 +1,35 @@
-//! Envoy's workers, their clients, the network to the store, the store and
-//! the upstream, in one process on a manual clock. Each worker carries out
-//! the exchanges' steps the way the filter does (`src/driver.rs`,
-//! `src/worker.rs`) and drives the same store client (`Attached`,
-//! `Letters`); everything else is seeded chance.
+//! Envoy's workers, their clients, the network to the store and the
+//! upstream, in one process on a manual clock, with the store's own service
+//! at the far end ([`crate::far`]). Each worker carries out the exchanges'
+//! steps the way the filter does (`src/driver.rs`, `src/worker.rs`) and
+//! drives the same store client (`Attached`, `Letters`); the store decides
+//! with its own code; everything else is seeded chance, each source from a
+//! stream of its own.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::rc::Rc;
 
-use crate::store::{Claimed, MemStore};
-use crate::Rng;
-use idemgate_core::client::{Attached, Bound, Delivery, Flight, Letter, Letters, Owner};
+use axum::body::Bytes;
+use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner};
 use idemgate_core::config::Config;
 use idemgate_core::exchange::{Exchange, Left, Origin, RequestHead, ResponseHead, Step, UpstreamAnswer};
 use idemgate_core::handling::Handling;
-use idemgate_core::protocol::{decode_frame, Attempt, ClaimRequest, CLAIM_PATH};
+use idemgate_core::problem::Problem;
+use idemgate_core::protocol::{
+    decode_frame, split_batch, Attempt, Batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest,
+    FenceReply, FenceRequest, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, RELEASE_PATH,
+};
 use idemgate_core::store_call::{StoreAnswer, StoreCall};
+use idemgate_core::trace::Trace;
 use idemgate_core::Reply;
+use idemgate_store::backend::KeyHistory;
 
-/// The faults of one scenario, as chances per event (none by default).
-#[derive(Debug, Clone, Default)]
-pub struct Faults {
-    pub lose_request: f64,
-    pub lose_answer: f64,
-    pub unavailable: f64,
-    pub slow_store: f64,
-    pub client_leaves: f64,
-    pub upstream_lost: f64,
-    /// Six seconds in, the store's clock steps back this far (an NTP step
-    /// on its host; a step forward would end leases early, which the
-    /// contract rules out by asking for a slewed clock).
-    pub clock_steps_back_ms: i64,
-    /// The store is killed once, at a moment chosen by the seed.
-    pub store_restarts: bool,
-    /// Something in front of the store (a rate limiter, a proxy) answers a
-    /// call itself, `408`, `413` or `429` in its own words, and the store
-    /// never sees it.
-    pub in_front: f64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Scenario {
-    pub config: String,
-    pub keys: usize,
-    pub requests: usize,
-    /// Requests begin within this many milliseconds.
-    pub begin_within: i64,
-    /// The upstream takes this long, in milliseconds.
-    pub latency: (i64, i64),
-    /// Response bodies at least this many bytes...
-    pub body_min: usize,
-    /// ...and at most this many.
-    pub body_max: usize,
-    /// The store takes this long to answer a call that arrived, in milliseconds.
-    pub answer_ms: (i64, i64),
-    /// What each worker's queues keep at most.
-    pub bound: Bound,
-    pub faults: Faults,
-}
+use crate::audit;
+use crate::database::{Database, Limited};
+use crate::far::{Answered, Far};
+use crate::rng::Rng;
+use crate::scenario::Shape;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Dir {
@@ -105,9 +77,20 @@ pub enum Got {
     Reply(Reply),
 }
 
+/// What the store confirmed, as it answered (before the network had its
+/// way with the answer): a claim it gave, a completion or a release it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confirmed {
+    Owned { key: String, fence: u64 },
+    Completed { key: String, fence: u64 },
+    Released { key: String, fence: u64 },
+}
+
 struct Callout {
-    body: Vec<u8>,
+    /// Shared with the store's copy of the call: a large body is not copied.
+    body: Bytes,
     path: &'static str,
+    traces: Vec<Trace>,
     answered: bool,
 }
 
@@ -126,11 +109,44 @@ enum Event {
     Sweep,
 }
 
+/// The world's sources of chance, each a stream of its own: a source added
+/// later leaves the others' draws as they were.
+struct Chances {
+    clients: Rng,
+    upstream: Rng,
+    store: Rng,
+    lose_request: Rng,
+    lose_answer: Rng,
+    unavailable: Rng,
+    slow_store: Rng,
+    in_front: Rng,
+    duplicate: Rng,
+    network: Rng,
+}
+
+impl Chances {
+    fn new(seed: u64) -> Chances {
+        let s = |name| Rng::stream(seed, name);
+        Chances {
+            clients: s("clients"),
+            upstream: s("upstream"),
+            store: s("store"),
+            lose_request: s("lose_request"),
+            lose_answer: s("lose_answer"),
+            unavailable: s("unavailable"),
+            slow_store: s("slow_store"),
+            in_front: s("in_front"),
+            duplicate: s("duplicate"),
+            network: s("network"),
+        }
+    }
+}
+
 pub struct World {
     pub now: i64,
-    rng: Rng,
+    chances: Chances,
     next_tick: Option<i64>,
-    scenario: Scenario,
+    pub shape: Shape,
     config: Rc<Config>,
     events: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
@@ -142,9 +158,7 @@ pub struct World {
     restarts: Vec<i64>,
     callouts: HashMap<u64, Callout>,
     next_token: u64,
-    /// Claims the store holds (`in_flight: wait`): token, until, commit deadline.
-    parked: Vec<(u64, i64, i64)>,
-    pub store: MemStore,
+    far: Far,
     pub execs: Vec<Exec>,
     pub got: HashMap<Owner, Got>,
     pub attempts: HashMap<Owner, String>,
@@ -158,32 +172,61 @@ pub struct World {
     pub queue_full: usize,
     /// Attempts whose settlement the store client gave up on.
     pub gave_up: HashSet<String>,
+    /// What the store confirmed.
+    pub confirmed: Vec<Confirmed>,
+    /// Each claim the store refused over budget (`429`), and what it met.
+    pub limited: Vec<Limited>,
+    /// A `429` of the store's own to a claim it never looked at.
+    pub unlooked: Option<String>,
+    /// Each key's history as last read, to find what was overwritten since.
+    seen: HashMap<usize, KeyHistory>,
+    /// The first change to a key's history that was not an addition.
+    pub overwritten: Option<String>,
+    /// Whether the store may have changed a history since it was last read.
+    changed: bool,
+    /// The store still held calls when nothing else was left to happen.
+    pub stuck: bool,
+    /// Print what happens, as it happens (`SIMULATION_TRACE=1`).
+    trace: bool,
 }
 
-/// When the store's clock steps (see [`Faults::clock_steps_back_ms`]).
+/// When the store's clock steps (see [`crate::scenario::Faults::clock_steps_back_ms`]).
 const CLOCK_STEP_AT: i64 = 6_000;
 
 /// Envoy workers: each has its own store client (queue and letters).
 const WORKERS: usize = 2;
 /// How long a restarted store refuses connections.
 const RESTART_MS: i64 = 300;
+/// The store's clock at the world's time 0.
+const STORE_EPOCH: i64 = 1_800_000_000_000;
 
 struct Client {
     attached: Attached,
     letters: Letters,
 }
 
-fn key_name(k: usize) -> String {
+pub fn key_name(k: usize) -> String {
     format!("key-{k}")
 }
 
 impl World {
-    pub fn new(scenario: Scenario, seed: u64) -> World {
-        let rng = Rng(seed.max(1));
-        let config = Rc::new(Config::parse(scenario.config.as_bytes()).unwrap());
+    pub fn new(shape: Shape, seed: u64) -> World {
+        let mut chances = Chances::new(seed);
+        let config = Rc::new(shape.config.clone());
+        let database = Database::new(shape.faults.slow_database, Rng::stream(seed, "database"));
+        let authorization = config.store().authorization().to_string();
+        let token = authorization.trim_start_matches("Bearer ").to_string();
+        let far = Far::new(database, STORE_EPOCH, &token, shape.budgets);
+        let mut begins: Vec<i64> = (0..shape.requests)
+            .map(|_| chances.clients.range(0, shape.begin_within))
+            .collect();
+        let restart = shape
+            .faults
+            .store_restarts
+            .then(|| Rng::stream(seed, "restart").range(200, shape.begin_within + 2_000));
         let mut w = World {
             now: 0,
-            rng,
+            chances,
             next_tick: None,
             config,
             events: BinaryHeap::new(),
@@ -191,16 +234,15 @@ impl World {
             slots: HashMap::new(),
             clients: (0..WORKERS)
                 .map(|i| Client {
-                    attached: Attached::new(scenario.bound),
-                    letters: Letters::new(scenario.bound, 7 + i as u64),
+                    attached: Attached::new(shape.bound),
+                    letters: Letters::new(shape.bound, 7 + i as u64),
                 })
                 .collect(),
             tokens: HashMap::new(),
             restarts: Vec::new(),
             callouts: HashMap::new(),
             next_token: 0,
-            parked: Vec::new(),
-            store: MemStore::default(),
+            far,
             execs: Vec::new(),
             got: HashMap::new(),
             attempts: HashMap::new(),
@@ -210,15 +252,21 @@ impl World {
             outgrown: None,
             queue_full: 0,
             gave_up: HashSet::new(),
-            scenario,
+            confirmed: Vec::new(),
+            limited: Vec::new(),
+            unlooked: None,
+            seen: HashMap::new(),
+            overwritten: None,
+            changed: false,
+            stuck: false,
+            trace: std::env::var_os("SIMULATION_TRACE").is_some(),
+            shape,
         };
-        for owner in 0..w.scenario.requests as Owner {
-            let at = w.rng.range(0, w.scenario.begin_within);
-            w.at(at, Event::Begin(owner));
+        for (owner, at) in begins.drain(..).enumerate() {
+            w.at(at, Event::Begin(owner as Owner));
         }
-        w.at(500, Event::Sweep);
-        if w.scenario.faults.store_restarts {
-            let at = w.rng.range(200, w.scenario.begin_within + 2_000);
+        w.at(w.shape.sweep_every_ms, Event::Sweep);
+        if let Some(at) = restart {
             w.at(at, Event::Restart);
         }
         w
@@ -229,23 +277,74 @@ impl World {
         self.events.push(Reverse((time, self.seq, event)));
     }
 
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.rng.unit() < p
-    }
-
     /// Runs until nothing is left to happen.
     pub fn run(&mut self) {
-        while let Some(Reverse((time, _, event))) = self.events.pop() {
+        loop {
+            let next = self.events.peek().map(|Reverse((t, _, _))| *t);
+            let until = match next {
+                Some(t) => t,
+                // Only the store is left: its waits end within a minute.
+                None if self.far.busy() => self.now + 60_000,
+                None => break,
+            };
+            // The store's own timers first: a claim it holds wakes at its time.
+            if let Some(t) = self.far.run_until(until) {
+                self.now = self.now.max(t);
+                if self.trace {
+                    println!("{:>7} the store's timers", self.now);
+                }
+                self.steps += 1;
+                self.settle();
+                self.pump();
+                self.watch_queues();
+                continue;
+            }
+            let Some(Reverse((time, _, event))) = self.events.pop() else {
+                self.stuck = true;
+                break;
+            };
             self.now = time;
             self.steps += 1;
+            if self.trace {
+                println!("{time:>7} {}", self.told(&event));
+            }
             self.handle(event);
             self.pump();
-            let bound = self.scenario.bound;
-            for c in &self.clients {
-                self.max_queued = self.max_queued.max(c.attached.queued());
-                if c.attached.queued() > bound.calls || c.attached.queued_bytes() > bound.bytes {
-                    self.outgrown.get_or_insert(self.now);
-                }
+            self.watch_queues();
+        }
+        self.look_at_histories();
+    }
+
+    /// An event as the trace prints it.
+    fn told(&self, event: &Event) -> String {
+        let call = |token: &u64| {
+            self.callouts
+                .get(token)
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c.path,
+                        String::from_utf8_lossy(&c.body[..c.body.len().min(160)])
+                    )
+                })
+                .unwrap_or_default()
+        };
+        match event {
+            Event::Arrive(token) => format!("arrive #{token} {}", call(token)),
+            Event::Answer(token, Some((status, body)), _) => format!(
+                "answer #{token} {status} {}",
+                String::from_utf8_lossy(&body[..body.len().min(160)])
+            ),
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn watch_queues(&mut self) {
+        let bound = self.shape.bound;
+        for c in &self.clients {
+            self.max_queued = self.max_queued.max(c.attached.queued());
+            if c.attached.queued() > bound.calls || c.attached.queued_bytes() > bound.bytes {
+                self.outgrown.get_or_insert(self.now);
             }
         }
     }
@@ -264,23 +363,31 @@ impl World {
             }
             Event::Restart => {
                 self.restarts.push(self.now);
-                // Claims it held are forgotten with their connections.
-                self.parked.clear();
+                self.far.restart();
             }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
             Event::Tick => {
-                self.wake_parked();
                 if self.next_tick.is_some_and(|t| t <= self.now) {
                     self.next_tick = None;
                 }
             }
             Event::Sweep => {
-                self.store.sweep(self.store_clock());
-                self.wake_parked();
+                if self.far.sweep(self.store_clock()) {
+                    self.changed = true;
+                }
+                self.settle();
+                // Read again only what may have changed since.
+                if std::mem::take(&mut self.changed) {
+                    self.look_at_histories();
+                }
                 // Often while clients come and go, then seldom until every
                 // letter has had its time.
-                let next = if self.now < 30_000 { 500 } else { 10_000 };
+                let next = if self.now < 30_000 {
+                    self.shape.sweep_every_ms
+                } else {
+                    10_000
+                };
                 if self.now < 400_000 {
                     self.at(self.now + next, Event::Sweep);
                 }
@@ -288,8 +395,34 @@ impl World {
         }
     }
 
+    /// Reads every key's history and keeps the first change to one that
+    /// was not an addition ([`audit::overwritten`]).
+    fn look_at_histories(&mut self) {
+        for key in 0..self.shape.keys {
+            let now = self.far.history(&key_name(key));
+            if let Some(before) = self.seen.get(&key) {
+                if let (None, Some(what)) = (&self.overwritten, audit::overwritten(before, &now)) {
+                    self.overwritten = Some(format!("{} at {} ms: {what}", key_name(key), self.now));
+                }
+            }
+            self.seen.insert(key, now);
+        }
+    }
+
+    /// Every key's history as the store keeps it now.
+    pub fn histories(&self) -> Vec<(String, KeyHistory)> {
+        (0..self.shape.keys)
+            .map(|k| (key_name(k), self.far.history(&key_name(k))))
+            .collect()
+    }
+
+    /// Claims the store refused: as late, and as over budget.
+    pub fn refused(&self) -> (u64, u64) {
+        self.far.refused()
+    }
+
     fn begin(&mut self, owner: Owner) {
-        let key = self.rng.range(0, self.scenario.keys as i64) as usize;
+        let key = self.chances.clients.range(0, self.shape.keys as i64) as usize;
         let policy = self.config.policy_for("POST", "h", "/pay").unwrap().clone();
         let lines = vec![(":path".to_string(), b"/pay".to_vec())];
         let attempt = format!("a{owner}");
@@ -327,8 +460,8 @@ impl World {
                 ex_detached_timeout,
             },
         );
-        if self.chance(self.scenario.faults.client_leaves) {
-            let after = self.rng.range(0, 2_500);
+        if self.chances.clients.chance(self.shape.faults.client_leaves) {
+            let after = self.chances.clients.range(0, 2_500);
             self.at(self.now + after, Event::Leave(owner));
         }
         self.act(owner, step, Dir::Request);
@@ -427,18 +560,17 @@ impl World {
             return;
         };
         let n = self.execs.len();
-        let status = match self.rng.range(0, 20) {
+        let upstream = &mut self.chances.upstream;
+        let status = match upstream.range(0, 20) {
             0 => 422,
             1 => 500,
             _ => 201,
         };
-        let size =
-            self.rng
-                .range(self.scenario.body_min as i64, self.scenario.body_max as i64 + 1) as usize;
+        let size = upstream.range(self.shape.body_min as i64, self.shape.body_max as i64 + 1) as usize;
         let mut body = format!("{}#{n}:", key_name(slot.key)).into_bytes();
         body.resize(size.max(body.len()), b'.');
-        let (lo, hi) = self.scenario.latency;
-        let latency = self.rng.range(lo, hi);
+        let (lo, hi) = self.shape.latency;
+        let latency = upstream.range(lo, hi);
         // Envoy gives up on the filter's own upstream call at its timeout.
         let answer_after = match slot.ex_detached_timeout {
             Some(timeout) => latency.min(timeout as i64),
@@ -457,7 +589,7 @@ impl World {
     }
 
     fn upstream_done(&mut self, owner: Owner) {
-        let lost = self.chance(self.scenario.faults.upstream_lost);
+        let lost = self.chances.upstream.chance(self.shape.faults.upstream_lost);
         let Some(slot) = self.slots.get_mut(&owner) else {
             return;
         };
@@ -565,21 +697,30 @@ impl World {
         let token = self.next_token;
         self.next_token += 1;
         self.tokens.insert(token, flight);
-        let f = self.scenario.faults.clone();
+        let f = self.shape.faults.clone();
         self.at(self.now + call.timeout_ms.max(1) as i64, Event::Timeout(token));
-        if !self.chance(f.lose_request) {
-            let delay = if self.chance(f.slow_store) {
+        if !self.chances.lose_request.chance(f.lose_request) {
+            let delay = if self.chances.slow_store.chance(f.slow_store) {
                 call.timeout_ms as i64 + 50
             } else {
-                self.rng.range(0, 20)
+                self.chances.network.range(0, 20)
             };
             self.at(self.now + delay, Event::Arrive(token));
+            let twice = match carries_claim(&call) {
+                true => f.duplicate_claims,
+                false => f.duplicate,
+            };
+            if self.chances.duplicate.chance(twice) {
+                let again = self.chances.duplicate.range(0, 300);
+                self.at(self.now + delay + again, Event::Arrive(token));
+            }
         }
         self.callouts.insert(
             token,
             Callout {
-                body: call.body,
+                body: Bytes::from(call.body),
                 path: call.path,
+                traces: call.traces,
                 answered: false,
             },
         );
@@ -590,66 +731,85 @@ impl World {
             .restarts
             .iter()
             .any(|r| (*r..r + RESTART_MS).contains(&self.now));
-        if down || self.chance(self.scenario.faults.unavailable) {
+        if down || self.chances.unavailable.chance(self.shape.faults.unavailable) {
             self.reply(token, Some((503, Vec::new())));
             return;
         }
-        if self.chance(self.scenario.faults.in_front) {
-            let status = [408, 413, 429][self.rng.range(0, 3) as usize];
+        if self.chances.in_front.chance(self.shape.faults.in_front) {
+            let status = self.chances.in_front.pick(&[408, 413, 429]);
             self.reply(token, Some((status, b"local_rate_limited".to_vec())));
             return;
         }
         let Some(c) = self.callouts.get(&token) else {
             return;
         };
-        let (path, body) = (c.path, c.body.clone());
-        let now = self.store_clock();
-        match self.store.call(path, &body, now, false) {
-            Claimed::Answer(status, bytes) => self.reply(token, Some((status, bytes))),
-            Claimed::Wait => {
-                let req = decode_frame::<ClaimRequest>(&body).unwrap().0;
-                self.parked.push((
-                    token,
-                    self.now + req.wait_ms as i64,
-                    self.now + req.deadline_ms as i64,
-                ));
-                self.at(self.now + req.wait_ms as i64, Event::Tick);
-            }
-        }
-        self.wake_parked();
+        let authorization = self.config.store().authorization().to_string();
+        self.far
+            .call(token, c.path, c.body.clone(), &c.traces, &authorization);
+        self.changed = true;
+        self.settle();
     }
 
-    /// Claims the store holds are decided again after every change.
-    fn wake_parked(&mut self) {
-        let parked = std::mem::take(&mut self.parked);
-        for (token, until, deadline) in parked {
-            let body = self.callouts[&token].body.clone();
-            let now = self.store_clock();
-            match self.store.call(CLAIM_PATH, &body, now, self.now >= until) {
-                _ if self.now >= deadline => self.reply(token, Some((503, Vec::new()))),
-                Claimed::Answer(status, bytes) => self.reply(token, Some((status, bytes))),
-                Claimed::Wait => self.parked.push((token, until, deadline)),
+    /// Whatever the store answered by now goes back over the network.
+    fn settle(&mut self) {
+        for (token, answer) in self.far.settle(self.store_clock()) {
+            self.note(token, &answer);
+            self.reply(token, Some(answer));
+        }
+    }
+
+    /// Notes what the store confirmed in its answer to call `token`.
+    fn note(&mut self, token: u64, (status, body): &Answered) {
+        let Some(c) = self.callouts.get(&token) else {
+            return;
+        };
+        let calls = match c.path {
+            BATCH_PATH => batch_parts(&c.body, *status, body).unwrap_or_default(),
+            path => vec![(path.to_string(), &c.body[..], *status, &body[..])],
+        };
+        let mut limited = Vec::new();
+        for (path, frame, status, answer) in calls {
+            self.confirmed.extend(confirmed(&path, frame, status, answer));
+            if path == CLAIM_PATH
+                && Problem::rate_limited_wait(answer)
+                    .filter(|_| status == 429)
+                    .is_some()
+            {
+                limited.extend(decode_frame::<ClaimRequest>(frame).ok().map(|(req, _)| req));
+            }
+        }
+        for req in limited {
+            match self.far.looked_at(&req) {
+                Some(looked) => self.limited.push(looked),
+                None => {
+                    let what = format!(
+                        "the store refused a claim of {} over budget without looking at it",
+                        req.scope.key().as_str()
+                    );
+                    self.unlooked.get_or_insert(what);
+                }
             }
         }
     }
 
     /// The store's clock.
     fn store_clock(&self) -> i64 {
-        if self.now >= CLOCK_STEP_AT {
-            self.now - self.scenario.faults.clock_steps_back_ms
+        let stepped = if self.now >= CLOCK_STEP_AT {
+            self.now - self.shape.faults.clock_steps_back_ms
         } else {
             self.now
-        }
+        };
+        STORE_EPOCH + stepped
     }
 
     fn reply(&mut self, token: u64, answer: StoreAnswer) {
-        let answer = if self.chance(self.scenario.faults.lose_answer) {
+        let answer = if self.chances.lose_answer.chance(self.shape.faults.lose_answer) {
             None
         } else {
             answer
         };
-        let (lo, hi) = self.scenario.answer_ms;
-        let delay = self.rng.range(lo, hi);
+        let (lo, hi) = self.shape.answer_ms;
+        let delay = self.chances.store.range(lo, hi);
         self.at(self.now + delay, Event::Answer(token, answer, self.now));
     }
 
@@ -698,6 +858,77 @@ impl World {
         self.clients
             .iter()
             .all(|c| c.letters.is_idle() && c.attached.queued() == 0)
-            && self.parked.is_empty()
+            && !self.far.busy()
+    }
+}
+
+/// Whether a store call is a claim, or a batch with one.
+fn carries_claim(call: &StoreCall) -> bool {
+    match call.path {
+        CLAIM_PATH => true,
+        BATCH_PATH => decode_frame::<Batch>(&call.body)
+            .map(|(meta, _)| meta.calls.iter().any(|c| c.path == CLAIM_PATH))
+            .unwrap_or(true),
+        _ => false,
+    }
+}
+
+/// One call and the store's answer to it: path, frame, status, answer.
+type Part<'a> = (String, &'a [u8], u16, &'a [u8]);
+
+/// The calls of a batch and the store's answer to each.
+fn batch_parts<'a>(request: &'a [u8], status: u16, answer: &'a [u8]) -> Option<Vec<Part<'a>>> {
+    if status != 200 {
+        return None;
+    }
+    let (meta, bytes) = decode_frame::<Batch>(request).ok()?;
+    let frames = split_batch(meta.calls.iter().map(|c| c.len), bytes).ok()?;
+    let (reply, rbytes) = decode_frame::<BatchReply>(answer).ok()?;
+    let answers = split_batch(reply.results.iter().map(|r| r.len), rbytes).ok()?;
+    Some(
+        meta.calls
+            .iter()
+            .zip(frames)
+            .zip(reply.results.iter().zip(answers))
+            .map(|((c, f), (r, a))| (c.path.clone(), f, r.status, a))
+            .collect(),
+    )
+}
+
+/// What one call's answer confirms, if anything.
+fn confirmed(path: &str, frame: &[u8], status: u16, answer: &[u8]) -> Option<Confirmed> {
+    if status != 200 {
+        return None;
+    }
+    match path {
+        CLAIM_PATH => {
+            let (req, _) = decode_frame::<ClaimRequest>(frame).ok()?;
+            match decode_frame::<ClaimReply>(answer).ok()?.0 {
+                ClaimReply::Owned { fence } => Some(Confirmed::Owned {
+                    key: req.scope.key().as_str().to_string(),
+                    fence,
+                }),
+                _ => None,
+            }
+        }
+        COMPLETE_PATH | RELEASE_PATH => {
+            if decode_frame::<FenceReply>(answer).ok()?.0 != FenceReply::Done {
+                return None;
+            }
+            if path == COMPLETE_PATH {
+                let (req, _) = decode_frame::<CompleteRequest>(frame).ok()?;
+                Some(Confirmed::Completed {
+                    key: req.scope.key().as_str().to_string(),
+                    fence: req.fence,
+                })
+            } else {
+                let (req, _) = decode_frame::<FenceRequest>(frame).ok()?;
+                Some(Confirmed::Released {
+                    key: req.scope.key().as_str().to_string(),
+                    fence: req.fence,
+                })
+            }
+        }
+        _ => None,
     }
 }

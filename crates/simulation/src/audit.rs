@@ -1,0 +1,448 @@
+//! The contract's promises, checked on what happened: what the clients
+//! got, what the upstream executed, what the store confirmed as it
+//! answered, and the store's own history and events read back from it.
+//! The checks restate the contract (`docs/contract.md` §4–§6) in their own
+//! words instead of asking the core's rules: an oracle that shared them
+//! would share their bugs.
+
+use std::collections::{HashMap, HashSet};
+
+use idemgate_core::config::{AfterExpiry, OnUnknown, DEFAULT_RELEASE_STATUSES};
+use idemgate_core::record::{ended_as, Standing, State, Transition};
+use idemgate_store::backend::{Actor, EventInfo, KeyHistory, RecordInfo};
+
+use crate::database::Limited;
+use crate::scenario::Knobs;
+use crate::world::{Confirmed, Exec, Got, World};
+
+/// Every promise, on a world that ran: the first one broken.
+pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
+    let histories = w.histories();
+    let generations: Vec<&RecordInfo> = histories.iter().flat_map(|(_, h)| &h.records).collect();
+    executions(w, k, &generations)?;
+    if let Some(at) = w.outgrown {
+        return Err(format!(
+            "a worker's queue outgrew its bound at {at} ms: {} calls",
+            w.max_queued
+        ));
+    }
+    left_unknown(w, &generations)?;
+    answers(w, k, &generations)?;
+    for (key, h) in &histories {
+        events(key, h)?;
+    }
+    confirmations(w, &histories)?;
+    for l in &w.limited {
+        rate_limited(l)?;
+    }
+    if let Some(what) = &w.unlooked {
+        return Err(what.clone());
+    }
+    if let Some(what) = &w.overwritten {
+        return Err(format!("the history was overwritten: {what}"));
+    }
+    if w.stuck {
+        return Err("the store held calls that never finished".into());
+    }
+    if !w.quiet() {
+        return Err("calls were left undelivered".into());
+    }
+    Ok(())
+}
+
+fn released(status: u16) -> bool {
+    DEFAULT_RELEASE_STATUSES.contains(&status)
+}
+
+/// The generation an attempt claimed, if it claimed one.
+fn generation_of<'a>(generations: &[&'a RecordInfo], attempt: &str) -> Option<&'a RecordInfo> {
+    generations
+        .iter()
+        .copied()
+        .find(|g| g.attempt.as_deref() == Some(attempt))
+}
+
+/// A key's request reaches the upstream once (§5); under `on_unknown:
+/// release` an unknown outcome may run again, never while it may still
+/// run, and never once a generation of the key completed.
+fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
+    let mut by_key: HashMap<usize, Vec<&Exec>> = HashMap::new();
+    for e in &w.execs {
+        by_key.entry(e.key).or_default().push(e);
+    }
+    let mut keys: Vec<_> = by_key.into_iter().collect();
+    keys.sort_by_key(|(k, _)| *k);
+    for (key, execs) in keys {
+        if !k.release_unknown {
+            let acting = execs.iter().filter(|e| !released(e.status)).count();
+            if acting > 1 {
+                return Err(format!("key {key} executed {acting} times"));
+            }
+            continue;
+        }
+        let mut spans: Vec<(i64, i64)> = execs.iter().map(|e| (e.start, e.end)).collect();
+        spans.sort();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(format!("key {key} executed twice at once: {w:?}"));
+        }
+        // Only an unknown outcome may run again: a completion stands. (An
+        // execution that began before it completed ran alongside it.)
+        for done in &execs {
+            let Some(g) = generation_of(generations, &done.attempt) else {
+                continue;
+            };
+            if g.state != Standing::In(State::Completed) {
+                continue;
+            }
+            if let Some(again) = execs.iter().find(|e| e.start > done.start) {
+                return Err(format!(
+                    "key {key} completed ({} by {}, generation {}) and executed again by {} at {} ms",
+                    g.status.unwrap_or(0),
+                    done.attempt,
+                    g.generation,
+                    again.attempt,
+                    again.start
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A generation may be unknown for a while (its lease ran out before the
+/// abandon arrived); it may be left unknown only if the upstream may have
+/// run, or if the store client gave up its abandon (its lease settled it).
+fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
+    let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
+    for g in generations {
+        let attempt = g.attempt.as_deref().unwrap_or("");
+        if g.state == Standing::In(State::Unknown) && !ran.contains(attempt) && !w.gave_up.contains(attempt) {
+            return Err(format!(
+                "generation {} ({attempt}) left unknown although nothing ran",
+                g.generation
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What each client got is an answer the contract gives it (§4, §5).
+fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
+    let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
+    let mut owners: Vec<_> = w.got.iter().collect();
+    owners.sort_by_key(|(o, _)| **o);
+    for (owner, got) in owners {
+        let attempt = &w.attempts[owner];
+        let key = w.request_keys[owner];
+        // Under detached forwarding the filter relays the upstream's answer itself.
+        let relayed = match got {
+            Got::Reply(r) => w
+                .execs
+                .iter()
+                .find(|e| &e.attempt == attempt && e.status == r.status && e.body == r.body)
+                .map(|e| Got::Upstream(e.status, true)),
+            _ => None,
+        };
+        let problem = |r: &idemgate_core::Reply, kind: &str| {
+            r.headers
+                .iter()
+                .any(|(n, v)| n == "content-type" && v.contains("problem"))
+                && String::from_utf8_lossy(&r.body).contains(kind)
+        };
+        match relayed.as_ref().unwrap_or(got) {
+            Got::Reply(r) if r.headers.iter().any(|(n, _)| n == "idempotent-replayed") => {
+                let stored = w
+                    .execs
+                    .iter()
+                    .any(|e| e.key == key && e.status == r.status && e.body == r.body);
+                if !stored {
+                    return Err(format!(
+                        "request {owner} replayed {} {:?} that no execution answered",
+                        r.status,
+                        String::from_utf8_lossy(&r.body[..r.body.len().min(40)])
+                    ));
+                }
+            }
+            Got::Reply(r) if r.status == 503 && ran.contains(attempt.as_str()) => {
+                return Err(format!("request {owner} got 503 although it executed"));
+            }
+            // After expiry (after_expiry: reject): 422 key-expired.
+            Got::Reply(r) if r.status == 422 && problem(r, "key-expired") => {}
+            // The store's budget of new keys: each such refusal of the store
+            // is judged where it was made ([`rate_limited`]).
+            Got::Reply(r) if r.status == 429 && problem(r, "key-rate-limited") => {}
+            Got::Reply(r) if ![409, 503].contains(&r.status) => {
+                return Err(format!(
+                    "request {owner} got {} {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                ));
+            }
+            Got::Upstream(status, true)
+                if !k.release_unknown && !released(*status) && !w.gave_up.contains(attempt) =>
+            {
+                // A known outcome reaches the store, in every mode.
+                let g = generation_of(generations, attempt);
+                if g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
+                    return Err(format!(
+                        "request {owner} was answered {status} but its record ended {:?}",
+                        g.map(|g| g.state.as_str())
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A generation's life as its events tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Open(State),
+    Ended(Standing),
+}
+
+/// Every transition is an event of the generation it changed, by the actor
+/// that makes it, in an order the lifecycle allows (§6); the generation's
+/// row is what its events made it; and a generation that ended has an
+/// event of its own that ended it.
+fn events(key: &str, h: &KeyHistory) -> Result<(), String> {
+    let mut by_generation: HashMap<u64, Vec<&EventInfo>> = HashMap::new();
+    for e in &h.events {
+        by_generation.entry(e.generation).or_default().push(e);
+    }
+    for g in &h.records {
+        let evs = by_generation.remove(&g.generation).unwrap_or_default();
+        let told: Vec<String> = evs.iter().map(|e| told(e)).collect();
+        let whose = || format!("{key}: generation {} ({})", g.generation, told.join(", "));
+        let (life, archived) = replay(&evs).map_err(|e| format!("{}: {e}", whose()))?;
+        match (g.ended_at, life) {
+            (None, Life::Open(state)) if g.state == Standing::In(state) => {}
+            (None, life) => {
+                return Err(format!(
+                    "{}: is current and {} but its events leave it {life:?}",
+                    whose(),
+                    g.state.as_str()
+                ))
+            }
+            (Some(_), Life::Ended(how)) if how == g.state => {}
+            (Some(at), Life::Open(state)) => {
+                return Err(format!(
+                    "{}: ended at {at} ({}) with no event of its own that ended it; its events leave it {}",
+                    whose(),
+                    g.state.as_str(),
+                    state.as_str()
+                ))
+            }
+            (Some(_), Life::Ended(how)) => {
+                return Err(format!(
+                    "{}: ended {} but its events say {}",
+                    whose(),
+                    g.state.as_str(),
+                    how.as_str()
+                ))
+            }
+        }
+        if archived != g.archived_at.is_some() {
+            return Err(format!(
+                "{}: archived_at {:?}, but its events say archived: {archived}",
+                whose(),
+                g.archived_at
+            ));
+        }
+    }
+    if let Some((generation, _)) = by_generation.iter().next() {
+        return Err(format!(
+            "{key}: events of generation {generation}, which the store does not know"
+        ));
+    }
+    Ok(())
+}
+
+fn told(e: &EventInfo) -> String {
+    match &e.detail {
+        Some(d) => format!("{} by {} ({d})", e.transition, e.actor),
+        None => format!("{} by {}", e.transition, e.actor),
+    }
+}
+
+/// A generation's events in order, as the lifecycle allows them: how they
+/// leave it, and whether it was archived.
+fn replay(evs: &[&EventInfo]) -> Result<(Life, bool), String> {
+    let Some((first, rest)) = evs.split_first() else {
+        return Err("has no events".into());
+    };
+    // Every generation begins with its claim.
+    if first.transition != Transition::Claimed || first.actor != Actor::Filter {
+        return Err(format!("begins with {}", told(first)));
+    }
+    let (mut life, mut archived) = (Life::Open(State::InProgress), false);
+    for e in rest {
+        let open = match life {
+            Life::Open(s) => s,
+            Life::Ended(how) => return Err(format!("{} after it ended {}", told(e), how.as_str())),
+        };
+        let (actors, next): (&[Actor], Option<Life>) = match (e.transition, e.detail.as_deref(), open) {
+            (Transition::Completed, _, State::InProgress | State::Unknown) => {
+                (&[Actor::Filter], Some(Life::Open(State::Completed)))
+            }
+            (Transition::MarkedUnknown, _, State::InProgress) => {
+                (&[Actor::Filter], Some(Life::Open(State::Unknown)))
+            }
+            (Transition::LeaseExpired, Some("unknown"), State::InProgress) => {
+                (&[Actor::Filter, Actor::Sweeper], Some(Life::Open(State::Unknown)))
+            }
+            (Transition::LeaseExpired, Some("released"), State::InProgress) => (
+                &[Actor::Filter, Actor::Sweeper],
+                Some(Life::Ended(Standing::EndedBy(Transition::LeaseExpired))),
+            ),
+            (Transition::Released, _, State::InProgress | State::Unknown) => (
+                &[Actor::Filter],
+                Some(Life::Ended(Standing::EndedBy(Transition::Released))),
+            ),
+            (Transition::Abandoned, _, State::InProgress | State::Unknown) => (
+                &[Actor::Filter, Actor::Sweeper],
+                Some(Life::Ended(Standing::EndedBy(Transition::Abandoned))),
+            ),
+            (Transition::Archived, _, State::Completed | State::Unknown) if !archived => {
+                archived = true;
+                (&[Actor::Sweeper], None)
+            }
+            // Replaced by a new generation's claim.
+            (Transition::Reclaimed, _, state) => (
+                &[Actor::Filter],
+                Some(Life::Ended(ended_as(state, Transition::Reclaimed))),
+            ),
+            _ => return Err(format!("{} while {}", told(e), open.as_str())),
+        };
+        if !actors.contains(&e.actor) {
+            return Err(format!("{} by an actor that does not make it", told(e)));
+        }
+        if let Some(next) = next {
+            life = next;
+        }
+    }
+    Ok((life, archived))
+}
+
+/// What the store confirmed in its answers is in its history: a claim it
+/// gave is a generation that began with it, a completion or release it
+/// did is an event of that generation.
+fn confirmations(w: &World, histories: &[(String, KeyHistory)]) -> Result<(), String> {
+    let of = |key: &str| histories.iter().find(|(k, _)| k == key).map(|(_, h)| h);
+    for c in &w.confirmed {
+        let (key, fence, wanted) = match c {
+            Confirmed::Owned { key, fence } => (key, fence, None),
+            Confirmed::Completed { key, fence } => (key, fence, Some(Transition::Completed)),
+            Confirmed::Released { key, fence } => (key, fence, Some(Transition::Released)),
+        };
+        let Some(h) = of(key) else { continue };
+        if !h.records.iter().any(|g| g.generation == *fence) {
+            return Err(format!(
+                "{key}: the store answered {c:?}, but it keeps no generation {fence}"
+            ));
+        }
+        if let Some(t) = wanted {
+            if !h
+                .events
+                .iter()
+                .any(|e| e.generation == *fence && e.transition == t)
+            {
+                return Err(format!(
+                    "{key}: the store answered {c:?}, but generation {fence} has no {t} event"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `429` only where the contract allows one (§4): the claim would take a
+/// new key, a new record or a new generation. A replay, a `409` and a `422`
+/// are never limited: a claim that meets a record it does not replace is
+/// answered as it would be without a budget.
+pub fn rate_limited(l: &Limited) -> Result<(), String> {
+    let Some(r) = &l.record else {
+        return Ok(());
+    };
+    let key = l.req.scope.key().as_str();
+    let now = l.now;
+    let refused = |answer: &str| {
+        Err(format!(
+            "a claim of {key} was refused 429 key-rate-limited at {now}, but it takes no key: its record, \
+             generation {} ({}, lease until {}, expires {:?}, archived {}, on_unknown {:?}), answers it {answer}",
+            r.generation,
+            r.state.as_str(),
+            r.lease_until,
+            r.expires_at,
+            r.archived_at.is_some(),
+            r.on_unknown,
+        ))
+    };
+    let expired = r.archived_at.is_some()
+        || (matches!(r.state, Standing::In(State::Completed | State::Unknown))
+            && r.expires_at.is_some_and(|at| now >= at));
+    if expired {
+        return match l.req.after_expiry {
+            AfterExpiry::New => Ok(()),
+            AfterExpiry::Reject => refused("422 key-expired"),
+        };
+    }
+    let offered = l.req.fingerprint.map(|f| f.to_hex());
+    if r.fingerprint.is_some() && offered.is_some() && r.fingerprint != offered {
+        return refused("422 key-reused");
+    }
+    let release = l.req.on_unknown == OnUnknown::Release;
+    match r.state {
+        Standing::In(State::InProgress) if now < r.lease_until => refused("409 request-in-progress"),
+        Standing::In(State::InProgress) if !release => {
+            refused("409 outcome-unknown (its lease ran out: the claim turns it unknown)")
+        }
+        Standing::In(State::Completed) => refused("with a replay"),
+        Standing::In(State::Unknown) if !release || now < r.lease_until => refused("409"),
+        _ => Ok(()),
+    }
+}
+
+/// What changed in a key's history between two readings, if anything
+/// changed that is not an addition: nothing is overwritten (§6). Every
+/// generation stays, what it was claimed with stays, an ended generation
+/// stays as it ended, a completion stays, and events only grow at the end.
+pub fn overwritten(before: &KeyHistory, after: &KeyHistory) -> Option<String> {
+    for old in &before.records {
+        let Some(new) = after.records.iter().find(|g| g.generation == old.generation) else {
+            return Some(format!("generation {} is gone", old.generation));
+        };
+        let claimed = |g: &RecordInfo| {
+            (
+                g.scope.clone(),
+                g.attempt.clone(),
+                g.fingerprint.clone(),
+                g.created_at,
+            )
+        };
+        if claimed(old) != claimed(new) {
+            return Some(format!(
+                "generation {} was claimed by something else",
+                old.generation
+            ));
+        }
+        if old.ended_at.is_some() && old != new {
+            return Some(format!(
+                "generation {} changed after it ended: {old:?} became {new:?}",
+                old.generation
+            ));
+        }
+        if old.completed_at.is_some() && (old.status, old.completed_at) != (new.status, new.completed_at) {
+            return Some(format!(
+                "the completion of generation {} changed: {:?} at {:?} became {:?} at {:?}",
+                old.generation, old.status, old.completed_at, new.status, new.completed_at
+            ));
+        }
+    }
+    if !after.events.starts_with(&before.events) {
+        return Some("an event was changed or removed".into());
+    }
+    None
+}

@@ -1,0 +1,182 @@
+//! The database under the store: the in-memory backend
+//! ([`idemgate_store::memory::Memory`]), which carries out the store's
+//! plans, seen through a tap of the world's. The tap decides nothing: it
+//! makes some calls slow (a database that takes longer than the filter
+//! waits) and notes every claim the store looked at without writing and
+//! found it would write ([`Backend::peek`], which the store asks only about
+//! a claim over its tenant's budget), with the record the claim met: the
+//! audit judges each `429` of the store by what its claim met.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use idemgate_core::protocol::{AbandonRequest, ClaimRequest, CompleteRequest, FenceReply, FenceRequest};
+use idemgate_core::scope::Scope;
+use idemgate_store::backend::{
+    Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, Peeked, RecordInfo,
+    Resolution, Result, SweepPolicy, SweepReport,
+};
+use idemgate_store::log_ids::LogIds;
+use idemgate_store::memory::Memory;
+
+use crate::rng::Rng;
+
+/// A claim the store looked at while its tenant's budget was spent, and
+/// found would write: what it met.
+#[derive(Debug, Clone)]
+pub struct Limited {
+    pub req: ClaimRequest,
+    /// The store's clock when it looked.
+    pub now: i64,
+    /// The key's current record then, if any.
+    pub record: Option<RecordInfo>,
+}
+
+/// The in-memory database and the world's tap on it.
+pub struct Database {
+    memory: Memory,
+    /// The chance that a call takes [`SLOW_MS`] and its stream.
+    slow: (f64, Mutex<Rng>),
+    looked: Mutex<Vec<Limited>>,
+}
+
+/// How long a slow call takes: longer than a claim's caller waits (the
+/// filter's store timeout), shorter than a lease.
+pub const SLOW_MS: (i64, i64) = (150, 450);
+
+impl Database {
+    pub fn new(slow: f64, rng: Rng) -> Database {
+        let ids = LogIds::new(b"the simulation's own log key, 32b").unwrap_or_else(|e| panic!("{e}"));
+        Database {
+            memory: Memory::new(ids),
+            slow: (slow, Mutex::new(rng)),
+            looked: Mutex::default(),
+        }
+    }
+
+    /// The last look the store took at `req` (its scope and attempt) over
+    /// budget, if it found it would write.
+    pub fn looked_at(&self, req: &ClaimRequest) -> Option<Limited> {
+        let looked = self.looked.lock().unwrap_or_else(PoisonError::into_inner);
+        looked
+            .iter()
+            .rev()
+            .find(|l| l.req.scope == req.scope && l.req.attempt == req.attempt)
+            .cloned()
+    }
+
+    /// Every generation and event of `key` (the policy is anonymous: one
+    /// tenant, `*`).
+    pub fn history(&self, key: &str) -> KeyHistory {
+        let q = Lookup {
+            tenant: idemgate_core::scope::EVERYONE.into(),
+            key: key.into(),
+            ..Lookup::default()
+        };
+        self.memory
+            .lookup(&q, 100_000)
+            .now_or_never()
+            .and_then(Result::ok)
+            .unwrap_or_default()
+    }
+
+    /// The database's time for one call: now, or (a slow one) a while.
+    async fn lag(&self) {
+        let (p, rng) = &self.slow;
+        let ms = {
+            let mut rng = rng.lock().unwrap_or_else(PoisonError::into_inner);
+            rng.chance(*p).then(|| rng.range(SLOW_MS.0, SLOW_MS.1))
+        };
+        if let Some(ms) = ms {
+            tokio::time::sleep(Duration::from_millis(ms.unsigned_abs())).await;
+        }
+    }
+
+    fn current(&self, scope: &Scope) -> Option<RecordInfo> {
+        let history = self.history(scope.key().as_str());
+        history
+            .records
+            .into_iter()
+            .find(|r| r.ended_at.is_none() && &r.scope == scope)
+    }
+}
+
+/// The memory backend's, every call; the store's calls on a claim's path
+/// (claims, settlements, batches) after the database's lag.
+#[async_trait]
+impl Backend for Database {
+    fn name(&self) -> &'static str {
+        self.memory.name()
+    }
+    fn log_ids(&self) -> &LogIds {
+        self.memory.log_ids()
+    }
+    async fn migrate(&self) -> Result<()> {
+        self.memory.migrate().await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.memory.ping().await
+    }
+    async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
+        self.lag().await;
+        self.memory.claim(req, now, deadline).await
+    }
+    async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
+        let peeked = self.memory.peek(req, now).await;
+        if let Ok(Peeked::Takes | Peeked::Changes) = peeked {
+            let record = self.current(&req.scope);
+            self.looked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Limited {
+                    req: req.clone(),
+                    now,
+                    record,
+                });
+        }
+        peeked
+    }
+    async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
+        self.lag().await;
+        self.memory.complete(req, body, now).await
+    }
+    async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        self.lag().await;
+        self.memory.release(req, now).await
+    }
+    async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
+        self.lag().await;
+        self.memory.mark_unknown(req, now).await
+    }
+    async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
+        self.lag().await;
+        self.memory.abandon(req, now).await
+    }
+    async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
+        self.lag().await;
+        self.memory.decide(calls, now).await
+    }
+    async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
+        self.memory.lookup(q, limit).await
+    }
+    async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>> {
+        self.memory.list(which, now, limit).await
+    }
+    async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
+        self.memory.resolve(scope, how, reason, now).await
+    }
+    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
+        self.memory.purge(scope, now).await
+    }
+    async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
+        self.memory.sweep(now, policy).await
+    }
+    async fn open_records(&self) -> Result<OpenRecords> {
+        self.memory.open_records().await
+    }
+}
+
+/// Shared by the store (as its backend) and the world (its tap).
+pub type Shared = Arc<Database>;

@@ -1,0 +1,368 @@
+//! What one case of the simulation is: a seed for the world's chances, a
+//! policy (the knobs: each one of the contract's choices, and the store's
+//! budget of new keys) and the faults. A scenario is drawn from one number,
+//! each knob and fault from a stream of its own ([`crate::rng`]), or written
+//! out whole (the regression cases, [`crate::regressions`]).
+
+use idemgate_core::client::{Bound, BOUND};
+use idemgate_core::config::Config;
+use idemgate_store::budget::Budgets;
+
+use crate::rng::Rng;
+
+/// One case: the world's seed, the policy and the faults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub seed: u64,
+    pub knobs: Knobs,
+    pub faults: Faults,
+}
+
+/// A policy the simulation runs, and how the store is configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Knobs {
+    pub detached: bool,
+    pub background: bool,
+    pub wait: bool,
+    pub release_unknown: bool,
+    /// Many requests at once with responses of 2.5 to 4 MiB, kept whole:
+    /// completions that would not fit one batch together.
+    pub large: bool,
+    /// Records expire three seconds after completion, within the run.
+    pub short_ttl: bool,
+    /// Detached forwarding's timeout: mostly half the lease, sometimes all
+    /// the lease leaves room for (its length less one store call).
+    pub detached_timeout_ms: u64,
+    /// Hundreds of new keys at once to a store that is slow but alive, with
+    /// queues bounded at 32 calls: the queues must hold their bound.
+    pub flood: bool,
+    /// The store's budget of new keys (`serve --new-keys-per-second`,
+    /// `--new-keys-burst`); `None`: no budget.
+    pub new_keys: Option<Budget>,
+    /// How often the store's sweeper passes while clients come and go: a
+    /// seldom one leaves leases that ran out for claims to find.
+    pub sweep_every_ms: i64,
+}
+
+/// A budget of new keys per tenant: a rate and a burst.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+impl Budget {
+    pub fn budgets(self) -> Result<Budgets, String> {
+        Budgets::new(self.per_second, self.burst)
+    }
+}
+
+/// The faults of one scenario, as chances per event (none by default).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// A store call is lost on its way to the store.
+    pub lose_request: f64,
+    /// The store's answer is lost on its way back.
+    pub lose_answer: f64,
+    /// The store cannot be reached (Envoy answers 503 for it).
+    pub unavailable: f64,
+    /// A store call reaches the store only after the filter gave up on it.
+    pub slow_store: f64,
+    pub client_leaves: f64,
+    /// The upstream's response is cut off.
+    pub upstream_lost: f64,
+    /// Six seconds in, the store's clock steps back this far (an NTP step
+    /// on its host; a step forward would end leases early, which the
+    /// contract rules out by asking for a slewed clock).
+    pub clock_steps_back_ms: i64,
+    /// The store is killed once, at a moment chosen by the seed.
+    pub store_restarts: bool,
+    /// Something in front of the store (a rate limiter, a proxy) answers a
+    /// call itself, `408`, `413` or `429` in its own words, and the store
+    /// never sees it.
+    pub in_front: f64,
+    /// A settlement (or a batch of them) is delivered twice (a proxy that
+    /// retried it): the store decides both, the filter reads whichever
+    /// answer comes first.
+    pub duplicate: f64,
+    /// A claim (or a batch with one) is delivered twice. Never drawn: a copy
+    /// of a claim that lands after its request was answered without the key
+    /// (`429`, `409`) takes the key for nobody, and nothing in the contract
+    /// yet rules out what would deliver it (only a copy of a claim its
+    /// filter abandoned is released, as any claim landing after its
+    /// abandon).
+    pub duplicate_claims: f64,
+    /// The database takes longer than the filter waits for a call (past a
+    /// claim's deadline, which the store then refuses as late).
+    pub slow_database: f64,
+}
+
+impl Scenario {
+    /// The case `case` of the stream of scenarios seeded `seed`.
+    pub fn nth(seed: u64, case: u64) -> Scenario {
+        Scenario::draw(Rng::stream(seed, "cases").draw() ^ case.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    /// The scenario drawn from `id`: every knob and fault from its own stream.
+    pub fn draw(id: u64) -> Scenario {
+        let s = |name: &str| Rng::stream(id, name);
+        // Off, or up to 30 %.
+        let p = |mut r: Rng| if r.chance(0.5) { r.unit() * 0.3 } else { 0.0 };
+        let knobs = Knobs {
+            detached: s("detached").chance(0.5),
+            background: s("background").chance(0.5),
+            wait: s("wait").chance(0.5),
+            release_unknown: s("release_unknown").chance(0.5),
+            large: s("large").chance(0.03),
+            short_ttl: s("short_ttl").chance(0.3),
+            detached_timeout_ms: if s("detached_timeout").chance(0.1) {
+                LEASE_MS - STORE_TIMEOUT_MS
+            } else {
+                1_000
+            },
+            flood: s("flood").chance(0.02),
+            new_keys: {
+                let mut r = s("new_keys");
+                r.chance(0.3).then(|| Budget {
+                    per_second: r.pick(&[0.5, 1.0, 2.0, 5.0]),
+                    burst: r.pick(&[1, 2, 4]),
+                })
+            },
+            sweep_every_ms: s("sweep_every").pick(&[500, 500, 1_000, 5_000]),
+        };
+        let faults = Faults {
+            lose_request: p(s("lose_request")),
+            lose_answer: p(s("lose_answer")),
+            unavailable: p(s("unavailable")),
+            slow_store: p(s("slow_store")),
+            client_leaves: s("client_leaves").unit() * 0.6,
+            upstream_lost: p(s("upstream_lost")),
+            clock_steps_back_ms: {
+                let mut r = s("clock_steps_back");
+                if r.chance(0.5) {
+                    r.range(1_000, 5_000)
+                } else {
+                    0
+                }
+            },
+            store_restarts: s("store_restarts").chance(0.2),
+            in_front: p(s("in_front")),
+            duplicate: p(s("duplicate")),
+            duplicate_claims: 0.0,
+            slow_database: p(s("slow_database")),
+        };
+        Scenario {
+            seed: s("world").draw(),
+            knobs,
+            faults,
+        }
+    }
+}
+
+/// The policy's lease: every request, store call and upstream call of a
+/// scenario fits in a few of them.
+pub const LEASE_MS: u64 = 2_000;
+/// The filter's store timeout.
+pub const STORE_TIMEOUT_MS: u64 = 200;
+
+impl Knobs {
+    /// The filter's configuration.
+    pub fn config(&self) -> String {
+        let forwarding: &str = if self.detached {
+            &format!(
+                r#", "forwarding": {{"mode": "detached", "timeout_ms": {}}}"#,
+                self.detached_timeout_ms
+            )
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"store": {{"cluster": "store", "token": "t", "timeout_ms": {STORE_TIMEOUT_MS}}},
+              "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, "anonymous": true,
+                "lease_seconds": {lease}, "ttl_seconds": {ttl}, "settle": "{settle}", {in_flight},
+                "on_unknown": "{on_unknown}", "max_stored_body": {max_stored}{forwarding}}}]}}"#,
+            lease = LEASE_MS / 1_000,
+            settle = if self.background {
+                "background"
+            } else {
+                "before_response"
+            },
+            in_flight = if self.wait {
+                r#""in_flight": "wait", "wait_max_ms": 300"#
+            } else {
+                r#""in_flight": "conflict""#
+            },
+            on_unknown = if self.release_unknown {
+                "release"
+            } else {
+                "conflict"
+            },
+            max_stored = if self.large { 4 * 1024 * 1024 } else { 64 },
+            ttl = if self.short_ttl { 3 } else { 86_400 },
+        )
+    }
+}
+
+impl Default for Knobs {
+    /// Streaming, settled before the response, `in_flight: conflict`,
+    /// `on_unknown: conflict`, small bodies, day-long records, no budget.
+    fn default() -> Knobs {
+        Knobs {
+            detached: false,
+            background: false,
+            wait: false,
+            release_unknown: false,
+            large: false,
+            short_ttl: false,
+            detached_timeout_ms: 1_000,
+            flood: false,
+            new_keys: None,
+            sweep_every_ms: 500,
+        }
+    }
+}
+
+/// The world a scenario builds: the filter's configuration parsed, and how
+/// many clients ask what of whom.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub config: Config,
+    pub keys: usize,
+    pub requests: usize,
+    /// Requests begin within this many milliseconds.
+    pub begin_within: i64,
+    /// The upstream takes this long, in milliseconds.
+    pub latency: (i64, i64),
+    /// Response bodies at least this many bytes...
+    pub body_min: usize,
+    /// ...and at most this many.
+    pub body_max: usize,
+    /// The store's answers take this long to come back, in milliseconds.
+    pub answer_ms: (i64, i64),
+    /// What each worker's queues keep at most.
+    pub bound: Bound,
+    /// The store's budget of new keys.
+    pub budgets: Option<Budget>,
+    /// How often the sweeper passes while clients come and go.
+    pub sweep_every_ms: i64,
+    pub faults: Faults,
+}
+
+impl Scenario {
+    /// The world this scenario builds, or why its configuration is refused:
+    /// a scenario the filter or the store would not start with is an error
+    /// of the scenario, never a case that passes.
+    pub fn shape(&self) -> Result<Shape, String> {
+        let k = &self.knobs;
+        let config =
+            Config::parse(k.config().as_bytes()).map_err(|e| format!("the policy was refused: {e}"))?;
+        if let Some(b) = k.new_keys {
+            b.budgets()
+                .map_err(|e| format!("the store's budget was refused: {e}"))?;
+        }
+        let (keys, requests, begin_within, latency, body, answer_ms, bound) = if k.flood {
+            let bound = Bound {
+                calls: 32,
+                bytes: 64 * 1024,
+            };
+            (400, 400, 200, (5, 50), (1, 48), (100, 170), bound)
+        } else if k.large {
+            // Completions that land together: three of them exceed a frame.
+            let body = (5 * 512 * 1024, 4 * 1024 * 1024);
+            (12, 12, 50, (100, 130), body, (0, 20), BOUND)
+        } else {
+            // With short TTLs, some retries come after the key expired.
+            let begin_within = if k.short_ttl { 9_000 } else { 3_000 };
+            // A detached upstream may take as long as the filter lets it
+            // (a route's timeout within the lease bounds a streaming one).
+            let latency = match k.detached {
+                true => (5, 1_500.max(k.detached_timeout_ms as i64 + 100)),
+                false => (5, 1_500),
+            };
+            // A store that is a little slow when the upstream may take all the lease.
+            let answer_ms = if k.detached_timeout_ms > 1_000 {
+                (0, 150)
+            } else {
+                (0, 20)
+            };
+            (3, 10, begin_within, latency, (1, 48), answer_ms, BOUND)
+        };
+        Ok(Shape {
+            config,
+            keys,
+            requests,
+            begin_within,
+            latency,
+            body_min: body.0,
+            body_max: body.1,
+            answer_ms,
+            bound,
+            budgets: k.new_keys,
+            sweep_every_ms: k.sweep_every_ms,
+            faults: self.faults.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_drawn_scenario_is_one_the_filter_and_the_store_start_with() {
+        for case in 0..2_000 {
+            let s = Scenario::nth(1, case);
+            assert!(s.shape().is_ok(), "{s:?}: {:?}", s.shape().err());
+        }
+    }
+
+    #[test]
+    fn a_refused_policy_is_an_error_of_the_scenario() {
+        let s = Scenario {
+            seed: 1,
+            knobs: Knobs {
+                detached: true,
+                detached_timeout_ms: LEASE_MS - 10,
+                ..Knobs::default()
+            },
+            faults: Faults::default(),
+        };
+        let refused = s.shape().err().unwrap_or_default();
+        assert!(refused.contains("the policy was refused"), "{refused}");
+        let s = Scenario {
+            knobs: Knobs {
+                new_keys: Some(Budget {
+                    per_second: 0.0,
+                    burst: 1,
+                }),
+                ..Knobs::default()
+            },
+            ..s
+        };
+        assert!(s.shape().is_err());
+    }
+
+    /// A case drawn once stays drawn so: a knob or a fault added later
+    /// draws from a stream of its own and adds a field here, and every
+    /// other value stays as it is.
+    #[test]
+    fn a_case_draws_what_it_always_drew() {
+        let drawn = Scenario {
+            seed: 7696398082572802790,
+            knobs: Knobs {
+                detached: true,
+                ..Knobs::default()
+            },
+            faults: Faults {
+                lose_answer: 0.1500114600706088,
+                slow_store: 0.195181935044251,
+                client_leaves: 0.3184857004380788,
+                clock_steps_back_ms: 4384,
+                in_front: 0.23948477475636193,
+                duplicate: 0.05118299372644297,
+                ..Faults::default()
+            },
+        };
+        assert_eq!(Scenario::nth(1, 0), drawn);
+    }
+}
