@@ -1,6 +1,6 @@
 # idemgate: the front door.
-#   make check   the inner loop (a few minutes): formatting, clippy, the core's
-#                tests with the simulation's fixed set, the store's unit tests
+#   make check   the inner loop (under a minute warm): formatting, clippy, the
+#                core's tests, the simulation's fixed set, the store's unit tests
 #                and SQLite stories; no Envoy, no PostgreSQL
 #   make explore new simulation scenarios on every core for EXPLORE_MINUTES (10),
 #                until one breaks a promise (EXPLORE_ARGS: --all goes on, --seed S)

@@ -11,11 +11,13 @@
 # fuzz/regressions/<target>/ (so it becomes a regression test) and fails the
 # run. The targets are built by cargo with cargo-fuzz's instrumentation
 # flags (below; installing cargo-fuzz from source would cost a fresh clone's
-# `make test` minutes for a wrapper around them), on the workspace's debug
-# build: only the crates under test (the core, the store and the targets)
-# are instrumented, through per-package profile flags, so every dependency is
-# the one `make test` has compiled already, and the targets build in about a
-# minute instead of a release build of the whole dependency tree. Coverage
+# `make test` minutes for a wrapper around them), as a debug build in a
+# target dir of their own (target/fuzz-build: the workspace's artefacts are
+# never touched by a build with other flags and other features). Only the
+# crates under test (the core, the store and the targets) are instrumented,
+# through per-package profile flags, so the dependencies compile as plain
+# debug code, a few times faster than a release build of the whole tree
+# with instrumentation. Coverage
 # is fed back from the project's own code, which is what the targets are
 # about; debug assertions (overflow checks) are on. The flags need nightly;
 # RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. The code under
@@ -43,7 +45,7 @@ done
 for t in "${targets[@]}"; do build+=(--bin "$t"); done
 export RUSTC_BOOTSTRAP=1
 echo "fuzz: building ${targets[*]}"
-CARGO_TARGET_DIR=$PWD/target "${build[@]}"
+CARGO_TARGET_DIR=$PWD/target/fuzz-build "${build[@]}"
 
 out=target/fuzz
 mkdir -p "$out"
@@ -65,7 +67,7 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t for ${secs}s"
     status=0
     # New inputs go to the first corpus directory only.
-    "target/debug/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
+    "target/fuzz-build/debug/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1 || status=$?
     runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1 || true)

@@ -4,8 +4,8 @@
 # and kept in target/stage-times.txt.
 #
 #   scripts/test.sh check     the inner loop: formatting, clippy (host and
-#                             wasm), the core's tests (the simulation's fixed
-#                             set and the map among them), the store's unit
+#                             wasm), the core's tests with the map, the
+#                             simulation's fixed set, the store's unit
 #                             tests, its layers, its SQLite and in-memory
 #                             stories; no Envoy, no PostgreSQL
 #   scripts/test.sh lint      formatting, clippy (host and wasm), rustdoc
