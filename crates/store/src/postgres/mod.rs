@@ -43,16 +43,19 @@ macro_rules! key_where {
 mod batch;
 mod claim;
 mod claims;
+mod errors;
 mod generation;
 mod operations;
 mod pool;
 mod rows;
+mod settings;
 mod sweep;
 mod tls;
 
-use pool::{unavailable, Connections, Tx};
-pub use pool::{PgSession, PgTimeouts, Pooler};
+use errors::unavailable;
+use pool::{Connections, Tx};
 use rows::{Param, INFO_COLUMNS};
+pub use settings::{PgSession, PgTimeouts, Pooler};
 
 /// The schema, one file per version, applied in order.
 const MIGRATIONS: &[(i32, &str)] = &[

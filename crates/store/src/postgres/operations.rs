@@ -11,8 +11,9 @@ use idemgate_core::record::{State, Transition};
 use idemgate_core::scope::Scope;
 use idemgate_core::trace::Trace;
 
+use super::errors::unavailable;
 use super::generation::{end_generation, event_of, execute, noted_event, set_unknown};
-use super::pool::{unavailable, Client, On, Stmt, Tx};
+use super::pool::{Client, On, Stmt, Tx};
 use super::rows::{bind_with_columns, Param};
 use super::Postgres;
 use crate::backend::{Actor, EventInfo, Resolution, Result, StoreError};

@@ -270,3 +270,41 @@ pub(super) fn pick(condition: &str, by: &str) -> String {
         LOADED
     ))
 }
+
+/// The types a statement's parameters are sent as when it is not
+/// prepared: the first of these each value can be written as (a Rust
+/// `i64` as `int8`, `&str` as `text`, `Vec<&[u8]>` as `bytea[]`, ...).
+const CANDIDATES: &[Type] = &[
+    Type::INT8,
+    Type::INT4,
+    Type::INT2,
+    Type::BOOL,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::FLOAT8,
+    Type::JSONB,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BYTEA_ARRAY,
+];
+
+/// `params`, each with the type it is sent as (see [`CANDIDATES`]).
+pub(super) fn typed<'p>(params: &[Param<'p>]) -> Result<Vec<(Param<'p>, Type)>> {
+    let mut scratch = bytes::BytesMut::new();
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            CANDIDATES
+                .iter()
+                .find(|ty| {
+                    scratch.clear();
+                    p.to_sql_checked(ty, &mut scratch).is_ok()
+                })
+                .map(|ty| (*p, ty.clone()))
+                .ok_or_else(|| StoreError::Corrupt(format!("parameter ${} has no type to send it as", i + 1)))
+        })
+        .collect()
+}

@@ -9,8 +9,9 @@ use std::sync::LazyLock;
 use futures_util::future::try_join_all;
 use idemgate_core::trace::Trace;
 
+use super::errors::unavailable;
 use super::operations::carry_out;
-use super::pool::{unavailable, On, Tx};
+use super::pool::{On, Tx};
 use super::rows::{pick, Param};
 use super::Postgres;
 use crate::backend::{Result, SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
