@@ -57,19 +57,29 @@ declare -A hostile=(
     [config]="arbitrary plugin configurations"
     [store_request]="arbitrary store requests, 8 endpoints x 4 credentials"
 )
-for t in "${targets[@]}"; do
-    corpus=$out/corpus/$t
-    artifacts=$out/artifacts/$t/
-    # Old artifacts were saved to fuzz/regressions/ already.
-    rm -rf "$artifacts"
-    mkdir -p "$corpus" "$artifacts" "fuzz/regressions/$t"
-    log=$out/$t.log
-    echo "fuzz: $t for ${secs}s"
-    status=0
-    # New inputs go to the first corpus directory only.
-    "target/fuzz-build/debug/$t" "$corpus" "fuzz/seeds/$t" "fuzz/regressions/$t" \
+# Each target runs on one core; as many at once as there are cores, each
+# still for its full time.
+run() { # TARGET
+    local t=$1 status=0
+    "target/fuzz-build/debug/$t" "$out/corpus/$t" "fuzz/seeds/$t" "fuzz/regressions/$t" \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-        -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1 || status=$?
+        -artifact_prefix="$out/artifacts/$t/" -print_final_stats=1 >"$out/$t.log" 2>&1 || status=$?
+    echo "$status" >"$out/$t.status"
+}
+cores=$(nproc)
+for t in "${targets[@]}"; do
+    # Old artifacts were saved to fuzz/regressions/ already.
+    rm -rf "$out/artifacts/$t/" "$out/$t.status"
+    mkdir -p "$out/corpus/$t" "$out/artifacts/$t/" "fuzz/regressions/$t"
+    while (($(jobs -rp | wc -l) >= cores)); do wait -n || true; done
+    echo "fuzz: $t for ${secs}s"
+    run "$t" &
+done
+wait
+for t in "${targets[@]}"; do
+    artifacts=$out/artifacts/$t/
+    log=$out/$t.log
+    status=$(cat "$out/$t.status" 2>/dev/null || echo 1)
     runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1 || true)
     runs=${runs:-0}
     total=$((total + runs))

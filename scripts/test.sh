@@ -9,7 +9,8 @@
 #                             tests, its layers, its SQLite and in-memory
 #                             stories; no Envoy, no PostgreSQL
 #   scripts/test.sh lint      formatting, clippy (host and wasm), rustdoc
-#   scripts/test.sh test      everything CI runs (`make test`)
+#   scripts/test.sh test      everything CI runs (`make test`); what it
+#                             installs, it installs while the builds run
 #
 # The end-to-end suites run one at a time (their timing-sensitive tests, a
 # store restarted or slower than the filter, never share the two cores with
@@ -28,6 +29,8 @@ names=() seconds=() verdicts=() failed=()
 started=$SECONDS
 
 report() {
+    # Never leave an install half done.
+    [[ -z ${setup_pid:-} ]] || wait "$setup_pid" 2>/dev/null || true
     mkdir -p target
     {
         printf '\n%-44s %8s  %s\n' stage seconds verdict
@@ -103,8 +106,32 @@ check() {
         layers:: planner:: stories::sqlite:: stories::sealed_sqlite:: stories::memory::
 }
 
+# The installs are network and disk; the builds are CPU. The toolchain comes
+# first (the builds need it), then the rest installs while the builds run,
+# its output kept until it is waited for.
+setup_alongside() {
+    setup_log=target/setup.log
+    mkdir -p target
+    (
+        t=$SECONDS
+        scripts/setup.sh >"$setup_log" 2>&1
+        status=$?
+        echo "setup: $((SECONDS - t)) s alongside the builds" >>"$setup_log"
+        exit $status
+    ) &
+    setup_pid=$!
+}
+
+setup_waited() {
+    local status=0
+    wait "$setup_pid" || status=$?
+    cat "$setup_log"
+    return $status
+}
+
 test_all() {
-    stage setup scripts/setup.sh
+    stage "setup: toolchain" scripts/setup.sh check
+    setup_alongside
     lint
     stage rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --workspace
     stage wasm scripts/wasm.sh
@@ -113,6 +140,7 @@ test_all() {
     stage "previous release" scripts/previous-release.sh
     stage "wasm (faulty)" scripts/wasm.sh faulty
     stage "store build" cargo build -p idemgate-store
+    stage "setup: the rest (waited for)" setup_waited
     stage "bootstraps" validate_bootstraps
     stage "istio payloads" python3 scripts/validate-istio-payloads.py "$ENVOY"
     stage "plugin configs" "$VENV/bin/python" scripts/validate-plugin-configs.py
