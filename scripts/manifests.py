@@ -1,7 +1,8 @@
 """Reading YAML and writing generated manifests, for the generators in
-scripts/ (monitoring-crds.py, istio-workloads.py): one output file each,
-written or checked against what the generator writes today (--check, as
-scripts/validate-manifests.sh runs it). Only the Python standard library
+scripts/ (monitoring-crds.py: one output file, written or checked against
+what the generator writes today, --check, as scripts/validate-manifests.sh
+runs it; istio-workloads.py reads with it and writes a directory, checked by
+scripts/istio_drift.py). Only the Python standard library
 and PyYAML.
 """
 import os

@@ -3,12 +3,26 @@
 examples/istio/ that depend on it (run by scripts/validate-manifests.sh).
 
     python3 scripts/test-istio-workloads.py [-v]
+    python3 scripts/test-istio-workloads.py --render OUT
+        write the workloads' Component rendered by `kubectl kustomize` over one
+        Deployment per workload of the policies file (what validate-manifests.sh
+        validates)
+
+The tests that render with kubectl, or validate with kubernetes-validate,
+are skipped when the tool is missing (scripts/setup.sh installs both).
 """
+import copy
 import importlib.util
+import io
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import unittest
+from contextlib import redirect_stderr, redirect_stdout
 
 import yaml
 
@@ -19,7 +33,11 @@ gen = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gen)
 
 POLICIES = os.path.join(ROOT, "examples/istio/workloads/policies.yaml")
-GENERATED = os.path.join(ROOT, "examples/istio/workloads/envoyfilters.yaml")
+WORKLOADS = os.path.join(ROOT, "examples/istio/workloads")
+GENERATED = os.path.join(WORKLOADS, "envoyfilters.yaml")
+OVERLAY = os.path.join(ROOT, "examples/kubernetes/overlays/example")
+fleet = gen.fleet
+drift = gen.istio_drift
 
 
 def admitted(regex, version):
@@ -105,7 +123,18 @@ class Generator(unittest.TestCase):
         with open(GENERATED) as f:
             self.assertEqual(gen.generate(POLICIES), f.read(),
                              "run scripts/istio-workloads.py examples/istio/workloads/policies.yaml "
-                             "-o examples/istio/workloads/envoyfilters.yaml")
+                             "-o examples/istio/workloads")
+        for rel, text in gen.outputs(POLICIES).items():
+            with open(os.path.join(WORKLOADS, rel)) as f:
+                self.assertEqual(text, f.read(), f"{rel}: run scripts/istio-workloads.py "
+                                 "examples/istio/workloads/policies.yaml -o examples/istio/workloads")
+
+    def test_help_prints_the_usage(self):
+        r = subprocess.run([sys.executable, os.path.join(HERE, "istio-workloads.py"), "--help"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--check DIR", r.stdout)
+        self.assertIn("--pod-settings", r.stdout)
 
     def test_one_envoyfilter_per_workload_with_its_own_ecds_name(self):
         with open(POLICIES) as f:
@@ -129,7 +158,7 @@ class Generator(unittest.TestCase):
         return gen.check_input({"spec": spec})
 
     def base(self):
-        return {"store": {"cluster": "c", "token_env": "T"},
+        return {"store": {"cluster": "outbound|8787||store.idemgate.svc.cluster.local", "token_env": "T"},
                 "workloads": [{"name": "a", "namespace": "n", "selector": {"app": "a"},
                                "policies": [{"name": "p"}]}]}
 
@@ -236,5 +265,342 @@ class SidecarSettings(unittest.TestCase):
         self.assertIn("finance/ledger: terminationDrainDuration 23s", text)
 
 
+def spec_of(path=POLICIES):
+    with open(path) as f:
+        return gen.check_input(yaml.safe_load(f))
+
+
+def deployments(spec):
+    """One plain Deployment per workload, as a team's own overlay holds them."""
+    out = []
+    for w in spec["workloads"]:
+        out.append({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": fleet.deployment_name(w), "namespace": w["namespace"],
+                         "labels": dict(w["selector"])},
+            "spec": {
+                "selector": {"matchLabels": dict(w["selector"])},
+                "template": {
+                    "metadata": {"labels": dict(w["selector"])},
+                    "spec": {"containers": [{
+                        "name": "app",
+                        "image": "registry.example.com/app@sha256:" + "0" * 64,
+                        "ports": [{"containerPort": w.get("grpc_port", 8080)}],
+                    }]},
+                },
+            },
+        })
+    return out
+
+
+def kustomize(directory):
+    return subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def render_fleet(component=WORKLOADS, spec=None):
+    """The workloads' Component over their Deployments, as `kubectl kustomize` renders it."""
+    spec = spec or spec_of()
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "deployments.yaml"), "w") as f:
+            yaml.safe_dump_all(deployments(spec), f, sort_keys=False)
+        with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                            "resources": ["deployments.yaml"],
+                            "components": [os.path.relpath(component, tmp)]}, f)
+        return kustomize(tmp)
+
+
+def needs(tool):
+    return unittest.skipUnless(shutil.which(tool), f"{tool} is not installed (scripts/setup.sh)")
+
+
+def path_matches(pattern, path):
+    """Istio's AuthorizationPolicy path match: exact, `prefix*`, `*suffix` or `*`."""
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return path.startswith(pattern[:-1])
+    if pattern.startswith("*"):
+        return path.endswith(pattern[1:])
+    return path == pattern
+
+
+def allowed(policy, namespace, method, path, principal=None):
+    """Istio's ALLOW semantics, for the fields the generated policy uses: a
+    request passes when one rule's every `from` and `to` matches."""
+    for rule in policy["spec"]["rules"]:
+        sources = [f["source"] for f in rule.get("from", [])]
+        operations = [t["operation"] for t in rule.get("to", [])]
+        source_ok = not sources or any(
+            (not s.get("namespaces") or namespace in s["namespaces"]) and
+            (not s.get("principals") or principal in s["principals"]) for s in sources)
+        op_ok = not operations or any(
+            (not o.get("methods") or method in o["methods"]) and
+            (not o.get("paths") or any(path_matches(p, path) for p in o["paths"])) for o in operations)
+        if source_ok and op_ok:
+            return True
+    return False
+
+
+class Fleet(unittest.TestCase):
+    """What the generator writes besides the EnvoyFilters."""
+
+    def setUp(self):
+        self.spec = spec_of()
+        self.o = gen.objects(self.spec)
+
+    def test_grpc_workloads_get_the_replay_route_and_the_store_http2(self):
+        grpc = [w for w in self.spec["workloads"] if fleet.grpc_policies(w)]
+        self.assertEqual([(w["namespace"], w["name"]) for w in grpc], [("ledger", "ledger")])
+        self.assertEqual(len(self.o["replay"]), 1)
+        replay = self.o["replay"][0]
+        self.assertEqual(replay["metadata"]["namespace"], "ledger")
+        self.assertEqual(replay["spec"]["workloadSelector"]["labels"], {"app": "ledger"})
+        patch = replay["spec"]["configPatches"][0]
+        self.assertEqual(patch["match"]["proxy"]["proxyVersion"], gen.proxy_version_regex())
+        self.assertEqual(patch["match"]["routeConfiguration"]["portNumber"], 50051)
+        route = patch["patch"]["value"]
+        self.assertEqual(route["match"]["path"], "/idemgate.v1.Store/Replay")
+        self.assertEqual(route["match"]["headers"], [{"name": "x-idemgate-replay", "present_match": True}])
+        self.assertEqual(route["route"]["cluster"], self.spec["store"]["cluster"])
+        # The same route as the hand-written examples/istio/grpc-replay.yaml.
+        with open(os.path.join(ROOT, "examples/istio/grpc-replay.yaml")) as f:
+            hand = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "EnvoyFilter")
+        self.assertEqual(hand["spec"]["configPatches"][0]["patch"], patch["patch"])
+        self.assertEqual(hand["spec"]["configPatches"][0]["match"], patch["match"])
+        rule = next(d for d in self.o["store"] if d["kind"] == "DestinationRule")
+        self.assertEqual(rule["spec"]["host"], "idempotency-store.idemgate.svc.cluster.local")
+        self.assertEqual(rule["spec"]["trafficPolicy"]["connectionPool"]["http"]["h2UpgradePolicy"], "UPGRADE")
+        self.assertEqual(rule["spec"]["trafficPolicy"]["tls"], {"mode": "ISTIO_MUTUAL"})
+
+    def test_without_grpc_policies_neither_route_nor_http2(self):
+        spec = copy.deepcopy(self.spec)
+        spec["workloads"] = [w for w in spec["workloads"] if not fleet.grpc_policies(w)]
+        o = gen.objects(spec)
+        self.assertEqual(o["replay"], [])
+        rule = next(d for d in o["store"] if d["kind"] == "DestinationRule")
+        self.assertNotIn("connectionPool", rule["spec"]["trafficPolicy"])
+
+    def test_a_grpc_policy_needs_its_port(self):
+        spec = copy.deepcopy(self.spec)
+        del next(w for w in spec["workloads"] if fleet.grpc_policies(w))["grpc_port"]
+        with self.assertRaises(SystemExit):
+            gen.check_input({"spec": spec})
+
+    def test_each_namespace_may_call_exactly_the_paths_it_needs(self):
+        policy = next(d for d in self.o["store"] if d["kind"] == "AuthorizationPolicy")
+        self.assertEqual((policy["metadata"]["namespace"], policy["metadata"]["name"]),
+                         ("idemgate", "idempotency-store"))
+        grpc = {w["namespace"] for w in self.spec["workloads"] if fleet.grpc_policies(w)}
+        for ns in {w["namespace"] for w in self.spec["workloads"]}:
+            for path in fleet.STORE_API_PATHS:
+                self.assertTrue(allowed(policy, ns, "POST", path), f"{ns} POST {path}")
+                self.assertFalse(allowed(policy, ns, "GET", path), f"{ns} GET {path}")
+            self.assertEqual(allowed(policy, ns, "POST", fleet.REPLAY_PATH), ns in grpc, f"{ns} replay")
+            for path in ("/admin/v1/unknown", "/admin/console", "/v1/anything", "/openapi.json"):
+                self.assertFalse(allowed(policy, ns, "POST", path), f"{ns} {path}")
+        # The gRPC replay from the ledger's namespace: denied by the shipped
+        # single-workload policy (shop only), admitted by the generated one.
+        self.assertTrue(allowed(policy, "ledger", "POST", "/idemgate.v1.Store/Replay"))
+        self.assertFalse(allowed(policy, "shop", "POST", "/idemgate.v1.Store/Replay"))
+        self.assertFalse(allowed(policy, "elsewhere", "POST", "/v1/claim"))
+        operator = "cluster.local/ns/ops/sa/idempotency-operator"
+        self.assertTrue(allowed(policy, "ops", "GET", "/admin/console", operator))
+        self.assertFalse(allowed(policy, "ops", "POST", "/v1/claim", operator))
+        self.assertTrue(allowed(policy, "monitoring", "GET", "/readyz"))
+
+    def test_the_network_policy_and_pod_monitor_list_the_workloads_namespaces(self):
+        namespaces = sorted({w["namespace"] for w in self.spec["workloads"]})
+        (_, np_ops, _), (_, pm_ops, _) = self.o["json_patches"]
+        self.assertEqual(np_ops[1]["value"][0]["namespaceSelector"]["matchExpressions"][0]["values"], namespaces)
+        self.assertEqual(pm_ops[0]["value"], namespaces)
+
+    def test_every_namespace_gets_the_token(self):
+        secrets = [d for d in self.o["store"] if d["kind"] == "ExternalSecret"]
+        self.assertEqual(sorted(d["metadata"]["namespace"] for d in secrets),
+                         sorted({w["namespace"] for w in self.spec["workloads"]}))
+        for d in secrets:
+            self.assertEqual(d["spec"]["data"][0]["remoteRef"], {"key": "idemgate/store", "property": "api-token"})
+
+    def test_the_rollout_check_runs_the_script_and_fails_its_job(self):
+        with open(os.path.join(ROOT, "scripts/rollout-check.py")) as f:
+            script = f.read()
+        configmaps = [d for d in self.o["rollout"] if d["kind"] == "ConfigMap"]
+        self.assertEqual([d["data"]["rollout-check.py"] for d in configmaps], [script])
+        job = next(d for d in self.o["rollout"] if d["kind"] == "CronJob")
+        self.assertEqual(job["metadata"]["namespace"], "shop")
+        spec = job["spec"]["jobTemplate"]["spec"]
+        self.assertEqual(spec["backoffLimit"], 0)
+        pod = spec["template"]
+        self.assertEqual(pod["metadata"]["annotations"]["sidecar.istio.io/nativeSidecar"], "true")
+        self.assertEqual(pod["spec"]["restartPolicy"], "Never")
+        args = pod["spec"]["containers"][0]["args"]
+        self.assertEqual(args[:2], ["/opt/rollout-check/rollout-check.py",
+                                    "http://payments.shop.svc.cluster.local:8080/v1/payments"])
+        self.assertIn("authorization: Bearer $(ROLLOUT_CHECK_TOKEN)", args)
+
+    def test_a_failing_route_makes_the_check_exit_non_zero(self):
+        """The CronJob's verdict is the script's exit code: against a route
+        without the filter (a plain server), it exits 1."""
+        import http.server
+        import threading
+
+        class Plain(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(201)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts/rollout-check.py"),
+                                f"http://127.0.0.1:{server.server_port}/v1/payments", "--timeout", "5"],
+                               capture_output=True, text=True, timeout=60)
+        finally:
+            server.shutdown()
+            server.server_close()
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("NOT enforced", r.stdout)
+
+    def test_the_coverage_alerts_name_every_policy_as_the_sidecar_labels_it(self):
+        self.assertEqual(fleet.relabeled_policy("payments.create"), "payments.create")
+        self.assertEqual(fleet.relabeled_policy("fail-open"), "fail.open")
+        self.assertEqual(fleet.relabeled_policy("payment_intents.create"), "payment.intents.create")
+        rules = fleet.coverage_rules(self.spec)[0]["rules"]
+        pods = [r for r in rules if r["alert"] == "IdemgateWorkloadPodsUnprotected"]
+        absent = [r for r in rules if r["alert"] == "IdemgatePolicyNotReported"]
+        self.assertEqual(len(pods), len(self.spec["workloads"]))
+        self.assertEqual(len(absent), sum(len(w["policies"]) for w in self.spec["workloads"]))
+        ledger = next(r for r in pods if r["labels"]["workload"] == "finance/ledger")
+        self.assertIn('label_app="ledger", label_tier="api"', ledger["expr"])
+        self.assertIn('policy=~"ledger\\\\.transfers\\\\.create"', ledger["expr"])
+
+
+@needs("kubectl")
+class Rendered(unittest.TestCase):
+    """The Components as `kubectl kustomize` renders them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.spec = spec_of()
+        cls.fleet = [d for d in yaml.safe_load_all(render_fleet()) if d]
+        cls.store = [d for d in yaml.safe_load_all(kustomize(OVERLAY)) if d]
+
+    def test_every_deployment_carries_its_drain_grace_and_token(self):
+        by_name = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
+                   for d in self.fleet if d["kind"] == "Deployment"}
+        for w in self.spec["workloads"]:
+            want = gen.sidecar_settings(self.spec["store"], w["policies"])
+            pod = by_name[(w["namespace"], fleet.deployment_name(w))]["spec"]["template"]
+            config = yaml.safe_load(pod["metadata"]["annotations"]["proxy.istio.io/config"])
+            self.assertEqual(config["terminationDrainDuration"], want["terminationDrainDuration"])
+            self.assertEqual(config["proxyMetadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"], "false")
+            self.assertEqual(pod["spec"]["terminationGracePeriodSeconds"], want["terminationGracePeriodSeconds"])
+            containers = {c["name"]: c for c in pod["spec"]["containers"]}
+            self.assertEqual(set(containers), {"app", "istio-proxy"})
+            self.assertEqual(containers["istio-proxy"]["env"], [{
+                "name": "IDEMGATE_STORE_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "idemgate-store-token", "key": "api-token"}}}])
+
+    def test_the_store_overlay_admits_exactly_the_workloads_namespaces(self):
+        namespaces = sorted({w["namespace"] for w in self.spec["workloads"]})
+        policy = next(d for d in self.store if d["kind"] == "NetworkPolicy")
+        api = policy["spec"]["ingress"][0]
+        self.assertEqual(api["ports"], [{"protocol": "TCP", "port": 8787}])
+        self.assertEqual(api["from"], [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}}])
+        monitor = next(d for d in self.store if d["kind"] == "PodMonitor")
+        self.assertEqual(monitor["spec"]["namespaceSelector"]["matchNames"], namespaces)
+
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, ".tools/venv/bin/kubernetes-validate")),
+                         "kubernetes-validate is not installed (scripts/setup.sh)")
+    def test_the_rendered_fleet_is_valid_kubernetes(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump_all(self.fleet, f)
+            f.flush()
+            r = subprocess.run([os.path.join(ROOT, ".tools/venv/bin/kubernetes-validate"), "--strict",
+                                "--quiet", "--no-warn", "-k", "1.33.0", f.name], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def applied(self, tmp, fleet_docs=None, store_docs=None):
+        with open(os.path.join(tmp, "fleet.yaml"), "w") as f:
+            yaml.safe_dump_all(self.fleet if fleet_docs is None else fleet_docs, f)
+        # As `kubectl get -o yaml` exports the store's side: a List, with
+        # fields the API server adds.
+        items = copy.deepcopy(self.store if store_docs is None else store_docs)
+        for d in items:
+            d["metadata"].update({"uid": "x", "resourceVersion": "1", "generation": 1})
+            d["status"] = {}
+        with open(os.path.join(tmp, "store.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}, f)
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = gen.main([POLICIES, "--check", tmp])
+        return code, err.getvalue()
+
+    def test_check_finds_no_drift_in_what_was_applied(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, err = self.applied(tmp)
+        self.assertEqual(code, 0, err)
+
+    def test_check_prints_each_drift_in_what_was_applied(self):
+        fleet_docs = copy.deepcopy(self.fleet)
+        payments = next(d for d in fleet_docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "payments")
+        payments["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"] = \
+            "terminationDrainDuration: 5s\n"
+        fleet_docs = [d for d in fleet_docs if not (d["kind"] == "EnvoyFilter" and
+                                                    d["metadata"]["name"] == "idemgate-orders")]
+        stale = copy.deepcopy(next(d for d in fleet_docs if d["kind"] == "EnvoyFilter"))
+        stale["metadata"]["name"] = "idemgate-retired"
+        fleet_docs.append(stale)
+        store_docs = copy.deepcopy(self.store)
+        monitor = next(d for d in store_docs if d["kind"] == "PodMonitor")
+        monitor["spec"]["namespaceSelector"]["matchNames"] = ["shop"]
+        with tempfile.TemporaryDirectory() as tmp:
+            code, err = self.applied(tmp, fleet_docs, store_docs)
+        self.assertEqual(code, 1)
+        self.assertIn("Deployment.apps shop/payments differs", err)
+        self.assertIn("-          terminationDrainDuration: 5s\n+          terminationDrainDuration: 33s", err)
+        self.assertIn("missing EnvoyFilter.networking.istio.io shop/idemgate-orders", err)
+        self.assertIn("idemgate-retired is labelled as generated but no longer generated", err)
+        self.assertIn("PodMonitor.monitoring.coreos.com idemgate/idemgate-sidecars /spec/namespaceSelector/matchNames", err)
+        self.assertIn("+- ledger", err)
+
+
+class OutputDirectory(unittest.TestCase):
+    def test_check_on_the_output_directory_prints_a_changed_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            copy_dir = os.path.join(tmp, "workloads")
+            shutil.copytree(WORKLOADS, copy_dir)
+            path = os.path.join(copy_dir, "store/podmonitor-patch.yaml")
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace("  - ledger\n", ""))
+            with open(os.path.join(copy_dir, "patches/shop.retired.yaml"), "w") as f:
+                f.write(drift.MARK + " from x: do not edit.\n")
+            out, err = io.StringIO(), io.StringIO()
+            with redirect_stdout(out), redirect_stderr(err):
+                code = gen.main([POLICIES, "--check", copy_dir])
+            self.assertEqual(code, 1)
+            self.assertIn("store/podmonitor-patch.yaml differs", err.getvalue())
+            self.assertIn("+  - ledger", err.getvalue())
+            self.assertIn("patches/shop.retired.yaml: generated once, no longer written", err.getvalue())
+            with redirect_stdout(out):
+                self.assertEqual(gen.main([POLICIES, "-o", copy_dir]), 0)
+                self.assertEqual(gen.main([POLICIES, "--check", copy_dir]), 0)
+            self.assertFalse(os.path.exists(os.path.join(copy_dir, "patches/shop.retired.yaml")))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--render"]:
+        with open(sys.argv[2], "w") as out:
+            out.write(render_fleet())
+        sys.exit(0)
     unittest.main()

@@ -13,8 +13,14 @@
 #     tests/schemas/package-lock.json: tests/schemas/validate.mjs;
 #   - generated files are what their generators write today:
 #     scripts/monitoring-crds.py (PrometheusRule from examples/monitoring/alerts.yaml)
-#     and scripts/istio-workloads.py (one EnvoyFilter per workload), whose unit
-#     tests (the proxyVersion regex) run here too;
+#     and scripts/istio-workloads.py (the fleet of examples/istio/workloads:
+#     EnvoyFilters, replay routes, Deployment patches, rollout checks, the
+#     store's side), whose unit tests run here too (the proxyVersion regex,
+#     the AuthorizationPolicy's paths, drift against applied manifests);
+#   - the workloads' Component rendered by `kubectl kustomize` over one
+#     Deployment per workload (kubernetes-validate strict, the CRD schemas);
+#   - the alert rules: `promtool check rules` and `promtool test rules` for
+#     examples/monitoring and the generated coverage alerts;
 #   - the rendered overlay: every image by digest, every object with the
 #     recommended labels (app.kubernetes.io/name, instance, component, part-of,
 #     version, managed-by), the serving pods started with --no-migrate and the
@@ -41,22 +47,31 @@ for pkg in @kubernetes-models/istio @kubernetes-models/prometheus-operator @kube
     fi
 done
 
-k8s=(examples/kubernetes/*.yaml examples/istio/*.yaml examples/istio/workloads/envoyfilters.yaml)
+workloads=(examples/istio/workloads/envoyfilters.yaml examples/istio/workloads/grpc-replay.yaml
+           examples/istio/workloads/rollout-check.yaml examples/istio/workloads/store/{authorizationpolicy,destinationrule,externalsecrets,prometheusrule}.yaml)
+k8s=(examples/kubernetes/*.yaml examples/istio/*.yaml "${workloads[@]}")
 "$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "${k8s[@]}"
 echo "validate-manifests: ${#k8s[@]} files valid against Kubernetes $K8S_VERSION (strict; custom resources below)"
 
 python3 scripts/monitoring-crds.py --check
-python3 scripts/istio-workloads.py examples/istio/workloads/policies.yaml \
-    --check examples/istio/workloads/envoyfilters.yaml
+python3 scripts/istio-workloads.py examples/istio/workloads/policies.yaml --check examples/istio/workloads
 python3 scripts/test-istio-workloads.py
 
 rendered=$(mktemp)
-trap 'rm -f "$rendered"' EXIT
+fleet=$(mktemp)
+trap 'rm -f "$rendered" "$fleet"' EXIT
+python3 scripts/test-istio-workloads.py --render "$fleet"
+"$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$fleet"
+echo "validate-manifests: examples/istio/workloads over its Deployments renders $(grep -c '^kind:' "$fleet") objects, Kubernetes kinds valid (strict)"
+
+promtool check rules examples/monitoring/alerts.yaml examples/istio/workloads/coverage.rules.yaml
+(cd examples/monitoring && promtool test rules alerts.test.yaml)
+(cd examples/istio/workloads && promtool test rules coverage.test.yaml)
 kubectl kustomize "$OVERLAY" >"$rendered"
 "$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$rendered"
 echo "validate-manifests: $OVERLAY renders $(grep -c '^kind:' "$rendered") objects, Kubernetes kinds valid (strict)"
 
-node tests/schemas/validate.mjs "$rendered" examples/istio/*.yaml examples/istio/workloads/envoyfilters.yaml \
+node tests/schemas/validate.mjs "$rendered" "$fleet" examples/istio/*.yaml "${workloads[@]}" \
     examples/docker-compose.yaml
 
 python3 - "$rendered" <<'EOF'
@@ -104,7 +119,7 @@ for d in docs:
         problems.append(f"{what}: pod template without app.kubernetes.io/{{{','.join(missing)}}}")
 kinds = {d["kind"] for d in docs}
 for kind in ("Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-             "ServiceMonitor", "PrometheusRule", "ExternalSecret"):
+             "ServiceMonitor", "PrometheusRule", "ExternalSecret", "AuthorizationPolicy", "DestinationRule"):
     if kind not in kinds:
         problems.append(f"the overlay renders no {kind}")
 for p in problems:
