@@ -24,7 +24,9 @@
 #   - the rendered overlay: every image by digest, every object with the
 #     recommended labels (app.kubernetes.io/name, instance, component, part-of,
 #     version, managed-by), the serving pods started with --no-migrate and the
-#     migrate Job running `migrate`.
+#     migrate Job running `migrate`, with a database Secret (role) of its own,
+#     as an Argo CD PreSync and Helm pre-install/pre-upgrade hook; and the
+#     maintenance-window overlay's hooks stopping the store before it.
 # The Envoy payloads inside the Istio resources are checked by
 # scripts/validate-istio-payloads.py with `envoy --mode validate`, the filter
 # configurations by scripts/validate-plugin-configs.py.
@@ -34,6 +36,7 @@ cd "$(dirname "$0")/.."
 VENV=${IDEMGATE_VENV:-.tools/venv}
 K8S_VERSION=${K8S_VERSION:-1.33.0}
 OVERLAY=${OVERLAY:-examples/kubernetes/overlays/example}
+WINDOW_OVERLAY=${WINDOW_OVERLAY:-examples/kubernetes/overlays/maintenance-window}
 start=$(date +%s%N)
 shopt -s nullglob
 
@@ -58,8 +61,9 @@ python3 scripts/istio-workloads.py examples/istio/workloads/policies.yaml --chec
 python3 scripts/test-istio-workloads.py
 
 rendered=$(mktemp)
+window=$(mktemp)
 fleet=$(mktemp)
-trap 'rm -f "$rendered" "$fleet"' EXIT
+trap 'rm -f "$rendered" "$window" "$fleet"' EXIT
 python3 scripts/test-istio-workloads.py --render "$fleet"
 "$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$fleet"
 echo "validate-manifests: examples/istio/workloads over its Deployments renders $(grep -c '^kind:' "$fleet") objects, Kubernetes kinds valid (strict)"
@@ -68,13 +72,15 @@ promtool check rules examples/monitoring/alerts.yaml examples/istio/workloads/co
 (cd examples/monitoring && promtool test rules alerts.test.yaml)
 (cd examples/istio/workloads && promtool test rules coverage.test.yaml)
 kubectl kustomize "$OVERLAY" >"$rendered"
-"$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$rendered"
-echo "validate-manifests: $OVERLAY renders $(grep -c '^kind:' "$rendered") objects, Kubernetes kinds valid (strict)"
+kubectl kustomize "$WINDOW_OVERLAY" >"$window"
+"$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$rendered" "$window"
+echo "validate-manifests: $OVERLAY renders $(grep -c '^kind:' "$rendered") objects, $WINDOW_OVERLAY $(grep -c '^kind:' "$window"), Kubernetes kinds valid (strict)"
 
-node tests/schemas/validate.mjs "$rendered" "$fleet" examples/istio/*.yaml "${workloads[@]}" \
+node tests/schemas/validate.mjs "$rendered" "$window" "$fleet" examples/istio/*.yaml "${workloads[@]}" \
     examples/docker-compose.yaml
 
-python3 - "$rendered" <<'EOF'
+for overlay in "$rendered" "$window"; do
+python3 - "$overlay" <<'EOF'
 """What the rendered overlay promises beyond its schemas."""
 import re
 import sys
@@ -122,10 +128,56 @@ for kind in ("Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudg
              "ServiceMonitor", "PrometheusRule", "ExternalSecret", "AuthorizationPolicy", "DestinationRule"):
     if kind not in kinds:
         problems.append(f"the overlay renders no {kind}")
+
+
+def database_secret(pod):
+    """The Secret a pod reads its database URL from."""
+    for v in pod["spec"].get("volumes", []):
+        if any(i["key"] == "database-url" for i in (v.get("secret") or {}).get("items", [])):
+            return v["secret"]["secretName"]
+    return None
+
+
+def hooks(d):
+    a = d["metadata"].get("annotations") or {}
+    return (a.get("argocd.argoproj.io/hook"), a.get("argocd.argoproj.io/hook-delete-policy"),
+            int(a.get("argocd.argoproj.io/sync-wave", "0")), set((a.get("helm.sh/hook") or "").split(",")),
+            a.get("helm.sh/hook-delete-policy"), int(a.get("helm.sh/hook-weight", "0")))
+
+
+# Two database roles: the migrate Job's Secret is not the serving pods'.
+serving = {database_secret(d["spec"]["template"]) for d in docs if d["kind"] == "Deployment"}
+migrate = [d for d in docs if d["kind"] == "Job" and d["metadata"]["labels"].get("app.kubernetes.io/component") == "migrate"]
+for job in migrate:
+    secret = database_secret(job["spec"]["template"])
+    if secret is None or secret in serving:
+        problems.append(f"the migrate Job reads its database URL from {secret}, as the serving pods "
+                        f"({sorted(serving)}): give it the owner role's Secret")
+    argo, argo_delete, wave, helm, helm_delete, weight = hooks(job)
+    if argo != "PreSync" or not argo_delete or not {"pre-install", "pre-upgrade"} <= helm or not helm_delete:
+        problems.append("the migrate Job must be an Argo CD PreSync hook and a Helm pre-install,pre-upgrade hook, "
+                        "each with a delete policy")
+    # Every other hook (components/maintenance-window) comes before it in both orders.
+    for d in docs:
+        if d is job or not (d["metadata"].get("annotations") or {}).get("argocd.argoproj.io/hook"):
+            continue
+        _, _, w, h, _, hw = hooks(d)
+        if not (w < wave and hw < weight and {"pre-install", "pre-upgrade"} <= h):
+            problems.append(f"{d['kind']}/{d['metadata']['name']}: a hook that does not run before the migrate Job "
+                            f"(sync-wave {w} vs {wave}, hook-weight {hw} vs {weight})")
+        if d["kind"] == "Job":
+            server = next(x for x in docs if x["kind"] == "Deployment" and x["metadata"]["name"] == "idempotency-store")
+            if not server["spec"].get("replicas"):
+                problems.append("a hook stops the store, but the serving Deployment has no replicas to come back "
+                                "with (the HorizontalPodAutoscaler does not scale a target at 0)")
+if not migrate:
+    problems.append("the overlay renders no migrate Job")
 for p in problems:
-    print(f"validate-manifests: FAIL {p}", file=sys.stderr)
+    print(f"validate-manifests: FAIL {sys.argv[1]}: {p}", file=sys.stderr)
 if problems:
     sys.exit(1)
-print(f"validate-manifests: {len(docs)} rendered objects labelled, images by digest, migrations in the Job")
+print(f"validate-manifests: {len(docs)} rendered objects labelled, images by digest, migrations in the Job "
+      "(its own database role, ordered by Argo CD and Helm hooks)")
 EOF
+done
 echo "validate-manifests: ok in $((($(date +%s%N) - start) / 1000000)) ms"
