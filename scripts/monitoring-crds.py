@@ -7,7 +7,8 @@
 The rules of examples/monitoring/alerts.yaml (the ones `promtool test rules`
 and tests/tests/prometheus.rs exercise) become a PrometheusRule, unchanged; a
 ServiceMonitor scrapes the store's replicas and a PodMonitor the sidecars
-that run the filter, with the metric_relabel_configs of the `envoy` job of
+that run the filter (istio-agent's :15020, keeping idemgate's and the Wasm
+series only), with the metric_relabel_configs of the `envoy` job of
 examples/monitoring/prometheus.yml (the relabeling that rebuilds the filter's
 labelled series from Envoy's flat stat names, which tests/tests/prometheus.rs
 runs) as its metricRelabelings. The output is generated: edit alerts.yaml,
@@ -55,17 +56,35 @@ HEADER = f"""\
 # store's own /metrics included, outside mTLS). Without Istio, scrape port
 # `http` on path /metrics instead.
 # The filter's series (idemgate_requests_total, idemgate_records_total) come from the
-# sidecars of the protected workloads (namespace shop here), on Istio's
-# `http-envoy-prom` port (:15090/stats/prometheus). Istio no longer applies
+# sidecars of the protected workloads: the PodMonitor scrapes istio-agent's
+# merged endpoint (:15020/stats/prometheus: Envoy's stats and the agent's own,
+# whose istio_agent_wasm_* count the module's fetches; the pod declares only
+# Envoy's :15090, `http-envoy-prom`, so the target is that port moved to
+# 15020) in the workloads' namespaces (`shop` here; the example overlay sets
+# them from examples/istio/workloads/policies.yaml), and keeps idemgate's and
+# the Wasm series only (idemgate_*, envoy_wasm_*, istio_agent_wasm_*): not every
+# sidecar metric a second time. Its job label is `idemgate/idemgate-sidecars`
+# (the Operator's `<namespace>/<name>`), the ServiceMonitor's
+# `idempotency-store` (its Service's name): the jobs IdemgateTargetDown
+# watches. Istio no longer applies
 # BOOTSTRAP patches, so a sidecar exposes the filter's counters under flat
 # names (idemgate_requests_total_outcome_owned_policy_payments_create). The
-# PodMonitor's metricRelabelings rebuild the outcome, reason and policy
-# labels from them, and leave series that already have labels alone: the
-# `envoy` job's metric_relabel_configs of
+# PodMonitor's metricRelabelings (after the keep) rebuild the outcome,
+# reason and policy labels from them, and leave series that already have
+# labels alone: the `envoy` job's metric_relabel_configs of
 # {SCRAPE}.
 # A policy's name reads with `.` for its punctuation there:
 # examples/monitoring/README.md, "Two ways to label the filter's counters".
 """
+
+# The PodMonitor's first metric relabeling: the filter's series (flat or
+# labelled), Envoy's Wasm runtime and remote-load stats, istio-agent's
+# module fetches; every other sidecar metric is dropped at the scrape.
+KEEP = {
+    "sourceLabels": ["__name__"],
+    "regex": "idemgate_.+|envoy_wasm_.+|istio_agent_wasm_.+",
+    "action": "keep",
+}
 
 # prometheus.yml's relabel fields, as the Prometheus Operator spells them.
 RELABEL_FIELDS = {
@@ -124,7 +143,15 @@ def documents():
                 "port": "http-envoy-prom",
                 "path": "/stats/prometheus",
                 "interval": "15s",
-                "metricRelabelings": metric_relabelings(),
+                # istio-agent's merged endpoint on the pod's IP, not Envoy's
+                # own: the agent's counters of the module's fetches are there.
+                "relabelings": [{
+                    "sourceLabels": ["__address__"],
+                    "regex": "(.+):15090",
+                    "targetLabel": "__address__",
+                    "replacement": "${1}:15020",
+                }],
+                "metricRelabelings": [KEEP] + metric_relabelings(),
             }],
         },
     }

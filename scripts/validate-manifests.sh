@@ -20,7 +20,9 @@
 #   - the workloads' Component rendered by `kubectl kustomize` over one
 #     Deployment per workload (kubernetes-validate strict, the CRD schemas);
 #   - the alert rules: `promtool check rules` and `promtool test rules` for
-#     examples/monitoring and the generated coverage alerts;
+#     examples/monitoring and the generated coverage alerts, and the
+#     PodMonitor's relabeling and job name run by a real Prometheus
+#     (scripts/test-monitoring-operator.py);
 #   - the rendered overlay: every image by digest, every object with the
 #     recommended labels (app.kubernetes.io/name, instance, component, part-of,
 #     version, managed-by), the serving pods started with --no-migrate and the
@@ -71,6 +73,7 @@ echo "validate-manifests: examples/istio/workloads over its Deployments renders 
 promtool check rules examples/monitoring/alerts.yaml examples/istio/workloads/coverage.rules.yaml
 (cd examples/monitoring && promtool test rules alerts.test.yaml)
 (cd examples/istio/workloads && promtool test rules coverage.test.yaml)
+python3 scripts/test-monitoring-operator.py
 kubectl kustomize "$OVERLAY" >"$rendered"
 kubectl kustomize "$WINDOW_OVERLAY" >"$window"
 "$VENV/bin/kubernetes-validate" --strict --quiet --no-warn -k "$K8S_VERSION" "$rendered" "$window"
