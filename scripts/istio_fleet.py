@@ -492,7 +492,7 @@ def coverage_rules(spec, literal=str):
                     "Istio minor is not admitted by the EnvoyFilter's proxyVersion (an Istio upgrade or a "
                     "canary revision), the pod has no sidecar, or the module did not load. Check with "
                     "istioctl proxy-config listener <pod> -o json | grep envoyfilter."),
-                "runbook_url": "https://idemgate.dev/docs/rollout#a-workload-without-the-filter",
+                "runbook_url": "https://idemgate.dev/docs/rollout#7-a-workload-without-the-filter",
             },
         })
         for name in names:
@@ -510,7 +510,7 @@ def coverage_rules(spec, literal=str):
                         f"although workload {wl} of the policies file names it: either none of its "
                         "sidecars runs the filter (Istio minor not admitted, EnvoyFilter missing, module "
                         "not loaded) or the sidecars are not scraped (the PodMonitor's namespaces)."),
-                    "runbook_url": "https://idemgate.dev/docs/rollout#a-workload-without-the-filter",
+                    "runbook_url": "https://idemgate.dev/docs/rollout#7-a-workload-without-the-filter",
                 },
             })
     return [{"name": "idemgate-coverage", "rules": rules}]
