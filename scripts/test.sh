@@ -102,8 +102,8 @@ check() {
     stage "core: unit, map" cargo test -p idemgate-core
     stage "simulation: the fixed set" cargo test -p idemgate-simulation
     stage "store: unit" cargo test -p idemgate-store --lib --bins
-    stage "store: layers, planner, SQLite and memory stories" cargo test -p idemgate-store --test tests -- \
-        layers:: planner:: stories::sqlite:: stories::sealed_sqlite:: stories::memory::
+    stage "store: layers, query plans, SQLite and memory stories" cargo test -p idemgate-store --test tests -- \
+        layers:: query_plans:: stories::sqlite:: stories::sealed_sqlite:: stories::memory::
 }
 
 # The installs are network and disk; the builds are CPU. The toolchain comes

@@ -1,6 +1,6 @@
 //! The database under the store: the in-memory backend
 //! ([`idemgate_store::memory::Memory`]), which carries out the store's
-//! plans, seen through a tap of the world's. The tap decides nothing: it
+//! effects, seen through a tap of the world's. The tap decides nothing: it
 //! makes some calls slow (a database that takes longer than the filter
 //! waits) and notes every claim the store looked at without writing and
 //! found it would write ([`Backend::peek`], which the store asks only about

@@ -1,6 +1,6 @@
 //! The world's far side: the store's own HTTP app ([`idemgate_store::app`]:
 //! authentication, the protocol's frames, batches, problem documents, the
-//! service's waits, the budget of new keys, its plans) over the database
+//! service's waits, the budget of new keys, its effects) over the database
 //! ([`crate::database`]), called in-process, with its clock moved by hand.
 //!
 //! Every call is a future the world keeps and polls itself, on a

@@ -6,7 +6,7 @@
 //! restarts, a database that is slow, and a store clock that steps back.
 //! Both ends are the real code, as in quinn-proto's `Pair`: the exchanges
 //! and the worker's store client of `idemgate-core`, and the store's
-//! routes, service (waits, the budget of new keys, late claims), plans and
+//! routes, service (waits, the budget of new keys, late claims), effects and
 //! events of `idemgate-store`. Only Envoy's part (what `src/driver.rs` and
 //! `src/worker.rs` do with the core's steps) is written again here.
 //!

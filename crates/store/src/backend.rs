@@ -245,7 +245,7 @@ pub trait Backend: Send + Sync {
     /// Every generation and event of records with this tenant and key.
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory>;
     async fn list(&self, which: Listing, now: i64, limit: u32) -> Result<Vec<RecordInfo>>;
-    /// Carries out an operator's decision ([`plan::resolve`](crate::plan::resolve)):
+    /// Carries out an operator's decision ([`effects::resolve`](crate::effects::resolve)):
     /// `false` when there is no record it applies to (an open one to
     /// complete or release, any current one to purge). `reason`, the
     /// operator's why, and `how.by`, who decided, are kept in the event.

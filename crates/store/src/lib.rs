@@ -9,7 +9,7 @@
 //! statement must pick rows in SQL instead (PostgreSQL's one-statement
 //! completion, guards, the sweeper), it writes the conditions [`conditions`]
 //! builds from those same rules, and rows map to values through one
-//! [`columns`] mapping, so the SQLite and PostgreSQL backends cannot disagree.
+//! [`row_mapping`], so the SQLite and PostgreSQL backends cannot disagree.
 //! Expiry, archiving and purging are a batched background job ([`sweeper`]),
 //! never a scan on the request path.
 //!
@@ -41,16 +41,18 @@ pub mod calls;
 pub mod cli;
 // The store's clock: the database server's on PostgreSQL, a manual one in tests.
 pub mod clock;
-// The tables' columns, once for every backend.
-pub mod columns;
 // The record rules where a statement must state them in SQL.
 pub mod conditions;
 // The reconciliation console on the admin surface.
 pub mod console;
 // The `--database-url`: which backend it opens.
 pub mod database_url;
+// What every operation does to a record, a claim included, decided once for every backend.
+pub mod effects;
 // The store's one error type.
 pub mod error;
+// The gRPC replay route: a stored gRPC response sent back as it came.
+mod grpc_replay;
 // The addresses the store serves on: TCP or a Unix socket.
 pub mod listen;
 // How records are named in logs: a keyed hash, never their raw key.
@@ -61,20 +63,18 @@ pub mod memory;
 pub mod metrics;
 // The OpenAPI document at `/openapi.json`.
 pub mod openapi;
-// What every operation writes, a claim included, decided once for every backend.
-pub mod plan;
 // PostgreSQL, for several store replicas sharing one database.
 pub mod postgres;
 // Problem details (RFC 9457) as the HTTP layer's responses.
 pub mod problem;
 // What the store shows of its records: a record, its events, a key's history.
 pub mod records;
-// The gRPC replay route: a stored gRPC response sent back as it came.
-mod replay;
 // Replay counts, applied off the request path.
-mod replays;
+mod replay_counts;
 // The HTTP surface: every route, which listener serves which, and serving them.
 pub mod router;
+// The tables' columns and how their rows read into the store's values, once for every backend.
+pub mod row_mapping;
 // The key of a current record's row.
 pub mod scope_digest;
 // Stored responses encrypted at rest.

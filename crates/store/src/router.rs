@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::listen::{Listener, Listeners};
 use crate::state::AppState;
-use crate::{admin, api, auth, console, metrics, openapi, problem, replay, sweeper};
+use crate::{admin, api, auth, console, grpc_replay, metrics, openapi, problem, sweeper};
 
 /// Every API route the service answers, as (method, path). The router and
 /// the OpenAPI document are both checked against this list and
@@ -86,7 +86,7 @@ pub fn surface(state: AppState, surface: Surface) -> Router {
         routes = routes
             .route("/metrics", get(metrics::serve))
             .route("/openapi.json", get(openapi::serve))
-            .route(idemgate_core::protocol::REPLAY_PATH, post(replay::serve))
+            .route(idemgate_core::protocol::REPLAY_PATH, post(grpc_replay::serve))
             .merge(v1);
     }
     if surface != Surface::Api {

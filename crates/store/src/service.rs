@@ -88,7 +88,7 @@ impl Store {
         match self.backend.peek(req, now).await? {
             Peeked::Answered(outcome) => Ok(outcome),
             // The budget counts keys, and turning a lease that ran out
-            // unknown takes none. The claim is planned again when it is
+            // unknown takes none. The claim is decided again when it is
             // written: had its record been freed in between, it takes the
             // key, one beyond the budget, which is no more exact than that
             // anyway (each replica keeps its own).

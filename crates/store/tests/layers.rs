@@ -20,10 +20,10 @@ use idemgate_testkit::layers::{self, Graph};
 const BELOW_THE_TRAIT: &[&str] = &[
     "calls",
     "clock",
-    "columns",
     "error",
     "log_ids",
     "records",
+    "row_mapping",
     "scope_digest",
     "sealing",
 ];

@@ -1581,11 +1581,11 @@ async fn a_batch_of_new_keys_claims_each_once(b: Arc<dyn Backend>) {
     }
 }
 
-/// The record as the plans see it, rebuilt from what an operator sees.
-fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::columns::LoadedRecord {
+/// The record as the effects see it, rebuilt from what an operator sees.
+fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::row_mapping::LoadedRecord {
     use idemgate_core::fingerprint::Fingerprint;
     use idemgate_core::record::RecordView;
-    idemgate_store::columns::LoadedRecord {
+    idemgate_store::row_mapping::LoadedRecord {
         view: RecordView {
             state: r.state.state().unwrap(),
             fingerprint: r.fingerprint.clone().map(|h| Fingerprint::try_from(h).unwrap()),
@@ -1605,19 +1605,19 @@ fn as_loaded(r: &idemgate_store::backend::RecordInfo) -> idemgate_store::columns
     }
 }
 
-/// Completes `req` and checks that the store did what [`plan::complete`]
-/// plans for the record as it was: the same reply, and either the planned
+/// Completes `req` and checks that the store did what [`effects::complete`]
+/// decides for the record as it was: the same reply, and either the decided
 /// completion and its event or nothing at all.
-async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol::CompleteRequest) {
-    use idemgate_store::plan::{self, Fence, Write};
-    let body: &[u8] = b"planned";
+async fn complete_as_decided(cx: &Ctx, key: &str, req: &idemgate_core::protocol::CompleteRequest) {
+    use idemgate_store::effects::{self, Fence, Write};
+    let body: &[u8] = b"decided";
     let before = history(cx, key).await;
     let loaded = as_loaded(&before.records[0]);
-    let planned = plan::complete(Some(&loaded), req, req.body_stored.then_some(body), cx.now());
+    let effect = effects::complete(Some(&loaded), req, req.body_stored.then_some(body), cx.now());
     let reply = cx.store.complete(req, body).await.unwrap();
-    assert_eq!(reply, planned.reply, "{key}");
+    assert_eq!(reply, effect.reply, "{key}");
     let after = history(cx, key).await;
-    match planned.writes.as_slice() {
+    match effect.writes.as_slice() {
         [] => assert_eq!(after, before, "{key}"),
         [Write::Complete {
             response,
@@ -1659,52 +1659,52 @@ async fn complete_as_planned(cx: &Ctx, key: &str, req: &idemgate_core::protocol:
                 assert_eq!(replay.body, body, "{key}");
             }
         }
-        other => panic!("{key}: a completion planned as {other:?}"),
+        other => panic!("{key}: a completion decided as {other:?}"),
     }
 }
 
-/// A completion comes to what its plan says in every state it can meet:
+/// A completion comes to what its effect says in every state it can meet:
 /// on PostgreSQL it is one statement that reads nothing first, on SQLite
-/// the plan carried out.
-async fn a_completion_comes_to_what_its_plan_says(b: Arc<dyn Backend>) {
+/// the effect carried out.
+async fn a_completion_comes_to_what_its_effect_says(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     // In progress, under each `on_unknown` (release asks for a durable commit).
-    let s = scope("k-plan-open");
+    let s = scope("k-effect-open");
     let f = cx.owned(&claim(&s, Some(1))).await;
     cx.clock.advance(5);
-    complete_as_planned(&cx, "k-plan-open", &complete(&s, f, 201)).await;
-    let s = scope("k-plan-release");
+    complete_as_decided(&cx, "k-effect-open", &complete(&s, f, 201)).await;
+    let s = scope("k-effect-release");
     let mut releasing = claim(&s, Some(1));
     releasing.on_unknown = OnUnknown::Release;
     let f = cx.owned(&releasing).await;
     let mut unstored = complete(&s, f, 202);
     unstored.body_stored = false;
-    complete_as_planned(&cx, "k-plan-release", &unstored).await;
+    complete_as_decided(&cx, "k-effect-release", &unstored).await;
     // Unknown: a late completion under the current fence resolves it.
-    let s = scope("k-plan-unknown");
+    let s = scope("k-effect-unknown");
     let f = cx.owned(&claim(&s, Some(1))).await;
     cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
     cx.clock.advance(5);
-    complete_as_planned(&cx, "k-plan-unknown", &complete(&s, f, 200)).await;
+    complete_as_decided(&cx, "k-effect-unknown", &complete(&s, f, 200)).await;
     // Completed: its own fence again changes nothing.
-    let s = scope("k-plan-completed");
+    let s = scope("k-effect-completed");
     let f = cx.owned(&claim(&s, Some(1))).await;
     cx.store.complete(&complete(&s, f, 201), b"first").await.unwrap();
     cx.clock.advance(5);
-    complete_as_planned(&cx, "k-plan-completed", &complete(&s, f, 500)).await;
+    complete_as_decided(&cx, "k-effect-completed", &complete(&s, f, 500)).await;
     // A superseded fence changes nothing.
-    let s = scope("k-plan-stale");
+    let s = scope("k-effect-stale");
     let f = cx.owned(&claim(&s, Some(1))).await;
-    complete_as_planned(&cx, "k-plan-stale", &complete(&s, f + 1_000, 201)).await;
-    complete_as_planned(&cx, "k-plan-stale", &complete(&s, f.saturating_sub(1), 201)).await;
+    complete_as_decided(&cx, "k-effect-stale", &complete(&s, f + 1_000, 201)).await;
+    complete_as_decided(&cx, "k-effect-stale", &complete(&s, f.saturating_sub(1), 201)).await;
     // Archived (unknown, then past its expiry): the late completion is
     // recorded for the history, without its body.
-    let s = scope("k-plan-archived");
+    let s = scope("k-effect-archived");
     let f = cx.owned(&claim(&s, Some(1))).await;
     cx.store.mark_unknown(&fence(&s, f)).await.unwrap();
     cx.clock.advance(10_000);
     assert!(cx.sweep(u64::MAX / 4).await.archived >= 1);
-    complete_as_planned(&cx, "k-plan-archived", &complete(&s, f, 201)).await;
+    complete_as_decided(&cx, "k-effect-archived", &complete(&s, f, 201)).await;
 }
 
 /// The in-memory backend the simulation runs on, empty.
@@ -1831,7 +1831,7 @@ stories!(
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,
     a_batch_of_new_keys_claims_each_once,
-    a_completion_comes_to_what_its_plan_says,
+    a_completion_comes_to_what_its_effect_says,
 );
 
 /// The claims of a batch's new keys are one PostgreSQL transaction: their
@@ -1862,7 +1862,7 @@ async fn a_batch_of_new_keys_commits_once_on_postgres() {
 }
 
 /// A claim whose caller's deadline passes while it waits for its record's
-/// lock is planned again from the locked row, and refused if that plan
+/// lock is decided again from the locked row, and refused if that effect
 /// writes: here the lease it would turn unknown. Another session holds the
 /// record's row lock past the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@ mod migration;
 /// The store behind PgBouncer in transaction mode.
 mod pgbouncer;
 /// PostgreSQL's query plans for the store's statements, whatever the planner estimates.
-mod planner;
+mod query_plans;
 /// The budget of new keys per tenant, through the HTTP API.
 mod rate_limit;
 /// PostgreSQL roles as docs/operations.md sets them up.

@@ -3,9 +3,9 @@
 //! names it ([`crate::database_url`]), and nothing it holds outlives the
 //! process.
 //!
-//! It decides nothing of its own: a claim is planned by
-//! [`crate::plan::claim`], every other operation by its plan in
-//! [`crate::plan`], and it only carries the plans out, on the same tables
+//! It decides nothing of its own: a claim is decided by
+//! [`crate::effects::claim`], every other operation by its effect in
+//! [`crate::effects`], and it only carries the effects out, on the same tables
 //! as the SQL backends (`tables`): current records by their key, the
 //! history of ended generations, the events, the abandoned attempts and the
 //! fence sequence. Its sweeper, listings and lookups pick rows by the same
@@ -21,7 +21,7 @@
 //! it is held: every call completes the first time its future is polled.
 //!
 //! What only storage needs, it leaves out: sealing stored responses at rest
-//! ([`crate::sealing`]: nothing here is at rest), durability (a plan's
+//! ([`crate::sealing`]: nothing here is at rest), durability (an effect's
 //! `durable` asks nothing of memory), deferred replay counts (a replay is
 //! counted in the record at once), and the sweeper's slices (a batch is
 //! one call that nothing can queue behind).
@@ -43,10 +43,10 @@ use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, Peeked, RecordInfo,
     Resolution, Result, SweepPolicy, SweepReport,
 };
-use crate::columns::ScopeDigest;
+use crate::effects;
 use crate::log_ids::LogIds;
-use crate::plan;
-use operations::planned;
+use crate::row_mapping::ScopeDigest;
+use operations::load_and_carry_out;
 use tables::{Journal, Tables};
 
 /// The in-memory backend.
@@ -88,29 +88,31 @@ impl Memory {
         let key = ScopeDigest::of(&req.scope);
         let body = req.body_stored.then_some(body);
         self.with(&req.trace, |t, journal| {
-            planned(t, journal, &key, now, |l| plan::complete(l, req, body, now))
+            load_and_carry_out(t, journal, &key, now, |l| effects::complete(l, req, body, now))
         })
     }
 
     fn release_now(&self, req: &FenceRequest, now: i64) -> FenceReply {
         let key = ScopeDigest::of(&req.scope);
         self.with(&req.trace, |t, journal| {
-            planned(t, journal, &key, now, |l| plan::release(l, req.fence))
+            load_and_carry_out(t, journal, &key, now, |l| effects::release(l, req.fence))
         })
     }
 
     fn mark_unknown_now(&self, req: &FenceRequest, now: i64) -> FenceReply {
         let key = ScopeDigest::of(&req.scope);
         self.with(&req.trace, |t, journal| {
-            planned(t, journal, &key, now, |l| plan::mark_unknown(l, req.fence, now))
+            load_and_carry_out(t, journal, &key, now, |l| {
+                effects::mark_unknown(l, req.fence, now)
+            })
         })
     }
 
     fn abandon_now(&self, req: &AbandonRequest, now: i64) -> FenceReply {
         let key = ScopeDigest::of(&req.scope);
         self.with(&req.trace, |t, journal| {
-            planned(t, journal, &key, now, |l| {
-                plan::abandon(l, &req.scope, req.attempt.as_str())
+            load_and_carry_out(t, journal, &key, now, |l| {
+                effects::abandon(l, &req.scope, req.attempt.as_str())
             })
         })
     }
@@ -187,14 +189,14 @@ impl Backend for Memory {
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
         let key = ScopeDigest::of(scope);
         Ok(self.with(&Trace::NONE, |t, journal| {
-            planned(t, journal, &key, now, |l| plan::resolve(l, how, reason, now))
+            load_and_carry_out(t, journal, &key, now, |l| effects::resolve(l, how, reason, now))
         }))
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
         let key = ScopeDigest::of(scope);
         Ok(self.with(&Trace::NONE, |t, journal| {
-            planned(t, journal, &key, now, plan::purge)
+            load_and_carry_out(t, journal, &key, now, effects::purge)
         }))
     }
 

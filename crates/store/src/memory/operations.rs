@@ -1,6 +1,7 @@
-//! Every operation on one key: load the record, plan ([`crate::plan`]),
-//! carry the plan out. A claim is planned by [`plan::claim`]; the fence
-//! calls, abandon, the operators' changes and the sweeper by their plans,
+//! Every operation on one key: load the record, decide its effect
+//! ([`crate::effects`]), carry it out. A claim is decided by
+//! [`effects::claim`]; the fence calls, abandon, the operators' changes and
+//! the sweeper by theirs,
 //! whose [`Write`]s [`carry_out`] makes true, as `sqlite::operations` and
 //! `postgres::operations` do.
 
@@ -11,22 +12,22 @@ use idemgate_core::record::State;
 
 use super::tables::{Journal, Tables};
 use crate::backend::{ClaimOutcome, Peeked, Result, StoreError};
-use crate::columns::{encode_headers, LoadedRecord, ScopeDigest};
-use crate::plan::{self, ClaimPlan, Fence, Plan, Write};
+use crate::effects::{self, ClaimEffect, Effect, Fence, Write};
+use crate::row_mapping::{encode_headers, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
 
-/// Carries out `plan` on the record of `key` and returns its reply. The
+/// Carries out `effect` on the record of `key` and returns its reply. The
 /// tables are the caller's alone while it runs, so the record is as the
-/// plan read it; a write's `durable` asks nothing of memory, which keeps
+/// effect read it; a write's `durable` asks nothing of memory, which keeps
 /// nothing across a restart.
 pub(super) fn carry_out<R>(
     t: &mut Tables,
     journal: &mut Journal,
     key: &ScopeDigest,
-    plan: Plan<'_, R>,
+    effect: Effect<'_, R>,
     now: i64,
 ) -> R {
-    for write in plan.writes {
+    for write in effect.writes {
         match write {
             Write::Event { by, note } => t.event(key, by, note, now, journal),
             Write::EndGeneration { last, by, note } => t.end_generation(key, last, (by, note), now, journal),
@@ -69,19 +70,19 @@ pub(super) fn carry_out<R>(
             }
         }
     }
-    plan.reply
+    effect.reply
 }
 
-/// Loads the record of `key`, plans with `plan_for` and carries the plan out.
-pub(super) fn planned<'a, R>(
+/// Loads the record of `key`, decides its effect with `effect_of` and carries it out.
+pub(super) fn load_and_carry_out<'a, R>(
     t: &mut Tables,
     journal: &mut Journal,
     key: &ScopeDigest,
     now: i64,
-    plan_for: impl FnOnce(Option<&LoadedRecord>) -> Plan<'a, R>,
+    effect_of: impl FnOnce(Option<&LoadedRecord>) -> Effect<'a, R>,
 ) -> R {
-    let plan = plan_for(t.load(key).as_ref());
-    carry_out(t, journal, key, plan, now)
+    let effect = effect_of(t.load(key).as_ref());
+    carry_out(t, journal, key, effect, now)
 }
 
 /// Whether the caller of a claim has stopped waiting. The deadline is the
@@ -92,7 +93,7 @@ fn past(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| tokio::time::Instant::now().into_std() >= d)
 }
 
-/// A claim, planned and carried out at once. A claim past its caller's
+/// A claim, decided and carried out at once. A claim past its caller's
 /// deadline that would write is refused ([`StoreError::Late`]): it would
 /// leave a record its filter is abandoning. One that only answers or
 /// replays is answered.
@@ -105,16 +106,16 @@ pub(super) fn claim(
 ) -> Result<ClaimOutcome> {
     let key = ScopeDigest::of(&req.scope);
     let loaded = t.load(&key);
-    let planned = plan::claim(loaded.as_ref(), req, now);
-    if planned.writes() && past(deadline) {
+    let effect = effects::claim(loaded.as_ref(), req, now);
+    if effect.writes() && past(deadline) {
         return Err(StoreError::Late);
     }
-    match planned {
-        ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
-        ClaimPlan::Replay { status, completed_at } => {
+    match effect {
+        ClaimEffect::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
+        ClaimEffect::Replay { status, completed_at } => {
             replay(t, &key, loaded.as_ref(), (status, completed_at))
         }
-        ClaimPlan::Take { replaced, by } => {
+        ClaimEffect::Take { replaced, by } => {
             if let Some(replaced) = replaced {
                 t.event(&key, replaced.by, None, now, journal);
                 t.keep_in_history(&key, replaced.ended, now);
@@ -124,22 +125,22 @@ pub(super) fn claim(
             t.event(&key, by, None, now, journal);
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
-        ClaimPlan::Change(plan) => Ok(carry_out(t, journal, &key, plan, now)),
+        ClaimEffect::Change(change) => Ok(carry_out(t, journal, &key, change, now)),
     }
 }
 
-/// [`crate::backend::Backend::peek`]: the claim's plan, carried out only
+/// [`crate::backend::Backend::peek`]: the claim's effect, carried out only
 /// when it answers or replays (whose count is kept, as on every backend).
 pub(super) fn peek(t: &mut Tables, req: &ClaimRequest, now: i64) -> Result<Peeked> {
     let key = ScopeDigest::of(&req.scope);
     let loaded = t.load(&key);
-    match plan::claim(loaded.as_ref(), req, now) {
-        ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
-        ClaimPlan::Replay { status, completed_at } => {
+    match effects::claim(loaded.as_ref(), req, now) {
+        ClaimEffect::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
+        ClaimEffect::Replay { status, completed_at } => {
             replay(t, &key, loaded.as_ref(), (status, completed_at)).map(Peeked::Answered)
         }
-        ClaimPlan::Take { .. } => Ok(Peeked::Takes),
-        ClaimPlan::Change(_) => Ok(Peeked::Changes),
+        ClaimEffect::Take { .. } => Ok(Peeked::Takes),
+        ClaimEffect::Change(_) => Ok(Peeked::Changes),
     }
 }
 

@@ -10,8 +10,8 @@ use idemgate_core::scope::Scope;
 
 use super::tables::{Current, Generation, Tables};
 use crate::backend::{KeyHistory, Listing, Lookup, OpenRecords, RecordInfo, Result};
-use crate::columns::{decode_headers, i64_from};
 use crate::conditions;
+use crate::row_mapping::{decode_headers, i64_from};
 
 /// Whether `scope` is one of the records `q` looks for: its tenant and
 /// key, and each other component `q` names.

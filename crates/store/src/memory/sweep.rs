@@ -2,7 +2,7 @@
 //! is past the audit retention. Each phase picks what the SQL backends'
 //! statements pick (`sqlite::sweep`, `postgres::sweep`), with the same
 //! conditions ([`crate::conditions`]) and the oldest due first; each picked
-//! record is planned ([`plan::sweep`]) and the plan carried out. Nothing
+//! record's effect is decided ([`effects::sweep`]) and carried out. Nothing
 //! here can fail halfway, so no phase is ever rolled back.
 
 use std::collections::BTreeSet;
@@ -11,9 +11,9 @@ use super::operations::carry_out;
 use super::reads::as_count;
 use super::tables::{Current, Journal, Tables};
 use crate::backend::{SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, ScopeDigest};
 use crate::conditions;
-use crate::plan::{self, Due};
+use crate::effects::{self, Due};
+use crate::row_mapping::{i64_from, ScopeDigest};
 
 pub(super) fn sweep(t: &mut Tables, journal: &mut Journal, now: i64, policy: SweepPolicy) -> SweepReport {
     let mut report = SweepReport::default();
@@ -53,8 +53,8 @@ fn run_phase(
 ) {
     let mut carry_out_all = |t: &mut Tables, keys: Vec<ScopeDigest>, due| {
         for key in keys {
-            let plan = plan::sweep(t.load(&key).as_ref(), due, now);
-            if let Some(swept) = carry_out(t, journal, &key, plan, now) {
+            let effect = effects::sweep(t.load(&key).as_ref(), due, now);
+            if let Some(swept) = carry_out(t, journal, &key, effect, now) {
                 swept.count(report);
             }
         }

@@ -1,7 +1,7 @@
 //! The tables as plain values, and the steps every operation is made of:
 //! record a transition, start a generation, end one, turn one unknown. They
 //! are the SQL backends' tables and steps (`sqlite::generation`) with the
-//! same columns and the same effects, so a plan carried out here leaves
+//! same columns and the same results, so an effect carried out here leaves
 //! what it leaves there.
 
 use std::collections::BTreeMap;
@@ -12,9 +12,9 @@ use idemgate_core::protocol::ClaimRequest;
 use idemgate_core::record::{self, RecordView, Standing, State};
 use idemgate_core::scope::Scope;
 
-use crate::columns::{LoadedRecord, ScopeDigest};
-use crate::plan::By;
+use crate::effects::By;
 use crate::records::EventInfo;
+use crate::row_mapping::{LoadedRecord, ScopeDigest};
 
 /// The events an operation recorded, logged once it is done.
 pub(super) type Journal = Vec<EventInfo>;
@@ -31,7 +31,7 @@ pub(super) struct Generation {
     pub(super) release_on_unknown: bool,
     pub(super) status: Option<u16>,
     /// The stored headers as the headers column holds them unsealed
-    /// ([`crate::columns::encode_headers`]).
+    /// ([`crate::row_mapping::encode_headers`]).
     pub(super) headers: Option<String>,
     /// The stored body; `None` when none is kept (not stored, archived,
     /// or the generation ended).
@@ -93,7 +93,7 @@ impl Tables {
         self.fence
     }
 
-    /// What the rules and the plans need of the current record of `key`.
+    /// What the rules and the effects need of the current record of `key`.
     pub(super) fn load(&self, key: &ScopeDigest) -> Option<LoadedRecord> {
         self.records.get(key).map(|c| {
             let r = &c.row;

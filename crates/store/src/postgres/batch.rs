@@ -30,7 +30,7 @@ use super::pool::On;
 use super::rows::{CLAIM, CLAIM_NEW};
 use super::Postgres;
 use crate::backend::{Answer, Backend, Call, ClaimOutcome, Outage, Result, StoreError};
-use crate::columns::ScopeDigest;
+use crate::row_mapping::ScopeDigest;
 
 impl Postgres {
     pub(super) async fn decide_batch(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
@@ -103,7 +103,7 @@ impl Postgres {
         };
         // A claim whose caller gave up meanwhile is not sent to a statement
         // that inserts: it goes on alone, which answers it from the record
-        // as committed, or refuses it if its plan writes.
+        // as committed, or refuses it if its effect writes.
         together.retain(|(i, _)| match &calls[*i] {
             Call::Claim { deadline, .. } => !past(*deadline),
             _ => false,

@@ -1,8 +1,8 @@
-//! A claim, planned by [`plan::claim`] as on every backend: one statement
+//! A claim, decided by [`effects::claim`] as on every backend: one statement
 //! in the common path, which inserts a new key ([`CLAIM`] states in SQL
-//! what the plan of an absent record is) or returns the record, whose plan
-//! is answered or replayed from it; a plan that changes the record is
-//! planned again from the record under its lock and carried out there.
+//! what the effect on an absent record is) or returns the record, whose
+//! effect is answered or replayed from it; an effect that changes the record
+//! is decided again from the record under its lock and carried out there.
 
 use std::sync::LazyLock;
 use std::time::Instant;
@@ -18,8 +18,8 @@ use super::pool::{Client, On, Stmt};
 use super::rows::{bind_with_columns, Bind, Param, CLAIM, LOADED, REPLACE_GENERATION};
 use super::Postgres;
 use crate::backend::{Actor, ClaimOutcome, EventInfo, Outage, Peeked, Result, StoreError};
-use crate::columns::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
-use crate::plan::{self, ClaimPlan};
+use crate::effects::{self, ClaimEffect};
+use crate::row_mapping::{i64_from, ColumnReader, KeyColumns, LoadedRecord, ScopeDigest};
 
 /// What a claim's [`CLAIM`] row says.
 enum Read {
@@ -87,15 +87,15 @@ static COMMITTED: LazyLock<String> = LazyLock::new(|| {
 
 impl Postgres {
     /// [`crate::backend::Backend::peek`]: the record as committed, read
-    /// without a lock, planned by the same rules.
+    /// without a lock, decided by the same rules.
     pub(super) async fn peek_record(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
         let key = ScopeDigest::of(&req.scope);
         let rows = self.connections.query(&COMMITTED, &key.bind(&[])).await?;
         self.unwritten(req, &key, rows.first(), now)
     }
 
-    /// What the claim's plan for `row` (the record as read, or none) does
-    /// without writing ([`ClaimPlan::writes`]): an answer, or a replay
+    /// What the claim's effect on `row` (the record as read, or none) does
+    /// without writing ([`ClaimEffect::writes`]): an answer, or a replay
     /// served from the row and counted; or whether it would take the key or
     /// change the record.
     fn unwritten(
@@ -109,15 +109,15 @@ impl Postgres {
             return Ok(Peeked::Takes);
         };
         let loaded = LoadedRecord::read(row)?;
-        match plan::claim(Some(&loaded), req, now) {
-            ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
-            ClaimPlan::Replay { status, completed_at } => {
+        match effects::claim(Some(&loaded), req, now) {
+            ClaimEffect::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
+            ClaimEffect::Replay { status, completed_at } => {
                 let body = row.optional_bytes("response_body")?.unwrap_or_default();
                 self.replay(key, &loaded, (status, completed_at), body)
                     .map(Peeked::Answered)
             }
-            ClaimPlan::Take { .. } => Ok(Peeked::Takes),
-            ClaimPlan::Change(_) => Ok(Peeked::Changes),
+            ClaimEffect::Take { .. } => Ok(Peeked::Takes),
+            ClaimEffect::Change(_) => Ok(Peeked::Changes),
         }
     }
 
@@ -146,7 +146,7 @@ impl Postgres {
         let claim_stmt = client.prepare(&CLAIM).await?;
         for _ in 0..MAX_ATTEMPTS {
             // Nobody waits for this claim any more: it is answered from the
-            // record as committed, and refused if its plan writes, since
+            // record as committed, and refused if its effect writes, since
             // committing it would only leave a record that its filter is
             // abandoning. [`CLAIM`] may insert, so it is not sent.
             if past(deadline) {
@@ -195,7 +195,7 @@ impl Postgres {
                     }
                 }
             }
-            // The record went away between our read and our lock: plan again.
+            // The record went away between our read and our lock: decide again.
         }
         Err(StoreError::unavailable(
             Outage::Database,
@@ -278,8 +278,8 @@ impl Postgres {
         }
     }
 
-    /// A claim whose plan changes an existing record (a new generation, or
-    /// a lease that ran out turning unknown), planned again from the record
+    /// A claim whose effect changes an existing record (a new generation, or
+    /// a lease that ran out turning unknown), decided again from the record
     /// under its lock so that nothing that happened since (a completion,
     /// another claim) is overwritten, and carried out there. `None` when
     /// the record is gone.
@@ -296,20 +296,20 @@ impl Postgres {
         let Some((loaded, body)) = lock(&tx, &key).await? else {
             return Ok(None);
         };
-        let planned = plan::claim(Some(&loaded), req, now);
+        let effect = effects::claim(Some(&loaded), req, now);
         // The lock may have been waited for past the deadline: as at the
-        // start, a plan that writes is refused then (the transaction rolls
+        // start, an effect that writes is refused then (the transaction rolls
         // back with nothing in it).
-        if planned.writes() && past(deadline) {
+        if effect.writes() && past(deadline) {
             return Err(StoreError::Late);
         }
-        let (outcome, events) = match planned {
-            ClaimPlan::Answer(reply) => (ClaimOutcome::answer(reply), Vec::new()),
-            ClaimPlan::Replay { status, completed_at } => (
+        let (outcome, events) = match effect {
+            ClaimEffect::Answer(reply) => (ClaimOutcome::answer(reply), Vec::new()),
+            ClaimEffect::Replay { status, completed_at } => (
                 self.replay(&key, &loaded, (status, completed_at), body)?,
                 Vec::new(),
             ),
-            ClaimPlan::Take { replaced, by } => {
+            ClaimEffect::Take { replaced, by } => {
                 let mut events = Vec::new();
                 if let Some(replaced) = replaced {
                     events = event(&tx, &key, replaced.by, now).await?;
@@ -323,7 +323,7 @@ impl Postgres {
                 events.extend(event(&tx, &key, by, now).await?);
                 (ClaimOutcome::answer(ClaimReply::Owned { fence }), events)
             }
-            ClaimPlan::Change(planned) => carry_out(&tx, (&key, &self.seal), planned, now).await?,
+            ClaimEffect::Change(change) => carry_out(&tx, (&key, &self.seal), change, now).await?,
         };
         tx.commit().await?;
         self.log_all(&events, &req.trace);

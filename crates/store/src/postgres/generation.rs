@@ -10,7 +10,7 @@ use idemgate_core::record::{self, Standing, State, Transition};
 use super::pool::{On, Tx};
 use super::rows::{Bind, Param, LOADED, TO_HISTORY};
 use crate::backend::{Actor, EventInfo, Result};
-use crate::columns::{event_select, i64_from, LoadedRecord, ScopeDigest, EVENT_OWN_COLUMNS};
+use crate::row_mapping::{event_select, i64_from, LoadedRecord, ScopeDigest, EVENT_OWN_COLUMNS};
 
 /// A transition, who caused it, and an optional detail.
 pub(super) type By<'a> = (Transition, &'a Actor, Option<&'a str>);
@@ -55,7 +55,7 @@ pub(super) async fn noted_event(
 }
 
 /// A statement that inserts the event `values` selects (its
-/// [`EVENT_OWN_COLUMNS`]) and returns it as [`crate::columns::EVENT_COLUMNS`],
+/// [`EVENT_OWN_COLUMNS`]) and returns it as [`crate::row_mapping::EVENT_COLUMNS`],
 /// its generation's columns taken from `generation` (a table or a common
 /// table expression of `with`, named `g`, with its condition), which has
 /// the generation's one row.
@@ -107,7 +107,7 @@ pub(super) async fn lock(tx: &Tx<'_>, key: &ScopeDigest) -> Result<Option<(Loade
     let Some(row) = tx.opt(&stmt, &key.bind(&[])).await? else {
         return Ok(None);
     };
-    use crate::columns::ColumnReader;
+    use crate::row_mapping::ColumnReader;
     let body = row.optional_bytes("response_body")?.unwrap_or_default();
     Ok(Some((LoadedRecord::read(&row)?, body)))
 }

@@ -25,11 +25,11 @@ use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, EventInfo, KeyHistory, Listing, Lookup, OpenRecords, Peeked,
     PoolStats, RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport,
 };
-use crate::columns::{i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions::expand;
 use crate::conditions::OPEN_RECORDS;
 use crate::log_ids::LogIds;
-use crate::replays::ReplayTally;
+use crate::replay_counts::ReplayTally;
+use crate::row_mapping::{i64_from, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
 
 /// A statement about the current record: `$1` is its key (the scope
@@ -42,9 +42,9 @@ macro_rules! key_where {
 
 mod batch;
 mod claim;
-mod claims;
 mod errors;
 mod generation;
+mod new_keys;
 mod operations;
 mod pool;
 mod rows;
@@ -94,7 +94,7 @@ static REPLAYS: LazyLock<String> = LazyLock::new(|| {
         "UPDATE idempotency_records r SET replay_count = r.replay_count + v.n \
          FROM unnest($1::bytea[], $2::bigint[], $3::bigint[]) AS v(scope_digest, fence, n) \
          WHERE {} AND r.scope_digest = v.scope_digest AND r.fence = v.fence AND r.{{replayable}}",
-        rows::planned_once("v.fence", "v.n")
+        rows::one_row_estimate("v.fence", "v.n")
     ))
 });
 
@@ -397,7 +397,7 @@ impl Backend for Postgres {
         let records = self
             .infos(&sql, &[&q.tenant, &q.key, &q.route, &q.principal, &ns, &limit])
             .await?;
-        let sql = crate::columns::events_matching(MATCH, "$6");
+        let sql = crate::row_mapping::events_matching(MATCH, "$6");
         let events_limit = limit.saturating_mul(16);
         let events = self
             .connections

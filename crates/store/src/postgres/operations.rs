@@ -1,7 +1,7 @@
 //! The fence calls, abandon and the operators' changes: each locks the
-//! record, plans ([`crate::plan`]) and carries the plan out in one
+//! record, decides its effect ([`crate::effects`]) and carries it out in one
 //! transaction. The filter's completions are the exception: one statement,
-//! [`COMPLETE`], which states [`plan::complete`] in SQL for any number of
+//! [`COMPLETE`], which states [`effects::complete`] in SQL for any number of
 //! them.
 
 use std::sync::LazyLock;
@@ -17,20 +17,20 @@ use super::pool::{Client, On, Stmt, Tx};
 use super::rows::{bind_with_columns, Param};
 use super::Postgres;
 use crate::backend::{Actor, EventInfo, Resolution, Result, StoreError};
-use crate::columns::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::conditions;
-use crate::plan::{self, Fence, Plan, Write};
+use crate::effects::{self, Effect, Fence, Write};
+use crate::row_mapping::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
 
 /// Completes each record of `$1[i]` whose fence is `$2[i]` if it is open
 /// (`{fenceable}`: [`idemgate_core::record::may_fence`]) or unknown and
 /// archived since ([`idemgate_core::record::completes_archived`]: then
 /// without its body), and records its event; a completion with no row back
-/// is stale. This is [`plan::complete`] in one statement, with no read
+/// is stale. This is [`effects::complete`] in one statement, with no read
 /// before it, for any number of completions of distinct keys: a batch's
 /// completions are one transaction and one commit. The story suite checks
-/// that it comes to what the plan says in every state a completion meets
-/// (`a_completion_comes_to_what_its_plan_says`). Arrays, one element a
+/// that it comes to what the effect says in every state a completion meets
+/// (`a_completion_comes_to_what_its_effect_says`). Arrays, one element a
 /// completion: `$1` key, `$2` fence, `$3` status, `$4` headers, `$5` body
 /// (NULL: not stored), `$6` whether it is stored, `$8` the id of the key
 /// that sealed headers and body (NULL: plaintext); `$7` now.
@@ -50,7 +50,7 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     let done = conditions::expand(&format!(
         "c AS (SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[], $5::bytea[], \
            $6::boolean[], $8::text[]) AS c(c_key, c_fence, c_status, c_headers, c_body, c_stored, c_sealed_by) \
-           WHERE {planned_once}), \
+           WHERE {one_row_estimate}), \
          done AS (UPDATE idempotency_records SET state = {completed}, response_status = c_status, \
            response_headers = c_headers, response_body = CASE WHEN archived_at IS NULL THEN c_body END, \
            body_stored = c_stored AND archived_at IS NULL, completed_at = $7, expires_at = {expiry}, \
@@ -61,8 +61,8 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
            CASE WHEN bool_or(release_on_unknown) THEN 'on' ELSE 'off' END, true) AS commit_mode FROM done), ",
         completed = conditions::state(State::Completed),
         expiry = conditions::completion_expiry("$7"),
-        generation = crate::columns::GENERATION_OF_EVENT,
-        planned_once = super::rows::planned_once("c_fence", "c_status"),
+        generation = crate::row_mapping::GENERATION_OF_EVENT,
+        one_row_estimate = super::rows::one_row_estimate("c_fence", "c_status"),
     ));
     let values = format!(
         "SELECT generation, $7, {completion}, fence, response_status, {filter}, NULL, $7 - created_at, NULL \
@@ -73,16 +73,16 @@ pub(super) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     event_of(&done, &values, "done g WHERE g.generation = ev.generation")
 });
 
-/// Carries out `plan` on the record of `key`, locked in `tx`: its reply and
+/// Carries out `effect` on the record of `key`, locked in `tx`: its reply and
 /// the events it recorded.
 pub(super) async fn carry_out<R>(
     tx: &Tx<'_>,
     (key, seal): (&ScopeDigest, &Seal),
-    plan: Plan<'_, R>,
+    effect: Effect<'_, R>,
     now: i64,
 ) -> Result<(R, Vec<EventInfo>)> {
     let mut events = Vec::new();
-    for write in plan.writes {
+    for write in effect.writes {
         match write {
             Write::Event { by, note } => events.extend(noted_event(tx, key, by, note, now).await?),
             Write::EndGeneration { last, by, note } => {
@@ -155,7 +155,7 @@ pub(super) async fn carry_out<R>(
             }
         }
     }
-    Ok((plan.reply, events))
+    Ok((effect.reply, events))
 }
 
 impl Postgres {
@@ -238,13 +238,13 @@ impl Postgres {
         Ok(replies)
     }
 
-    /// Locks the record of `scope`, plans with `plan_for` (from `input`, the
-    /// record and now) and carries the plan out, in one transaction.
-    async fn planned<D, R>(
+    /// Locks the record of `scope`, decides its effect with `effect_of` (from
+    /// `input`, the record and now) and carries it out, in one transaction.
+    async fn lock_and_carry_out<D, R>(
         &self,
         scope: (&Scope, &Trace),
         input: D,
-        plan_for: for<'d> fn(&'d D, Option<&LoadedRecord>, i64) -> Plan<'d, R>,
+        effect_of: for<'d> fn(&'d D, Option<&LoadedRecord>, i64) -> Effect<'d, R>,
         now: i64,
     ) -> Result<R>
     where
@@ -254,38 +254,38 @@ impl Postgres {
         let seal = self.seal.clone();
         self.in_tx(scope, move |tx, key, locked| {
             Box::pin(async move {
-                let plan = plan_for(&input, locked.as_ref(), now);
-                carry_out(tx, (key, &seal), plan, now).await
+                let effect = effect_of(&input, locked.as_ref(), now);
+                carry_out(tx, (key, &seal), effect, now).await
             })
         })
         .await
     }
 
     pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.planned(
+        self.lock_and_carry_out(
             (&req.scope, &req.trace),
             req.fence,
-            |fence, l, _| plan::release(l, *fence),
+            |fence, l, _| effects::release(l, *fence),
             now,
         )
         .await
     }
 
     pub(super) async fn mark_record_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
-        self.planned(
+        self.lock_and_carry_out(
             (&req.scope, &req.trace),
             req.fence,
-            |fence, l, now| plan::mark_unknown(l, *fence, now),
+            |fence, l, now| effects::mark_unknown(l, *fence, now),
             now,
         )
         .await
     }
 
     pub(super) async fn abandon_record(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
-        self.planned(
+        self.lock_and_carry_out(
             (&req.scope, &req.trace),
             req.clone(),
-            |req, l, _| plan::abandon(l, &req.scope, req.attempt.as_str()),
+            |req, l, _| effects::abandon(l, &req.scope, req.attempt.as_str()),
             now,
         )
         .await
@@ -299,17 +299,17 @@ impl Postgres {
         now: i64,
     ) -> Result<bool> {
         let input = (how.clone(), reason.map(str::to_string));
-        self.planned(
+        self.lock_and_carry_out(
             (scope, &Trace::NONE),
             input,
-            |(how, reason), l, now| plan::resolve(l, how, reason.as_deref(), now),
+            |(how, reason), l, now| effects::resolve(l, how, reason.as_deref(), now),
             now,
         )
         .await
     }
 
     pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.planned((scope, &Trace::NONE), (), |_, l, _| plan::purge(l), now)
+        self.lock_and_carry_out((scope, &Trace::NONE), (), |_, l, _| effects::purge(l), now)
             .await
     }
 }

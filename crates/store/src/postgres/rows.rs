@@ -9,12 +9,12 @@ use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::backend::{Actor, Result, StoreError};
-use crate::columns::{record_list, ColumnReader, KeyColumns, ScopeDigest, RECORD_COLUMNS};
+use crate::row_mapping::{record_list, ColumnReader, KeyColumns, ScopeDigest, RECORD_COLUMNS};
 
 /// A statement parameter.
 pub(super) type Param<'p> = &'p (dyn ToSql + Sync);
 
-/// What [`LoadedRecord::read`](crate::columns::LoadedRecord) reads, for a
+/// What [`LoadedRecord::read`](crate::row_mapping::LoadedRecord) reads, for a
 /// select list.
 pub(super) const LOADED: &str =
     "state, fingerprint, fence, lease_until, ttl_ms, response_status, response_headers, \
@@ -153,7 +153,7 @@ fn fresh_value(column: &str, fence: &str, first: usize) -> Option<String> {
 }
 
 /// Insert if absent; otherwise the existing row. One statement, one round
-/// trip; the row returned reads as [`crate::columns::LoadedRecord`] plus
+/// trip; the row returned reads as [`crate::row_mapping::LoadedRecord`] plus
 /// `inserted` and the body (only when a replay could serve it). `$1` the
 /// key, `$2..$7` the scope's columns, `$8..$13` the claim.
 pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
@@ -177,7 +177,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
            archived_at IS NOT NULL, attempt, release_on_unknown \
          FROM idempotency_records WHERE {key} AND NOT EXISTS (SELECT 1 FROM ins)",
         columns = record_list(|_| None),
-        events = crate::columns::EVENT_OWN_COLUMNS,
+        events = crate::row_mapping::EVENT_OWN_COLUMNS,
         key = key_where!(),
         claimed = crate::conditions::transition(Transition::Claimed),
         filter = crate::conditions::actor(&Actor::Filter),
@@ -192,7 +192,7 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
 /// run was planned again (0.15–0.4 ms of the server's CPU a run, measured
 /// with `pg_stat_statements.plans`). Two conditions it cannot judge bring
 /// its estimate to one row, and the statement is planned once a connection.
-pub(super) fn planned_once(a: &str, b: &str) -> String {
+pub(super) fn one_row_estimate(a: &str, b: &str) -> String {
     format!("{a} > 0 AND {b} > 0")
 }
 
@@ -228,7 +228,7 @@ pub(super) static CLAIM_NEW: LazyLock<String> = LazyLock::new(|| {
            SELECT fence, $12::bigint, {claimed}, fence, NULL, {filter}, NULL, 0, NULL FROM ins ORDER BY fence) \
          SELECT scope_digest, fence FROM ins",
         columns = record_list(|_| None),
-        events = crate::columns::EVENT_OWN_COLUMNS,
+        events = crate::row_mapping::EVENT_OWN_COLUMNS,
         claimed = crate::conditions::transition(Transition::Claimed),
         filter = crate::conditions::actor(&Actor::Filter),
     )
@@ -258,7 +258,7 @@ pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
 
 /// Rows picked for a sweeper phase by `condition` (`$1` now or the cutoff,
 /// `$2` the batch), locked, each its key and what
-/// [`crate::columns::LoadedRecord`] reads; rows another replica holds are
+/// [`crate::row_mapping::LoadedRecord`] reads; rows another replica holds are
 /// skipped. Taken in the order of `by`, the column the phase's partial index is sorted on: the
 /// scan stops after `$2` entries of that index, oldest due first. (In key
 /// order a pick had to sort every due row, or walk the key past the rows

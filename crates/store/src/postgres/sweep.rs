@@ -2,7 +2,7 @@
 //! archiving, and what is past the audit retention, each phase under its
 //! own savepoint. Rows are picked with
 //! `FOR UPDATE SKIP LOCKED`, so replicas sweeping at once share the work;
-//! each picked record is planned ([`plan::sweep`]) and the plan carried out.
+//! each picked record's effect is decided ([`effects::sweep`]) and carried out.
 
 use std::sync::LazyLock;
 
@@ -15,11 +15,11 @@ use super::pool::{On, Tx};
 use super::rows::{pick, Param};
 use super::Postgres;
 use crate::backend::{Result, SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{
+use crate::effects::{self, Due};
+use crate::records::EventInfo;
+use crate::row_mapping::{
     i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS,
 };
-use crate::plan::{self, Due};
-use crate::records::EventInfo;
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
     pick(
@@ -149,13 +149,13 @@ impl Postgres {
                     Err(e) => report.leave_unreadable(e, None)?,
                 }
             }
-            // The picked records' plans are carried out together: their
+            // The picked records' effects are carried out together: their
             // statements are pipelined on the transaction's connection, so
             // a batch waits for the database's work, not for a round trip
             // per statement (which, on a busy server, is a wait for a core).
             let seal = &self.seal;
             let carried = due_records.iter().map(|(key, loaded)| async move {
-                carry_out(tx, (key, seal), plan::sweep(Some(loaded), due, now), now).await
+                carry_out(tx, (key, seal), effects::sweep(Some(loaded), due, now), now).await
             });
             for (swept, written) in try_join_all(carried).await? {
                 events.extend(written);

@@ -15,9 +15,9 @@ use super::operations::carry_out;
 use super::rows::load_with;
 use super::Logged;
 use crate::backend::{Answer, ClaimOutcome, Peeked, Result, StoreError};
-use crate::columns::ScopeDigest;
-use crate::plan::{self, ClaimPlan};
-use crate::replays::{AskedFlush, ReplayTally};
+use crate::effects::{self, ClaimEffect};
+use crate::replay_counts::{AskedFlush, ReplayTally};
+use crate::row_mapping::ScopeDigest;
 use crate::sealing::Seal;
 
 /// What a reader's look at a claim's record found.
@@ -46,14 +46,14 @@ pub(super) fn probe(
         let Some(loaded) = loaded else {
             return Ok(Seen::Absent);
         };
-        Ok(match plan::claim(Some(&loaded), &req, now) {
-            ClaimPlan::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
-            ClaimPlan::Replay { status, completed_at } => {
+        Ok(match effects::claim(Some(&loaded), &req, now) {
+            ClaimEffect::Answer(reply) => Seen::Decided(ClaimOutcome::answer(reply)),
+            ClaimEffect::Replay { status, completed_at } => {
                 let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
                 Seen::Decided(outcome)
             }
-            ClaimPlan::Take { .. } | ClaimPlan::Change(_) => Seen::Changes,
+            ClaimEffect::Take { .. } | ClaimEffect::Change(_) => Seen::Changes,
         })
     })?;
     let absent = match seen {
@@ -78,15 +78,15 @@ pub(super) fn peek(
         let Some(loaded) = loaded else {
             return Ok(Peeked::Takes);
         };
-        match plan::claim(Some(&loaded), req, now) {
-            ClaimPlan::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
-            ClaimPlan::Replay { status, completed_at } => {
+        match effects::claim(Some(&loaded), req, now) {
+            ClaimEffect::Answer(reply) => Ok(Peeked::Answered(ClaimOutcome::answer(reply))),
+            ClaimEffect::Replay { status, completed_at } => {
                 let outcome = loaded.replay(seal, &key, (status, completed_at), body()?)?;
                 count_replay(engine, replays, key, loaded.view.fence);
                 Ok(Peeked::Answered(outcome))
             }
-            ClaimPlan::Take { .. } => Ok(Peeked::Takes),
-            ClaimPlan::Change(_) => Ok(Peeked::Changes),
+            ClaimEffect::Take { .. } => Ok(Peeked::Takes),
+            ClaimEffect::Change(_) => Ok(Peeked::Changes),
         }
     })
 }
@@ -138,7 +138,7 @@ pub(super) fn write_job(
     absent: bool,
 ) -> (Job, Pending<Logged>) {
     Engine::job(Durability::Durable, move |w| {
-        // Nobody waits for this claim any more: it is answered if its plan
+        // Nobody waits for this claim any more: it is answered if its effect
         // writes nothing, and refused otherwise, since committing it would
         // only leave a record that its filter is abandoning.
         let late = deadline.is_some_and(|d| Instant::now() >= d);
@@ -167,8 +167,8 @@ fn claim_absent(
     now: i64,
     journal: &mut Journal,
 ) -> Result<Option<u64>> {
-    // What a claim of an absent record plans: a generation, `claimed`.
-    let ClaimPlan::Take { by, .. } = plan::claim(None, req, now) else {
+    // What a claim does to an absent record: a generation, `claimed`.
+    let ClaimEffect::Take { by, .. } = effects::claim(None, req, now) else {
         return Ok(None);
     };
     let fence = w.next_fence()?;
@@ -179,9 +179,9 @@ fn claim_absent(
     Ok(Some(fence))
 }
 
-/// Read, plan with the shared rules ([`plan::claim`]), carry the plan out:
-/// only ever called on the writer. `late`: past its caller's deadline, a
-/// plan that writes is refused.
+/// Read, decide with the shared rules ([`effects::claim`]), carry it out:
+/// only ever called on the writer. `late`: past its caller's deadline, an
+/// effect that writes is refused.
 fn claim_on_writer(
     w: &Writer<'_>,
     (req, seal): (&ClaimRequest, &Seal),
@@ -189,20 +189,20 @@ fn claim_on_writer(
     (now, late): (i64, bool),
     journal: &mut Journal,
 ) -> Result<ClaimOutcome> {
-    let (loaded, planned, body) = load_with(w, key, |loaded, body| {
-        let planned = plan::claim(loaded.as_ref(), req, now);
-        let body = match planned {
-            ClaimPlan::Replay { .. } => body()?,
+    let (loaded, effect, body) = load_with(w, key, |loaded, body| {
+        let effect = effects::claim(loaded.as_ref(), req, now);
+        let body = match effect {
+            ClaimEffect::Replay { .. } => body()?,
             _ => Vec::new(),
         };
-        Ok((loaded, planned, body))
+        Ok((loaded, effect, body))
     })?;
-    if planned.writes() && late {
+    if effect.writes() && late {
         return Err(StoreError::Late);
     }
-    match planned {
-        ClaimPlan::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
-        ClaimPlan::Take { replaced, by } => {
+    match effect {
+        ClaimEffect::Answer(reply) => Ok(ClaimOutcome::answer(reply)),
+        ClaimEffect::Take { replaced, by } => {
             if let Some(replaced) = replaced {
                 event(w, key, replaced.by, now, journal)?;
                 to_history(w, key, replaced.ended, now)?;
@@ -212,7 +212,7 @@ fn claim_on_writer(
             event(w, key, by, now, journal)?;
             Ok(ClaimOutcome::answer(ClaimReply::Owned { fence }))
         }
-        ClaimPlan::Replay { status, completed_at } => {
+        ClaimEffect::Replay { status, completed_at } => {
             let sql = concat!(
                 "UPDATE idempotency_records SET replay_count = replay_count + 1 WHERE ",
                 key_where!()
@@ -223,6 +223,6 @@ fn claim_on_writer(
                 None => Ok(ClaimOutcome::replay(status, None, completed_at, body)),
             }
         }
-        ClaimPlan::Change(planned) => carry_out(w, journal, (key, seal), planned, now),
+        ClaimEffect::Change(change) => carry_out(w, journal, (key, seal), change, now),
     }
 }

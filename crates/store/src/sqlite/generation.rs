@@ -14,9 +14,9 @@ use super::errors::unavailable;
 use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
 use super::stored::{StoredActor, StoredAttempt, StoredFingerprint, StoredTransition};
 use crate::backend::{Actor, EventInfo, Result};
-use crate::columns::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 use crate::conditions;
-use crate::replays::ReplayKey;
+use crate::replay_counts::ReplayKey;
+use crate::row_mapping::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
 
 /// The events a writer job recorded, logged after its commit.
 pub(super) type Journal = Vec<EventInfo>;

@@ -36,12 +36,12 @@ use crate::backend::{
     Answer, Backend, Call, ClaimOutcome, KeyHistory, Listing, Lookup, OpenRecords, Peeked, PoolStats,
     RecordInfo, Resolution, Result, StoreError, SweepPolicy, SweepReport, WriterStages,
 };
-use crate::columns::i64_from;
 use crate::conditions::expand;
 use crate::conditions::OPEN_RECORDS;
+use crate::effects;
 use crate::log_ids::LogIds;
-use crate::plan;
-use crate::replays::ReplayTally;
+use crate::replay_counts::ReplayTally;
+use crate::row_mapping::i64_from;
 use crate::sealing::Seal;
 
 /// A statement about the current record: `?1` is its key (the scope
@@ -66,7 +66,7 @@ mod sweep;
 use engine::{Durability, Engine, Writer};
 use errors::unavailable;
 use generation::{apply_replays, Journal};
-use operations::planned;
+use operations::load_and_carry_out;
 use rows::{query_events, query_infos, INFO_COLUMNS};
 
 /// The schema, one file per version, applied in order.
@@ -158,10 +158,10 @@ impl Sqlite {
         let settled: Result<Vec<Slot>> = if calls.iter().any(|c| matches!(c, Call::Claim { .. })) {
             let (engine, replays, seal) = (self.engine.clone(), Arc::clone(&self.replays), self.seal.clone());
             self.engine
-                .read_here(move |conn| Ok(plan(conn, (&engine, &replays, &seal), calls, now)))
+                .read_here(move |conn| Ok(decide_on_reader(conn, (&engine, &replays, &seal), calls, now)))
                 .await
         } else {
-            Ok(plan_writes(&self.engine, &self.seal, calls, now))
+            Ok(queue_writes(&self.engine, &self.seal, calls, now))
         };
         let slots = match settled {
             Ok(slots) => slots,
@@ -208,33 +208,33 @@ fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending
         Call::Claim { req, deadline } => return claim::write_job(req, seal, deadline, now, true),
         Call::Complete { req, body } => (
             // Durable after all when the record's policy frees the key on
-            // an unknown outcome (the plan's `durable`, see `operations`).
+            // an unknown outcome (the effect's `durable`, see `operations`).
             Durability::Relaxed,
             Box::new(move |w, journal| {
                 let body = req.body_stored.then_some(&body[..]);
-                let plan_for = |l: Option<&_>| plan::complete(l, &req, body, now);
-                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+                let effect_of = |l: Option<&_>| effects::complete(l, &req, body, now);
+                load_and_carry_out(w, journal, (&req.scope, &seal), now, effect_of).map(Answer::Fence)
             }),
         ),
         Call::Release(req) => (
             Durability::Durable,
             Box::new(move |w, journal| {
-                let plan_for = |l: Option<&_>| plan::release(l, req.fence);
-                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+                let effect_of = |l: Option<&_>| effects::release(l, req.fence);
+                load_and_carry_out(w, journal, (&req.scope, &seal), now, effect_of).map(Answer::Fence)
             }),
         ),
         Call::MarkUnknown(req) => (
             Durability::Durable,
             Box::new(move |w, journal| {
-                let plan_for = |l: Option<&_>| plan::mark_unknown(l, req.fence, now);
-                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+                let effect_of = |l: Option<&_>| effects::mark_unknown(l, req.fence, now);
+                load_and_carry_out(w, journal, (&req.scope, &seal), now, effect_of).map(Answer::Fence)
             }),
         ),
         Call::Abandon(req) => (
             Durability::Durable,
             Box::new(move |w, journal| {
-                let plan_for = |l: Option<&_>| plan::abandon(l, &req.scope, req.attempt.as_str());
-                planned(w, journal, (&req.scope, &seal), now, plan_for).map(Answer::Fence)
+                let effect_of = |l: Option<&_>| effects::abandon(l, &req.scope, req.attempt.as_str());
+                load_and_carry_out(w, journal, (&req.scope, &seal), now, effect_of).map(Answer::Fence)
             }),
         ),
     };
@@ -245,14 +245,14 @@ fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending
 }
 
 /// Queues the writes of `calls` as one group; where each answer will come from.
-fn plan_writes(engine: &Engine, seal: &Seal, calls: Vec<Call>, now: i64) -> Vec<Slot> {
+fn queue_writes(engine: &Engine, seal: &Seal, calls: Vec<Call>, now: i64) -> Vec<Slot> {
     let (jobs, pending): (Vec<_>, Vec<_>) = calls.into_iter().map(|c| write_job(c, seal, now)).unzip();
     submit(engine, jobs, pending.into_iter().map(Slot::Pending).collect())
 }
 
 /// On a reader: decides the claims it can, then queues every write as one
 /// group, from this thread.
-fn plan(
+fn decide_on_reader(
     conn: &Connection,
     (engine, replays, seal): (&Engine, &Arc<ReplayTally>, &Seal),
     calls: Vec<Call>,
@@ -433,7 +433,7 @@ impl Backend for Sqlite {
                     params![q.tenant, q.key, q.route, q.principal, ns, limit],
                     &seal,
                 )?;
-                let sql = crate::columns::events_matching(MATCH, "?6");
+                let sql = crate::row_mapping::events_matching(MATCH, "?6");
                 let events_limit = limit.saturating_mul(16);
                 let events = query_events(
                     conn,
@@ -462,16 +462,18 @@ impl Backend for Sqlite {
         let (scope, how, reason) = (scope.clone(), how.clone(), reason.map(str::to_string));
         let seal = self.seal.clone();
         self.write_logged(move |w, journal| {
-            let plan_for = |l: Option<&_>| plan::resolve(l, &how, reason.as_deref(), now);
-            planned(w, journal, (&scope, &seal), now, plan_for)
+            let effect_of = |l: Option<&_>| effects::resolve(l, &how, reason.as_deref(), now);
+            load_and_carry_out(w, journal, (&scope, &seal), now, effect_of)
         })
         .await
     }
 
     async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
         let (scope, seal) = (scope.clone(), self.seal.clone());
-        self.write_logged(move |w, journal| planned(w, journal, (&scope, &seal), now, plan::purge))
-            .await
+        self.write_logged(move |w, journal| {
+            load_and_carry_out(w, journal, (&scope, &seal), now, effects::purge)
+        })
+        .await
     }
 
     /// A batch in slices of at most `sweep::SLICE` records a phase, each

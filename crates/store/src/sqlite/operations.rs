@@ -1,5 +1,5 @@
 //! The fence calls, abandon and the operators' changes, each one job on the
-//! writer: load the record, plan ([`crate::plan`]), carry the plan out.
+//! writer: load the record, decide its effect ([`crate::effects`]), carry it out.
 //!
 //! A completion is queued as a relaxed job (no fsync of its own): if its
 //! commit is lost on power loss, the record is still in progress under the
@@ -7,7 +7,7 @@
 //! again. Unless the claim's policy releases unknown outcomes
 //! (`on_unknown: release`): then a lost completion would free the key for a
 //! second execution, so such a completion asks for a durable commit (the
-//! plan's `durable`).
+//! effect's `durable`).
 
 use std::sync::LazyLock;
 
@@ -19,21 +19,21 @@ use super::generation::{end_generation, execute, noted_event, set_unknown, Journ
 use super::rows::load;
 use super::stored::StoredAttempt;
 use crate::backend::Result;
-use crate::columns::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
 use crate::conditions;
-use crate::plan::{Fence, Plan, Write};
+use crate::effects::{Effect, Fence, Write};
+use crate::row_mapping::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
 
-/// Carries out `plan` on the record of `key`, in the writer's transaction,
+/// Carries out `effect` on the record of `key`, in the writer's transaction,
 /// and returns its reply.
 pub(super) fn carry_out<R>(
     w: &Writer<'_>,
     journal: &mut Journal,
     (key, seal): (&ScopeDigest, &Seal),
-    plan: Plan<'_, R>,
+    effect: Effect<'_, R>,
     now: i64,
 ) -> Result<R> {
-    for write in plan.writes {
+    for write in effect.writes {
         match write {
             Write::Event { by, note } => noted_event(w, key, by, note, now, journal)?,
             Write::EndGeneration { last, by, note } => {
@@ -95,19 +95,19 @@ pub(super) fn carry_out<R>(
             }
         }
     }
-    Ok(plan.reply)
+    Ok(effect.reply)
 }
 
-/// Loads the record of `scope`, plans with `plan_for` and carries the plan
-/// out: every operation of this module's kind is this one job.
-pub(super) fn planned<'a, R>(
+/// Loads the record of `scope`, decides its effect with `effect_of` and
+/// carries it out: every operation of this module's kind is this one job.
+pub(super) fn load_and_carry_out<'a, R>(
     w: &Writer<'_>,
     journal: &mut Journal,
     (scope, seal): (&Scope, &Seal),
     now: i64,
-    plan_for: impl FnOnce(Option<&LoadedRecord>) -> Plan<'a, R>,
+    effect_of: impl FnOnce(Option<&LoadedRecord>) -> Effect<'a, R>,
 ) -> Result<R> {
     let key = ScopeDigest::of(scope);
-    let plan = plan_for(load(w, &key)?.as_ref());
-    carry_out(w, journal, (&key, seal), plan, now)
+    let effect = effect_of(load(w, &key)?.as_ref());
+    carry_out(w, journal, (&key, seal), effect, now)
 }

@@ -11,7 +11,7 @@ use rusqlite::{Connection, Row, ToSql};
 use super::errors::unavailable;
 use super::stored;
 use crate::backend::{Actor, EventInfo, RecordInfo, Result, StoreError};
-use crate::columns::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
+use crate::row_mapping::{record_list, ColumnReader, LoadedRecord, ScopeDigest, EVENT_COLUMN_NAMES};
 use crate::sealing::Seal;
 
 /// The current record's key, `?1`; a statement's own parameters start at `?2`.
@@ -147,7 +147,9 @@ fn fresh_value(column: &str) -> Option<String> {
 
 fn insert_generation_sql(on_conflict: &str) -> String {
     let values = record_list(|c| {
-        let key = crate::columns::RECORD_COLUMNS[..6].iter().position(|k| *k == c);
+        let key = crate::row_mapping::RECORD_COLUMNS[..6]
+            .iter()
+            .position(|k| *k == c);
         key.map(|i| format!("?{}", i + 2)).or_else(|| fresh_value(c))
     });
     format!(
@@ -163,7 +165,7 @@ pub(super) static INSERT_GENERATION: LazyLock<String> = LazyLock::new(|| insert_
 /// Inserts a fresh generation, replacing the key's record (which the caller
 /// moved to the history first): every column takes its fresh value.
 pub(super) static REPLACE_GENERATION: LazyLock<String> = LazyLock::new(|| {
-    let set = crate::columns::RECORD_COLUMNS
+    let set = crate::row_mapping::RECORD_COLUMNS
         .iter()
         .filter(|c| fresh_value(c).is_some())
         .map(|c| format!("{c} = excluded.{c}"))
@@ -245,7 +247,7 @@ pub(super) fn query_infos(
     query_all(conn, sql, params, |row| RecordInfo::read(row, seal))
 }
 
-/// Runs a statement that selects (or returns) [`crate::columns::EVENT_COLUMNS`].
+/// Runs a statement that selects (or returns) [`crate::row_mapping::EVENT_COLUMNS`].
 /// Read by position: the writer records an event with every change.
 pub(super) fn query_events(conn: &Connection, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<EventInfo>> {
     query_selected(conn, sql, params, Some(EVENT_COLUMN_NAMES), |row| {

@@ -1,7 +1,7 @@
 //! One sweeper pass, one job on the writer: expired leases, abandoned
 //! attempts, archiving, and what is past the audit retention, each phase
-//! under its own savepoint. Each picked record is planned
-//! ([`plan::sweep`]) and the plan carried out.
+//! under its own savepoint. Each picked record's effect is
+//! decided ([`effects::sweep`]) and carried out.
 
 use std::sync::LazyLock;
 
@@ -10,9 +10,9 @@ use super::generation::Journal;
 use super::operations::carry_out;
 use super::rows::{load, query_keys, query_values};
 use crate::backend::{Result, SweepPhase, SweepPolicy, SweepReport, ABANDONED_ATTEMPT_MEMORY_MS};
-use crate::columns::{i64_from, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS};
 use crate::conditions::expand;
-use crate::plan::{self, Due};
+use crate::effects::{self, Due};
+use crate::row_mapping::{i64_from, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS};
 use crate::sealing::Seal;
 
 /// Rows picked by a phase: `?1` now, `?2` the batch, `?3` the claim's
@@ -128,8 +128,8 @@ fn run_phase(
                     continue;
                 }
             };
-            let plan = plan::sweep(loaded.as_ref(), due, now);
-            if let Some(swept) = carry_out(w, journal, (&key, seal), plan, now)? {
+            let effect = effects::sweep(loaded.as_ref(), due, now);
+            if let Some(swept) = carry_out(w, journal, (&key, seal), effect, now)? {
                 swept.count(report);
             }
         }

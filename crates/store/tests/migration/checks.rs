@@ -17,7 +17,7 @@ use idemgate_core::limits;
 use idemgate_core::protocol::Attempt as AttemptId;
 use idemgate_core::record::State;
 use idemgate_core::scope::{Namespace, Scope, SCOPE_VERSION};
-use idemgate_store::{admin, columns, sealing};
+use idemgate_store::{admin, row_mapping, sealing};
 
 use super::schema::{apply, bound, in_force, one_of, statements, Bound, Table};
 use crate::support::*;
@@ -65,10 +65,10 @@ fn largest_headers_column() -> u64 {
     let mut more = headers.clone();
     more.push(("n".into(), "v".into()));
     assert!(limits::response_fits(200, &more).is_err());
-    let json = columns::encode_headers(&headers);
+    let json = row_mapping::encode_headers(&headers);
     let seal = seal(KEY_A);
     let sealed = seal
-        .seal(&columns::ScopeDigest([0; 32]), 1, json.clone(), None)
+        .seal(&row_mapping::ScopeDigest([0; 32]), 1, json.clone(), None)
         .unwrap();
     json.len().max(sealed.headers.len()) as u64
 }

@@ -27,7 +27,7 @@ use rusqlite::Connection;
 use super::super::checkpoint::Checkpoints;
 use super::{unavailable, Deliver, Durability, Ended, Job, Shared};
 use crate::backend::{Result, StoreError, WriterStages};
-use crate::columns::u64_from;
+use crate::row_mapping::u64_from;
 
 /// What a job sees on the writer: the connection (it derefs to it), the
 /// batch's fences, and a way to ask for a durable commit.
@@ -95,7 +95,7 @@ impl Fences {
             return Ok(());
         };
         conn.prepare_cached("UPDATE idempotency_fence SET value = ?1 WHERE id = 1")?
-            .execute([crate::columns::i64_from(last)])
+            .execute([crate::row_mapping::i64_from(last)])
             .map(drop)
     }
 }

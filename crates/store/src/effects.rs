@@ -1,22 +1,23 @@
 //! What a claim, the fence calls, abandon, the operators' changes and the
 //! sweeper do to a record, decided once for every backend.
 //!
-//! Each operation is planned from the record as loaded (and locked, on
-//! PostgreSQL): a [`Plan`] is the reply and the [`Write`]s that make it
-//! true, in order. A backend loads, asks here, and carries the plan out with
+//! Each operation's effect is decided from the record as loaded (and
+//! locked, on PostgreSQL): an [`Effect`] is the reply and the [`Write`]s
+//! that make it true, in order. A backend loads, asks here, and carries the
+//! effect out with
 //! the steps it has for each write (`carry_out` in `sqlite::operations`,
 //! `postgres::operations` and `memory::operations`); no backend decides
-//! anything of its own. A claim is planned as a [`ClaimPlan`]: its one step
+//! anything of its own. A claim's effect is a [`ClaimEffect`]: its one step
 //! no other operation takes is starting a generation. The rules themselves
 //! are [`idemgate_core::record`]'s.
 //!
 //! One decision is also stated in SQL: PostgreSQL completes a record with a
 //! single statement that reads nothing first (`postgres::operations::COMPLETE`,
 //! built from [`crate::conditions`]); the story suite checks that it comes
-//! to what [`complete`] plans, in every state a completion can meet. And
+//! to what [`complete`] decides, in every state a completion can meet. And
 //! PostgreSQL inserts a new key with the statement that reads its record
 //! (`postgres::rows::CLAIM`, and `CLAIM_NEW` for a batch's new keys): the
-//! generation and `claimed` event [`claim`] plans when there is no record.
+//! generation and `claimed` event [`claim`] decides when there is no record.
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply};
 use idemgate_core::record::{self, AbandonDecision, ClaimDecision, Standing, State, Transition};
@@ -24,9 +25,9 @@ use idemgate_core::scope::Scope;
 
 use crate::backend::{Action, Actor, Resolution, SweepReport};
 use crate::calls::ClaimOutcome;
-use crate::columns::LoadedRecord;
+use crate::row_mapping::LoadedRecord;
 
-/// A transition, who caused it (an operator lives as long as the plan), and
+/// A transition, who caused it (an operator lives as long as the effect), and
 /// an optional detail.
 pub type By<'a> = (Transition, &'a Actor, Option<&'static str>);
 
@@ -87,27 +88,27 @@ pub enum Write<'a> {
 
 /// The reply to an operation and the writes that carry it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan<'a, R> {
+pub struct Effect<'a, R> {
     pub reply: R,
     pub writes: Vec<Write<'a>>,
 }
 
-impl<'a, R> Plan<'a, R> {
-    fn only(reply: R) -> Plan<'a, R> {
-        Plan {
+impl<'a, R> Effect<'a, R> {
+    fn only(reply: R) -> Effect<'a, R> {
+        Effect {
             reply,
             writes: Vec::new(),
         }
     }
 
-    fn of(reply: R, writes: Vec<Write<'a>>) -> Plan<'a, R> {
-        Plan { reply, writes }
+    fn of(reply: R, writes: Vec<Write<'a>>) -> Effect<'a, R> {
+        Effect { reply, writes }
     }
 }
 
 /// What a claim does to its key ([`record::decide_claim`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimPlan {
+pub enum ClaimEffect {
     /// Answer this; nothing changes.
     Answer(ClaimReply),
     /// Serve the stored response (status, headers, body) and count the
@@ -122,8 +123,8 @@ pub enum ClaimPlan {
         by: By<'static>,
     },
     /// Change the record without taking the key (an expired lease turns
-    /// unknown): the plan's writes, then its answer.
-    Change(Plan<'static, ClaimOutcome>),
+    /// unknown): the effect's writes, then its answer.
+    Change(Effect<'static, ClaimOutcome>),
 }
 
 /// How a claim ends the generation it replaces: `by`, the event recorded
@@ -135,24 +136,24 @@ pub struct Replaced {
     pub by: By<'static>,
 }
 
-impl ClaimPlan {
+impl ClaimEffect {
     /// Whether carrying it out writes anything but a replay's count: a claim
     /// past its caller's deadline must not, and a peek does not.
     pub fn writes(&self) -> bool {
-        matches!(self, ClaimPlan::Take { .. } | ClaimPlan::Change(_))
+        matches!(self, ClaimEffect::Take { .. } | ClaimEffect::Change(_))
     }
 }
 
 /// A claim of `req`'s key, whose current record is `loaded`.
-pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> ClaimPlan {
+pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> ClaimEffect {
     match (record::decide_claim(loaded.map(|l| &l.view), req, now), loaded) {
-        (ClaimDecision::Answer(reply), _) => ClaimPlan::Answer(reply),
-        (ClaimDecision::Replay { status, completed_at }, _) => ClaimPlan::Replay { status, completed_at },
+        (ClaimDecision::Answer(reply), _) => ClaimEffect::Answer(reply),
+        (ClaimDecision::Replay { status, completed_at }, _) => ClaimEffect::Replay { status, completed_at },
         // The generation it replaces ends with an event of its own before
         // it keeps its row in the history: a lease that ran out releases
         // it, as the sweeper would have; a finished one (unknown, or
         // expired) is reclaimed. The new one begins as every generation does.
-        (ClaimDecision::Claim, Some(old)) => ClaimPlan::Take {
+        (ClaimDecision::Claim, Some(old)) => ClaimEffect::Take {
             replaced: Some(Replaced {
                 ended: record::ended_as(old.view.state, Transition::Reclaimed),
                 by: match old.view.state {
@@ -162,7 +163,7 @@ pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> Cla
             }),
             by: (Transition::Claimed, &Actor::Filter, None),
         },
-        (ClaimDecision::BecomeUnknown, Some(l)) => ClaimPlan::Change(Plan::of(
+        (ClaimDecision::BecomeUnknown, Some(l)) => ClaimEffect::Change(Effect::of(
             ClaimOutcome {
                 reply: ClaimReply::Unknown,
                 body: Vec::new(),
@@ -181,7 +182,7 @@ pub fn claim(loaded: Option<&LoadedRecord>, req: &ClaimRequest, now: i64) -> Cla
         )),
         // No record: the key is free (`decide_claim` turns nothing unknown
         // that is not there).
-        (ClaimDecision::Claim | ClaimDecision::BecomeUnknown, None) => ClaimPlan::Take {
+        (ClaimDecision::Claim | ClaimDecision::BecomeUnknown, None) => ClaimEffect::Take {
             replaced: None,
             by: (Transition::Claimed, &Actor::Filter, None),
         },
@@ -201,14 +202,14 @@ pub fn complete<'a>(
     req: &'a CompleteRequest,
     body: Option<&'a [u8]>,
     now: i64,
-) -> Plan<'a, FenceReply> {
+) -> Effect<'a, FenceReply> {
     let late = |l: &&LoadedRecord| {
         l.view.archived
             && record::completes_archived(l.view.state)
             && record::may_fence(l.view.state, l.view.fence, req.fence)
     };
     let Some(l) = fenced(loaded, req.fence).or(loaded.filter(late)) else {
-        return Plan::only(FenceReply::Stale);
+        return Effect::only(FenceReply::Stale);
     };
     // An archived record keeps no body.
     let kept = !l.view.archived;
@@ -218,7 +219,7 @@ pub fn complete<'a>(
         body: body.filter(|_| kept),
         body_stored: req.body_stored && kept,
     };
-    Plan::of(
+    Effect::of(
         FenceReply::Done,
         vec![
             Write::Complete {
@@ -236,10 +237,10 @@ pub fn complete<'a>(
 }
 
 /// The filter gives the key back: the upstream refused before acting.
-pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Plan<'static, FenceReply> {
+pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Effect<'static, FenceReply> {
     match fenced(loaded, fence) {
-        None => Plan::only(FenceReply::Stale),
-        Some(l) => Plan::of(
+        None => Effect::only(FenceReply::Stale),
+        Some(l) => Effect::of(
             FenceReply::Done,
             vec![Write::EndGeneration {
                 last: l.view.state,
@@ -252,11 +253,11 @@ pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Plan<'static, Fence
 
 /// The filter declares that nobody knows what the upstream did. An unknown
 /// record stays as it is.
-pub fn mark_unknown(loaded: Option<&LoadedRecord>, fence: u64, now: i64) -> Plan<'static, FenceReply> {
+pub fn mark_unknown(loaded: Option<&LoadedRecord>, fence: u64, now: i64) -> Effect<'static, FenceReply> {
     match fenced(loaded, fence) {
-        None => Plan::only(FenceReply::Stale),
-        Some(l) if l.view.state == State::Unknown => Plan::only(FenceReply::Done),
-        Some(l) => Plan::of(
+        None => Effect::only(FenceReply::Stale),
+        Some(l) if l.view.state == State::Unknown => Effect::only(FenceReply::Done),
+        Some(l) => Effect::of(
             FenceReply::Done,
             vec![
                 Write::SetUnknown {
@@ -277,12 +278,12 @@ pub fn abandon<'a>(
     loaded: Option<&LoadedRecord>,
     scope: &'a Scope,
     attempt: &'a str,
-) -> Plan<'a, FenceReply> {
+) -> Effect<'a, FenceReply> {
     match (record::decide_abandon(loaded.map(|l| &l.view), attempt), loaded) {
         // Remembered too: a copy of the claim that lands afterwards (one
         // delivered twice by something in front of the store) is ended by
         // the sweeper as any claim that lands after its abandon.
-        (AbandonDecision::End, Some(l)) => Plan::of(
+        (AbandonDecision::End, Some(l)) => Effect::of(
             FenceReply::Done,
             vec![
                 Write::EndGeneration {
@@ -293,10 +294,10 @@ pub fn abandon<'a>(
                 Write::RememberAbandon { scope, attempt },
             ],
         ),
-        (AbandonDecision::Settled, _) => Plan::only(FenceReply::Stale),
+        (AbandonDecision::Settled, _) => Effect::only(FenceReply::Stale),
         // The claim may still be on its way: the sweeper ends it if it
         // lands under this attempt.
-        _ => Plan::of(FenceReply::Done, vec![Write::RememberAbandon { scope, attempt }]),
+        _ => Effect::of(FenceReply::Done, vec![Write::RememberAbandon { scope, attempt }]),
     }
 }
 
@@ -309,14 +310,14 @@ pub fn resolve<'a>(
     how: &'a Resolution,
     reason: Option<&'a str>,
     now: i64,
-) -> Plan<'a, bool> {
+) -> Effect<'a, bool> {
     let by = &how.by;
     let Some(l) = loaded else {
-        return Plan::only(false);
+        return Effect::only(false);
     };
     // Only a purge ends a record that is not open.
     if how.action != Action::Purge && !l.is_open() {
-        return Plan::only(false);
+        return Effect::only(false);
     }
     let writes = match &how.action {
         Action::Purge => vec![Write::EndGeneration {
@@ -351,15 +352,15 @@ pub fn resolve<'a>(
             },
         ],
     };
-    Plan::of(true, writes)
+    Effect::of(true, writes)
 }
 
 /// An operator ends the current generation whatever its state; `false`:
 /// there was none.
-pub fn purge(loaded: Option<&LoadedRecord>) -> Plan<'static, bool> {
+pub fn purge(loaded: Option<&LoadedRecord>) -> Effect<'static, bool> {
     match loaded {
-        None => Plan::only(false),
-        Some(l) => Plan::of(
+        None => Effect::only(false),
+        Some(l) => Effect::of(
             true,
             vec![Write::EndGeneration {
                 last: l.view.state,
@@ -405,9 +406,9 @@ impl Swept {
 
 /// What the sweeper does to a record it picked as `due`; a record that is
 /// gone by then is left alone (`None`).
-pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static, Option<Swept>> {
+pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Effect<'static, Option<Swept>> {
     let Some(l) = loaded else {
-        return Plan::only(None);
+        return Effect::only(None);
     };
     let (swept, writes) = match due {
         // Released or turned unknown, as the claim's `on_unknown` said.
@@ -451,7 +452,7 @@ pub fn sweep(loaded: Option<&LoadedRecord>, due: Due, now: i64) -> Plan<'static,
             ],
         ),
     };
-    Plan::of(Some(swept), writes)
+    Effect::of(Some(swept), writes)
 }
 
 #[cfg(test)]

@@ -73,10 +73,10 @@ fn end(last: State, by: By<'static>) -> Write<'static> {
 fn a_completion_under_the_current_fence_stores_the_response_of_an_open_record() {
     let req = completion(7);
     for state in [State::InProgress, State::Unknown] {
-        let plan = complete(Some(&loaded(state)), &req, Some(b"ok"), NOW);
-        assert_eq!(plan.reply, FenceReply::Done);
+        let effect = complete(Some(&loaded(state)), &req, Some(b"ok"), NOW);
+        assert_eq!(effect.reply, FenceReply::Done);
         assert_eq!(
-            plan.writes,
+            effect.writes,
             vec![
                 Write::Complete {
                     response: Response {
@@ -93,8 +93,8 @@ fn a_completion_under_the_current_fence_stores_the_response_of_an_open_record() 
             ]
         );
     }
-    let plan = complete(Some(&releasing(State::InProgress)), &req, None, NOW);
-    assert!(matches!(plan.writes[0], Write::Complete { durable: true, .. }));
+    let effect = complete(Some(&releasing(State::InProgress)), &req, None, NOW);
+    assert!(matches!(effect.writes[0], Write::Complete { durable: true, .. }));
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn a_fence_call_on_a_settled_archived_superseded_or_missing_record_is_stale() {
     ];
     for (l, req) in &cases {
         let l = l.as_ref();
-        let stale = Plan::only(FenceReply::Stale);
+        let stale = Effect::only(FenceReply::Stale);
         // An archived unknown record still takes a late completion (below).
         if !l.is_some_and(|l| l.view.archived && l.view.state == State::Unknown) {
             assert_eq!(complete(l, req, Some(b"x"), NOW), stale);
@@ -122,10 +122,10 @@ fn a_fence_call_on_a_settled_archived_superseded_or_missing_record_is_stale() {
 #[test]
 fn a_late_completion_of_an_archived_unknown_record_is_recorded_without_its_body() {
     let req = completion(7);
-    let plan = complete(Some(&archived(State::Unknown)), &req, Some(b"x"), NOW);
-    assert_eq!(plan.reply, FenceReply::Done);
+    let effect = complete(Some(&archived(State::Unknown)), &req, Some(b"x"), NOW);
+    assert_eq!(effect.reply, FenceReply::Done);
     assert!(matches!(
-        &plan.writes[0],
+        &effect.writes[0],
         Write::Complete { response, .. } if response.body.is_none() && !response.body_stored
     ));
 }
@@ -136,12 +136,12 @@ fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
         let by = (Transition::Released, &Actor::Filter, None);
         assert_eq!(
             release(Some(&loaded(state)), 7),
-            Plan::of(FenceReply::Done, vec![end(state, by)])
+            Effect::of(FenceReply::Done, vec![end(state, by)])
         );
     }
     assert_eq!(
         mark_unknown(Some(&loaded(State::InProgress)), 7, NOW),
-        Plan::of(
+        Effect::of(
             FenceReply::Done,
             vec![
                 Write::SetUnknown {
@@ -154,7 +154,7 @@ fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
     );
     assert_eq!(
         mark_unknown(Some(&loaded(State::Unknown)), 7, NOW),
-        Plan::only(FenceReply::Done)
+        Effect::only(FenceReply::Done)
     );
 }
 
@@ -171,12 +171,12 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_every_attempt() {
     };
     assert_eq!(
         abandon(Some(&open), &s, "a"),
-        Plan::of(
+        Effect::of(
             FenceReply::Done,
             vec![end(State::InProgress, by), remembered.clone()]
         )
     );
-    let remember = Plan::of(
+    let remember = Effect::of(
         FenceReply::Done,
         vec![Write::RememberAbandon {
             scope: &s,
@@ -185,12 +185,12 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_every_attempt() {
     );
     assert_eq!(abandon(Some(&open), &s, "b"), remember);
     assert_eq!(abandon(None, &s, "b"), remember);
-    let stale = Plan::only(FenceReply::Stale);
+    let stale = Effect::only(FenceReply::Stale);
     assert_eq!(abandon(Some(&loaded(State::Completed)), &s, "a"), stale);
     // Unknown only because its lease ran out, and since archived: it never ran.
     assert_eq!(
         abandon(Some(&archived(State::Unknown)), &s, "a"),
-        Plan::of(FenceReply::Done, vec![end(State::Unknown, by), remembered])
+        Effect::of(FenceReply::Done, vec![end(State::Unknown, by), remembered])
     );
 }
 
@@ -208,15 +208,15 @@ fn an_operator_resolves_only_an_open_record() {
         body: "done".into(),
     });
     for how in [&release_it, &complete_it] {
-        assert_eq!(resolve(None, how, None, NOW), Plan::only(false));
+        assert_eq!(resolve(None, how, None, NOW), Effect::only(false));
         for l in [loaded(State::Completed), archived(State::Unknown)] {
-            assert_eq!(resolve(Some(&l), how, None, NOW), Plan::only(false));
+            assert_eq!(resolve(Some(&l), how, None, NOW), Effect::only(false));
         }
     }
     let unknown = loaded(State::Unknown);
     assert_eq!(
         resolve(Some(&unknown), &release_it, Some("why"), NOW),
-        Plan::of(
+        Effect::of(
             true,
             vec![Write::EndGeneration {
                 last: State::Unknown,
@@ -225,10 +225,10 @@ fn an_operator_resolves_only_an_open_record() {
             }]
         )
     );
-    let plan = resolve(Some(&unknown), &complete_it, Some("why"), NOW);
-    assert!(plan.reply);
+    let effect = resolve(Some(&unknown), &complete_it, Some("why"), NOW);
+    assert!(effect.reply);
     assert_eq!(
-        plan.writes,
+        effect.writes,
         vec![
             Write::Complete {
                 response: Response {
@@ -251,21 +251,21 @@ fn an_operator_resolves_only_an_open_record() {
 
 #[test]
 fn a_purge_ends_whatever_is_there() {
-    assert_eq!(purge(None), Plan::only(false));
+    assert_eq!(purge(None), Effect::only(false));
     let by = (Transition::Purged, &Actor::Operator, None);
     for l in [loaded(State::Completed), archived(State::Unknown)] {
-        assert_eq!(purge(Some(&l)), Plan::of(true, vec![end(l.view.state, by)]));
+        assert_eq!(purge(Some(&l)), Effect::of(true, vec![end(l.view.state, by)]));
     }
     // An operator's purge names the operator and keeps the reason.
     let how = Resolution {
         action: Action::Purge,
         by: Actor::Named("bob@example.com".into()),
     };
-    assert_eq!(resolve(None, &how, Some("gdpr"), NOW), Plan::only(false));
+    assert_eq!(resolve(None, &how, Some("gdpr"), NOW), Effect::only(false));
     for l in [loaded(State::Completed), archived(State::Unknown)] {
         assert_eq!(
             resolve(Some(&l), &how, Some("gdpr"), NOW),
-            Plan::of(
+            Effect::of(
                 true,
                 vec![Write::EndGeneration {
                     last: l.view.state,
@@ -283,7 +283,7 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
     let open = loaded(State::InProgress);
     assert_eq!(
         swept(&open, Due::LeaseRanOut),
-        Plan::of(
+        Effect::of(
             Some(Swept::MarkedUnknown),
             vec![
                 Write::SetUnknown {
@@ -297,16 +297,16 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
     let by = (Transition::LeaseExpired, &Actor::Sweeper, Some("released"));
     assert_eq!(
         swept(&releasing(State::InProgress), Due::LeaseRanOut),
-        Plan::of(Some(Swept::Released), vec![end(State::InProgress, by)])
+        Effect::of(Some(Swept::Released), vec![end(State::InProgress, by)])
     );
     let by = (Transition::Abandoned, &Actor::Sweeper, None);
     assert_eq!(
         swept(&open, Due::LandedAbandoned),
-        Plan::of(Some(Swept::Abandoned), vec![end(State::InProgress, by)])
+        Effect::of(Some(Swept::Abandoned), vec![end(State::InProgress, by)])
     );
     assert_eq!(
         swept(&loaded(State::Completed), Due::Expired),
-        Plan::of(
+        Effect::of(
             Some(Swept::Archived),
             vec![
                 Write::Archive,
@@ -314,7 +314,7 @@ fn the_sweeper_releases_or_turns_unknown_as_the_claim_said_and_archives_what_exp
             ]
         )
     );
-    assert_eq!(sweep(None, Due::Expired, NOW), Plan::only(None));
+    assert_eq!(sweep(None, Due::Expired, NOW), Effect::only(None));
     let mut report = SweepReport::default();
     for s in [
         Swept::Released,
@@ -349,7 +349,7 @@ fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
     let claimed = (Transition::Claimed, &Actor::Filter, None);
     assert_eq!(
         claim(None, &conflict, NOW),
-        ClaimPlan::Take {
+        ClaimEffect::Take {
             replaced: None,
             by: claimed
         }
@@ -357,7 +357,7 @@ fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
     assert!(claim(None, &conflict, NOW).writes());
     // The lease (until 2 000) ran out: turned unknown, or taken over.
     let open = loaded(State::InProgress);
-    let unknown = ClaimPlan::Change(Plan::of(
+    let unknown = ClaimEffect::Change(Effect::of(
         ClaimOutcome {
             reply: ClaimReply::Unknown,
             body: Vec::new(),
@@ -374,7 +374,7 @@ fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
     assert_eq!(claim(Some(&open), &conflict, NOW), unknown);
     assert_eq!(
         claim(Some(&open), &claiming(OnUnknown::Release), NOW),
-        ClaimPlan::Take {
+        ClaimEffect::Take {
             replaced: Some(Replaced {
                 ended: Standing::EndedBy(Transition::LeaseExpired),
                 by: (Transition::LeaseExpired, &Actor::Filter, Some("released")),
@@ -386,13 +386,13 @@ fn a_claim_takes_a_free_key_and_a_spent_lease_as_its_policy_says() {
     let early = claim(Some(&open), &conflict, 1_500);
     assert_eq!(
         early,
-        ClaimPlan::Answer(ClaimReply::InProgress { retry_after_ms: 500 })
+        ClaimEffect::Answer(ClaimReply::InProgress { retry_after_ms: 500 })
     );
     assert!(!early.writes());
     let replay = claim(Some(&loaded(State::Completed)), &conflict, 20_000);
     assert_eq!(
         replay,
-        ClaimPlan::Replay {
+        ClaimEffect::Replay {
             status: 201,
             completed_at: 1_000
         }

@@ -12,7 +12,7 @@ use super::claim::Claimed;
 use super::pool::{Client, On, Stmt};
 use super::Postgres;
 use crate::backend::{Result, StoreError};
-use crate::columns::{ColumnReader, KeyColumns, ScopeDigest};
+use crate::row_mapping::{ColumnReader, KeyColumns, ScopeDigest};
 
 #[cfg(doc)]
 use super::rows::CLAIM_NEW;

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::columns::ScopeDigest;
+use crate::row_mapping::ScopeDigest;
 
 /// A record's primary key and the fence of the completed record that was
 /// replayed. The fence keeps a late increment from landing on a newer record
