@@ -79,6 +79,8 @@ pub mod row_mapping;
 pub mod scope_digest;
 // Stored responses encrypted at rest.
 pub mod sealing;
+// The statements SQLite and PostgreSQL run word for word, written once; placeholders per dialect.
+pub mod shared_statements;
 // The store as the HTTP layer sees it: a backend, the clock, waits, budgets, metrics.
 pub mod service;
 // SQLite, the embedded default.

@@ -8,9 +8,10 @@ use std::sync::LazyLock;
 use idemgate_core::record::{self, Standing, State, Transition};
 
 use super::pool::{On, Tx};
-use super::rows::{Bind, Param, LOADED, TO_HISTORY};
+use super::rows::{Bind, Param, LOADED};
 use crate::backend::{Actor, EventInfo, Result};
 use crate::row_mapping::{event_select, i64_from, LoadedRecord, ScopeDigest, EVENT_OWN_COLUMNS};
+use crate::shared_statements::{DELETE_RECORD, TO_HISTORY};
 
 /// A transition, who caused it, and an optional detail.
 pub(super) type By<'a> = (Transition, &'a Actor, Option<&'a str>);
@@ -69,7 +70,7 @@ pub(super) fn event_of(with: &str, values: &str, generation: &str) -> String {
 
 /// Moves the current generation to the history as `ended`.
 pub(super) async fn to_history(tx: &Tx<'_>, key: &ScopeDigest, ended: Standing, now: i64) -> Result<()> {
-    execute(tx, &TO_HISTORY, key, &[&ended.as_str(), &now])
+    execute(tx, TO_HISTORY.postgres(), key, &[&ended.as_str(), &now])
         .await
         .map(drop)
 }
@@ -85,13 +86,7 @@ pub(super) async fn end_generation(
 ) -> Result<Vec<EventInfo>> {
     let events = noted_event(tx, key, by, reason, now).await?;
     to_history(tx, key, record::ended_as(last, by.0), now).await?;
-    execute(
-        tx,
-        concat!("DELETE FROM idempotency_records WHERE ", key_where!()),
-        key,
-        &[],
-    )
-    .await?;
+    execute(tx, DELETE_RECORD.postgres(), key, &[]).await?;
     Ok(events)
 }
 

@@ -21,6 +21,7 @@ use crate::conditions;
 use crate::effects::{self, Effect, Fence, Write};
 use crate::row_mapping::{encode_headers, i64_from, u64_from, KeyColumns, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
+use crate::shared_statements::{ARCHIVE_RECORD, COMPLETE_RECORD, REMEMBER_ABANDON};
 
 /// Completes each record of `$1[i]` whose fence is `$2[i]` if it is open
 /// (`{fenceable}`: [`idemgate_core::record::may_fence`]) or unknown and
@@ -112,15 +113,6 @@ pub(super) async fn carry_out<R>(
                 };
                 // Sealed under the fence the record holds from now on.
                 let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
-                static SQL: LazyLock<String> = LazyLock::new(|| {
-                    format!(
-                        "UPDATE idempotency_records SET state = {}, fence = $2, response_status = $3, \
-                         response_headers = $4, response_body = $5, body_stored = $6, completed_at = $7, \
-                         expires_at = $8, lease_until = $7, response_key = $9 WHERE {}",
-                        conditions::state(State::Completed),
-                        key_where!()
-                    )
-                });
                 let (fence, status, body) = (
                     i64_from(fence),
                     i32::from(response.status),
@@ -136,22 +128,18 @@ pub(super) async fn carry_out<R>(
                     &expires_at,
                     &sealed.key_id,
                 ];
-                execute(tx, &SQL, key, &params).await?;
+                execute(tx, COMPLETE_RECORD.postgres(), key, &params).await?;
             }
             Write::Archive => {
-                let sql = concat!(
-                    "UPDATE idempotency_records SET archived_at = $2, response_body = NULL WHERE ",
-                    key_where!()
-                );
-                execute(tx, sql, key, &[&now]).await?;
+                execute(tx, ARCHIVE_RECORD.postgres(), key, &[&now]).await?;
             }
             Write::RememberAbandon { scope, attempt } => {
-                let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, \
-                           route, namespace, idem_key, attempt, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                           ON CONFLICT DO NOTHING";
                 let columns = KeyColumns::of(scope);
-                tx.execute(sql, &bind_with_columns(key, &columns, &[&attempt, &now]))
-                    .await?;
+                tx.execute(
+                    REMEMBER_ABANDON.postgres(),
+                    &bind_with_columns(key, &columns, &[&attempt, &now]),
+                )
+                .await?;
             }
         }
     }

@@ -111,21 +111,6 @@ pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
     })
 });
 
-/// Moves the current generation of `$1` to the history: `$2` how it
-/// ended, `$3` now. The body is not kept.
-pub(super) static TO_HISTORY: LazyLock<String> = LazyLock::new(|| {
-    let kept = record_list(|c| match c {
-        "state" => Some("$2".into()),
-        "response_body" => Some("NULL".into()),
-        _ => None,
-    });
-    format!(
-        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, $3 FROM idempotency_records WHERE {}",
-        record_list(|_| None),
-        key_where!()
-    )
-});
-
 /// The value every column of a fresh generation gets: the claim's
 /// parameters from `$first` on (fingerprint, lease_until, ttl_ms,
 /// release_on_unknown, now, attempt: see `Claimed`), and `fence` for both

@@ -20,6 +20,7 @@ use crate::records::EventInfo;
 use crate::row_mapping::{
     i64_from, ColumnReader, LoadedRecord, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS,
 };
+use crate::shared_statements::FORGET_ABANDONED;
 
 static RELEASED_ON_EXPIRY: LazyLock<String> = LazyLock::new(|| {
     pick(
@@ -168,8 +169,7 @@ impl Postgres {
             SweepPhase::Abandoned => {
                 // Abandoned attempts whose claims can no longer land.
                 let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
-                tx.execute("DELETE FROM idempotency_abandoned WHERE at <= $1", &[&forget])
-                    .await?;
+                tx.execute(FORGET_ABANDONED.postgres(), &[&forget]).await?;
             }
             SweepPhase::Purge => {
                 // Past the audit retention: archived generations, history, events.

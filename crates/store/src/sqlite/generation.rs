@@ -11,12 +11,13 @@ use idemgate_core::record::{self, Standing, State, Transition};
 use rusqlite::Connection;
 
 use super::errors::unavailable;
-use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION, TO_HISTORY};
+use super::rows::{query_events, Bind, INSERT_GENERATION, REPLACE_GENERATION};
 use super::stored::{StoredActor, StoredAttempt, StoredFingerprint, StoredTransition};
 use crate::backend::{Actor, EventInfo, Result};
 use crate::conditions;
 use crate::replay_counts::ReplayKey;
 use crate::row_mapping::{i64_from, KeyColumns, ScopeDigest, EVENT_OWN_COLUMNS};
+use crate::shared_statements::{DELETE_RECORD, TO_HISTORY};
 
 /// The events a writer job recorded, logged after its commit.
 pub(super) type Journal = Vec<EventInfo>;
@@ -85,7 +86,7 @@ pub(super) fn noted_event(
 
 /// Moves the current generation of `key` to the history as `ended`.
 pub(super) fn to_history(conn: &Connection, key: &ScopeDigest, ended: Standing, now: i64) -> Result<()> {
-    conn.prepare_cached(&TO_HISTORY)
+    conn.prepare_cached(TO_HISTORY.sqlite())
         .map_err(unavailable)?
         .execute(key.bind(&[&ended.as_str(), &now]).as_slice())
         .map_err(unavailable)?;
@@ -104,12 +105,7 @@ pub(super) fn end_generation(
 ) -> Result<()> {
     noted_event(conn, key, by, reason, now, journal)?;
     to_history(conn, key, record::ended_as(last, by.0), now)?;
-    execute(
-        conn,
-        concat!("DELETE FROM idempotency_records WHERE ", key_where!()),
-        key,
-        &[],
-    )
+    execute(conn, DELETE_RECORD.sqlite(), key, &[])
 }
 
 /// Runs a statement about the record of `key`, its own parameters from `?2`.

@@ -9,9 +9,6 @@
 //! second execution, so such a completion asks for a durable commit (the
 //! effect's `durable`).
 
-use std::sync::LazyLock;
-
-use idemgate_core::record::State;
 use idemgate_core::scope::Scope;
 
 use super::engine::Writer;
@@ -19,10 +16,10 @@ use super::generation::{end_generation, execute, noted_event, set_unknown, Journ
 use super::rows::load;
 use super::stored::StoredAttempt;
 use crate::backend::Result;
-use crate::conditions;
 use crate::effects::{Effect, Fence, Write};
 use crate::row_mapping::{encode_headers, i64_from, LoadedRecord, ScopeDigest};
 use crate::sealing::Seal;
+use crate::shared_statements::{ARCHIVE_RECORD, COMPLETE_RECORD, REMEMBER_ABANDON};
 
 /// Carries out `effect` on the record of `key`, in the writer's transaction,
 /// and returns its reply.
@@ -55,15 +52,6 @@ pub(super) fn carry_out<R>(
                     Fence::Held(f) => f,
                     Fence::New => w.next_fence()?,
                 };
-                static SQL: LazyLock<String> = LazyLock::new(|| {
-                    format!(
-                        "UPDATE idempotency_records SET state = {}, fence = ?2, response_status = ?3, \
-                         response_headers = ?4, response_body = ?5, body_stored = ?6, completed_at = ?7, \
-                         expires_at = ?8, lease_until = ?7, response_key = ?9 WHERE {}",
-                        conditions::state(State::Completed),
-                        key_where!()
-                    )
-                });
                 // Sealed under the fence the record holds from now on.
                 let sealed = seal.seal(key, fence, encode_headers(response.headers), response.body)?;
                 let params: [&dyn rusqlite::ToSql; 8] = [
@@ -76,22 +64,20 @@ pub(super) fn carry_out<R>(
                     &expires_at,
                     &sealed.key_id,
                 ];
-                execute(w, &SQL, key, &params)?;
+                execute(w, COMPLETE_RECORD.sqlite(), key, &params)?;
             }
             Write::Archive => {
-                let sql = concat!(
-                    "UPDATE idempotency_records SET archived_at = ?2, response_body = NULL WHERE ",
-                    key_where!()
-                );
-                execute(w, sql, key, &[&now])?;
+                execute(w, ARCHIVE_RECORD.sqlite(), key, &[&now])?;
             }
             Write::RememberAbandon { scope, attempt } => {
-                let sql = "INSERT INTO idempotency_abandoned (scope_digest, scope_version, tenant, principal, \
-                           route, namespace, idem_key, attempt, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-                           ON CONFLICT DO NOTHING";
                 let [v, t, p, r, n, k] = scope.parts();
                 let attempt = StoredAttempt(Some(attempt));
-                execute(w, sql, key, &[&v, &t, &p, &r, &n, &k, &attempt, &now])?;
+                execute(
+                    w,
+                    REMEMBER_ABANDON.sqlite(),
+                    key,
+                    &[&v, &t, &p, &r, &n, &k, &attempt, &now],
+                )?;
             }
         }
     }

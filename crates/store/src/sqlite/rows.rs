@@ -108,20 +108,6 @@ pub(super) static INFO_COLUMNS: LazyLock<String> = LazyLock::new(|| {
     })
 });
 
-/// Moves the current generation of `?1` to the history: `?2` how it
-/// ended, `?3` now. The body is not kept.
-pub(super) static TO_HISTORY: LazyLock<String> = LazyLock::new(|| {
-    let kept = record_list(|c| match c {
-        "state" => Some("?2".into()),
-        "response_body" => Some("NULL".into()),
-        _ => None,
-    });
-    format!(
-        "INSERT INTO idempotency_history ({}, ended_at) SELECT {kept}, ?3 FROM idempotency_records WHERE {KEY_WHERE}",
-        record_list(|_| None)
-    )
-});
-
 /// A fresh generation's row: `?1` its key, `?2..?7` its scope's columns,
 /// `?8..?14` the claim (see [`super::generation::insert_generation`]); the
 /// value of every column of a new generation is written here and only here.

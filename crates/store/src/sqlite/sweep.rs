@@ -14,6 +14,7 @@ use crate::conditions::expand;
 use crate::effects::{self, Due};
 use crate::row_mapping::{i64_from, GENERATION_OF_EVENT, PURGE_EVENTLESS_GENERATIONS};
 use crate::sealing::Seal;
+use crate::shared_statements::FORGET_ABANDONED;
 
 /// Rows picked by a phase: `?1` now, `?2` the batch, `?3` the claim's
 /// `on_unknown` (released or not). Each phase takes the oldest due first, in
@@ -150,11 +151,7 @@ fn run_phase(
                 Due::LandedAbandoned,
             )?;
             let forget = now.saturating_sub(ABANDONED_ATTEMPT_MEMORY_MS);
-            run(
-                conn,
-                "DELETE FROM idempotency_abandoned WHERE at <= ?1",
-                &[&forget],
-            )?;
+            run(conn, FORGET_ABANDONED.sqlite(), &[&forget])?;
         }
         // Expired records: body dropped, metadata kept.
         SweepPhase::Archive => carry_out_all(query_keys(conn, EXPIRED, &[&now, &batch])?, Due::Expired)?,
