@@ -167,9 +167,6 @@ impl Backend for Database {
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
         self.memory.resolve(scope, how, reason, now).await
     }
-    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.memory.purge(scope, now).await
-    }
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         self.memory.sweep(now, policy).await
     }

@@ -250,11 +250,6 @@ pub trait Backend: Send + Sync {
     /// complete or release, any current one to purge). `reason`, the
     /// operator's why, and `how.by`, who decided, are kept in the event.
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool>;
-    /// Ends the current generation whatever its state, as
-    /// [`Action::Purge`] does but with neither a reason nor an operator's
-    /// name (the actor is `operator`); `false` when there was none. The
-    /// store's surfaces purge through [`Backend::resolve`].
-    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool>;
     /// One batch of each sweeper phase ([`SweepPhase`]), each rolled back
     /// alone when it fails ([`SweepReport::phase_failed`]); `Err` only when
     /// the batch as a whole could not be committed.

@@ -355,22 +355,6 @@ pub fn resolve<'a>(
     Effect::of(true, writes)
 }
 
-/// An operator ends the current generation whatever its state; `false`:
-/// there was none.
-pub fn purge(loaded: Option<&LoadedRecord>) -> Effect<'static, bool> {
-    match loaded {
-        None => Effect::only(false),
-        Some(l) => Effect::of(
-            true,
-            vec![Write::EndGeneration {
-                last: l.view.state,
-                by: (Transition::Purged, &Actor::Operator, None),
-                note: None,
-            }],
-        ),
-    }
-}
-
 /// Why the sweeper picked a record. The picks are the rules stated in SQL
 /// ([`crate::conditions`]); what becomes of a picked record is decided here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

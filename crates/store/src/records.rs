@@ -132,9 +132,9 @@ impl EventInfo {
 
 /// Who caused a transition: `filter` or `sweeper`; for an operator's
 /// change, the operator ([`Resolution::by`](crate::backend::Resolution::by)).
-/// [`Actor::Operator`] is only what
-/// [`Backend::purge`](crate::backend::Backend::purge) writes, which the
-/// store's own surfaces never call.
+/// [`Actor::Operator`] is what events from before operators were named
+/// hold: the store reads it, and keeps the name from any operator, but no
+/// longer writes it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Actor {
     Filter,

@@ -808,10 +808,6 @@ async fn operators_resolve_list_and_purge(b: Arc<dyn Backend>) {
         (purged.actor.as_str(), purged.reason.as_deref()),
         ("bob@example.com", why)
     );
-    cx.owned(&claim(&stuck, Some(3))).await;
-    // The backend's own purge, which no surface of the store calls.
-    assert!(cx.backend().purge(&stuck, cx.now()).await.unwrap());
-    assert!(!cx.backend().purge(&stuck, cx.now()).await.unwrap());
 }
 
 /// The operator the stories' decisions name.

@@ -251,11 +251,6 @@ fn an_operator_resolves_only_an_open_record() {
 
 #[test]
 fn a_purge_ends_whatever_is_there() {
-    assert_eq!(purge(None), Effect::only(false));
-    let by = (Transition::Purged, &Actor::Operator, None);
-    for l in [loaded(State::Completed), archived(State::Unknown)] {
-        assert_eq!(purge(Some(&l)), Effect::of(true, vec![end(l.view.state, by)]));
-    }
     // An operator's purge names the operator and keeps the reason.
     let how = Resolution {
         action: Action::Purge,

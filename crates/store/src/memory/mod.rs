@@ -193,13 +193,6 @@ impl Backend for Memory {
         }))
     }
 
-    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        let key = ScopeDigest::of(scope);
-        Ok(self.with(&Trace::NONE, |t, journal| {
-            load_and_carry_out(t, journal, &key, now, effects::purge)
-        }))
-    }
-
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         Ok(self.with(&Trace::NONE, |t, journal| sweep::sweep(t, journal, now, *policy)))
     }

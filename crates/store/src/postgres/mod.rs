@@ -429,10 +429,6 @@ impl Backend for Postgres {
             .await
     }
 
-    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.connections.bounded(self.purge_record(scope, now)).await
-    }
-
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
         // Many statements, each bounded by the server; this bounds a sweep
         // stuck behind a network that stopped answering, so the next one runs.

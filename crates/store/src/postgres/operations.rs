@@ -295,9 +295,4 @@ impl Postgres {
         )
         .await
     }
-
-    pub(super) async fn purge_record(&self, scope: &Scope, now: i64) -> Result<bool> {
-        self.lock_and_carry_out((scope, &Trace::NONE), (), |_, l, _| effects::purge(l), now)
-            .await
-    }
 }

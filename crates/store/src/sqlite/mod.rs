@@ -468,14 +468,6 @@ impl Backend for Sqlite {
         .await
     }
 
-    async fn purge(&self, scope: &Scope, now: i64) -> Result<bool> {
-        let (scope, seal) = (scope.clone(), self.seal.clone());
-        self.write_logged(move |w, journal| {
-            load_and_carry_out(w, journal, (&scope, &seal), now, effects::purge)
-        })
-        .await
-    }
-
     /// A batch in slices of at most `sweep::SLICE` records a phase, each
     /// its own writer job: requests queued meanwhile wait for one slice,
     /// never for the whole batch.
