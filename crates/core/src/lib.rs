@@ -25,26 +25,48 @@
 //!   calls and never names the exchange;
 //! - the per-request state machine, [`exchange`], which reads a request's
 //!   head under its policy and hands the client its letters.
+//!
+//! Each module below is declared with one line saying what it holds.
 
+// The worker's store client, sans-IO: what to send to the store and when, batched and redelivered.
 pub mod client;
+// The plugin configuration: JSON from Envoy, parsed raw, then validated into a `Config`.
 pub mod config;
+// The per-request state machine: a request's head read under its policy, the client handed its letters.
 pub mod exchange;
+// Request fingerprints: SHA-256 over an unambiguous encoding of the request (contract §3).
 pub mod fingerprint;
+// gRPC unary calls: what a status means for the record, trailers kept, the filter's answers as statuses.
 pub mod grpc;
+// How a request was handled and what became of its record: the words of the filter's metrics.
 pub mod handling;
+// Header names and field lines: which count, when an identity header is ambiguous, `Idempotency-Control`.
 pub mod headers;
+// Who is asking: the tenant and principal a policy names, read from the request, as its key's scope.
 pub mod identity;
+// RFC 8785 JSON canonicalization, for the fingerprints of JSON bodies.
 pub mod jcs;
+// JWT claims as identity: the payload `jwt_authn` verified, read from dynamic metadata.
 pub mod jwt;
+// The `Idempotency-Key` header: one field line, its value parsed into a key (contract §1).
 pub mod key;
+// The bounds the filter and the store agree on (contract §5).
 pub mod limits;
+// Where a response came from, told from Envoy's `response.code_details` (contract §5).
 pub mod origin;
+// Path normalization for policy matching and fingerprints (contract §4).
 pub mod path;
+// RFC 9457 problem details: every answer the filter or the store gives on its own behalf (contract §7).
 pub mod problem;
+// The filter ↔ store wire protocol (`/v1`): frames of one JSON line and raw bytes.
 pub mod protocol;
+// A record's lifecycle rules, which the store carries out (contract §4–§6).
 pub mod record;
+// A record's identity: the scope its key lives in, never the bare key (contract §2).
 pub mod scope;
+// A call to the store (a claim, a settlement, a batch of them) and what its answer says.
 pub mod store_call;
+// Which client request a store call serves: its `x-request-id` and trace id, for the store's logs.
 pub mod trace;
 
 /// An HTTP response the filter sends itself (a replay or a problem).

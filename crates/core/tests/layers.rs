@@ -8,6 +8,7 @@
 //! exchange, which hands the client its letters.
 //! A cycle is where a low file starts depending on what is built on it, and
 //! where one change starts to need all the files on its circle.
+//! The crate root is the guide to those floors, with one line per module.
 //!
 //! The graph is read from the sources (`idemgate_testkit::layers`): a node
 //! per file (`exchange::head`, `client::letters`), an edge wherever a file's
@@ -33,6 +34,13 @@ const NEVER_REACH: &[(&str, &[&str])] = &[
     ("store_call", &["client", "exchange"]),
     ("client", &["exchange"]),
 ];
+
+/// `lib.rs` is the core's guide: every top-level module of `src/` is
+/// declared there with one line saying what it holds.
+#[test]
+fn the_guide_names_every_module_in_one_line() {
+    layers::assert_the_guide_names_every_module(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+}
 
 #[test]
 fn no_file_of_the_core_leads_back_to_itself() {

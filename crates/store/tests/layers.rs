@@ -76,33 +76,5 @@ fn the_modules_below_the_storage_trait_never_reach_it() {
 /// declared there with one line saying what it holds.
 #[test]
 fn the_guide_names_every_module_in_one_line() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    let lines: Vec<&str> = lib.lines().collect();
-    let declared: Vec<String> = lines
-        .iter()
-        .enumerate()
-        .filter_map(|(i, line)| {
-            let name = line
-                .strip_prefix("pub mod ")
-                .or_else(|| line.strip_prefix("mod "))?;
-            let name = name.strip_suffix(';')?;
-            let said = i > 0 && lines[i - 1].starts_with("// ");
-            assert!(said, "lib.rs: `{line}` has no line saying what it holds");
-            Some(name.to_string())
-        })
-        .collect();
-    let mut on_disk: Vec<String> = std::fs::read_dir(&src)
-        .unwrap()
-        .filter_map(|e| {
-            let path = e.unwrap().path();
-            let name = path.file_stem()?.to_str()?.to_string();
-            (name != "lib" && name != "main" && (path.is_dir() || path.extension()? == "rs")).then_some(name)
-        })
-        .collect();
-    on_disk.sort();
-    on_disk.dedup();
-    let mut listed = declared.clone();
-    listed.sort();
-    assert_eq!(listed, on_disk, "lib.rs's modules and src/'s files differ");
+    layers::assert_the_guide_names_every_module(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
 }

@@ -2,6 +2,8 @@
 //! crate's modules in layers (`crates/core/tests/layers.rs`,
 //! `crates/store/tests/layers.rs`): a cycle is where a low module (a word of
 //! the lexicon, the error type) starts depending on what is built on it.
+//! The same tests keep each crate's root a guide with one line per module
+//! ([`assert_the_guide_names_every_module`]).
 //!
 //! Every file under `src/` is a node named by its module path
 //! (`exchange::head`, `sqlite::engine::writer`, a folder's `mod.rs` by the
@@ -25,6 +27,40 @@ use std::path::{Path, PathBuf};
 /// Module to the modules it names, each with the first place it does
 /// (`src/exchange/mod.rs:14`).
 pub type Graph = BTreeMap<String, BTreeMap<String, String>>;
+
+/// Checks that the crate root under `src` is the crate's guide, as
+/// mini-redis's `lib.rs` is: every top-level module of `src/` (a file or a
+/// folder) is declared there, and the line above each declaration is a
+/// `// ` comment saying what it holds.
+pub fn assert_the_guide_names_every_module(src: &Path) {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let lines: Vec<&str> = lib.lines().collect();
+    let mut declared: Vec<String> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let name = line
+                .strip_prefix("pub mod ")
+                .or_else(|| line.strip_prefix("mod "))?;
+            let name = name.strip_suffix(';')?;
+            let said = i > 0 && lines[i - 1].starts_with("// ");
+            assert!(said, "lib.rs: `{line}` has no line saying what it holds");
+            Some(name.to_string())
+        })
+        .collect();
+    let mut on_disk: Vec<String> = std::fs::read_dir(src)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_stem()?.to_str()?.to_string();
+            (name != "lib" && name != "main" && (path.is_dir() || path.extension()? == "rs")).then_some(name)
+        })
+        .collect();
+    on_disk.sort();
+    on_disk.dedup();
+    declared.sort();
+    assert_eq!(declared, on_disk, "lib.rs's modules and src/'s files differ");
+}
 
 /// The graph of the crate whose sources are under `src`.
 pub fn read(src: &Path) -> Graph {
