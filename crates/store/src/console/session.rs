@@ -149,10 +149,13 @@ impl Sessions {
     /// The session the request's cookie names: alive if used within `idle`
     /// (using it keeps it alive), else ended and forgotten.
     pub fn find(&self, headers: &HeaderMap, idle: Duration) -> Found {
+        self.find_at(headers, idle, Instant::now())
+    }
+
+    fn find_at(&self, headers: &HeaderMap, idle: Duration, now: Instant) -> Found {
         let Some(token) = cookie(headers, SESSION_COOKIE) else {
             return Found::None;
         };
-        let now = Instant::now();
         let mut map = self.by_digest.lock().unwrap_or_else(|e| e.into_inner());
         let key = digest(&token);
         match map.get_mut(&key) {
@@ -264,14 +267,13 @@ mod tests {
         let (token, _) = sessions.open(&alice(), IDLE).unwrap();
         let h = with_cookie(&format!("{SESSION_COOKIE}={token}"));
         let idle = Duration::from_millis(50);
+        let opened = Instant::now();
+        let at = |ms| opened + Duration::from_millis(ms);
         assert!(sessions.current(&h, idle).is_some());
-        std::thread::sleep(Duration::from_millis(30));
+        assert!(matches!(sessions.find_at(&h, idle, at(30)), Found::Live(_)));
         // Used within the limit: kept alive, the limit counts from here.
-        assert!(sessions.current(&h, idle).is_some());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(sessions.current(&h, idle).is_some());
-        std::thread::sleep(Duration::from_millis(60));
-        assert!(matches!(sessions.find(&h, idle), Found::Ended));
+        assert!(matches!(sessions.find_at(&h, idle, at(60)), Found::Live(_)));
+        assert!(matches!(sessions.find_at(&h, idle, at(120)), Found::Ended));
         // Ended for good, whatever the limit now.
         assert!(matches!(sessions.find(&h, IDLE), Found::None));
     }
