@@ -249,17 +249,27 @@ impl Stack {
     /// rollback of the sidecars.
     pub async fn replace_filter(&mut self, wasm: PathBuf) {
         let old = self.options.wasm.clone().unwrap_or_else(crate::wasm_path);
-        let config = std::fs::read_to_string(&self.config_path)
-            .unwrap_or_else(|e| panic!("read envoy config: {e}"))
-            .replace(
-                &format!("filename: {}", old.display()),
-                &format!("filename: {}", wasm.display()),
-            );
-        std::fs::write(&self.config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        let (from, to) = (
+            format!("filename: {}", old.display()),
+            format!("filename: {}", wasm.display()),
+        );
         self.options.wasm = Some(wasm);
+        self.replace_config(|config| config.replace(&from, &to)).await;
+    }
+
+    /// Envoy restarted on its bootstrap as `edit` leaves it.
+    pub async fn replace_config(&mut self, edit: impl FnOnce(String) -> String) {
+        let config =
+            std::fs::read_to_string(&self.config_path).unwrap_or_else(|e| panic!("read envoy config: {e}"));
+        std::fs::write(&self.config_path, edit(config)).unwrap_or_else(|e| panic!("write envoy config: {e}"));
         self.kill_envoy();
         self.start_envoy();
         self.wait_envoy().await;
+    }
+
+    /// Envoy's bootstrap as this stack runs it.
+    pub fn config(&self) -> String {
+        std::fs::read_to_string(&self.config_path).unwrap_or_else(|e| panic!("read envoy config: {e}"))
     }
 
     /// SIGKILL, no goodbye.

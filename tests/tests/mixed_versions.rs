@@ -148,3 +148,61 @@ async fn a_new_filter_works_against_the_previous_store() {
     let keys = exercise(&stack, "new-old").await;
     replays(&stack, "new filter, old store", &keys).await;
 }
+
+/// Whether Envoy loads `config` (`--mode init_only`, beside the running
+/// stack: its ports freed to the kernel's choice), and what it logged.
+fn envoy_loads(stack: &Stack, config: &str) -> (bool, String) {
+    let config = config
+        .replace(&format!("port_value: {}", stack.port), "port_value: 0")
+        .replace(&format!("port_value: {}", stack.admin_port), "port_value: 0");
+    let path = stack.dir.path().join("init-only.yaml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new(e2e::envoy_bin())
+        .args([
+            "--mode",
+            "init_only",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+            "-c",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.success(), log)
+}
+
+/// A module rolled back across a setting it does not know (docs/rollout.md,
+/// "Roll back"): the previous release's filter refuses a configuration with
+/// a `canary`, so Envoy would not load the pair (at start it exits; a pushed
+/// update is rejected and the newer module keeps running). The
+/// configuration goes back first, then the module, without an outage, and
+/// what the newer module recorded still replays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_rolled_back_across_a_new_setting_takes_its_configuration_back_first() {
+    let (old_wasm, _) = previous();
+    let mut stack = Stack::start(Options::new("envoy/e2e.yaml", Database::Sqlite, 1)).await;
+    assert!(
+        stack.config().contains(r#""canary":"#),
+        "the bootstrap has no canary to roll back across"
+    );
+    let mut keys = exercise(&stack, "newer-setting").await;
+
+    let (from, to) = (
+        format!("filename: {}", wasm_path().display()),
+        format!("filename: {}", old_wasm.display()),
+    );
+    let (loads, log) = envoy_loads(&stack, &stack.config());
+    assert!(loads, "the running pair does not load beside itself: {log}");
+    let (loads, log) = envoy_loads(&stack, &stack.config().replace(&from, &to));
+    assert!(!loads, "the previous module took a configuration with a canary");
+    assert!(log.contains("unknown field `canary`"), "{log}");
+
+    stack.replace_config(without_newer_policies).await;
+    replays(&stack, "configuration rolled back", &keys).await;
+    keys.extend(exercise(&stack, "configuration-rolled-back").await);
+    stack.replace_filter(old_wasm).await;
+    replays(&stack, "module rolled back", &keys).await;
+    exercise(&stack, "module-rolled-back").await;
+}
