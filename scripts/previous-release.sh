@@ -4,9 +4,9 @@
 # its store binary, in target/previous/<version>/, and prints that directory.
 # Built once; later runs find them there.
 #
-# The store shares the current build's target dir (the dependencies are
-# compiled once; only the release's own crates are built apart); the filter
-# has a target dir of its own (scripts/wasm.sh source says why). Run it
+# Both share the current build's target dirs (the dependencies, and std for
+# wasm, are compiled once; only the release's own crates are built apart:
+# scripts/wasm.sh source says how). Run it
 # before building the current store: cargo puts the last built
 # `idempotency-store` in target/debug/.
 set -euo pipefail

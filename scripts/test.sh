@@ -130,6 +130,10 @@ setup_waited() {
 }
 
 test_all() {
+    # Every crate of the tree is built once here (three times over, counting
+    # the previous release's, the tests' and the fuzz targets' builds): the
+    # incremental caches would only cost time and gigabytes of disk.
+    export CARGO_INCREMENTAL=0
     stage "setup: toolchain" scripts/setup.sh check
     setup_alongside
     lint

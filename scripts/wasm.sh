@@ -6,8 +6,8 @@
 # own target dir, to target/callout.wasm.  `scripts/wasm.sh faulty` builds the
 # filter with its `fault-injection` feature (a request can kill the VM; for the
 # lifecycle tests only) to target/idemgate-faulty.wasm.  `scripts/wasm.sh source DIR OUT`
-# builds the filter of another source tree (an earlier release) to OUT, in a
-# target dir of that tree's own (see below).
+# builds the filter of another source tree (an earlier release) to OUT, in
+# this tree's target dir (see below).
 #
 # With rustup's wasm32-wasip1 target installed this is a plain cargo build.
 # Without it, Debian's rustc-web builds std for wasm from rust-web-src
@@ -56,14 +56,25 @@ callout)
     ;;
 source)
     src=${2:?usage: scripts/wasm.sh source DIR OUT} out=${3:?usage: scripts/wasm.sh source DIR OUT}
-    # Never this tree's target dir: cargo's hash of a path package leaves its
-    # path out, so a tree whose filter has the same dependencies (a lock that
-    # differs only elsewhere is enough) builds into this tree's file names,
-    # overwrites its module and leaves it looking fresh to the next build.
-    dir=$target_dir/trees/$(realpath "$src" | sha256sum | cut -c1-12)
-    "$cargo" build "${build_std[@]}" --profile wasm --target "$TARGET" \
-        -p idemgate-filter --manifest-path "$src/Cargo.toml" --target-dir "$PWD/$dir"
-    cp "$dir/$TARGET/wasm/idemgate_filter.wasm" "$out"
+    # Into this tree's target dir, so that std (built from source here) and
+    # the dependencies are compiled once. Cargo's hash of a path package
+    # leaves its path out: the other tree's own packages (same names, same
+    # version) would take this tree's file names and leave them looking
+    # fresh. Per-package rustflags give each of those packages a hash of its
+    # own; the one unhashed file both trees write, the linked module, is
+    # removed after the copy, so this tree's next build links its own again.
+    export RUSTC_BOOTSTRAP=1
+    flags='["-Cmetadata=idemgate-other-tree"]'
+    per_package=()
+    for manifest in $(find "$src" -name Cargo.toml -not -path '*/target/*'); do
+        name=$(sed -n 's/^name *= *"\(.*\)"$/\1/p' "$manifest" | head -1)
+        [[ -z $name ]] || per_package+=(--config "profile.wasm.package.$name.rustflags=$flags")
+    done
+    "$cargo" build "${build_std[@]}" -Zprofile-rustflags "${per_package[@]}" --profile wasm \
+        --target "$TARGET" -p idemgate-filter --manifest-path "$src/Cargo.toml" --target-dir "$PWD/$target_dir"
+    linked=$target_dir/$TARGET/wasm
+    cp "$linked/idemgate_filter.wasm" "$out"
+    rm -f "$linked/idemgate_filter.wasm" "$linked/deps/idemgate_filter.wasm"
     echo "$out"
     ;;
 clippy)
