@@ -3,7 +3,8 @@
 
     scripts/validate-istio-payloads.py ENVOY
 
-For examples/istio/envoyfilter.yaml and the generated
+For examples/istio/envoyfilter.yaml, its alternative
+examples/istio/envoyfilter-http-module.yaml and the generated
 examples/istio/workloads/envoyfilters.yaml, each HTTP_FILTER patch value and
 each EXTENSION_CONFIG value goes, as written, into the HTTP filter chain of a
 bootstrap (the EXTENSION_CONFIG one in place of its config_discovery reference,
@@ -18,8 +19,12 @@ each bootstrap.
 Before that, what `istioctl analyze` would warn about or Envoy cannot know:
   - an EnvoyFilter with a relative patch (INSERT_BEFORE/AFTER, MERGE, REPLACE,
     REMOVE) and no `priority` (IST0151; IST0155 with a proxyVersion match);
-  - two ECDS (EXTENSION_CONFIG) names alike, or one equal to a WasmPlugin's
-    `<namespace>.<name>`: they overwrite each other in the proxy.
+  - two ECDS (EXTENSION_CONFIG) names alike in different objects, or one
+    equal to a WasmPlugin's `<namespace>.<name>`: they overwrite each other in
+    the proxy (one object written in two files, as envoyfilter.yaml and its
+    alternatives are, is one object in the cluster);
+  - an alternative to envoyfilter.yaml (envoyfilter-http-module.yaml) that
+    differs from it in anything but the module's source (`vm_config.code`).
 """
 import json
 import os
@@ -64,7 +69,10 @@ def bootstrap(filters):
     }
 
 
-ENVOY_FILTER_FILES = ("envoyfilter.yaml", "workloads/envoyfilters.yaml")
+ENVOY_FILTER_FILES = ("envoyfilter.yaml", "envoyfilter-http-module.yaml", "workloads/envoyfilters.yaml")
+# Alternatives to envoyfilter.yaml: the same EnvoyFilter object but for the
+# module's source (`vm_config.code`), so applying one replaces the other.
+ALTERNATIVES = ("envoyfilter-http-module.yaml",)
 
 
 def docs(name):
@@ -102,8 +110,9 @@ def analyze():
     for file, doc in all_docs():
         meta = doc.get("metadata", {})
         what = f"{file} {doc.get('kind')}/{meta.get('namespace')}/{meta.get('name')}"
+        identity = (doc.get("kind"), meta.get("namespace"), meta.get("name"))
         if doc.get("kind") == "WasmPlugin":
-            ecds.setdefault(f"{meta.get('namespace')}.{meta.get('name')}", []).append(what)
+            ecds.setdefault(f"{meta.get('namespace')}.{meta.get('name')}", []).append((identity, what))
         if doc.get("kind") != "EnvoyFilter":
             continue
         spec = doc.get("spec", {})
@@ -114,10 +123,35 @@ def analyze():
                                 f"is relative and the EnvoyFilter has no priority "
                                 f"(istioctl analyze {'IST0155' if versioned else 'IST0151'})")
             if patch.get("applyTo") == "EXTENSION_CONFIG":
-                ecds.setdefault(patch["patch"]["value"]["name"], []).append(what)
+                ecds.setdefault(patch["patch"]["value"]["name"], []).append((identity, what))
     for name, where in sorted(ecds.items()):
-        if len(where) > 1:
-            problems.append(f"ECDS name {name} is used {len(where)} times: {'; '.join(where)}")
+        if len({identity for identity, _ in where}) > 1:
+            problems.append(f"ECDS name {name} is used by {len(where)} objects: "
+                            f"{'; '.join(what for _, what in where)}")
+    problems += alternatives()
+    return problems
+
+
+def without_code(doc):
+    """An EnvoyFilter with its Wasm module's source cut out."""
+    doc = json.loads(json.dumps(doc))
+    for patch in doc["spec"]["configPatches"]:
+        if patch["applyTo"] == "EXTENSION_CONFIG":
+            patch["patch"]["value"]["typed_config"]["config"]["vm_config"].pop("code")
+    return doc
+
+
+def alternatives():
+    """Each alternative to envoyfilter.yaml is its EnvoyFilter but for `vm_config.code`."""
+    problems = []
+    base = [d for d in docs("envoyfilter.yaml") if d.get("kind") == "EnvoyFilter"]
+    for file in ALTERNATIVES:
+        filters = [d for d in docs(file) if d.get("kind") == "EnvoyFilter"]
+        if len(filters) != 1 or len(base) != 1:
+            problems.append(f"{file}: expected one EnvoyFilter there and in envoyfilter.yaml")
+        elif without_code(filters[0]) != without_code(base[0]):
+            problems.append(f"{file}: its EnvoyFilter differs from envoyfilter.yaml's in more than "
+                            f"vm_config.code: keep the two alike")
     return problems
 
 
