@@ -219,6 +219,11 @@ for f in examples/istio/envoyfilter.yaml examples/istio/wasmplugin.yaml; do
         -e "s#(oci://[^@\" ]+)@sha256:[0-9a-f]{64}#\1@sha256:$hex#" \
         -e "s#^( *sha256: *)[0-9a-f]{64}#\1$hex#" "$f"
 done
+# The module served over HTTP is pinned by the sha256 of the file itself.
+module=$(cut -d' ' -f1 "$out/idemgate.wasm.sha256")
+sed -i -E \
+    -e "s#(sha256: *\")[0-9a-f]{64}\"#\1$module\"#" \
+    -e "s#idemgate-[0-9][0-9a-z.+-]*\.wasm#idemgate-$version.wasm#g" examples/istio/envoyfilter-http-module.yaml
 
 ref() { jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]' "$out/$1/index.json"; }
 echo "release $version artefacts in $out:"

@@ -150,6 +150,7 @@ test_all() {
     stage "plugin configs" "$VENV/bin/python" scripts/validate-plugin-configs.py
     stage manifests scripts/validate-manifests.sh
     stage "coverage alerts on a real Envoy" python3 scripts/test-coverage-alert.py "$ENVOY" target/idemgate.wasm
+    stage "remote module fetch on a real Envoy" python3 scripts/test-remote-module.py "$ENVOY" target/idemgate.wasm
     stage "oci round trip" scripts/oci-roundtrip.sh target/idemgate.wasm
     stage "release dry run" release_dry_run
     stage "simulation: the fixed set" cargo test -p idemgate-simulation
