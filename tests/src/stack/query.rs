@@ -2,7 +2,6 @@
 //! admin pages, the store's records and histories, and every log line.
 
 use super::Stack;
-use crate::ADMIN_TOKEN;
 
 impl Stack {
     pub fn url(&self, path: &str) -> String {
@@ -98,7 +97,7 @@ impl Stack {
             let res = self
                 .client
                 .post(self.store_url(i, "/admin/v1/records/lookup"))
-                .bearer_auth(ADMIN_TOKEN)
+                .bearer_auth(self.options.admin_token)
                 .header("content-type", "application/json")
                 .body(query.to_string())
                 .send()
@@ -164,7 +163,7 @@ impl Stack {
         let res = self
             .client
             .get(self.store_url(0, "/admin/v1/records/stuck?older_than_ms=0&limit=1000"))
-            .bearer_auth(ADMIN_TOKEN)
+            .bearer_auth(self.options.admin_token)
             .send()
             .await
             .ok()?;
