@@ -73,7 +73,9 @@
 # BENCH_SCALE_DBS ("sqlite postgres": the databases of 7),
 # BENCH_SWEEP_MAX_SECONDS (600: the longest a sweep under load may take),
 # ENVOY_BIN, IDEMGATE_STORE_BIN (target/release/idempotency-store),
-# IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_CALLOUT_WASM
+# IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_STACK_BIN
+# (target/debug/idemgate-stack: the end-to-end tests' harness, which starts
+# every Envoy, store and the upstream here), IDEMGATE_CALLOUT_WASM
 # (target/callout.wasm), BENCH_OUT (bench/results), BENCH_README
 # (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (6,
 # the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir,
@@ -135,6 +137,8 @@ CALLOUT_WASM=${IDEMGATE_CALLOUT_WASM:-$ROOT/target/callout.wasm}
 GRPC_BIN=${IDEMGATE_GRPC_BENCH_BIN:-$ROOT/target/release/idempotency-grpc-bench}
 GRPC_CONNS=${BENCH_GRPC_CONNECTIONS:-4}
 STORE_BENCH_BIN=$ROOT/target/release/idempotency-store-bench
+STACK_BIN=${IDEMGATE_STACK_BIN:-$ROOT/target/debug/idemgate-stack}
+export ENVOY_BIN=$ENVOY IDEMGATE_WASM=$WASM # the harness's Envoy and module
 PACED_BIN=$ROOT/target/release/idempotency-paced-load
 RATE=${BENCH_RATE:-200}
 SCALE=${BENCH_SCALE-1e5 1e6 1e7}
@@ -178,7 +182,7 @@ if [[ $ONLY != grpc && ! -d bench/peer/node_modules/express-idempotency-redis-ad
     echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
-needed=("$STORE_BIN" "$WASM")
+needed=("$STORE_BIN" "$WASM" "$STACK_BIN")
 [[ $ONLY == floor || $ONLY == scale ]] || needed+=("$GRPC_BIN")
 [[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN")
 [[ $ONLY == grpc || $ONLY == scale ]] || needed+=("$CALLOUT_WASM")
@@ -202,8 +206,38 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# Envoy, the store and the upstream are started by the end-to-end tests'
+# harness (`idemgate-stack`, tests/src/bin/idemgate-stack.rs): their ports,
+# bootstraps and readiness are its. It prints the stack's JSON line once
+# everything answers and stops it cleanly when signalled.
+stack() { # name [taskset -c N] idemgate-stack ARGS...; sets $stack (its JSON) and $last_pid (the harness's)
+    local out=$W/$1.stack
+    rm -f "$out"
+    mkfifo "$out"
+    "${@:2}" >"$out" 2>"$W/$1.log" &
+    last_pid=$!
+    pids+=("$last_pid")
+    if ! read -r stack <"$out"; then
+        echo "bench: $1 did not start ($W/$1.log):" >&2
+        tail -n 40 "$W/$1.log" >&2
+        BENCH_KEEP=1
+        exit 1
+    fi
+    rm -f "$out"
+}
+field() { # Python expression over $stack (s) -> its value
+    python3 -c 'import json, sys; print(eval(sys.argv[2], {"s": json.loads(sys.argv[1])}))' "$stack" "$1"
+}
+# The ports of what runs beside the stacks (the peer, Redis, PostgreSQL, the
+# gRPC upstream, the callout microbenchmark) and the store's, which every
+# store started in turn listens on: reserved by the harness for the whole
+# run, so that no test or other stack picks one meanwhile.
+stack ports "$STACK_BIN" ports 20
+mapfile -t free_ports < <(field '"\n".join(map(str, s["ports"]))')
+take_port() { # variable: the next reserved port
+    ((${#free_ports[@]})) || { echo "bench: out of reserved ports" >&2; exit 1; }
+    printf -v "$1" '%s' "${free_ports[0]}"
+    free_ports=("${free_ports[@]:1}")
 }
 wait_http() { # url what [unix-socket]
     local i
@@ -220,9 +254,11 @@ start() { # name cmd... ; sets $last_pid
     last_pid=$!
     pids+=("$last_pid")
 }
-stop() { # pid
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
+declare -A stack_of # the harness holding each process it started, by PID
+stop() { # pid (of a stack's process: its whole stack)
+    local p=${stack_of[$1]:-$1}
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
 }
 mem() { # pid -> "rss_kb hwm_kb"
     awk '/^VmRSS:/ {r=$2} /^VmHWM:/ {h=$2} END {print r+0, h+0}' "/proc/$1/status" 2>/dev/null || echo "0 0"
@@ -239,34 +275,25 @@ record() { # JSON object
     echo "$1" >>"$RAW"
 }
 
-UP_PORT=$(free_port)
-STORE_PORT=$(free_port)
+take_port UP_PORT
+take_port STORE_PORT
 STORE_SOCKET=$W/store.sock
-REDIS_PORT=$(free_port)
-PG_PORT=$(free_port)
+take_port REDIS_PORT
+take_port PG_PORT
 declare -A port admin pid_of
-for e in without with with-unix pin-without pin-with; do port[$e]=$(free_port) admin[$e]=$(free_port); done
 
-envoy_config() { # name (with|without|grpc-with|grpc-without) template upstream-port -> path
-    local f=$W/envoy-$1.yaml
-    sed -e "s|@PORT@|${port[$1]}|; s|@ADMIN_PORT@|${admin[$1]}|; s|@UPSTREAM_PORT@|$3|" \
-        -e "s|@STORE_PORT@|$STORE_PORT|; s|@WASM@|$WASM|" "$2" >"$f"
-    if [[ $1 == *without ]]; then
-        sed -i '/# BEGIN idemgate/,/# END idemgate/d' "$f"
-    fi
-    if [[ $1 == with-unix ]]; then # the store's cluster reaches it on its Unix socket
-        sed -i "s|socket_address: {address: 127.0.0.1, port_value: $STORE_PORT}|pipe: {path: $STORE_SOCKET}|" "$f"
-    fi
-    echo "$f"
-}
-start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
-    local cfg
-    cfg=$(envoy_config "$1" "${2:-bench/envoy.yaml}" "${3:-$UP_PORT}")
-    start "envoy-$1" ${PIN_PROXY:+taskset -c "$PIN_PROXY"} "$ENVOY" -c "$cfg" --concurrency "${ENVOY_WORKERS:-2}" \
-        --disable-hot-restart -l warn
-    pid_of[$1]=$last_pid
-    wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
-    record_idle "$1" "$last_pid"
+start_envoy() { # with|without|with-unix|pin-with|pin-without|grpc-with|grpc-without [bootstrap upstream-port]
+    local flags=(--bootstrap "${2:-bench/envoy.yaml}" --upstream-port "${3:-$UP_PORT}" --no-store
+        --workers "${ENVOY_WORKERS:-2}")
+    [[ $1 != *without ]] || flags+=(--without-filter)
+    # 3u: the store's cluster reaches it on its Unix socket.
+    if [[ $1 == with-unix ]]; then flags+=(--store-socket "$STORE_SOCKET"); else flags+=(--store-port "$STORE_PORT"); fi
+    stack "envoy-$1" ${PIN_PROXY:+taskset -c "$PIN_PROXY"} "$STACK_BIN" bench "${flags[@]}"
+    pid_of[$1]=$(field 's["envoy"]["pid"]')
+    port[$1]=$(field 's["envoy"]["port"]')
+    admin[$1]=$(field 's["envoy"]["admin"]')
+    stack_of[${pid_of[$1]}]=$last_pid
+    record_idle "$1" "${pid_of[$1]}"
 }
 record_idle() { # name pid: an Envoy's resident size a second after it is ready
     local rss
@@ -277,16 +304,14 @@ record_idle() { # name pid: an Envoy's resident size a second after it is ready
 start_store() { # database-url [flags]; the server's CPU is counted for PostgreSQL
     store_db_cpu=
     [[ $1 == postgres://* ]] && store_db_cpu=" postgres=pg:$(head -1 "$pg_data/postmaster.pid")"
-    # A fresh PostgreSQL database has no schema yet: the store migrates it
-    # (in production `idempotency-store migrate` does, as the schema's owner).
-    # With $store_unix set, it listens on $STORE_SOCKET instead of its port.
-    local listen=127.0.0.1:$STORE_PORT
-    [[ -z ${store_unix:-} ]] || listen=unix:$STORE_SOCKET
-    start store ${PIN_STORE:+taskset -c "$PIN_STORE"} env RUST_LOG=warn IDEMGATE_MIGRATE=true "$STORE_BIN" serve \
-        --listen "$listen" --database-url "$1" \
-        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
-    store_pid=$last_pid
-    wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)" ${store_unix:+"$STORE_SOCKET"}
+    # A fresh PostgreSQL database has no schema yet: the harness's store
+    # migrates it (in production `idempotency-store migrate` does, as the
+    # schema's owner). With $store_unix set, it listens on $STORE_SOCKET too.
+    stack store ${PIN_STORE:+taskset -c "$PIN_STORE"} "$STACK_BIN" store --store-bin "$STORE_BIN" \
+        --database "$1" --store-port "$STORE_PORT" ${store_unix:+--store-socket "$STORE_SOCKET"} \
+        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" -- "${@:2}"
+    store_pid=$(field 's["stores"][0]["pid"]')
+    stack_of[$store_pid]=$last_pid
 }
 filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
     curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
@@ -435,9 +460,9 @@ record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"lat
 
 # The upstream of every HTTP Envoy scenario: the Express handler, alone.
 if [[ $ONLY != grpc ]]; then
-    start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
-    up_pid=$last_pid
-    wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
+    stack upstream "$STACK_BIN" bench --express --upstream-port "$UP_PORT" --no-store --no-envoy
+    up_pid=$(field 's["services"]["upstream"]["pid"]')
+    stack_of[$up_pid]=$last_pid
 fi
 
 # Both Envoys run side by side (they differ by the filter only). Every filter
@@ -472,7 +497,7 @@ source bench/mechanism.sh
 GRPC_PATH=/bench.v1.Ledger/Transfer
 grpc_scenarios() {
     local http_up_pid=${up_pid:-} grpc_up_port i
-    grpc_up_port=$(free_port)
+    take_port grpc_up_port
     start grpc-upstream "$GRPC_BIN" upstream --listen "127.0.0.1:$grpc_up_port"
     up_pid=$last_pid
     for ((i = 0; i < 100; i++)); do
@@ -481,7 +506,6 @@ grpc_scenarios() {
     done
     start_store "sqlite://$W/store-grpc.db"
     for e in grpc-without grpc-with; do
-        port[$e]=$(free_port) admin[$e]=$(free_port)
         start_envoy "$e" bench/grpc.yaml "$grpc_up_port"
     done
     LOADER=grpc filter_envoy=grpc-with BASE_NAME=grpc-base BASE_ENVOY=grpc-without BASE_PATH=$GRPC_PATH

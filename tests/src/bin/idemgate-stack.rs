@@ -1,7 +1,8 @@
 //! `idemgate-stack SHAPE [FLAGS] [-- STORE ARGS]`: the end-to-end tests' stack
 //! (`e2e::stack`) for the scripts. It starts a named stack, prints one JSON
-//! line on stdout once every part answers (addresses, PIDs, log files, the
-//! command line each process was started with), holds it until SIGINT or
+//! line on stdout once every part answers (addresses, each of Envoy's
+//! listeners by name, PIDs, log files, the command line each process was
+//! started with), holds it until SIGINT or
 //! SIGTERM, then stops every process (SIGTERM, SIGKILL after 10 s, 120 s
 //! for a store under --store-wrapper). If a process exits on its own
 //! meanwhile, the stack stops and this exits 1.
@@ -14,7 +15,8 @@
 //!   bench     an Envoy of bench/envoy.yaml (or --bootstrap), with its own
 //!             store unless --no-store, in front of --upstream-port or, with
 //!             --express, the bench's Express handler (alone with --no-store
-//!             --no-envoy)
+//!             --no-envoy); with --callout-sink, bench/callout/sink.js where
+//!             the store would be (--bootstrap bench/callout/envoy.yaml)
 //!   ports N   N ports reserved for as long as it runs, for the ports a
 //!             script hands to several stacks in turn (a store restarted on
 //!             the port its Envoy points at)
@@ -22,7 +24,8 @@
 //! Flags: --database URL|sqlite, --store-port P, --store-socket PATH,
 //! --store-bin PATH, --store-wrapper 'CMD ARGS', --store-log LEVEL,
 //! --api-token T, --admin-token T, --no-store, --no-envoy, --bootstrap FILE,
-//! --without-filter, --workers N, --upstream-port P, --express, --echo
+//! --without-filter, --workers N, --upstream-port P, --express,
+//! --callout-sink, --wasm PATH (the filter module, or the callout's), --echo
 //! (every process's output on stderr, each line prefixed with its name).
 //! The binaries are ENVOY_BIN, IDEMGATE_STORE_BIN, IDEMGATE_WASM and
 //! IDEMGATE_PYTHON, as for the tests. Paths are relative to the repository's
@@ -82,7 +85,11 @@ async fn run(args: Vec<String>) -> Result<ExitCode, String> {
         _ = signal.wait_for(|s| *s) => return Ok(ExitCode::from(130)),
     };
     let echo = flags.echo.then(|| echo(&stack));
-    println!("{}", describe(shape, &stack));
+    let listeners = match stack.envoy {
+        Some(_) => stack.listeners().await,
+        None => Vec::new(),
+    };
+    println!("{}", describe(shape, &stack, &listeners));
     let code = hold(&stack, &signal).await;
     // A store under valgrind takes its time to exit and write its profile.
     let grace = match flags.store_wrapper.is_empty() {
@@ -115,6 +122,8 @@ struct Flags {
     workers: Option<u32>,
     upstream_port: Option<u16>,
     express: bool,
+    callout_sink: bool,
+    wasm: Option<PathBuf>,
     echo: bool,
     store_args: Vec<String>,
 }
@@ -144,6 +153,8 @@ impl Flags {
                 "--workers" => flags.workers = Some(value()?.parse().map_err(|e| format!("--workers: {e}"))?),
                 "--upstream-port" => flags.upstream_port = Some(port(value()?)?),
                 "--express" => flags.express = true,
+                "--callout-sink" => flags.callout_sink = true,
+                "--wasm" => flags.wasm = Some(value()?.into()),
                 "--echo" => flags.echo = true,
                 "--" => {
                     flags.store_args = args.by_ref().cloned().collect();
@@ -262,6 +273,31 @@ fn bench(flags: &Flags) -> Options {
     if flags.without_filter {
         options.edit = Some(Box::new(without_filter));
     }
+    if let Some(wasm) = &flags.wasm {
+        options.wasm = Some(wasm.clone());
+        // The callout microbenchmark's module stands where idemgate's would.
+        let module = format!("filename: {}", wasm.display());
+        let edit = options.edit.take();
+        options.edit = Some(Box::new(move |config: String| {
+            let config = config.replace("filename: target/callout.wasm", &module);
+            match edit {
+                Some(edit) => edit(config),
+                None => config,
+            }
+        }));
+    }
+    if flags.callout_sink {
+        // The sink stands where the store would: its cluster is the store's.
+        let port = flags.store_port.unwrap_or_else(e2e::free_port);
+        options.store_port = Some(port);
+        options.replicas = 0;
+        options.services.push(Service {
+            name: "sink",
+            command: ["node", "bench/callout/sink.js"].map(String::from).to_vec(),
+            env: vec![("SINK_PORT".into(), port.to_string())],
+            ready: Ready::Http(format!("http://127.0.0.1:{port}/")),
+        });
+    }
     if flags.express {
         let port = flags.upstream_port.unwrap_or_else(e2e::free_port);
         options.upstream_port = Some(port);
@@ -348,7 +384,7 @@ async fn hold(stack: &Stack, signal: &tokio::sync::watch::Receiver<bool>) -> Exi
 }
 
 /// The stack as one JSON object: what a script needs to reach and watch it.
-fn describe(shape: &str, stack: &Stack) -> Value {
+fn describe(shape: &str, stack: &Stack, listeners: &[(String, u16)]) -> Value {
     let proc = |p: &e2e::Proc| json!({ "pid": p.pid(), "log": p.log_path() });
     let stores: Vec<Value> = (stack.stores.iter())
         .filter_map(|r| Some((r.port, r.proc.as_ref()?)))
@@ -368,6 +404,7 @@ fn describe(shape: &str, stack: &Stack) -> Value {
             "address": format!("127.0.0.1:{}", stack.port),
             "port": stack.port,
             "admin": stack.admin_port,
+            "listeners": listeners.iter().map(|(name, port)| (name.clone(), json!(port))).collect::<serde_json::Map<_, _>>(),
             "pid": p.pid(),
             "log": p.log_path(),
         })),

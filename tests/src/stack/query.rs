@@ -20,6 +20,22 @@ impl Stack {
         }
     }
 
+    /// Each of Envoy's listeners by name and the port it is bound to, as
+    /// its admin reports it: a listener on port 0 takes one the kernel
+    /// hands to Envoy itself, which no other process can take meanwhile.
+    pub async fn listeners(&self) -> Vec<(String, u16)> {
+        let page = self.admin_text("/listeners?format=json").await;
+        let page: serde_json::Value = serde_json::from_str(&page).unwrap_or_default();
+        let statuses = page["listener_statuses"].as_array().cloned().unwrap_or_default();
+        statuses
+            .iter()
+            .filter_map(|l| {
+                let port = l["local_address"]["socket_address"]["port_value"].as_u64()?;
+                Some((l["name"].as_str()?.to_string(), u16::try_from(port).ok()?))
+            })
+            .collect()
+    }
+
     /// A POST through Envoy with an optional key, as alice of tenant-a.
     pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
         self.post_as("tenant-a", "alice", path, key, body)
