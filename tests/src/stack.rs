@@ -1,7 +1,9 @@
 //! The stack every end-to-end test runs against: the real Envoy on a
 //! bootstrap from `envoy/` (its ports and wasm path rewritten for the test),
 //! one or more store replicas on SQLite or a throwaway PostgreSQL cluster,
-//! and the in-process upstream. Ports are picked free and readiness is
+//! and the in-process upstream. Ports are picked free, each reserved for
+//! the life of this process (`free_port`), so no other test binary or
+//! script's stack takes one while a part restarts on it; readiness is
 //! polled; every part can be killed (SIGKILL) and restarted on its port, and
 //! every process start gets its own log file, so the logs of a whole run can
 //! be audited afterwards. [`crate::Harness`] is its preset for `envoy/e2e.yaml`;
@@ -384,7 +386,13 @@ impl Stack {
             true => Duration::from_secs(30),
             false => Duration::from_secs(180),
         };
-        eventually("the store to be ready", within, || self.answers_200(&url)).await;
+        eventually("the store to be ready", within, || async {
+            // One that exited (a bad flag, its port taken) never will be.
+            let proc = self.stores[i].proc.as_ref();
+            assert!(proc.is_some_and(Proc::alive), "store {i} exited during start-up");
+            self.answers_200(&url).await
+        })
+        .await;
     }
 
     async fn answers_200(&self, url: &str) -> bool {
@@ -471,6 +479,10 @@ impl Stack {
         let ready = self.admin_url("/ready");
         let wanted = self.stores.iter().filter(|r| r.proc.is_some()).count();
         eventually("envoy to be ready", Duration::from_secs(60), || async {
+            assert!(
+                self.envoy.as_ref().is_some_and(Proc::alive),
+                "envoy exited during start-up"
+            );
             if !self.answers_200(&ready).await {
                 return false;
             }
@@ -500,6 +512,14 @@ impl Drop for Stack {
         self.kill_envoy();
         for i in 0..self.stores.len() {
             self.kill_store(i);
+        }
+        // Only ports this process reserved are released; the store port a
+        // caller passed in stays its own.
+        let stores = self.stores.iter().map(|r| r.port);
+        for port in [self.port, self.admin_port].into_iter().chain(stores) {
+            if Some(port) != self.options.store_port {
+                idemgate_testkit::release(port);
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ pub use process::Proc;
 pub use wait::{eventually, poll};
 
 /// A port nobody listens on right now, below the kernel's ephemeral range,
-/// reserved for this process until it exits.
+/// reserved for this process until it exits or [`release`]s it.
 pub fn free_port() -> u16 {
     // A port is free only until someone binds it. One the kernel hands out
     // for port 0 comes from its ephemeral range, where it also picks the
@@ -37,11 +37,11 @@ pub fn free_port() -> u16 {
     // either's child binds it, and one Envoy's callouts would then reach the
     // other's store. So a port is handed out only with a reservation: a Unix
     // socket in the abstract namespace named after it, bound by this process
-    // and held until it exits (the kernel drops it even on SIGKILL). A
+    // and held until it exits (the kernel drops it even on SIGKILL) or
+    // releases the port. A
     // network namespace shares both its ports and that namespace, and a
     // second bind of one name fails, so no two processes ever hold one port,
     // including while a child is restarted on it.
-    static HELD: std::sync::Mutex<Vec<std::os::unix::net::UnixListener>> = std::sync::Mutex::new(Vec::new());
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     let ports = below_ephemeral();
     loop {
@@ -50,10 +50,22 @@ pub fn free_port() -> u16 {
             continue;
         };
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            held.push(reservation);
+            held.push((port, reservation));
             return port;
         }
     }
+}
+
+/// The reservations [`free_port`] holds, each with its port.
+static HELD: std::sync::Mutex<Vec<(u16, std::os::unix::net::UnixListener)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Gives up the reservation of `port` (if this process holds it), once
+/// nothing of this process will bind it again: a test binary that runs
+/// hundreds of stacks would otherwise keep a descriptor for each port.
+pub fn release(port: u16) {
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|(p, _)| *p != port);
 }
 
 /// The reservation of `port`, unless another process (or this one) holds it.
