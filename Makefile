@@ -104,6 +104,7 @@ bench:
 	@scripts/wasm.sh
 	@scripts/wasm.sh callout
 	cargo build --release -p idemgate-store -p idemgate-store-load
+	cargo build -p e2e --bin idemgate-stack
 	@scripts/bench.sh
 
 # Every Envoy minor that an Istio minor the manifests admit ships

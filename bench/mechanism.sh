@@ -164,26 +164,22 @@ callout_scenarios() {
 # (bench/callout/sink.js), then the request goes on to the same upstream;
 # and callout-k, a new key's two calls where idemgate makes them.
 start_callout() {
-    SINK_PORT=$(free_port)
-    admin[callout]=$(free_port)
-    start sink env SINK_PORT="$SINK_PORT" node bench/callout/sink.js
-    sink_pid=$last_pid
-    wait_http "http://127.0.0.1:$SINK_PORT/" "the callout sink"
-    sed -e "s|@ADMIN_PORT@|${admin[callout]}|; s|@UPSTREAM_PORT@|$UP_PORT|; s|@SINK_PORT@|$SINK_PORT|; s|@WASM@|$CALLOUT_WASM|" \
-        bench/callout/envoy.yaml >"$W/envoy-callout.yaml"
+    stack callout "$STACK_BIN" bench --bootstrap bench/callout/envoy.yaml --wasm "$CALLOUT_WASM" \
+        --callout-sink --upstream-port "$UP_PORT"
+    pid_of[callout]=$(field 's["envoy"]["pid"]')
+    admin[callout]=$(field 's["envoy"]["admin"]')
+    sink_pid=$(field 's["services"]["sink"]["pid"]')
+    stack_of[${pid_of[callout]}]=$last_pid
+    stack_of[$sink_pid]=$last_pid
     local n
     for n in 0 1 2 k; do
-        port[callout-$n]=$(free_port)
+        port[callout-$n]=$(field "s['envoy']['listeners']['calls_$n']")
         admin[callout-$n]=${admin[callout]}
-        sed -i "s|@PORT_$n@|${port[callout-$n]}|" "$W/envoy-callout.yaml"
+        pid_of[callout-$n]=${pid_of[callout]}
     done
-    start envoy-callout "$ENVOY" -c "$W/envoy-callout.yaml" --concurrency 2 --disable-hot-restart -l warn
-    pid_of[callout]=$last_pid
-    for n in 0 1 2 k; do pid_of[callout-$n]=$last_pid; done
-    wait_http "http://127.0.0.1:${admin[callout]}/ready" "Envoy (callout microbenchmark)"
     # What loading any proxy-wasm module costs Envoy, beside the same figure
     # for idemgate's (start_envoy).
-    record_idle callout "$last_pid"
+    record_idle callout "${pid_of[callout]}"
 }
 stop_callout() {
     stop "${pid_of[callout]}"

@@ -22,7 +22,7 @@ start_peer() { # redis-port [redis flags]; sets $redis_pid, $peer_pid, $peer_por
     start "redis-$1" redis-server --port "$1" --bind 127.0.0.1 --save '' "${@:2}"
     redis_pid=$last_pid
     for ((i = 0; i < 100; i++)); do redis-cli -p "$1" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    peer_port=$(free_port)
+    take_port peer_port
     start "peer-$1" env BENCH_MODE=peer PORT="$peer_port" REDIS_URL="redis://127.0.0.1:$1" node bench/peer/app.js
     peer_pid=$last_pid
     wait_http "http://127.0.0.1:$peer_port/_bench/ready" "the peer"
@@ -45,7 +45,7 @@ peer_scenarios() {
     fi
     stop "$peer_pid"
     stop "$redis_pid"
-    durable_port=$(free_port)
+    take_port durable_port
     mkdir -p "$W/redis-aof"
     start_peer "$durable_port" --appendonly yes --appendfsync always --dir "$W/redis-aof"
     peer_scenario peer-durable "$peer_port" "$peer_pid"

@@ -73,7 +73,9 @@
 # BENCH_SCALE_DBS ("sqlite postgres": the databases of 7),
 # BENCH_SWEEP_MAX_SECONDS (600: the longest a sweep under load may take),
 # ENVOY_BIN, IDEMGATE_STORE_BIN (target/release/idempotency-store),
-# IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_CALLOUT_WASM
+# IDEMGATE_WASM (target/idemgate.wasm), IDEMGATE_STACK_BIN
+# (target/debug/idemgate-stack: the end-to-end tests' harness, which starts
+# every Envoy, store and the upstream here), IDEMGATE_CALLOUT_WASM
 # (target/callout.wasm), BENCH_OUT (bench/results), BENCH_README
 # (README.md: its Performance section is rewritten), BENCH_LATENCY_SECONDS (6,
 # the one-connection run after each measurement), BENCH_KEEP=1 keeps the work dir,
@@ -135,6 +137,8 @@ CALLOUT_WASM=${IDEMGATE_CALLOUT_WASM:-$ROOT/target/callout.wasm}
 GRPC_BIN=${IDEMGATE_GRPC_BENCH_BIN:-$ROOT/target/release/idempotency-grpc-bench}
 GRPC_CONNS=${BENCH_GRPC_CONNECTIONS:-4}
 STORE_BENCH_BIN=$ROOT/target/release/idempotency-store-bench
+STACK_BIN=${IDEMGATE_STACK_BIN:-$ROOT/target/debug/idemgate-stack}
+export ENVOY_BIN=$ENVOY IDEMGATE_WASM=$WASM # the harness's Envoy and module
 PACED_BIN=$ROOT/target/release/idempotency-paced-load
 RATE=${BENCH_RATE:-200}
 SCALE=${BENCH_SCALE-1e5 1e6 1e7}
@@ -178,7 +182,7 @@ if [[ $ONLY != grpc && ! -d bench/peer/node_modules/express-idempotency-redis-ad
     echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
-needed=("$STORE_BIN" "$WASM")
+needed=("$STORE_BIN" "$WASM" "$STACK_BIN")
 [[ $ONLY == floor || $ONLY == scale ]] || needed+=("$GRPC_BIN")
 [[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN")
 [[ $ONLY == grpc || $ONLY == scale ]] || needed+=("$CALLOUT_WASM")
@@ -202,8 +206,38 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# Envoy, the store and the upstream are started by the end-to-end tests'
+# harness (`idemgate-stack`, tests/src/bin/idemgate-stack.rs): their ports,
+# bootstraps and readiness are its. It prints the stack's JSON line once
+# everything answers and stops it cleanly when signalled.
+stack() { # name [taskset -c N] idemgate-stack ARGS...; sets $stack (its JSON) and $last_pid (the harness's)
+    local out=$W/$1.stack
+    rm -f "$out"
+    mkfifo "$out"
+    "${@:2}" >"$out" 2>"$W/$1.log" &
+    last_pid=$!
+    pids+=("$last_pid")
+    if ! read -r stack <"$out"; then
+        echo "bench: $1 did not start ($W/$1.log):" >&2
+        tail -n 40 "$W/$1.log" >&2
+        BENCH_KEEP=1
+        exit 1
+    fi
+    rm -f "$out"
+}
+field() { # Python expression over $stack (s) -> its value
+    python3 -c 'import json, sys; print(eval(sys.argv[2], {"s": json.loads(sys.argv[1])}))' "$stack" "$1"
+}
+# The ports of what runs beside the stacks (the peer, Redis, PostgreSQL, the
+# gRPC upstream, the callout microbenchmark) and the store's, which every
+# store started in turn listens on: reserved by the harness for the whole
+# run, so that no test or other stack picks one meanwhile.
+stack ports "$STACK_BIN" ports 20
+mapfile -t free_ports < <(field '"\n".join(map(str, s["ports"]))')
+take_port() { # variable: the next reserved port
+    ((${#free_ports[@]})) || { echo "bench: out of reserved ports" >&2; exit 1; }
+    printf -v "$1" '%s' "${free_ports[0]}"
+    free_ports=("${free_ports[@]:1}")
 }
 wait_http() { # url what [unix-socket]
     local i
@@ -220,9 +254,11 @@ start() { # name cmd... ; sets $last_pid
     last_pid=$!
     pids+=("$last_pid")
 }
-stop() { # pid
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
+declare -A stack_of # the harness holding each process it started, by PID
+stop() { # pid (of a stack's process: its whole stack)
+    local p=${stack_of[$1]:-$1}
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
 }
 mem() { # pid -> "rss_kb hwm_kb"
     awk '/^VmRSS:/ {r=$2} /^VmHWM:/ {h=$2} END {print r+0, h+0}' "/proc/$1/status" 2>/dev/null || echo "0 0"
@@ -239,34 +275,25 @@ record() { # JSON object
     echo "$1" >>"$RAW"
 }
 
-UP_PORT=$(free_port)
-STORE_PORT=$(free_port)
+take_port UP_PORT
+take_port STORE_PORT
 STORE_SOCKET=$W/store.sock
-REDIS_PORT=$(free_port)
-PG_PORT=$(free_port)
+take_port REDIS_PORT
+take_port PG_PORT
 declare -A port admin pid_of
-for e in without with with-unix pin-without pin-with; do port[$e]=$(free_port) admin[$e]=$(free_port); done
 
-envoy_config() { # name (with|without|grpc-with|grpc-without) template upstream-port -> path
-    local f=$W/envoy-$1.yaml
-    sed -e "s|@PORT@|${port[$1]}|; s|@ADMIN_PORT@|${admin[$1]}|; s|@UPSTREAM_PORT@|$3|" \
-        -e "s|@STORE_PORT@|$STORE_PORT|; s|@WASM@|$WASM|" "$2" >"$f"
-    if [[ $1 == *without ]]; then
-        sed -i '/# BEGIN idemgate/,/# END idemgate/d' "$f"
-    fi
-    if [[ $1 == with-unix ]]; then # the store's cluster reaches it on its Unix socket
-        sed -i "s|socket_address: {address: 127.0.0.1, port_value: $STORE_PORT}|pipe: {path: $STORE_SOCKET}|" "$f"
-    fi
-    echo "$f"
-}
-start_envoy() { # with|without|grpc-with|grpc-without [template upstream-port]
-    local cfg
-    cfg=$(envoy_config "$1" "${2:-bench/envoy.yaml}" "${3:-$UP_PORT}")
-    start "envoy-$1" ${PIN_PROXY:+taskset -c "$PIN_PROXY"} "$ENVOY" -c "$cfg" --concurrency "${ENVOY_WORKERS:-2}" \
-        --disable-hot-restart -l warn
-    pid_of[$1]=$last_pid
-    wait_http "http://127.0.0.1:${admin[$1]}/ready" "Envoy ($1 the filter)"
-    record_idle "$1" "$last_pid"
+start_envoy() { # with|without|with-unix|pin-with|pin-without|grpc-with|grpc-without [bootstrap upstream-port]
+    local flags=(--bootstrap "${2:-bench/envoy.yaml}" --upstream-port "${3:-$UP_PORT}" --no-store
+        --workers "${ENVOY_WORKERS:-2}")
+    [[ $1 != *without ]] || flags+=(--without-filter)
+    # 3u: the store's cluster reaches it on its Unix socket.
+    if [[ $1 == with-unix ]]; then flags+=(--store-socket "$STORE_SOCKET"); else flags+=(--store-port "$STORE_PORT"); fi
+    stack "envoy-$1" ${PIN_PROXY:+taskset -c "$PIN_PROXY"} "$STACK_BIN" bench "${flags[@]}"
+    pid_of[$1]=$(field 's["envoy"]["pid"]')
+    port[$1]=$(field 's["envoy"]["port"]')
+    admin[$1]=$(field 's["envoy"]["admin"]')
+    stack_of[${pid_of[$1]}]=$last_pid
+    record_idle "$1" "${pid_of[$1]}"
 }
 record_idle() { # name pid: an Envoy's resident size a second after it is ready
     local rss
@@ -277,152 +304,18 @@ record_idle() { # name pid: an Envoy's resident size a second after it is ready
 start_store() { # database-url [flags]; the server's CPU is counted for PostgreSQL
     store_db_cpu=
     [[ $1 == postgres://* ]] && store_db_cpu=" postgres=pg:$(head -1 "$pg_data/postmaster.pid")"
-    # A fresh PostgreSQL database has no schema yet: the store migrates it
-    # (in production `idempotency-store migrate` does, as the schema's owner).
-    # With $store_unix set, it listens on $STORE_SOCKET instead of its port.
-    local listen=127.0.0.1:$STORE_PORT
-    [[ -z ${store_unix:-} ]] || listen=unix:$STORE_SOCKET
-    start store ${PIN_STORE:+taskset -c "$PIN_STORE"} env RUST_LOG=warn IDEMGATE_MIGRATE=true "$STORE_BIN" serve \
-        --listen "$listen" --database-url "$1" \
-        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" "${@:2}"
-    store_pid=$last_pid
-    wait_http "http://127.0.0.1:$STORE_PORT/readyz" "the store ($1)" ${store_unix:+"$STORE_SOCKET"}
+    # A fresh PostgreSQL database has no schema yet: the harness's store
+    # migrates it (in production `idempotency-store migrate` does, as the
+    # schema's owner). With $store_unix set, it listens on $STORE_SOCKET too.
+    stack store ${PIN_STORE:+taskset -c "$PIN_STORE"} "$STACK_BIN" store --store-bin "$STORE_BIN" \
+        --database "$1" --store-port "$STORE_PORT" ${store_unix:+--store-socket "$STORE_SOCKET"} \
+        --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN" -- "${@:2}"
+    store_pid=$(field 's["stores"][0]["pid"]')
+    stack_of[$store_pid]=$last_pid
 }
-filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
-    curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
-        sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
-}
-to_json() { # "name value" lines -> {"name": value, ...}
-    awk 'BEGIN {printf "{"} {printf "%s\"%s\":%s", (NR > 1 ? "," : ""), $1, $2} END {printf "}"}'
-}
-stats_json() { # -> {"name": value, ...}
-    filter_stats | to_json
-}
-# Around each measured run: the counters of the callout cluster $stat_cluster
-# (requests and connections Envoy made to it) and of the filter's requests,
-# from the Envoy whose admin port is $stat_admin ({} when unset).
-measured_stats() {
-    if [[ -z ${stat_admin:-} ]]; then
-        echo "{}"
-        return
-    fi
-    {
-        curl -fsS -G "http://127.0.0.1:$stat_admin/stats" \
-            --data-urlencode "filter=^(cluster\.$stat_cluster\.upstream_(rq|cx)_total|wasmcustom\.idemgate\.requests_total\..*)\$" \
-            2>/dev/null || true
-    } | sed -n 's/^\([^:]*\): \([0-9]*\)$/\1 \2/p' | to_json
-}
-
-# One line from measured_stats' before/after: the callout cluster's requests and
-# connections per covered request.
-CALLOUTS_SUMMARY='
-import json, sys
-m = json.load(sys.stdin)
-d = {k: v - m.get("before", {}).get(k, 0) for k, v in m.get("after", {}).items()}
-rq = sum(v for k, v in d.items() if k.endswith("upstream_rq_total"))
-cx = sum(v for k, v in d.items() if k.endswith("upstream_cx_total"))
-covered = sum(v for k, v in d.items() if ".idemgate.requests_total." in k)
-per = f" ({rq / covered:.3f} and {cx / covered:.4f} per covered request; {covered} covered)" if covered else ""
-print(f"callouts: {rq} requests, {cx} connections{per}")'
-
-TICK=$(getconf CLK_TCK)
-cpu_ms() { # pid, or pg:postmaster-pid -> user+system CPU time so far, ms
-    if [[ $1 == pg:* ]]; then
-        # The whole PostgreSQL server: the postmaster with the children it has
-        # reaped (fields 16-17), and the live ones (backends, walwriter, ...).
-        local pm=${1#pg:}
-        awk -v t="$TICK" '{s += $14 + $15} FILENAME ~ "/" pm "/" {s += $16 + $17} END {printf "%d\n", s * 1000 / t}' \
-            pm="$pm" "/proc/$pm/stat" $(pgrep -P "$pm" | sed 's|.*|/proc/&/stat|') 2>/dev/null || echo 0
-        return
-    fi
-    awk -v t="$TICK" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$1/stat" 2>/dev/null || echo 0
-}
-cpu_json() { # "before" and "after" arrays of cpu_ms over $cpu_pids -> {"name": ms, ...}
-    local p i=0 cpu=
-    for p in $cpu_pids; do
-        cpu+="${cpu:+,}\"${p%%=*}\":$((after[i] - before[i]))"
-        i=$((i + 1))
-    done
-    echo "{$cpu}"
-}
-# wrk: warm-up (unmeasured), the measurement at $CONC connections, then
-# $LAT_SECS at one connection (latency without queueing). Prints four JSON
-# lines: the measurement, the CPU time each process in $cpu_pids (name=pid)
-# spent during it, the one-connection run, and Envoy's counters just before
-# and after the measurement (measured_stats).
-load() { # url mode prefix [pool]
-    if [[ ${LOADER:-wrk} == grpc ]]; then
-        load_grpc "$@"
-        return
-    fi
-    local before=() after=() p s0 s1
-    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t"$THREADS" -c"$CONC" -d"${WARMUP}s" -s bench/lua/post.lua "$1" \
-        -- "$2" "$3-warm" "${4:-1000}" >/dev/null
-    s0=$(measured_stats)
-    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t"$THREADS" -c"$CONC" -d"${SECS}s" -s bench/lua/post.lua "$1" \
-        -- "$2" "$3" "${4:-1000}" | tail -1
-    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
-    s1=$(measured_stats)
-    cpu_json
-    # New keys get a prefix of their own; retries keep the completed keys'.
-    local one=$3-one
-    [[ $2 != pool && $2 != spool ]] || one=$3
-    mech_snapshot before
-    ${PIN_PROXY:+taskset -c "$PIN_PROXY"} wrk -t1 -c1 -d"${LAT_SECS}s" -s bench/lua/post.lua "$1" \
-        -- "$2" "$one" "${4:-1000}" | tail -1
-    mech_snapshot after
-    echo "{\"before\":$s0,\"after\":$s1}"
-}
-# The same four lines for gRPC unary calls, from idempotency-grpc-bench load:
-# $CONC calls in flight over $GRPC_CONNS HTTP/2 connections, then one call at
-# a time on one connection. Modes: unique (a new key per call), replay (keys
-# PREFIX-<n mod POOL>, completed before; a call is good only if replayed).
-load_grpc() { # url mode prefix [pool]
-    local before=() after=() p s0 s1 hostport=${1#http://} keys=(--mode unique)
-    local target=${hostport%%/*} path=/${hostport#*/}
-    # Each run opens its own connections, as wrk does (the warm-up's are closed first).
-    [[ $2 == replay ]] && keys=(--mode pool --pool "${4:-1000}" --expect-replayed)
-    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3$([[ $2 == replay ]] || echo -warm)" \
-        --connections "$GRPC_CONNS" --streams "$CONC" --warmup 0 --seconds "$WARMUP" >/dev/null
-    s0=$(measured_stats)
-    for p in $cpu_pids; do before+=("$(cpu_ms "${p#*=}")"); done
-    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3" \
-        --connections "$GRPC_CONNS" --streams "$CONC" --warmup 0 --seconds "$SECS" | tail -1
-    for p in $cpu_pids; do after+=("$(cpu_ms "${p#*=}")"); done
-    s1=$(measured_stats)
-    cpu_json
-    "$GRPC_BIN" load --target "$target" --path "$path" "${keys[@]}" --prefix "$3$([[ $2 == replay ]] || echo -one)" \
-        --connections 1 --streams 1 --warmup 0 --seconds "$LAT_SECS" | tail -1
-    echo "{\"before\":$s0,\"after\":$s1}"
-}
-scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mode prefix [pool]  (memory and filter counters)
-    local name=$1 envoy=$2 before after result one cpu measured url="http://127.0.0.1:${port[$2]}$3"
-    say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
-    before=$(stats_json)
-    cpu_pids="envoy=${pid_of[$envoy]} upstream=$up_pid"
-    stat_admin= stat_cluster= mech_admin=
-    case $envoy in
-    with | with-unix | pin-with | grpc-with)
-        [[ -n ${store_pid:-} ]] && cpu_pids+=" store=$store_pid$store_db_cpu"
-        stat_admin=${admin[$envoy]} stat_cluster=idempotency_store
-        [[ -z ${store_pid:-} || $envoy == grpc-with ]] || mech_admin=$stat_admin
-        ;;
-    callout-*)
-        cpu_pids+=" sink=$sink_pid"
-        stat_admin=${admin[$envoy]} stat_cluster=callout_sink
-        ;;
-    esac
-    { read -r result; read -r cpu; read -r one; read -r measured; } < <(load "$url" "$4" "$5" "${6:-}")
-    after=$(stats_json)
-    echo "$result"
-    echo "$one"
-    echo "CPU ms: $cpu"
-    [[ -z $stat_admin ]] || echo "$measured" | python3 -c "$CALLOUTS_SUMMARY" || true
-    read -r e_rss e_hwm < <(mem "${pid_of[$envoy]}")
-    read -r s_rss s_hwm < <(mem "${store_pid:-0}")
-    record "{\"scenario\":\"$name\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"envoy_rss_kb\":$e_rss,\"envoy_hwm_kb\":$e_hwm,\"store_rss_kb\":$s_rss,\"store_hwm_kb\":$s_hwm,\"stats_before\":$before,\"stats_after\":$after,\"measured\":$measured}"
-}
+# How a run is measured (load, CPU, counters, memory): bench/measure.sh.
+# shellcheck source=bench/measure.sh
+source bench/measure.sh
 
 # Versions of what this run uses ("none" for what BENCH_ONLY leaves out).
 v_envoy=$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p')
@@ -435,9 +328,9 @@ record "{\"meta\":{\"seconds\":$SECS,\"warmup\":$WARMUP,\"rounds\":$ROUNDS,\"lat
 
 # The upstream of every HTTP Envoy scenario: the Express handler, alone.
 if [[ $ONLY != grpc ]]; then
-    start upstream env BENCH_MODE=plain PORT="$UP_PORT" node bench/peer/app.js
-    up_pid=$last_pid
-    wait_http "http://127.0.0.1:$UP_PORT/_bench/ready" "the upstream"
+    stack upstream "$STACK_BIN" bench --express --upstream-port "$UP_PORT" --no-store --no-envoy
+    up_pid=$(field 's["services"]["upstream"]["pid"]')
+    stack_of[$up_pid]=$last_pid
 fi
 
 # Both Envoys run side by side (they differ by the filter only). Every filter
@@ -472,7 +365,7 @@ source bench/mechanism.sh
 GRPC_PATH=/bench.v1.Ledger/Transfer
 grpc_scenarios() {
     local http_up_pid=${up_pid:-} grpc_up_port i
-    grpc_up_port=$(free_port)
+    take_port grpc_up_port
     start grpc-upstream "$GRPC_BIN" upstream --listen "127.0.0.1:$grpc_up_port"
     up_pid=$last_pid
     for ((i = 0; i < 100; i++)); do
@@ -481,7 +374,6 @@ grpc_scenarios() {
     done
     start_store "sqlite://$W/store-grpc.db"
     for e in grpc-without grpc-with; do
-        port[$e]=$(free_port) admin[$e]=$(free_port)
         start_envoy "$e" bench/grpc.yaml "$grpc_up_port"
     done
     LOADER=grpc filter_envoy=grpc-with BASE_NAME=grpc-base BASE_ENVOY=grpc-without BASE_PATH=$GRPC_PATH

@@ -2,8 +2,9 @@
 # Runs the demo exactly as examples/README.md tells a reader to, and checks it:
 #
 #   1. `make demo` in the background (its own process group, output to a log);
-#   2. polls until Envoy, the store and the upstreams (payments, the gRPC
-#      ledger) answer;
+#   2. waits until it is ready: the harness it runs (idemgate-stack demo)
+#      checked that Envoy, the store and the upstreams (payments, the gRPC
+#      ledger) answer, and wrote their addresses and PIDs to .demo/stack.json;
 #   3. runs every ```sh block of examples/README.md in order, in one shell, and
 #      compares each answer with the ```http / ```json / ```text block after it
 #      (status line, the headers shown, the body; `…` matches anything); then
@@ -15,7 +16,8 @@
 #   5. checks that Envoy's calls to the store went through the store's Unix
 #      socket (`.demo/store.sock`, a `pipe` address);
 #   6. stops the demo the way Ctrl-C does (SIGINT to make's process group) and
-#      checks that no process of it is left and its ports are free.
+#      checks that no process of it is left and Envoy's and the store's ports
+#      are free.
 #
 #   scripts/demo-smoke.sh                 log: target/demo-smoke.log
 #   DEMO_SMOKE_START_TIMEOUT=1800 scripts/demo-smoke.sh   (first run builds everything)
@@ -26,7 +28,7 @@ LOG=target/demo-smoke.log
 WALKTHROUGH=examples/README.md
 GRPC_WALKTHROUGH=examples/ledger/README.md
 OUTPUTS=target/demo-smoke-steps.json # each step's command and answer, for step 4
-PORTS=(10000 9901 8787 8080 50051)
+STACK=.demo/stack.json
 START_TIMEOUT=${DEMO_SMOKE_START_TIMEOUT:-1200}
 
 say() { printf 'demo-smoke: %s\n' "$*"; }
@@ -35,10 +37,12 @@ fail() {
     exit 1
 }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-for port in "${PORTS[@]}"; do
-    port_open "$port" && fail "port $port is already in use; stop whatever runs there (another demo?) first"
-done
+stack() { # a Python expression over the stack's JSON (s) -> its value(s), one a line
+    python3 -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+v = eval(sys.argv[2])
+print("\n".join(map(str, v)) if isinstance(v, list) else v)' "$STACK" "$1"
+}
 
 mkdir -p target
 # Job control on: `make demo` gets its own process group, which is what a
@@ -76,22 +80,17 @@ trap on_exit EXIT
 
 say "starting \`make demo\` (log: $LOG)"
 deadline=$((SECONDS + START_TIMEOUT))
-until grep -q '^\[demo\] ready' "$LOG" 2>/dev/null &&
-    curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:9901/ready &&
-    curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:8787/readyz &&
-    curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:8080/_demo/executions &&
-    port_open 50051; do
+until grep -q '^\[demo\] ready' "$LOG" 2>/dev/null && [[ -s $STACK ]]; do
     kill -0 "$pgid" 2>/dev/null || fail "\`make demo\` exited before it was ready"
     ((SECONDS < deadline)) || fail "the demo was not ready within ${START_TIMEOUT}s"
     sleep 0.5
 done
 say "ready; running the walkthroughs in $WALKTHROUGH and $GRPC_WALKTHROUGH"
 
-pids=()
-for name in store payments ledger envoy; do
-    [[ -s .demo/$name.pid ]] || fail ".demo/$name.pid is missing"
-    pids+=("$(cat ".demo/$name.pid")")
-done
+mapfile -t pids < <(stack '[s["envoy"]["pid"]] + [r["pid"] for r in s["stores"]] + [p["pid"] for p in s["services"].values()]')
+mapfile -t ports < <(stack '[s["envoy"]["port"], s["envoy"]["admin"]] + [r["port"] for r in s["stores"]]')
+admin=$(stack 's["envoy"]["admin"]')
+((${#pids[@]} == 4)) || fail "$STACK names ${#pids[@]} processes, not 4 (Envoy, the store, payments, the ledger)"
 
 rm -f "$OUTPUTS"
 python3 - "$OUTPUTS" "$WALKTHROUGH" "$GRPC_WALKTHROUGH" <<'PY'
@@ -314,7 +313,7 @@ print("ok   the gRPC step: one execution, a replay with idempotent-replayed: tru
 PY
 
 say "checking that Envoy reached the store through its Unix socket"
-clusters=$(curl -fsS --max-time 5 http://127.0.0.1:9901/clusters) || fail "Envoy's /clusters did not answer"
+clusters=$(curl -fsS --max-time 5 "http://127.0.0.1:$admin/clusters") || fail "Envoy's /clusters did not answer"
 for cluster in idempotency_store idempotency_store_replay; do
     grep -Eq "^$cluster::\.demo/store\.sock::rq_success::[1-9]" <<<"$clusters" ||
         fail "$cluster: no call answered through .demo/store.sock: $(grep "^$cluster::.*::rq_success" <<<"$clusters")"
@@ -333,8 +332,8 @@ done
 for pid in "${pids[@]}"; do
     kill -0 "$pid" 2>/dev/null && fail "process $pid ($(ps -o args= -p "$pid")) is still running"
 done
-for port in "${PORTS[@]}"; do
+for port in "${ports[@]}"; do
     port_open "$port" && fail "port $port is still open"
 done
 grep -q '^\[demo\] stopped' "$LOG" || fail "the demo did not report that it stopped"
-say "ok: walkthroughs as documented (HTTP and gRPC); after SIGINT nothing is left running and ports ${PORTS[*]} are free"
+say "ok: walkthroughs as documented (HTTP and gRPC); after SIGINT nothing is left running and ports ${ports[*]} are free"

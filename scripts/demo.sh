@@ -9,122 +9,74 @@
 #   ledger    127.0.0.1:50051   (gRPC, examples/ledger/ledger.py)
 #   store     127.0.0.1:8787, and .demo/store.sock for Envoy's callouts
 #
+# The end-to-end tests' harness starts them (`idemgate-stack demo`,
+# tests/src/bin/idemgate-stack.rs: the same start-up and readiness checks as
+# every test's stack); this script prints the command line it ran for Envoy
+# and for the store, the plain commands an operator runs, and writes the
+# stack's addresses and PIDs to .demo/stack.json (and each PID to
+# .demo/<name>.pid) while it runs.
+#
 # `make demo` builds the wasm module and the store first; this script builds the
-# payments example. Run from anywhere; it works from the repository root.
-# ENVOY_BIN=/path/to/envoy uses another Envoy (tested: 1.36 to 1.40); IDEMGATE_PYTHON
-# another Python with grpcio and grpcio-status (default: scripts/setup.sh's
-# .tools/venv/bin/python).
+# payments example and the harness. Run from anywhere; it works from the
+# repository root. ENVOY_BIN=/path/to/envoy uses another Envoy (tested: 1.36 to
+# 1.40); IDEMGATE_PYTHON another Python with grpcio and grpcio-status (default:
+# scripts/setup.sh's .tools/venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY=${ENVOY_BIN:-.tools/venv/bin/envoy}
-STORE=target/debug/idempotency-store
-PAYMENTS=target/debug/payments
 PYTHON=${IDEMGATE_PYTHON:-.tools/venv/bin/python}
-LEDGER=examples/ledger/ledger.py
+STACK=target/debug/idemgate-stack
 DIR=.demo
-API_TOKEN=demo-api-token     # the same as store.token in envoy/demo.yaml
-ADMIN_TOKEN=demo-admin-token
 
 say() { printf '[demo] %s\n' "$*"; }
 
 cargo build --quiet -p payments --bins
+cargo build --quiet -p e2e --bin idemgate-stack
 [[ -f target/idemgate.wasm ]] || scripts/wasm.sh >/dev/null
-[[ -x $STORE ]] || cargo build --quiet -p idemgate-store
+[[ -x target/debug/idempotency-store ]] || cargo build --quiet -p idemgate-store
 if ! "$PYTHON" -c 'import grpc, grpc_status' 2>/dev/null; then
     say "$PYTHON cannot import grpcio and grpcio-status, which the gRPC ledger needs; run scripts/setup.sh" >&2
     exit 1
 fi
 
-for port in 10000 9901 8787 8080 50051; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        say "port $port is already in use (another demo still running?); stop that first" >&2
-        exit 1
-    fi
-done
-
-# A fresh store each time: the upstream's payments live in memory, so records
-# from an earlier run would replay payments it no longer knows.
 mkdir -p "$DIR"
-rm -f "$DIR"/store.db "$DIR"/store.db-* "$DIR"/store.sock
-
-pids=()    # the four services
-loggers=() # one line-prefixing sed per service
-start() { # name command...
-    local name=$1 fifo="$DIR/$1.out"
-    shift
-    rm -f "$fifo"
-    mkfifo "$fifo"
-    sed -u "s/^/[$name] /" <"$fifo" &
-    loggers+=($!)
-    "$@" >"$fifo" 2>&1 &
-    pids+=($!)
-    echo $! >"$DIR/$name.pid"
-}
-
-stopping=0
-stop() {
-    ((stopping)) && return
-    stopping=1
-    say "stopping"
-    local pid i
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for ((i = 0; i < 100; i++)); do
-        local alive=0
-        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        ((alive)) || break
-        sleep 0.1
-    done
-    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-    wait "${pids[@]}" 2>/dev/null || true
-    # The loggers end when their service's output closes; wait so no line is lost.
-    wait "${loggers[@]}" 2>/dev/null || true
-    rm -f "$DIR"/*.pid "$DIR"/*.out
+rm -f "$DIR/stack.out" "$DIR/stack.json"
+mkfifo "$DIR/stack.out"
+ENVOY_BIN=$ENVOY IDEMGATE_PYTHON=$PYTHON "$STACK" demo --echo >"$DIR/stack.out" &
+stack_pid=$!
+# The harness stops every process on SIGINT or SIGTERM, and its own start-up
+# too; this script only passes the signal on and waits.
+trap 'say stopping; kill -INT "$stack_pid" 2>/dev/null || true' INT
+trap 'say stopping; kill -TERM "$stack_pid" 2>/dev/null || true' TERM
+finish() { # until the harness has stopped everything; exits with its status
+    local status=0
+    wait "$stack_pid" || status=$?
+    while kill -0 "$stack_pid" 2>/dev/null; do wait "$stack_pid" || status=$?; done
+    rm -f "$DIR/stack.out" "$DIR/stack.json" "$DIR"/*.pid
     say "stopped"
-}
-trap 'stop; exit 130' INT
-trap 'stop; exit 143' TERM
-trap stop EXIT
-
-ready() { # name url: poll until it answers 200, fail if the process died
-    local name=$1 url=$2 i
-    for ((i = 0; i < 300; i++)); do
-        curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null && return 0
-        kill -0 "$(cat "$DIR/$name.pid")" 2>/dev/null || {
-            say "$name exited during start-up; its log is above" >&2
-            exit 1
-        }
-        sleep 0.1
-    done
-    say "$name did not become ready at $url within 30 s" >&2
-    exit 1
-}
-listening() { # name port: poll until it accepts connections (a gRPC server)
-    local name=$1 port=$2 i
-    for ((i = 0; i < 300; i++)); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        kill -0 "$(cat "$DIR/$name.pid")" 2>/dev/null || {
-            say "$name exited during start-up; its log is above" >&2
-            exit 1
-        }
-        sleep 0.1
-    done
-    say "$name did not listen on 127.0.0.1:$port within 30 s" >&2
-    exit 1
+    exit "$status"
 }
 
-start store env RUST_LOG="${RUST_LOG:-info}" "$STORE" serve --listen 127.0.0.1:8787 --listen unix:"$DIR"/store.sock \
-    --database-url "sqlite://$DIR/store.db" --api-token "$API_TOKEN" --admin-token "$ADMIN_TOKEN"
-start payments "$PAYMENTS" --listen 127.0.0.1:8080
-start ledger "$PYTHON" -u "$LEDGER" serve 50051
-ready store http://127.0.0.1:8787/readyz
-ready payments http://127.0.0.1:8080/_demo/executions
-listening ledger 50051
+# One JSON line once everything answers; nothing if the start failed.
+if ! read -r stack <"$DIR/stack.out"; then
+    say "the demo did not start; the reason is above" >&2
+    finish
+fi
+printf '%s\n' "$stack" >"$DIR/stack.json"
 envoy_path=$(command -v "$ENVOY" || echo "$ENVOY")
 say "Envoy: $envoy_path ($("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p' | head -1)); the filter is tested on Envoy 1.36 to 1.40"
-start envoy "$ENVOY" -c envoy/demo.yaml --disable-hot-restart --concurrency 2 \
-    -l warn --component-log-level wasm:info --log-format '%l: %v'
-ready envoy http://127.0.0.1:9901/ready
+say "started with:"
+# The walkthrough freezes the store by its PID: .demo/<name>.pid.
+"$PYTHON" -c 'import json, sys
+stack = json.loads(sys.argv[1])
+pids = {"envoy": stack["envoy"]["pid"], "store": stack["stores"][0]["pid"]}
+pids.update((name, p["pid"]) for name, p in stack["services"].items())
+for name, pid in pids.items():
+    open(f"{sys.argv[2]}/{name}.pid", "w").write(f"{pid}\n")
+commands = stack["commands"]
+for name in ("store", "envoy"):
+    print(f"[demo]   {commands[name]}")' "$stack" "$DIR"
 
 cat <<'MSG'
 [demo] ready: Envoy on http://127.0.0.1:10000 (admin http://127.0.0.1:9901)
@@ -155,7 +107,5 @@ cat <<'MSG'
 [demo] Ctrl-C stops everything.
 MSG
 
-# Until Ctrl-C, or until one of them stops on its own.
-wait -n "${pids[@]}" || true
-say "a process exited on its own; its log is above"
-exit 1
+# Until Ctrl-C, or until a process stops on its own (the harness says which).
+finish

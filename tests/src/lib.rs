@@ -57,7 +57,8 @@ pub fn python() -> PathBuf {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR"));
+    tests.parent().unwrap_or(tests).to_path_buf()
 }
 
 /// The stack most end-to-end tests run against: `envoy/e2e.yaml`, one store

@@ -1,12 +1,16 @@
 //! The stack every end-to-end test runs against: the real Envoy on a
 //! bootstrap from `envoy/` (its ports and wasm path rewritten for the test),
 //! one or more store replicas on SQLite or a throwaway PostgreSQL cluster,
-//! and the in-process upstream. Ports are picked free and readiness is
+//! and the in-process upstream. Ports are picked free, each reserved for
+//! the life of this process (`free_port`), so no other test binary or
+//! script's stack takes one while a part restarts on it; readiness is
 //! polled; every part can be killed (SIGKILL) and restarted on its port, and
 //! every process start gets its own log file, so the logs of a whole run can
-//! be audited afterwards. [`crate::Harness`] is its preset for `envoy/e2e.yaml`.
+//! be audited afterwards. [`crate::Harness`] is its preset for `envoy/e2e.yaml`;
+//! `idemgate-stack` (src/bin) holds the demo's and the bench's stacks for the
+//! scripts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,6 +18,9 @@ use crate::{env_path, eventually, free_port, Proc, Upstream, ADMIN_TOKEN};
 use idemgate_testkit::pg::PgCluster;
 
 mod query;
+mod services;
+
+pub use services::{command_line, Ready, Service};
 
 pub enum Database {
     Sqlite,
@@ -33,6 +40,8 @@ pub struct Options {
     pub replicas: usize,
     /// The filter's `store.token` in that bootstrap.
     pub api_token: &'static str,
+    /// The store's operator token.
+    pub admin_token: &'static str,
     /// Extra Envoy arguments, e.g. a component log level.
     pub envoy_args: Vec<String>,
     /// `RUST_LOG` of the store.
@@ -55,6 +64,27 @@ pub struct Options {
     /// Envoy may be hot restarted ([`Stack::hot_restart`]); otherwise it
     /// runs with `--disable-hot-restart`.
     pub hot_restart: bool,
+    /// Envoy's worker threads.
+    pub concurrency: u32,
+    /// Envoy's log level and format arguments.
+    pub envoy_log: Vec<String>,
+    /// Whether the stack runs an Envoy at all (not for the store alone).
+    pub envoy: bool,
+    /// The bootstrap as written, on its own ports ([`BOOTSTRAP_PORTS`], the
+    /// store's 8787) and paths, which are relative to the working directory
+    /// (the repository's root): an operator's stack, the demo's.
+    pub as_written: bool,
+    /// The store's port: where Envoy's store cluster points and the one
+    /// replica listens (none is started when `replicas` is 0). The caller
+    /// holds its reservation, e.g. across stacks that restart the store.
+    pub store_port: Option<u16>,
+    /// A Unix socket the one replica listens on too, and Envoy's store
+    /// cluster reaches it at (a `pipe` address).
+    pub store_socket: Option<PathBuf>,
+    /// A command the store runs under, e.g. `valgrind --tool=callgrind`.
+    pub store_wrapper: Vec<String>,
+    /// Started, in order, before the stores and Envoy.
+    pub services: Vec<Service>,
 }
 
 impl Options {
@@ -64,6 +94,7 @@ impl Options {
             database,
             replicas,
             api_token: crate::API_TOKEN,
+            admin_token: ADMIN_TOKEN,
             envoy_args: Vec::new(),
             store_log: "info",
             edit: None,
@@ -74,9 +105,28 @@ impl Options {
             store_bin: None,
             store_args: Vec::new(),
             hot_restart: false,
+            concurrency: 2,
+            envoy_log: ["-l", "info", "--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]
+                .map(String::from)
+                .to_vec(),
+            envoy: true,
+            as_written: false,
+            store_port: None,
+            store_socket: None,
+            store_wrapper: Vec::new(),
+            services: Vec::new(),
         }
     }
 }
+
+/// The listener, admin, upstream and store ports a bootstrap of `envoy/`
+/// (or `bench/`) is written with.
+pub const BOOTSTRAP_PORTS: Ports = Ports {
+    listener: 10000,
+    admin: 9901,
+    upstream: 8080,
+};
+const BOOTSTRAP_STORE_PORT: u16 = 8787;
 
 /// Envoy's listener, admin and upstream ports in a bootstrap of `envoy/`.
 pub struct Ports {
@@ -92,7 +142,7 @@ pub fn bootstrap(file: &str, ports: &Ports) -> String {
 }
 
 /// [`bootstrap`] loading the filter from `wasm`.
-pub fn bootstrap_with(file: &str, ports: &Ports, wasm: &std::path::Path) -> String {
+pub fn bootstrap_with(file: &str, ports: &Ports, wasm: &Path) -> String {
     std::fs::read_to_string(crate::repo_root().join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"))
         .replace("port_value: 10000", &format!("port_value: {}", ports.listener))
@@ -130,6 +180,9 @@ pub struct Stack {
     pub database_url: String,
     pub stores: Vec<Replica>,
     pub envoy: Option<Proc>,
+    pub services: Vec<Proc>,
+    /// The command line each process was last started with, by name.
+    pub commands: Vec<(&'static str, String)>,
     pub port: u16,
     pub admin_port: u16,
     pub client: reqwest::Client,
@@ -158,28 +211,54 @@ impl Stack {
             }
             Database::Url(url) => (None, url.clone()),
         };
-        let stores: Vec<Replica> = (0..options.replicas.max(1))
+        let replicas = match options.store_port {
+            Some(_) => options.replicas.min(1),
+            None => options.replicas,
+        };
+        let stores: Vec<Replica> = (0..replicas)
             .map(|_| Replica {
                 proc: None,
-                port: free_port(),
+                port: options.store_port.unwrap_or_else(|| match options.as_written {
+                    true => BOOTSTRAP_STORE_PORT,
+                    false => free_port(),
+                }),
             })
             .collect();
-        let ports = Ports {
-            listener: free_port(),
-            admin: free_port(),
-            upstream: options.upstream_port.unwrap_or(upstream.addr.port()),
+        let upstream_port = options.upstream_port.unwrap_or(upstream.addr.port());
+        let ports = match (options.as_written, options.envoy) {
+            (true, _) => BOOTSTRAP_PORTS,
+            (false, true) => Ports {
+                listener: free_port(),
+                admin: free_port(),
+                upstream: upstream_port,
+            },
+            (false, false) => Ports {
+                listener: 0,
+                admin: 0,
+                upstream: upstream_port,
+            },
         };
-        let wasm = options.wasm.clone().unwrap_or_else(crate::wasm_path);
-        let endpoints = store_endpoints(stores.iter().map(|r| r.port));
-        let config = bootstrap_with(options.bootstrap, &ports, &wasm)
-            .replace(STORE_ENDPOINT, &endpoints)
-            .replace(DEMO_STORE_ENDPOINT, &endpoints);
-        let config = match options.edit.take() {
-            Some(edit) => edit(config),
-            None => config,
+        let config_path = match options.as_written {
+            true => PathBuf::from(options.bootstrap),
+            false => dir.path().join("envoy.yaml"),
         };
-        let config_path = dir.path().join("envoy.yaml");
-        std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        if options.envoy && !options.as_written {
+            let wasm = options.wasm.clone().unwrap_or_else(crate::wasm_path);
+            let endpoints = match (&options.store_socket, options.store_port) {
+                (Some(socket), _) => {
+                    DEMO_STORE_ENDPOINT.replace(".demo/store.sock", &socket.display().to_string())
+                }
+                (None, Some(port)) => store_endpoints([port].into_iter()),
+                (None, None) => store_endpoints(stores.iter().map(|r| r.port)),
+            };
+            let mut config = bootstrap_with(options.bootstrap, &ports, &wasm)
+                .replace(STORE_ENDPOINT, &endpoints)
+                .replace(DEMO_STORE_ENDPOINT, &endpoints);
+            if let Some(edit) = options.edit.take() {
+                config = edit(config);
+            }
+            std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("write envoy config: {e}"));
+        }
         let mut client = reqwest::Client::builder().pool_max_idle_per_host(0);
         if let Some(timeout) = options.client_timeout {
             client = client.timeout(timeout);
@@ -192,6 +271,8 @@ impl Stack {
             database_url,
             stores,
             envoy: None,
+            services: Vec::new(),
+            commands: Vec::new(),
             port: ports.listener,
             admin_port: ports.admin,
             options,
@@ -200,12 +281,15 @@ impl Stack {
             starts: 0,
             epoch: 0,
         };
+        stack.start_services().await;
         for i in 0..stack.stores.len() {
             stack.start_store(i);
             stack.wait_store(i).await;
         }
-        stack.start_envoy();
-        stack.wait_envoy().await;
+        if stack.options.envoy {
+            stack.start_envoy();
+            stack.wait_envoy().await;
+        }
         stack
     }
 
@@ -226,10 +310,23 @@ impl Stack {
             self.stores[i].port,
             &self.database_url,
             self.options.api_token,
-            ADMIN_TOKEN,
+            self.options.admin_token,
             self.options.store_log,
         );
-        serve.args(["--pg-pool-size", "8"]).args(&self.options.store_args);
+        if let Some(socket) = &self.options.store_socket {
+            serve.arg("--listen").arg(format!("unix:{}", socket.display()));
+        }
+        if self.database_url.starts_with("postgres") {
+            serve.args(["--pg-pool-size", "8"]);
+        }
+        serve.args(&self.options.store_args);
+        if let Some((wrapper, args)) = self.options.store_wrapper.split_first() {
+            let mut wrapped = Command::new(wrapper);
+            wrapped.args(args).arg(serve.get_program()).args(serve.get_args());
+            wrapped.envs(serve.get_envs().filter_map(|(k, v)| Some((k, v?))));
+            serve = wrapped;
+        }
+        self.commands.push(("store", command_line(&serve)));
         let proc = Proc::spawn("store", &mut serve, log);
         self.stores[i].proc = Some(proc);
     }
@@ -294,8 +391,16 @@ impl Stack {
 
     pub async fn wait_store(&self, i: usize) {
         let url = self.store_url(i, "/readyz");
-        eventually("the store to be ready", Duration::from_secs(30), || {
-            self.answers_200(&url)
+        // Under a wrapper (valgrind) the store starts many times slower.
+        let within = match self.options.store_wrapper.is_empty() {
+            true => Duration::from_secs(30),
+            false => Duration::from_secs(180),
+        };
+        eventually("the store to be ready", within, || async {
+            // One that exited (a bad flag, its port taken) never will be.
+            let proc = self.stores[i].proc.as_ref();
+            assert!(proc.is_some_and(Proc::alive), "store {i} exited during start-up");
+            self.answers_200(&url).await
         })
         .await;
     }
@@ -329,19 +434,17 @@ impl Stack {
                 ]
             }
         };
-        let proc = Proc::spawn(
-            "envoy",
-            Command::new(&envoy_bin)
-                .arg("-c")
-                .arg(&self.config_path)
-                .args(["--concurrency", "2", "-l", "info"])
-                .args(&restart)
-                .args(&self.options.envoy_args)
-                .envs(self.options.envoy_env.iter().copied())
-                .args(["--log-format", "[%Y-%m-%d %T.%e][%l][%n] %v"]),
-            log,
-        );
-        self.envoy = Some(proc);
+        let mut envoy = Command::new(&envoy_bin);
+        envoy
+            .arg("-c")
+            .arg(&self.config_path)
+            .args(["--concurrency", &self.options.concurrency.to_string()])
+            .args(&restart)
+            .args(&self.options.envoy_args)
+            .args(&self.options.envoy_log)
+            .envs(self.options.envoy_env.iter().copied());
+        self.commands.push(("envoy", command_line(&envoy)));
+        self.envoy = Some(Proc::spawn("envoy", &mut envoy, log));
     }
 
     pub fn kill_envoy(&mut self) {
@@ -386,6 +489,10 @@ impl Stack {
         let ready = self.admin_url("/ready");
         let wanted = self.stores.iter().filter(|r| r.proc.is_some()).count();
         eventually("envoy to be ready", Duration::from_secs(60), || async {
+            assert!(
+                self.envoy.as_ref().is_some_and(Proc::alive),
+                "envoy exited during start-up"
+            );
             if !self.answers_200(&ready).await {
                 return false;
             }
@@ -415,6 +522,14 @@ impl Drop for Stack {
         self.kill_envoy();
         for i in 0..self.stores.len() {
             self.kill_store(i);
+        }
+        // Only ports this process reserved are released; the store port a
+        // caller passed in stays its own.
+        let stores = self.stores.iter().map(|r| r.port);
+        for port in [self.port, self.admin_port].into_iter().chain(stores) {
+            if Some(port) != self.options.store_port {
+                idemgate_testkit::release(port);
+            }
         }
     }
 }

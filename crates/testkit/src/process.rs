@@ -1,7 +1,7 @@
 //! A child process whose output goes to a log file: killed (SIGKILL) when
 //! dropped, and its log printed when that happens while a test fails.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 pub struct Proc {
@@ -34,6 +34,14 @@ impl Proc {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     pub fn log(&self) -> String {

@@ -2,7 +2,6 @@
 //! admin pages, the store's records and histories, and every log line.
 
 use super::Stack;
-use crate::ADMIN_TOKEN;
 
 impl Stack {
     pub fn url(&self, path: &str) -> String {
@@ -19,6 +18,22 @@ impl Stack {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         }
+    }
+
+    /// Each of Envoy's listeners by name and the port it is bound to, as
+    /// its admin reports it: a listener on port 0 takes one the kernel
+    /// hands to Envoy itself, which no other process can take meanwhile.
+    pub async fn listeners(&self) -> Vec<(String, u16)> {
+        let page = self.admin_text("/listeners?format=json").await;
+        let page: serde_json::Value = serde_json::from_str(&page).unwrap_or_default();
+        let statuses = page["listener_statuses"].as_array().cloned().unwrap_or_default();
+        statuses
+            .iter()
+            .filter_map(|l| {
+                let port = l["local_address"]["socket_address"]["port_value"].as_u64()?;
+                Some((l["name"].as_str()?.to_string(), u16::try_from(port).ok()?))
+            })
+            .collect()
     }
 
     /// A POST through Envoy with an optional key, as alice of tenant-a.
@@ -98,7 +113,7 @@ impl Stack {
             let res = self
                 .client
                 .post(self.store_url(i, "/admin/v1/records/lookup"))
-                .bearer_auth(ADMIN_TOKEN)
+                .bearer_auth(self.options.admin_token)
                 .header("content-type", "application/json")
                 .body(query.to_string())
                 .send()
@@ -164,7 +179,7 @@ impl Stack {
         let res = self
             .client
             .get(self.store_url(0, "/admin/v1/records/stuck?older_than_ms=0&limit=1000"))
-            .bearer_auth(ADMIN_TOKEN)
+            .bearer_auth(self.options.admin_token)
             .send()
             .await
             .ok()?;
