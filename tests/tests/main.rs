@@ -24,6 +24,8 @@ mod grpc;
 mod lifecycle;
 /// A claim whose answer is lost never burns the key.
 mod lost_claims;
+/// Callers named by their mTLS identity, each on its own policies, behind the store's sidecar.
+mod mesh;
 /// The previous release's filter or store beside this build's.
 mod mixed_versions;
 /// Automatic failover under Patroni and etcd (`make chaos`).

@@ -12,6 +12,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use idemgate_core::problem::ProblemKind;
 use idemgate_core::protocol::{
     decode_frame, encode_batch_reply, encode_frame, negotiate, split_batch, AbandonRequest, Batch,
@@ -22,6 +23,7 @@ use idemgate_core::trace::{Trace, TRACE_HEADER};
 use serde::de::DeserializeOwned;
 
 use crate::backend::{limits, Answer, Call, Result as StoreResult, StoreError};
+use crate::mesh::Caller;
 use crate::problem::Refusal;
 use crate::AppState;
 
@@ -86,10 +88,18 @@ struct Parsed {
 }
 
 /// Decodes and validates one call of the filter's API, sent alone or in a
-/// batch, serving the client request `trace` names.
-fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Parsed, Refusal> {
+/// batch, serving the client request `trace` names; a call on a policy
+/// its `caller` does not own is refused before the store sees it.
+fn parse(
+    state: &AppState,
+    caller: &Caller,
+    path: &str,
+    bytes: Bytes,
+    trace: Trace,
+) -> Result<Parsed, Refusal> {
     let log_id = |scope: &idemgate_core::scope::Scope| {
-        tracing::enabled!(tracing::Level::DEBUG).then(|| state.store.log_id(scope))
+        caller.may_act_on(scope.route())?;
+        Ok::<_, Refusal>(tracing::enabled!(tracing::Level::DEBUG).then(|| state.store.log_id(scope)))
     };
     let (call, path, record) = match path {
         CLAIM_PATH => {
@@ -98,7 +108,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Par
                 ..bare_frame::<ClaimRequest>(&bytes)?
             };
             req.check().map_err(Refusal::bad_request)?;
-            let record = log_id(&req.scope);
+            let record = log_id(&req.scope)?;
             (Call::Claim { req, deadline: None }, CLAIM_PATH, record)
         }
         COMPLETE_PATH => {
@@ -110,7 +120,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Par
                     "body_stored is false but the frame carries bytes",
                 ));
             }
-            let record = log_id(&req.scope);
+            let record = log_id(&req.scope)?;
             (Call::Complete { req, body: rest }, COMPLETE_PATH, record)
         }
         RELEASE_PATH => {
@@ -118,7 +128,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Par
                 trace,
                 ..bare_frame::<FenceRequest>(&bytes)?
             };
-            let record = log_id(&req.scope);
+            let record = log_id(&req.scope)?;
             (Call::Release(req), RELEASE_PATH, record)
         }
         MARK_UNKNOWN_PATH => {
@@ -126,7 +136,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Par
                 trace,
                 ..bare_frame::<FenceRequest>(&bytes)?
             };
-            let record = log_id(&req.scope);
+            let record = log_id(&req.scope)?;
             (Call::MarkUnknown(req), MARK_UNKNOWN_PATH, record)
         }
         ABANDON_PATH => {
@@ -134,7 +144,7 @@ fn parse(state: &AppState, path: &str, bytes: Bytes, trace: Trace) -> Result<Par
                 trace,
                 ..bare_frame::<AbandonRequest>(&bytes)?
             };
-            let record = log_id(&req.scope);
+            let record = log_id(&req.scope)?;
             (Call::Abandon(req), ABANDON_PATH, record)
         }
         _ => {
@@ -165,13 +175,14 @@ fn answered(path: &str, record: Option<&str>, answer: StoreResult<Answer>) -> Re
 /// One call sent alone: `POST` to its path.
 pub async fn single(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
     let bytes = read_body(&state, body).await?;
     let trace = traces(&headers, 1).pop().unwrap_or_default();
-    let parsed = parse(&state, uri.path(), bytes, trace)?;
+    let parsed = parse(&state, &caller, uri.path(), bytes, trace)?;
     let answer = state
         .store
         .decide(vec![parsed.call])
@@ -189,6 +200,7 @@ pub async fn single(
 /// transaction).
 pub async fn batch(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
@@ -207,7 +219,7 @@ pub async fn batch(
         .iter()
         .zip(frames)
         .zip(traces)
-        .map(|((c, frame), trace)| parse(&state, &c.path, rest.slice_ref(frame), trace))
+        .map(|((c, frame), trace)| parse(&state, &caller, &c.path, rest.slice_ref(frame), trace))
         .collect();
     let mut labels = Vec::with_capacity(parsed.len());
     let mut calls = Vec::with_capacity(parsed.len());

@@ -29,7 +29,7 @@ macro_rules! event_columns {
 pub mod admin;
 // The filter's API (`/v1`): frames in, frames or JSON out.
 pub mod api;
-// The API's and the admin surface's credentials, and the operator's identity.
+// Who may call which surface: mesh identities, the API's and the admin surface's tokens.
 pub mod auth;
 // The storage trait every backend implements, and the types of its calls.
 pub mod backend;
@@ -37,6 +37,8 @@ pub mod backend;
 pub mod budget;
 // One call of the filter's API, validated, as a backend decides it.
 pub mod calls;
+// Bearer tokens, compared in constant time; the API's re-read from their files.
+pub mod credential;
 // The command line: `serve`, `migrate`, `inspect`, `resolve`, `purge`, `sweep`.
 pub mod cli;
 // The store's clock: the database server's on PostgreSQL, a manual one in tests.
@@ -59,10 +61,16 @@ pub mod listen;
 pub mod log_ids;
 // The in-memory backend of the simulation and the tests; never storage.
 pub mod memory;
+// The filter's calls named by their mesh identity, each limited to the policies it owns.
+pub mod mesh;
 // Prometheus metrics at `/metrics`.
 pub mod metrics;
 // The OpenAPI document at `/openapi.json`.
 pub mod openapi;
+// The operator behind an admin request, named by a trusted authenticating proxy.
+pub mod operators;
+// The peer of a connection: its address, trusted networks, the credential it showed.
+pub mod peers;
 // PostgreSQL, for several store replicas sharing one database.
 pub mod postgres;
 // Problem details (RFC 9457) as the HTTP layer's responses.

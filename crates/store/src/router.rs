@@ -124,6 +124,8 @@ pub async fn run(
     } else {
         None
     };
+    let tokens = (state.settings.api_token.reloads())
+        .then(|| tokio::spawn(state.settings.api_token.clone().watch(stop_rx.clone())));
     let main = if admin.is_some() {
         Surface::Api
     } else {
@@ -141,7 +143,7 @@ pub async fn run(
     for server in servers {
         result = result.and(server.await.unwrap_or_else(|e| Err(std::io::Error::other(e))));
     }
-    if let Some(handle) = sweeper {
+    for handle in sweeper.into_iter().chain(tokens) {
         let _ = handle.await;
     }
     result

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::service::Store;
-use crate::{auth, console, sealing, sweeper};
+use crate::{auth, console, mesh, sealing, sweeper};
 
 /// Everything a request handler needs: the store, the service's settings
 /// and the console's sessions.
@@ -18,8 +18,11 @@ pub struct AppState {
 /// How the HTTP surface is configured.
 #[derive(Clone)]
 pub struct Settings {
-    pub api_token: auth::Credential,
+    /// The API's token, if any (re-read from its files when it came from them).
+    pub api_token: auth::ApiCredential,
     pub admin_token: auth::Credential,
+    /// The mesh identities that may call the API, and on which policies.
+    pub mesh: mesh::MeshIdentities,
     /// Where problem type URIs point.
     pub doc_base: String,
     /// Largest request body accepted on any endpoint.
@@ -33,8 +36,9 @@ impl Settings {
     /// these credentials.
     pub fn new(api_token: &str, admin_token: &str) -> Settings {
         Settings {
-            api_token: auth::Credential::new(api_token),
+            api_token: auth::ApiCredential::new(api_token),
             admin_token: auth::Credential::new(admin_token),
+            mesh: mesh::MeshIdentities::default(),
             doc_base: idemgate_core::config::DEFAULT_DOC_BASE.to_string(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             sweep: sweeper::SweepSettings::default(),
@@ -57,6 +61,14 @@ impl AppState {
     pub fn with_next_api_token(mut self, token: &str) -> AppState {
         let mut settings = (*self.settings).clone();
         settings.api_token = settings.api_token.and(token);
+        self.settings = Arc::new(settings);
+        self
+    }
+
+    /// The same state, the API called by the mesh identities of `mesh`.
+    pub fn with_mesh(mut self, mesh: mesh::MeshIdentities) -> AppState {
+        let mut settings = (*self.settings).clone();
+        settings.mesh = mesh;
         self.settings = Arc::new(settings);
         self
     }

@@ -3,6 +3,8 @@
 
 /// Consistent backups while the store serves, and restores from them.
 mod backup;
+/// Who may call the API: token files re-read, mesh identities and their policies.
+mod callers;
 /// The operator's CLI against a real database file.
 mod cli;
 /// Replicas judge leases by the database's clock, whatever their own say.

@@ -178,7 +178,9 @@ pub struct ServeArgs {
     /// apart from the mesh's.
     #[arg(long, env = "IDEMGATE_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
-    /// Bearer credential of the /v1 API (the filter's `store.token`).
+    /// Bearer credential of the /v1 API (the filter's `store.token`); not
+    /// needed when only mesh identities call it (--mesh-identities-file).
+    /// Given here it is fixed until a restart: --api-token-file is re-read.
     #[arg(
         long,
         env = "IDEMGATE_API_TOKEN",
@@ -186,7 +188,8 @@ pub struct ServeArgs {
         conflicts_with = "api_token_file"
     )]
     pub api_token: Option<String>,
-    /// File holding the API credential (trailing newline ignored).
+    /// File holding the API credential (trailing newline ignored), read
+    /// again every second: a new token there is taken without a restart.
     #[arg(long, env = "IDEMGATE_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
     /// A second accepted API credential, while filters move to it: start
@@ -199,7 +202,8 @@ pub struct ServeArgs {
         conflicts_with = "api_token_next_file"
     )]
     pub api_token_next: Option<String>,
-    /// File holding the second accepted API credential.
+    /// File holding the second accepted API credential, read again every
+    /// second like --api-token-file; absent or empty: no second one.
     #[arg(long, env = "IDEMGATE_API_TOKEN_NEXT_FILE")]
     pub api_token_next_file: Option<PathBuf>,
     /// Base URI of problem `type` links (the problem's slug is appended).
@@ -254,6 +258,24 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
     #[command(flatten)]
     pub operators: OperatorArgs,
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+}
+
+/// Which mesh identities call the API (docs/operations.md#mesh-identities).
+#[derive(Debug, Args)]
+pub struct MeshArgs {
+    /// YAML file mapping each caller's SPIFFE ID to the policies it owns
+    /// (`identities: {spiffe://cluster.local/ns/shop/sa/payments:
+    /// [payments.create]}`), named by the store's sidecar in
+    /// x-forwarded-client-cert. A call on another policy is refused (403).
+    #[arg(long, env = "IDEMGATE_MESH_IDENTITIES_FILE", requires = "mesh_trusted_peers")]
+    pub mesh_identities_file: Option<PathBuf>,
+    /// Peers (IP addresses or CIDR networks, comma-separated) whose
+    /// x-forwarded-client-cert is believed: the store's own sidecar only
+    /// (127.0.0.6 in Istio). From any other peer the header is refused.
+    #[arg(long, env = "IDEMGATE_MESH_TRUSTED_PEERS", value_delimiter = ',')]
+    pub mesh_trusted_peers: Vec<String>,
 }
 
 /// Where operators' identities come from (docs/operations.md#operator-identity).

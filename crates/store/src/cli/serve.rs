@@ -40,6 +40,13 @@ pub async fn serve(
              the console opens no session and the admin API changes no record"
         );
     }
+    if settings.http.mesh.configured() {
+        tracing::info!(
+            identities = settings.http.mesh.len(),
+            token = settings.http.api_token.configured(),
+            "mesh identities call the API, each on the policies it owns"
+        );
+    }
     let state = crate::AppState::new(store, settings.http);
     let admin = match &settings.admin_listen {
         Some(addr) => Some(

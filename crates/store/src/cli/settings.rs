@@ -5,14 +5,15 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::args::{Cli, Command, OperatorArgs, PgPooler, ServeArgs, SweepArgs, Synchronous};
+use super::args::{Cli, Command, MeshArgs, OperatorArgs, PgPooler, ServeArgs, SweepArgs, Synchronous};
 use super::CliError;
-use crate::auth::{Credential, OperatorSource};
+use crate::auth::{ApiCredential, Credential, OperatorSource, TokenFiles};
 use crate::backend::SweepPolicy;
 use crate::budget::Budgets;
 use crate::console::ConsoleSettings;
 use crate::database_url::BackendOptions;
 use crate::log_ids::LogIds;
+use crate::mesh::MeshIdentities;
 use crate::postgres::{PgSession, PgTimeouts, Pooler};
 use crate::sealing::Seal;
 use crate::sweeper::SweepSettings;
@@ -176,29 +177,17 @@ impl ServeSettings {
     /// `args` with the admin credential from the global flags, which
     /// `serve` requires.
     pub fn new(args: &ServeArgs, admin: Option<String>) -> Result<ServeSettings, CliError> {
-        let api = read_token(
-            args.api_token.as_deref(),
-            args.api_token_file.as_deref(),
-            "api token",
-        )?;
         let admin = admin.ok_or(CliError::Missing { what: "admin token" })?;
-        let next = optional_token(
-            args.api_token_next.as_deref(),
-            args.api_token_next_file.as_deref(),
-            "api token next",
-        )?;
-        distinct_tokens(&api, &admin, next.as_deref())?;
+        let mesh = mesh_identities(&args.mesh)?;
+        let api_token = api_credential(args, &admin, mesh.configured())?;
         let new_keys = new_key_limit(args.tenant_new_keys_per_sec, args.tenant_new_keys_burst)?;
-        let mut api_token = Credential::new(&api);
-        if let Some(next) = &next {
-            api_token = api_token.and(next);
-        }
         Ok(ServeSettings {
             listen: args.listen.clone(),
             admin_listen: args.admin_listen.clone(),
             http: crate::Settings {
                 api_token,
                 admin_token: Credential::new(&admin),
+                mesh,
                 doc_base: args.doc_base.clone(),
                 max_body_bytes: max_body_bytes(args.max_body_bytes)?,
                 sweep: sweep_settings(args),
@@ -207,6 +196,64 @@ impl ServeSettings {
             new_keys,
         })
     }
+}
+
+/// The API's tokens: from files (re-read while serving) when the current
+/// one is a file, else as given; none at all only when mesh identities
+/// call the API.
+fn api_credential(args: &ServeArgs, admin: &str, mesh: bool) -> Result<ApiCredential, CliError> {
+    if let (None, Some(current)) = (&args.api_token, &args.api_token_file) {
+        if args.api_token_next.is_some() {
+            return Err(CliError::Invalid(
+                "with --api-token-file, give the next token as a file too (--api-token-next-file)".into(),
+            ));
+        }
+        let files = TokenFiles {
+            current: current.clone(),
+            next: args.api_token_next_file.clone(),
+        };
+        return ApiCredential::from_files(files, Credential::new(admin)).map_err(CliError::Invalid);
+    }
+    if args.api_token.is_none() && mesh {
+        if args.api_token_next.is_some() || args.api_token_next_file.is_some() {
+            return Err(CliError::Invalid("a next API token needs a current one".into()));
+        }
+        return Ok(ApiCredential::none());
+    }
+    let api = read_token(args.api_token.as_deref(), None, "api token")?;
+    let next = optional_token(
+        args.api_token_next.as_deref(),
+        args.api_token_next_file.as_deref(),
+        "api token next",
+    )?;
+    distinct_tokens(&api, admin, next.as_deref())?;
+    let api_token = ApiCredential::new(&api);
+    Ok(match &next {
+        Some(next) => api_token.and(next),
+        None => api_token,
+    })
+}
+
+/// The mesh identities file and the sidecar it is believed from.
+pub fn mesh_identities(args: &MeshArgs) -> Result<MeshIdentities, CliError> {
+    let trusted_peers = (args.mesh_trusted_peers.iter())
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| p.parse().map_err(|e| CliError::flag("mesh-trusted-peers", e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(path) = &args.mesh_identities_file else {
+        return Ok(MeshIdentities::default());
+    };
+    let yaml = std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        what: "mesh identities file",
+        path: path.clone(),
+        source,
+    })?;
+    let mesh = MeshIdentities::from_yaml(&yaml, trusted_peers)
+        .map_err(|e| CliError::flag("mesh-identities-file", e))?;
+    if mesh.is_empty() {
+        return Err(CliError::flag("mesh-identities-file", "it names no identity"));
+    }
+    Ok(mesh)
 }
 
 /// A request size limit whose bodies the database can store.

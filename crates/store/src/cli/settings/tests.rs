@@ -275,3 +275,78 @@ fn only_serve_chooses_the_log_format() {
     assert_eq!(cli(&["sweep"]).log_format(), LogFormat::Text);
     assert!(Cli::try_parse_from(["idempotency-store", "serve", "--log-format", "xml"]).is_err());
 }
+
+fn serve_without_token(args: &[&str]) -> Result<ServeSettings, CliError> {
+    let mut line = vec!["serve"];
+    line.extend(args);
+    match cli(&line).command {
+        Command::Serve(s) => ServeSettings::new(&s, Some("admin-token".into())),
+        other => panic!("not serve: {other:?}"),
+    }
+}
+
+#[test]
+fn mesh_identities_come_from_their_file_and_stand_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("identities.yaml");
+    std::fs::write(
+        &file,
+        "identities:\n  spiffe://cluster.local/ns/shop/sa/payments: [payments.create]\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let s = serve_without_token(&[
+        "--mesh-identities-file",
+        file,
+        "--mesh-trusted-peers",
+        "127.0.0.6",
+    ])
+    .unwrap();
+    assert!(s.http.mesh.configured());
+    assert!(!s.http.api_token.configured());
+    let s = serve(&[
+        "--mesh-identities-file",
+        file,
+        "--mesh-trusted-peers",
+        "127.0.0.6",
+    ])
+    .unwrap();
+    assert!(s.http.mesh.configured() && s.http.api_token.matches(b"api-token"));
+    // Neither a token nor mesh identities: nobody could call the API.
+    assert!(serve_without_token(&[]).is_err());
+    // Identities believed from nowhere: refused by clap (the peers are required).
+    let mut line = vec!["idempotency-store", "serve", "--mesh-identities-file", file];
+    assert!(Cli::try_parse_from(line.clone()).is_err());
+    line.extend(["--mesh-trusted-peers", "not-an-address"]);
+    let Command::Serve(args) = Cli::try_parse_from(line).unwrap().command else {
+        panic!("not serve");
+    };
+    assert!(ServeSettings::new(&args, Some("admin-token".into())).is_err());
+    std::fs::write(dir.path().join("empty.yaml"), "identities: {}\n").unwrap();
+    let empty = dir.path().join("empty.yaml");
+    assert!(serve(&[
+        "--mesh-identities-file",
+        empty.to_str().unwrap(),
+        "--mesh-trusted-peers",
+        "127.0.0.6"
+    ])
+    .is_err());
+}
+
+#[test]
+fn token_files_are_re_read_and_the_next_one_may_be_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("api");
+    std::fs::write(&current, "api-token\n").unwrap();
+    let next = dir.path().join("next");
+    let args = [
+        "--api-token-file",
+        current.to_str().unwrap(),
+        "--api-token-next-file",
+        next.to_str().unwrap(),
+    ];
+    let s = serve_without_token(&args).unwrap();
+    assert!(s.http.api_token.reloads() && s.http.api_token.matches(b"api-token"));
+    std::fs::write(&current, "admin-token").unwrap();
+    assert!(serve_without_token(&args).is_err());
+}
