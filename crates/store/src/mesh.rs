@@ -45,7 +45,7 @@ impl MeshIdentities {
     /// The identities of `yaml` (an identities file), believed from
     /// `trusted_peers`.
     pub fn from_yaml(yaml: &str, trusted_peers: Vec<Network>) -> Result<MeshIdentities, String> {
-        let file: IdentitiesFile = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        let file: IdentitiesFile = serde_norway::from_str(yaml).map_err(|e| e.to_string())?;
         MeshIdentities::new(trusted_peers, file.identities)
     }
 

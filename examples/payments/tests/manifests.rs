@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use idemgate_core::config::Config;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
 
@@ -46,7 +46,7 @@ fn documents() -> Vec<(String, Value)> {
     for path in files {
         let name = path.strip_prefix(repo()).unwrap_or(&path).display().to_string();
         let text = std::fs::read_to_string(&path).unwrap();
-        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        for (i, doc) in serde_norway::Deserializer::from_str(&text).enumerate() {
             let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}, document {i}: {e}"));
             if !value.is_null() {
                 docs.push((name.clone(), value));
@@ -127,7 +127,10 @@ fn every_plugin_configuration_in_the_examples_is_one_the_filter_accepts() {
 #[test]
 fn kubernetes_and_istio_manifests_name_their_kind() {
     for (file, doc) in documents() {
-        if !(file.starts_with("examples/kubernetes/") || file.starts_with("examples/istio/")) {
+        // Prometheus rule files and their promtool tests are not Kubernetes
+        // objects: promtool checks them (scripts/validate-manifests.sh).
+        let prometheus = file.ends_with(".rules.yaml") || file.ends_with(".test.yaml");
+        if prometheus || !(file.starts_with("examples/kubernetes/") || file.starts_with("examples/istio/")) {
             continue;
         }
         for key in ["apiVersion", "kind"] {
@@ -158,13 +161,14 @@ fn plugin_config(file: &str) -> Config {
 #[test]
 fn the_demo_filter_and_store_share_one_token_and_compose_runs_the_same_policies() {
     let demo = plugin_config("envoy/demo.yaml");
-    let script = std::fs::read_to_string(repo().join("scripts/demo.sh")).unwrap();
+    // `make demo` starts its stack with idemgate-stack's demo shape.
+    let stack = std::fs::read_to_string(repo().join("tests/src/bin/idemgate-stack.rs")).unwrap();
     assert!(
         demo.store()
             .authorization()
             .strip_prefix("Bearer ")
-            .is_some_and(|token| script.contains(&format!("API_TOKEN={token} "))),
-        "scripts/demo.sh must start the store with the token of envoy/demo.yaml"
+            .is_some_and(|token| stack.contains(&format!("(\"{token}\", "))),
+        "idemgate-stack's demo shape must start the store with the token of envoy/demo.yaml"
     );
     let compose = plugin_config("examples/compose/envoy.yaml");
     assert_eq!(
@@ -203,7 +207,7 @@ fn the_istio_delivery_runs_after_authorization_on_a_known_istio_and_strips_ident
             "every EnvoyFilter patch needs a proxyVersion guard: {patch:?}"
         );
     }
-    let text = serde_yaml::to_string(&filter).unwrap();
+    let text = serde_norway::to_string(&filter).unwrap();
     for header in ["x-tenant-id", "x-user-id"] {
         assert!(
             text.contains(&format!("remove: {header}")),
