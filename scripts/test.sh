@@ -147,6 +147,10 @@ test_all() {
     stage "setup: the rest (waited for)" setup_waited
     stage "bootstraps" validate_bootstraps
     stage "istio payloads" python3 scripts/validate-istio-payloads.py "$ENVOY"
+    # The minors between the oldest and the pinned one: the module loads in
+    # each, under every bootstrap and Istio payload (make compat runs all).
+    stage "Envoy 1.37-1.39: bootstraps, istio payloads" \
+        env COMPAT_SUITES="bootstraps payloads" scripts/compat.sh 1.37 1.38 1.39
     stage "plugin configs" "$VENV/bin/python" scripts/validate-plugin-configs.py
     stage manifests scripts/validate-manifests.sh
     stage "coverage alerts on a real Envoy" python3 scripts/test-coverage-alert.py "$ENVOY" target/idemgate.wasm
