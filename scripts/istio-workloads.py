@@ -390,6 +390,7 @@ def outputs(policies_path):
              "# that holds the workloads' Deployments; the store's side is store/.") + dump({
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
+        "metadata": {"name": "idemgate-workloads"},
         "resources": resources,
         "patches": [{"path": p} for p in patch_files],
     })
@@ -417,6 +418,7 @@ def outputs(policies_path):
              "# overlay after the base and components/monitoring, whose objects it patches.") + dump({
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
+        "metadata": {"name": "idemgate-store-workloads"},
         "resources": store_resources,
         "patches": store_patches,
     })
