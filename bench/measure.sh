@@ -111,7 +111,7 @@ load_grpc() { # url mode prefix [pool]
         --connections 1 --streams 1 --warmup 0 --seconds "$LAT_SECS" | tail -1
     echo "{\"before\":$s0,\"after\":$s1}"
 }
-scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mode prefix [pool]  (memory and filter counters)
+scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N|store-callout-N) path mode prefix [pool]  (memory and filter counters)
     local name=$1 envoy=$2 before after result one cpu measured url="http://127.0.0.1:${port[$2]}$3"
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
@@ -125,6 +125,10 @@ scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mo
         ;;
     callout-*)
         cpu_pids+=" sink=$sink_pid"
+        stat_admin=${admin[$envoy]} stat_cluster=callout_sink
+        ;;
+    store-callout-*) # the sink's cluster points at the store
+        cpu_pids+=" store=$store_pid"
         stat_admin=${admin[$envoy]} stat_cluster=callout_sink
         ;;
     esac

@@ -58,8 +58,11 @@ def markdown(summary):
         "`Idempotency-Key`. The upstream of every Envoy scenario is the same Express handler",
         "(`bench/peer/app.js`, `BENCH_MODE=plain`); the peer (6) is that handler behind",
         "`express-idempotency` with `express-idempotency-redis-adapter`, called directly, and its",
-        "own baseline (6a) is the same handler without the middleware. Ratios are to scenario 1;",
-        "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peer).",
+        "own baseline (6a) is the same handler without the middleware; 6p is that handler behind the",
+        "in-app idempotency a PostgreSQL shop writes (`BENCH_MODE=pgpeer`: a row per key claimed by",
+        "`INSERT … ON CONFLICT DO NOTHING` and committed durably before the handler, the response saved",
+        "by `UPDATE` before it is sent) on 4's PostgreSQL server. Ratios are to scenario 1;",
+        "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peers).",
         f"Both Envoys run side by side, and each of 2–5 alternates with its own baseline runs in "
         f"{meta.get('rounds', 1)} rounds",
         "(baseline, scenario, baseline, scenario, …): its ratios and added latencies are the median of",
@@ -123,7 +126,8 @@ def markdown(summary):
                 "through varies from one try to the next.", "",
                 "| stack | answers, every round | executions, each round |", "|---|---|--:|"]
     for name, label in (("idemgate", "idemgate (Envoy + filter + store on SQLite)"),
-                        ("peer", "express-idempotency + Redis")):
+                        ("peer", "express-idempotency + Redis"),
+                        ("pgpeer", "in-app middleware on PostgreSQL (6p)")):
         p = summary["probes"].get(name)
         if p:
             answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
@@ -145,7 +149,7 @@ def markdown(summary):
         total = sum(c.values())
         cell = lambda k: f"{c[k]:.0f}" if k in c else "–"  # noqa: E731
         node_up = cell("upstream") if "upstream" in c else (cell("node") if r["scenario"] == "peer-base" else "–")
-        node_peer = cell("node") if r["scenario"] in ("peer", "peer-durable") else "–"
+        node_peer = cell("node") if r["scenario"] in ("peer", "peer-durable", "pgpeer") else "–"
         x = r.get("cpu_x", 1.0 if r["scenario"] in ("reference", "grpc-reference") else 0)
         out.append(f"| {r['label']} | {cell('envoy')} | {cell('store')} | {cell('postgres')} | {node_up} | {node_peer} "
                    f"| {cell('redis')} "
@@ -365,7 +369,9 @@ def readme_section(summary):
         tries = "" if rounds == 1 else f" (in {rounds} tries, a key each)"
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler{tries} executed it "
                     f"**{per_round(p['idemgate'], '×')}** behind idemgate and **{per_round(p['peer'], '×')}** "
-                    f"behind express-idempotency with Redis."]
+                    f"behind express-idempotency with Redis"
+                    + (f", and **{per_round(p['pgpeer'], '×')}** behind the in-app middleware on PostgreSQL"
+                       if "pgpeer" in p else "") + "."]
     m, pr = summary["memory"], summary["per_record"]
     facts = []
     if meta.get("wasm_bytes"):

@@ -22,6 +22,7 @@ NAMES = {
     "peer-base": "6a. Express handler alone (peer baseline)",
     "peer": "6. express-idempotency + Redis, new keys",
     "peer-durable": "6d. the same on a durable Redis (appendfsync always)",
+    "pgpeer": "6p. the handler behind an in-app middleware on PostgreSQL (claim committed before it, response saved after)",
     "grpc-reference": "8. gRPC passthrough (gRPC baseline; mean of its runs)",
     "grpc-new": "8a. gRPC unary calls + store on SQLite, new keys",
     "grpc-replay": "8b. gRPC unary calls, replay of completed keys (SQLite)",
@@ -43,6 +44,7 @@ SHORT = {
     "peer-base": "6a peer base",
     "peer": "6 peer",
     "peer-durable": "6d peer, durable Redis",
+    "pgpeer": "6p peer on PostgreSQL",
     "grpc-reference": "8 gRPC baseline",
     "grpc-new": "8a gRPC new keys",
     "grpc-replay": "8b gRPC replay",
@@ -50,9 +52,9 @@ SHORT = {
 
 ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "sqlite-unix",
          "pinned", "postgres", "postgres-background", "postgres-commit-delay", "replay", "peer-base", "peer", "peer-durable",
-         "grpc-reference", "grpc-new", "grpc-replay"]
+         "pgpeer", "grpc-reference", "grpc-new", "grpc-replay"]
 
-PEERS = ("peer", "peer-base", "peer-durable")
+PEERS = ("peer", "peer-base", "peer-durable", "pgpeer")
 
 # The gRPC scenarios (8): their own Envoys, upstream and load generator, so
 # their own baseline ("grpc-base@<name>" rounds, pooled as "grpc-reference").
