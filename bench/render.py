@@ -133,7 +133,7 @@ def markdown(summary):
             answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
             out.append(f"| {label} | {answers} | {per_round(p)} |")
     out += ["", "## CPU time per request (µs, user + system, during the measured run)", "",
-            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. In 4",
+            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. In 4 and 6p",
             "the PostgreSQL server's processes (backends, WAL writer, checkpointer, autovacuum) are counted",
             "too: on a machine of its own in production, it shares the two cores here.", ""]
     if any(r["scenario"] in GRPC for r in summary["rows"]):
@@ -227,15 +227,17 @@ def callout_section(summary):
            "own work aside. A fourth listener makes a new key's two calls where idemgate makes them and",
            "nothing else: a `POST` of the whole request body before the request goes on, one of the whole",
            "response body before the response does; its Envoy CPU less none's is what the shape of a new key",
-           "costs Envoy, and idemgate's extra over it (3) is the filter's own work.", "",
-           "| callouts per request | req/s | p50 | p99 | p50 @1 | Envoy CPU µs/request | sink CPU µs/request "
+           "costs Envoy, and idemgate's extra over it (3) is the filter's own work. With 3's store up,",
+           "the same Envoy again with the store in the sink's place: 0 and 2 callouts a request to the",
+           "store's `GET /healthz` (its HTTP stack, no decision, no database), in rounds of their own.", "",
+           "| callouts per request | req/s | p50 | p99 | p50 @1 | Envoy CPU µs/request | sink (or store) CPU µs/request "
            "| callouts per request (counted) | connections per request |",
            "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         cpu = r.get("cpu_us_per_request", {})
         out.append(f"| {r['label']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
                    f"| {fmt_per(r.get('one_p50_ms'))} "
-                   f"| {cpu.get('envoy', 0):.0f} | {cpu.get('sink', 0):.0f} "
+                   f"| {cpu.get('envoy', 0):.0f} | {cpu.get('sink', cpu.get('store', 0)):.0f} "
                    f"| {fmt_per(r.get('calls_per_request'), 3)} | {fmt_per(r.get('connections_per_request'), 4)} |")
     parts = [f"{c[f'envoy_us_per_callout_{n}']:.0f} µs (from {n} callout{'s' if n > 1 else ''})"
              for n in (1, 2) if f"envoy_us_per_callout_{n}" in c]
@@ -244,6 +246,11 @@ def callout_section(summary):
     if "one_ms_per_callout" in c:
         out += [f"Latency per callout at one connection (p50, from 2 callouts): "
                 f"{c['one_ms_per_callout'] * 1000:.0f} µs."]
+    if "one_ms_per_store_callout" in c:
+        out += [f"A callout to the store's `/healthz` at one connection (p50, from 2 callouts): "
+                f"{c['one_ms_per_store_callout'] * 1000:.0f} µs; Envoy CPU "
+                f"{fmt_per(c.get('envoy_us_per_store_callout'), 0)} µs and the store's "
+                f"{fmt_per(c.get('store_us_per_store_callout'), 0)} µs per callout."]
     shape = c.get("envoy_us_new_key_calls")
     if shape is not None:
         line = f"A new key's two calls where idemgate makes them, nothing else: {shape:+.0f} µs of Envoy CPU above none"

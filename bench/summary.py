@@ -286,7 +286,7 @@ def summarize(meta, scen, extra, probes):
     for name in ORDER:
         if name in scen:
             rows.append(build_row(name, NAMES[name], scen, grpc_refs if name in GRPC else refs))
-    callout = [build_row(f"callout-{n}", label, scen, refs) for n, label in CALLOUT_ROWS if f"callout-{n}" in scen]
+    callout = [build_row(name, label, scen, refs) for name, label in CALLOUT_ROWS if name in scen]
     scale = scale_rows(scen, extra, refs)
 
     mem = {}
@@ -338,33 +338,46 @@ def summarize(meta, scen, extra, probes):
             "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
             "store_claims": extra.get("store_claims"), "mechanism": floor_targets.mechanism(extra),
             "syncs": floor_targets.syncs(extra), "pg_wal": floor_targets.pg_wal(extra),
-            "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
+            "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip"),
+            "pingpong": extra.get("pingpong")}
 
 # The callout microbenchmark's listeners: callout-N makes N callouts a
-# request; callout-k a new key's two where idemgate makes them.
-CALLOUT_ROWS = (("0", "0 callouts per request"), ("1", "1 callout per request"), ("2", "2 callouts per request"),
-                ("k", "a new key's 2 calls where idemgate makes them (bodies held and sent), nothing else"))
+# request to the trivial sink; callout-k a new key's two where idemgate
+# makes them; store-callout-N, N callouts to the store's /healthz (the store
+# in the sink's place).
+CALLOUT_ROWS = (("callout-0", "0 callouts per request"), ("callout-1", "1 callout per request"),
+                ("callout-2", "2 callouts per request"),
+                ("callout-k", "a new key's 2 calls where idemgate makes them (bodies held and sent), nothing else"),
+                ("store-callout-0", "0 callouts per request, the store in the sink's place"),
+                ("store-callout-2", "2 callouts per request to the store's `GET /healthz` (decides nothing)"))
 
 
 def per_callout(rows):
     """Envoy's CPU per callout: the difference between 1 or 2 callouts per
     request and none, per callout; and what a new key's two calls cost it
     where idemgate makes them, above none. The same differences of the p50
-    at one connection: the latency a callout adds, and a new key's two."""
-    envoy = {r["scenario"].split("-")[1]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
-    one = {r["scenario"].split("-")[1]: r.get("one_p50_ms") for r in rows}
+    at one connection: the latency a callout adds, and a new key's two; and
+    those of a callout to the store's own HTTP stack on a path that decides
+    nothing, with the store's CPU per such call."""
+    envoy = {r["scenario"]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
+    store = {r["scenario"]: r.get("cpu_us_per_request", {}).get("store") for r in rows}
+    one = {r["scenario"]: r.get("one_p50_ms") for r in rows}
     out = {}
-    if one.get("0") is not None:
-        if one.get("2") is not None:
-            out["one_ms_per_callout"] = (one["2"] - one["0"]) / 2
-        if one.get("k") is not None:
-            out["one_ms_new_key_calls"] = one["k"] - one["0"]
-    if envoy.get("0") is not None:
-        for n in (1, 2):
-            if envoy.get(str(n)) is not None:
-                out[f"envoy_us_per_callout_{n}"] = (envoy[str(n)] - envoy["0"]) / n
-        if envoy.get("k") is not None:
-            out["envoy_us_new_key_calls"] = envoy["k"] - envoy["0"]
+
+    def diff(values, name, base, per=1):
+        if values.get(name) is not None and values.get(base) is not None:
+            return (values[name] - values[base]) / per
+        return None
+    for key, value in (("one_ms_per_callout", diff(one, "callout-2", "callout-0", 2)),
+                       ("one_ms_new_key_calls", diff(one, "callout-k", "callout-0")),
+                       ("envoy_us_per_callout_1", diff(envoy, "callout-1", "callout-0")),
+                       ("envoy_us_per_callout_2", diff(envoy, "callout-2", "callout-0", 2)),
+                       ("envoy_us_new_key_calls", diff(envoy, "callout-k", "callout-0")),
+                       ("one_ms_per_store_callout", diff(one, "store-callout-2", "store-callout-0", 2)),
+                       ("envoy_us_per_store_callout", diff(envoy, "store-callout-2", "store-callout-0", 2)),
+                       ("store_us_per_store_callout", diff(store, "store-callout-2", "store-callout-0", 2))):
+        if value is not None:
+            out[key] = value
     return out
 
 def scale_rows(scen, extra, refs):
