@@ -31,9 +31,9 @@ def conditions(meta):
         tool = (f"`idempotency-grpc-bench load`, {meta.get('concurrency')} calls in flight over "
                 f"{meta.get('grpc_connections')} HTTP/2 connections")
         paired = "8a and 8b"
-    elif meta.get("only") in ("floor", "scale"):
+    elif meta.get("only") in ("floor", "scale", "bodies"):
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
-        paired = "3–5" if meta["only"] == "floor" else "7"
+        paired = {"floor": "3–5", "scale": "7", "bodies": "each body size"}[meta["only"]]
     else:
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
         paired = "1c–5, 7 and 8" if "grpc_connections" in meta else "1c–5 and 7"
@@ -53,6 +53,8 @@ def markdown(summary):
     out = ["# `make bench`: latest run", "", conditions(summary["meta"]), ""]
     if meta.get("only") == "scale":
         return "\n".join(out + scale_section(summary))
+    if meta.get("only") == "bodies":
+        return "\n".join(out + bodies_section(summary))
     out += [
         "Every request is a `POST` of a small JSON body with `x-tenant-id`/`x-user-id` and an",
         "`Idempotency-Key`. The upstream of every Envoy scenario is the same Express handler",
@@ -186,6 +188,29 @@ def markdown(summary):
             "![chart](latest.svg)", ""]
     out += scale_section(summary)
     return "\n".join(out)
+
+def bodies_section(summary):
+    rows = summary.get("bodies") or []
+    out = ["## Bodies: new keys with request and response bodies of each size", "",
+           "`BENCH_ONLY=bodies` (`bench/bodies.sh`): new keys on `/pay-bodies` (a policy that holds and stores "
+           "bodies up to 2 MiB), the request body and the upstream's response body each of the size shown, at one "
+           "connection and at many, the store on PostgreSQL; each alternating with the same requests through the "
+           "Envoy without the filter. Envoy's CPU per request (user + system over the measured run) with the filter "
+           "and without it; PostgreSQL's WAL bytes per new key (`pg_current_wal_insert_lsn` before and after, over "
+           "the new keys the filter owned meanwhile, warm-ups and one-connection runs included).", "",
+           "| body (each way) | connections | req/s | × baseline | added p50 ms | Envoy CPU µs/key | baseline's "
+           "| Envoy above baseline | store CPU µs/key | PostgreSQL CPU µs/key | WAL bytes per key | WAL ÷ body |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        c, b = r.get("cpu_us_per_request") or {}, r.get("baseline_cpu_us_per_request") or {}
+        above = c["envoy"] - b["envoy"] if "envoy" in c and "envoy" in b else None
+        per = r.get("wal_bytes_per_key")
+        out.append(f"| {r['kib']:g} KiB | {r['connections']} | {r['rps']:.0f} | {fmt_per(r.get('rps_x'))} "
+                   f"| {r.get('added_p50_ms', 0):+.2f} | {fmt_per(c.get('envoy'), 0)} | {fmt_per(b.get('envoy'), 0)} "
+                   f"| {'–' if above is None else f'{above:+.0f}'} | {fmt_per(c.get('store'), 0)} "
+                   f"| {fmt_per(c.get('postgres'), 0)} | {fmt_per(per, 0)} "
+                   f"| {fmt_per(per / r['bytes'] if per and r['bytes'] else None)} |")
+    return out
 
 def store_calls_section(summary):
     """Envoy's counters of the store's cluster per covered request, every scenario with the filter."""

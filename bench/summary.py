@@ -66,7 +66,7 @@ WITH_STORE = ("sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background",
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 
 # Raw lines that come once per scale point, kept as lists.
-LISTED = ("scale_fill", "sweep", "scale_skip", "mechanism", "syncs", "pg_wal", "fixed_rate")
+LISTED = ("scale_fill", "sweep", "scale_skip", "mechanism", "syncs", "pg_wal", "fixed_rate", "bodies")
 
 STORE_RQ = "cluster.idempotency_store.upstream_rq_total"
 
@@ -339,7 +339,28 @@ def summarize(meta, scen, extra, probes):
             "store_claims": extra.get("store_claims"), "mechanism": floor_targets.mechanism(extra),
             "syncs": floor_targets.syncs(extra), "pg_wal": floor_targets.pg_wal(extra),
             "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip"),
-            "pingpong": extra.get("pingpong")}
+            "pingpong": extra.get("pingpong"), "bodies": bodies_rows(scen, extra, refs)}
+
+
+def bodies_rows(scen, extra, refs):
+    """BENCH_ONLY=bodies: per body size and connections, the row of new keys
+    with bodies against its paired baseline, Envoy's CPU per request of both
+    and PostgreSQL's WAL bytes per new key."""
+    out = []
+    for b in extra.get("bodies", []):
+        name = b["scenario"]
+        if name not in scen:
+            continue
+        row = build_row(name, f"{b['kib']:g} KiB at {b['connections']}", scen, refs)
+        base = scen.get(f"baseline@{name}") or {}
+        requests = (base.get("wrk") or {}).get("requests")
+        if base.get("cpu_ms") and requests:
+            row["baseline_cpu_us_per_request"] = {k: v * 1000 / requests for k, v in base["cpu_ms"].items()}
+        row.update({"kib": b["kib"], "bytes": b["bytes"], "connections": b["connections"],
+                    "wal_bytes": b["wal_bytes"], "owned": b["owned"],
+                    "wal_bytes_per_key": b["wal_bytes"] / b["owned"] if b["owned"] else None})
+        out.append(row)
+    return out
 
 # The callout microbenchmark's listeners: callout-N makes N callouts a
 # request to the trivial sink; callout-k a new key's two where idemgate

@@ -101,7 +101,11 @@
 # fixed-rate rounds, in about 17 minutes; its report goes to
 # bench/results/only-floor/. BENCH_ONLY=scale runs 7 alone (BENCH_SCALE and
 # BENCH_SCALE_DBS choose what; 1e7 on postgres alone takes about 15
-# minutes), its report in bench/results/only-scale/.
+# minutes), its report in bench/results/only-scale/. BENCH_ONLY=bodies
+# (bench/bodies.sh): new keys with request and response bodies of
+# BENCH_BODIES_KIB ("0.1 4 64 1024") KiB at 1 and BENCH_CONCURRENCY
+# connections, store on PostgreSQL, each beside the Envoy without the filter:
+# Envoy's CPU and PostgreSQL's WAL bytes per key, in bench/results/only-bodies/.
 # BENCH_RATE (200 new keys a second offered in the
 # open-loop rounds), BENCH_PIN_CONCURRENCY (32: connections of the pinned run),
 # BENCH_STRACE_SECONDS (4: the strace runs).
@@ -123,9 +127,9 @@ ROOT=$PWD
 
 ONLY=${BENCH_ONLY:-}
 case $ONLY in
-'' | grpc | floor | scale) ;;
+'' | grpc | floor | scale | bodies) ;;
 *)
-    echo "bench: BENCH_ONLY=$ONLY: the selections are grpc (scenario 8), floor (one connection) and scale (scenario 7)" >&2
+    echo "bench: BENCH_ONLY=$ONLY: the selections are grpc (scenario 8), floor (one connection), scale (scenario 7) and bodies" >&2
     exit 2
     ;;
 esac
@@ -194,9 +198,9 @@ if [[ $ONLY != grpc && ! -d bench/peer/node_modules/pg ]]; then
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
 needed=("$STORE_BIN" "$WASM" "$STACK_BIN")
-[[ $ONLY == floor || $ONLY == scale ]] || needed+=("$GRPC_BIN")
+[[ $ONLY == floor || $ONLY == scale || $ONLY == bodies ]] || needed+=("$GRPC_BIN")
 [[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN" "$PINGPONG_BIN")
-[[ $ONLY == grpc || $ONLY == scale ]] || needed+=("$CALLOUT_WASM")
+[[ $ONLY == grpc || $ONLY == scale || $ONLY == bodies ]] || needed+=("$CALLOUT_WASM")
 for f in "${needed[@]}"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
 done
@@ -429,6 +433,14 @@ if [[ $ONLY == scale ]]; then
     scale_points
     stop "${pid_of[with]}"
     stop "${pid_of[without]}"
+    report "${BENCH_README:-}"
+    exit 0
+fi
+
+if [[ $ONLY == bodies ]]; then
+    # shellcheck source=bench/bodies.sh
+    source bench/bodies.sh
+    bodies_scenarios
     report "${BENCH_README:-}"
     exit 0
 fi

@@ -17,7 +17,8 @@
 //                     parameters 422; else the handler runs, and its response
 //                     is saved (UPDATE, committed) before it is sent.
 //
-// POST <any path> creates a "payment" from the JSON body and answers 201. A path
+// POST <any path> creates a "payment" from the JSON body and answers 201 (with
+// x-bench-response-bytes: N, a body of N bytes: the JSON padded). A path
 // containing /slow takes 200 ms and counts its executions per Idempotency-Key;
 // GET /_bench/executions?key=K returns that count (the duplicate-execution probe).
 'use strict';
@@ -30,7 +31,7 @@ const port = Number(process.env.PORT || 8080);
 const app = express();
 app.disable('x-powered-by');
 app.disable('etag');
-app.use(express.json({ limit: '1mb' }));
+app.use(express.json({ limit: '4mb' }));
 
 let created = 0;
 const executions = new Map();
@@ -39,9 +40,10 @@ function handler(req, res) {
     const finish = () => {
         created += 1;
         const id = `pay_${process.pid}_${created}`;
-        res.status(201)
-            .set('x-payment-id', id)
-            .json({ id, amount: req.body && req.body.amount, currency: req.body && req.body.currency, status: 'succeeded' });
+        const payment = { id, amount: req.body && req.body.amount, currency: req.body && req.body.currency, status: 'succeeded' };
+        const size = Number(req.get('x-bench-response-bytes') || 0);
+        if (size > 0) payment.pad = 'x'.repeat(Math.max(size - JSON.stringify(payment).length - 9, 0));
+        res.status(201).set('x-payment-id', id).json(payment);
     };
     if (req.path.includes('/slow')) {
         const key = req.get('idempotency-key') || '';
