@@ -12,7 +12,7 @@
 --                are: HHHHHHHH-<PREFIX>-<n mod POOL>
 --   MODE none    no Idempotency-Key header
 -- With BENCH_BODY_BYTES=N in the environment, the body is N bytes (the JSON
--- padded) and asks the bench's upstream for a response body of N bytes
+-- padded with random characters) and asks the bench's upstream for a response body of N bytes
 -- (x-bench-response-bytes).
 -- done() prints one JSON line with throughput, latency percentiles (µs) and errors.
 
@@ -42,8 +42,14 @@ function init(args)
     }
     local size = tonumber(os.getenv("BENCH_BODY_BYTES") or "")
     if size then
-        local head = '{"amount":1000,"currency":"EUR","note":"'
-        body = head .. string.rep("x", math.max(size - #head - 2, 0)) .. '"}'
+        -- Random letters and digits: a repeated character would compress to
+        -- nothing wherever a body is stored.
+        local head, chars, pad = '{"amount":1000,"currency":"EUR","note":"', "abcdefghijklmnopqrstuvwxyz0123456789", {}
+        for i = 1, math.max(size - #head - 2, 0) do
+            local r = math.random(1, #chars)
+            pad[i] = chars:sub(r, r)
+        end
+        body = head .. table.concat(pad) .. '"}'
         base["x-bench-response-bytes"] = tostring(size)
     end
 end

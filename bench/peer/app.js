@@ -18,7 +18,7 @@
 //                     is saved (UPDATE, committed) before it is sent.
 //
 // POST <any path> creates a "payment" from the JSON body and answers 201 (with
-// x-bench-response-bytes: N, a body of N bytes: the JSON padded). A path
+// x-bench-response-bytes: N, a body of N bytes: the JSON padded at random). A path
 // containing /slow takes 200 ms and counts its executions per Idempotency-Key;
 // GET /_bench/executions?key=K returns that count (the duplicate-execution probe).
 'use strict';
@@ -34,6 +34,13 @@ app.disable('etag');
 app.use(express.json({ limit: '4mb' }));
 
 let created = 0;
+// The padding of an answer asked to be larger (x-bench-response-bytes):
+// random, so that a stored copy does not compress to nothing.
+let padding = '';
+function pad(n) {
+    if (padding.length < n) padding = require('crypto').randomBytes(Math.ceil(n * 0.75) + 3).toString('base64');
+    return padding.slice(0, n);
+}
 const executions = new Map();
 
 function handler(req, res) {
@@ -42,7 +49,7 @@ function handler(req, res) {
         const id = `pay_${process.pid}_${created}`;
         const payment = { id, amount: req.body && req.body.amount, currency: req.body && req.body.currency, status: 'succeeded' };
         const size = Number(req.get('x-bench-response-bytes') || 0);
-        if (size > 0) payment.pad = 'x'.repeat(Math.max(size - JSON.stringify(payment).length - 9, 0));
+        if (size > 0) payment.pad = pad(Math.max(size - JSON.stringify(payment).length - 9, 0));
         res.status(201).set('x-payment-id', id).json(payment);
     };
     if (req.path.includes('/slow')) {
