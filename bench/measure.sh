@@ -3,8 +3,10 @@
 # the load generators (wrk, idempotency-grpc-bench load) around a warm-up, a
 # measurement and a one-connection run, the CPU time of each process, Envoy's
 # counters before and after, and a scenario's line of the raw results.
-filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
-    curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
+filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy, none before it starts)
+    local at=${admin[${filter_envoy:-with}]:-}
+    [[ -n $at ]] || return 0
+    curl -fsS "http://127.0.0.1:$at/stats?filter=idemgate" 2>/dev/null |
         sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
 }
 to_json() { # "name value" lines -> {"name": value, ...}
