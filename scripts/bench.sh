@@ -98,7 +98,7 @@
 # and BENCH_LATENCY_SECONDS to 9): the disk's sync floors, the store alone,
 # 1c (the calls' own latency: the floors under 3's and 3c's goals), 3, 3c,
 # 3u, 3p, 4, 4b, 4cd, 5, 6a, 6, 6d and 6p, each with its baseline, and the
-# fixed-rate rounds, in about 17 minutes; its report goes to
+# fixed-rate rounds, C_s and X, in about 19 minutes; its report goes to
 # bench/results/only-floor/. BENCH_ONLY=scale runs 7 alone (BENCH_SCALE and
 # BENCH_SCALE_DBS choose what; 1e7 on postgres alone takes about 15
 # minutes), its report in bench/results/only-scale/. BENCH_ONLY=bodies
