@@ -3,8 +3,10 @@
 # the load generators (wrk, idempotency-grpc-bench load) around a warm-up, a
 # measurement and a one-connection run, the CPU time of each process, Envoy's
 # counters before and after, and a scenario's line of the raw results.
-filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy)
-    curl -fsS "http://127.0.0.1:${admin[${filter_envoy:-with}]}/stats?filter=idemgate" 2>/dev/null |
+filter_stats() { # -> "name value" lines of the filter's counters (of the Envoy $filter_envoy, none before it starts)
+    local at=${admin[${filter_envoy:-with}]:-}
+    [[ -n $at ]] || return 0
+    curl -fsS "http://127.0.0.1:$at/stats?filter=idemgate" 2>/dev/null |
         sed -n 's/^\(.*idemgate[^:]*\): \([0-9]*\)$/\1 \2/p' || true
 }
 to_json() { # "name value" lines -> {"name": value, ...}
@@ -111,7 +113,7 @@ load_grpc() { # url mode prefix [pool]
         --connections 1 --streams 1 --warmup 0 --seconds "$LAT_SECS" | tail -1
     echo "{\"before\":$s0,\"after\":$s1}"
 }
-scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mode prefix [pool]  (memory and filter counters)
+scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N|store-callout-N) path mode prefix [pool]  (memory and filter counters)
     local name=$1 envoy=$2 before after result one cpu measured url="http://127.0.0.1:${port[$2]}$3"
     say "$name: $url ($4 keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
     before=$(stats_json)
@@ -125,6 +127,10 @@ scenario() { # name envoy(with|without|grpc-with|grpc-without|callout-N) path mo
         ;;
     callout-*)
         cpu_pids+=" sink=$sink_pid"
+        stat_admin=${admin[$envoy]} stat_cluster=callout_sink
+        ;;
+    store-callout-*) # the sink's cluster points at the store
+        cpu_pids+=" store=$store_pid"
         stat_admin=${admin[$envoy]} stat_cluster=callout_sink
         ;;
     esac

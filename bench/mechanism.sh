@@ -159,6 +159,30 @@ callout_scenarios() {
     stop_callout
 }
 
+# C_s: the callout microbenchmark's Envoy with the store where its sink was
+# (the store's cluster port, no sink): 0 and 2 callouts a request to the
+# store's GET /healthz, which decides nothing and reads no database, in
+# $ROUNDS alternating rounds. Beside 1c's C (the same to a trivial Node
+# server), what a round trip through the store's own HTTP stack costs.
+store_callout_scenarios() { # with the store up
+    local secs=$SECS lat=$LAT_SECS r n
+    stack store-callout "$STACK_BIN" bench --bootstrap bench/callout/envoy.yaml --wasm "$CALLOUT_WASM" \
+        --no-store --store-port "$STORE_PORT" --upstream-port "$UP_PORT"
+    pid_of[store-callout]=$(field 's["envoy"]["pid"]')
+    stack_of[${pid_of[store-callout]}]=$last_pid
+    for n in 0 2; do
+        port[store-callout-$n]=$(field "s['envoy']['listeners']['calls_$n']")
+        admin[store-callout-$n]=$(field 's["envoy"]["admin"]')
+        pid_of[store-callout-$n]=${pid_of[store-callout]}
+    done
+    SECS=$(((secs + ROUNDS - 1) / ROUNDS)) LAT_SECS=$(((lat + ROUNDS - 1) / ROUNDS))
+    for ((r = 1; r <= ROUNDS; r++)); do
+        for n in 0 2; do scenario "store-callout-$n#$r" "store-callout-$n" /pay unique "sc$n-$r"; done
+    done
+    SECS=$secs LAT_SECS=$lat
+    stop "${pid_of[store-callout]}"
+}
+
 # The callout microbenchmark's Envoy (bench/callout): one listener each for
 # 0, 1 and 2 sequential callouts a request to a trivial server
 # (bench/callout/sink.js), then the request goes on to the same upstream;

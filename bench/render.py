@@ -31,9 +31,9 @@ def conditions(meta):
         tool = (f"`idempotency-grpc-bench load`, {meta.get('concurrency')} calls in flight over "
                 f"{meta.get('grpc_connections')} HTTP/2 connections")
         paired = "8a and 8b"
-    elif meta.get("only") in ("floor", "scale"):
+    elif meta.get("only") in ("floor", "scale", "bodies"):
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
-        paired = "3–5" if meta["only"] == "floor" else "7"
+        paired = {"floor": "3–5", "scale": "7", "bodies": "each body size"}[meta["only"]]
     else:
         tool = f"`wrk -t{meta.get('threads')} -c{meta.get('concurrency')}`"
         paired = "1c–5, 7 and 8" if "grpc_connections" in meta else "1c–5 and 7"
@@ -53,13 +53,18 @@ def markdown(summary):
     out = ["# `make bench`: latest run", "", conditions(summary["meta"]), ""]
     if meta.get("only") == "scale":
         return "\n".join(out + scale_section(summary))
+    if meta.get("only") == "bodies":
+        return "\n".join(out + bodies_section(summary))
     out += [
         "Every request is a `POST` of a small JSON body with `x-tenant-id`/`x-user-id` and an",
         "`Idempotency-Key`. The upstream of every Envoy scenario is the same Express handler",
         "(`bench/peer/app.js`, `BENCH_MODE=plain`); the peer (6) is that handler behind",
         "`express-idempotency` with `express-idempotency-redis-adapter`, called directly, and its",
-        "own baseline (6a) is the same handler without the middleware. Ratios are to scenario 1;",
-        "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peer).",
+        "own baseline (6a) is the same handler without the middleware; 6p is that handler behind the",
+        "in-app idempotency a PostgreSQL shop writes (`BENCH_MODE=pgpeer`: a row per key claimed by",
+        "`INSERT … ON CONFLICT DO NOTHING` and committed durably before the handler, the response saved",
+        "by `UPDATE` before it is sent) on 4's PostgreSQL server. Ratios are to scenario 1;",
+        "*added* latency is to each stack's own baseline (1 for idemgate, 6a for the peers).",
         f"Both Envoys run side by side, and each of 2–5 alternates with its own baseline runs in "
         f"{meta.get('rounds', 1)} rounds",
         "(baseline, scenario, baseline, scenario, …): its ratios and added latencies are the median of",
@@ -123,13 +128,14 @@ def markdown(summary):
                 "through varies from one try to the next.", "",
                 "| stack | answers, every round | executions, each round |", "|---|---|--:|"]
     for name, label in (("idemgate", "idemgate (Envoy + filter + store on SQLite)"),
-                        ("peer", "express-idempotency + Redis")):
+                        ("peer", "express-idempotency + Redis"),
+                        ("pgpeer", "in-app middleware on PostgreSQL (6p)")):
         p = summary["probes"].get(name)
         if p:
             answers = ", ".join(f"{n}× {code}" for code, n in sorted(p["statuses"].items()))
             out.append(f"| {label} | {answers} | {per_round(p)} |")
     out += ["", "## CPU time per request (µs, user + system, during the measured run)", "",
-            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. In 4",
+            "Where a 2-core machine's time goes: at saturation, throughput ratios follow these sums. In 4 and 6p",
             "the PostgreSQL server's processes (backends, WAL writer, checkpointer, autovacuum) are counted",
             "too: on a machine of its own in production, it shares the two cores here.", ""]
     if any(r["scenario"] in GRPC for r in summary["rows"]):
@@ -145,7 +151,7 @@ def markdown(summary):
         total = sum(c.values())
         cell = lambda k: f"{c[k]:.0f}" if k in c else "–"  # noqa: E731
         node_up = cell("upstream") if "upstream" in c else (cell("node") if r["scenario"] == "peer-base" else "–")
-        node_peer = cell("node") if r["scenario"] in ("peer", "peer-durable") else "–"
+        node_peer = cell("node") if r["scenario"] in ("peer", "peer-durable", "pgpeer") else "–"
         x = r.get("cpu_x", 1.0 if r["scenario"] in ("reference", "grpc-reference") else 0)
         out.append(f"| {r['label']} | {cell('envoy')} | {cell('store')} | {cell('postgres')} | {node_up} | {node_peer} "
                    f"| {cell('redis')} "
@@ -182,6 +188,29 @@ def markdown(summary):
             "![chart](latest.svg)", ""]
     out += scale_section(summary)
     return "\n".join(out)
+
+def bodies_section(summary):
+    rows = summary.get("bodies") or []
+    out = ["## Bodies: new keys with request and response bodies of each size", "",
+           "`BENCH_ONLY=bodies` (`bench/bodies.sh`): new keys on `/pay-bodies` (a policy that holds and stores "
+           "bodies up to 2 MiB), the request body and the upstream's response body each of the size shown, at one "
+           "connection and at many, the store on PostgreSQL; each alternating with the same requests through the "
+           "Envoy without the filter. Envoy's CPU per request (user + system over the measured run) with the filter "
+           "and without it; PostgreSQL's WAL bytes per new key (`pg_current_wal_insert_lsn` before and after, over "
+           "the new keys the filter owned meanwhile, warm-ups and one-connection runs included).", "",
+           "| body (each way) | connections | req/s | × baseline | added p50 ms | Envoy CPU µs/key | baseline's "
+           "| Envoy above baseline | store CPU µs/key | PostgreSQL CPU µs/key | WAL bytes per key | WAL ÷ body |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        c, b = r.get("cpu_us_per_request") or {}, r.get("baseline_cpu_us_per_request") or {}
+        above = c["envoy"] - b["envoy"] if "envoy" in c and "envoy" in b else None
+        per = r.get("wal_bytes_per_key")
+        out.append(f"| {r['kib']:g} KiB | {r['connections']} | {r['rps']:.0f} | {fmt_per(r.get('rps_x'))} "
+                   f"| {r.get('added_p50_ms', 0):+.2f} | {fmt_per(c.get('envoy'), 0)} | {fmt_per(b.get('envoy'), 0)} "
+                   f"| {'–' if above is None else f'{above:+.0f}'} | {fmt_per(c.get('store'), 0)} "
+                   f"| {fmt_per(c.get('postgres'), 0)} | {fmt_per(per, 0)} "
+                   f"| {fmt_per(per / r['bytes'] if per and r['bytes'] else None)} |")
+    return out
 
 def store_calls_section(summary):
     """Envoy's counters of the store's cluster per covered request, every scenario with the filter."""
@@ -223,15 +252,17 @@ def callout_section(summary):
            "own work aside. A fourth listener makes a new key's two calls where idemgate makes them and",
            "nothing else: a `POST` of the whole request body before the request goes on, one of the whole",
            "response body before the response does; its Envoy CPU less none's is what the shape of a new key",
-           "costs Envoy, and idemgate's extra over it (3) is the filter's own work.", "",
-           "| callouts per request | req/s | p50 | p99 | p50 @1 | Envoy CPU µs/request | sink CPU µs/request "
+           "costs Envoy, and idemgate's extra over it (3) is the filter's own work. With 3's store up,",
+           "the same Envoy again with the store in the sink's place: 0 and 2 callouts a request to the",
+           "store's `GET /healthz` (its HTTP stack, no decision, no database), in rounds of their own.", "",
+           "| callouts per request | req/s | p50 | p99 | p50 @1 | Envoy CPU µs/request | sink (or store) CPU µs/request "
            "| callouts per request (counted) | connections per request |",
            "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         cpu = r.get("cpu_us_per_request", {})
         out.append(f"| {r['label']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
                    f"| {fmt_per(r.get('one_p50_ms'))} "
-                   f"| {cpu.get('envoy', 0):.0f} | {cpu.get('sink', 0):.0f} "
+                   f"| {cpu.get('envoy', 0):.0f} | {cpu.get('sink', cpu.get('store', 0)):.0f} "
                    f"| {fmt_per(r.get('calls_per_request'), 3)} | {fmt_per(r.get('connections_per_request'), 4)} |")
     parts = [f"{c[f'envoy_us_per_callout_{n}']:.0f} µs (from {n} callout{'s' if n > 1 else ''})"
              for n in (1, 2) if f"envoy_us_per_callout_{n}" in c]
@@ -240,6 +271,11 @@ def callout_section(summary):
     if "one_ms_per_callout" in c:
         out += [f"Latency per callout at one connection (p50, from 2 callouts): "
                 f"{c['one_ms_per_callout'] * 1000:.0f} µs."]
+    if "one_ms_per_store_callout" in c:
+        out += [f"A callout to the store's `/healthz` at one connection (p50, from 2 callouts): "
+                f"{c['one_ms_per_store_callout'] * 1000:.0f} µs; Envoy CPU "
+                f"{fmt_per(c.get('envoy_us_per_store_callout'), 0)} µs and the store's "
+                f"{fmt_per(c.get('store_us_per_store_callout'), 0)} µs per callout."]
     shape = c.get("envoy_us_new_key_calls")
     if shape is not None:
         line = f"A new key's two calls where idemgate makes them, nothing else: {shape:+.0f} µs of Envoy CPU above none"
@@ -365,7 +401,9 @@ def readme_section(summary):
         tries = "" if rounds == 1 else f" (in {rounds} tries, a key each)"
         out += ["", f"Fifty identical requests sent at once with one key to a 200 ms handler{tries} executed it "
                     f"**{per_round(p['idemgate'], '×')}** behind idemgate and **{per_round(p['peer'], '×')}** "
-                    f"behind express-idempotency with Redis."]
+                    f"behind express-idempotency with Redis"
+                    + (f", and **{per_round(p['pgpeer'], '×')}** behind the in-app middleware on PostgreSQL"
+                       if "pgpeer" in p else "") + "."]
     m, pr = summary["memory"], summary["per_record"]
     facts = []
     if meta.get("wasm_bytes"):

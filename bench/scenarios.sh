@@ -5,18 +5,22 @@
 # 6. The peer: the same handler behind express-idempotency + Redis, called
 # directly, then (6d) on a Redis that syncs every write (appendonly,
 # appendfsync always): like for like with a claim durable before forwarding.
-peer_scenario() { # name port pid
-    local result one cpu
+peer_scenario() { # name port pid [store: redis=PID (default) or postgres=pg:PID]
+    local result one cpu store=${4:-redis=$redis_pid} mem_fields
     say "$1: direct to Node on :$2 (unique keys, ${SECS}s at $CONC connections, ${LAT_SECS}s at 1)"
-    cpu_pids="node=$3 redis=$redis_pid"
+    cpu_pids="node=$3 $store"
     stat_admin= mech_admin=
     { read -r result; read -r cpu; read -r one; read -r _; } < <(load "http://127.0.0.1:$2/pay" unique "$1")
     echo "$result"
     echo "$one"
     echo "CPU ms: $cpu"
     read -r n_rss n_hwm < <(mem "$3")
-    read -r r_rss r_hwm < <(mem "$redis_pid")
-    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm,\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm}"
+    mem_fields="\"node_rss_kb\":$n_rss,\"node_hwm_kb\":$n_hwm"
+    if [[ $store == redis=* ]]; then
+        read -r r_rss r_hwm < <(mem "${store#redis=}")
+        mem_fields+=",\"redis_rss_kb\":$r_rss,\"redis_hwm_kb\":$r_hwm"
+    fi
+    record "{\"scenario\":\"$1\",\"wrk\":$result,\"wrk1\":$one,\"cpu_ms\":$cpu,$mem_fields}"
 }
 start_peer() { # redis-port [redis flags]; sets $redis_pid, $peer_pid, $peer_port
     start "redis-$1" redis-server --port "$1" --bind 127.0.0.1 --save '' "${@:2}"
@@ -49,6 +53,47 @@ peer_scenarios() {
     mkdir -p "$W/redis-aof"
     start_peer "$durable_port" --appendonly yes --appendfsync always --dir "$W/redis-aof"
     peer_scenario peer-durable "$peer_port" "$peer_pid"
+    stop "$peer_pid"
+    stop "$redis_pid"
+    pg_peer_scenario
+}
+
+# 6p. The in-app alternative of a PostgreSQL shop (bench/peer/app.js,
+# BENCH_MODE=pgpeer): the same handler behind a middleware that claims each
+# key in an idempotency_keys table (INSERT ... ON CONFLICT DO NOTHING,
+# committed with synchronous_commit on) before the handler runs and saves
+# the response (UPDATE) before it is sent; on 4's PostgreSQL server (started
+# by pg_cluster), in a database of its own. Its WAL syncs per new key as for
+# 4, and the duplicate-execution probe as for the Redis peer.
+pg_peer_scenario() {
+    local url="postgres://idem@127.0.0.1:$PG_PORT/pgpeer" pm w0 w1 n0 n1 probe pg_port_peer
+    say "peer on PostgreSQL: an in-app middleware on pg $(node -p 'require("./bench/peer/node_modules/pg/package.json").version')"
+    "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -v ON_ERROR_STOP=1 -c "CREATE DATABASE pgpeer"
+    take_port pg_port_peer
+    start pgpeer env BENCH_MODE=pgpeer PORT="$pg_port_peer" DATABASE_URL="$url" node bench/peer/app.js
+    pgpeer_pid=$last_pid
+    wait_http "http://127.0.0.1:$pg_port_peer/_bench/ready" "the peer on PostgreSQL"
+    pm=$(head -1 "$pg_data/postmaster.pid")
+    read -r w0 n0 < <(pg_peer_point "$url")
+    peer_scenario pgpeer "$pg_port_peer" "$pgpeer_pid" "postgres=pg:$pm"
+    read -r w1 n1 < <(pg_peer_point "$url")
+    echo "PostgreSQL WAL syncs: $((w1 - w0)) for $((n1 - n0)) new keys"
+    record "{\"pg_wal\":{\"scenario\":\"pgpeer\",\"wal_sync\":$((w1 - w0)),\"owned\":$((n1 - n0))}}"
+    if [[ -z $FLOOR ]]; then
+        say "duplicate-execution probe: the peer on PostgreSQL"
+        probe=$(node bench/burst.js "http://127.0.0.1:$pg_port_peer/pay/slow" "burst-pgpeer-$$" 50 "http://127.0.0.1:$pg_port_peer/_bench/executions" "$PROBE_ROUNDS")
+        echo "$probe"
+        record "{\"probe\":\"pgpeer\",\"result\":$probe}"
+    fi
+    stop "$pgpeer_pid"
+}
+# The server's WAL syncs so far and the keys in the peer's table (after the
+# backends have reported: pg_wal_point's wait).
+pg_peer_point() { # database-url
+    sleep 11
+    printf '%s %s\n' \
+        "$("$PG_BIN/psql" -X -At "$1" -c "SELECT wal_sync FROM pg_stat_wal")" \
+        "$("$PG_BIN/psql" -X -At "$1" -c "SELECT count(*) FROM idempotency_keys")"
 }
 
 # 3 + 5: new keys on SQLite, the file's bytes per record, then replays of
@@ -73,13 +118,19 @@ fresh_sqlite() { # name path prefix file [store flags]
     store_pid=
 }
 # What one durable commit costs on this disk: a small write and its fsync, the
-# floor under a claim's latency at one connection (SQLite synchronous=full).
-fsync_floors() {
+# floor under a claim's latency at one connection (SQLite synchronous=full);
+# and what one crossing between two processes costs this machine (X): a
+# loopback TCP round trip, one byte each way (idempotency-pingpong).
+machine_floors() {
     say "the disk's sync floors (bench/fsync.py)"
-    local f
+    local f x
     f=$(python3 bench/fsync.py "$W")
     echo "$f"
     record "{\"fsync\":$f}"
+    say "a loopback round trip between two processes (idempotency-pingpong)"
+    x=$("$PINGPONG_BIN" --round-trips "${BENCH_PINGPONG_ROUND_TRIPS:-20000}")
+    echo "$x"
+    record "{\"pingpong\":$x}"
 }
 # What a new-key claim costs the store itself at one connection, beside that
 # floor: its write stages (queued, transaction, commit) and the context

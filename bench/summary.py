@@ -22,6 +22,7 @@ NAMES = {
     "peer-base": "6a. Express handler alone (peer baseline)",
     "peer": "6. express-idempotency + Redis, new keys",
     "peer-durable": "6d. the same on a durable Redis (appendfsync always)",
+    "pgpeer": "6p. the handler behind an in-app middleware on PostgreSQL (claim committed before it, response saved after)",
     "grpc-reference": "8. gRPC passthrough (gRPC baseline; mean of its runs)",
     "grpc-new": "8a. gRPC unary calls + store on SQLite, new keys",
     "grpc-replay": "8b. gRPC unary calls, replay of completed keys (SQLite)",
@@ -43,6 +44,7 @@ SHORT = {
     "peer-base": "6a peer base",
     "peer": "6 peer",
     "peer-durable": "6d peer, durable Redis",
+    "pgpeer": "6p peer on PostgreSQL",
     "grpc-reference": "8 gRPC baseline",
     "grpc-new": "8a gRPC new keys",
     "grpc-replay": "8b gRPC replay",
@@ -50,9 +52,9 @@ SHORT = {
 
 ORDER = ["reference", "uncovered", "sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background", "sqlite-unix",
          "pinned", "postgres", "postgres-background", "postgres-commit-delay", "replay", "peer-base", "peer", "peer-durable",
-         "grpc-reference", "grpc-new", "grpc-replay"]
+         "pgpeer", "grpc-reference", "grpc-new", "grpc-replay"]
 
-PEERS = ("peer", "peer-base", "peer-durable")
+PEERS = ("peer", "peer-base", "peer-durable", "pgpeer")
 
 # The gRPC scenarios (8): their own Envoys, upstream and load generator, so
 # their own baseline ("grpc-base@<name>" rounds, pooled as "grpc-reference").
@@ -64,7 +66,7 @@ WITH_STORE = ("sqlite", "sqlite-detached", "sqlite-normal", "sqlite-background",
 WRK_FIELDS = ["rps", "p50_us", "p99_us", "p999_us"]
 
 # Raw lines that come once per scale point, kept as lists.
-LISTED = ("scale_fill", "sweep", "scale_skip", "mechanism", "syncs", "pg_wal", "fixed_rate")
+LISTED = ("scale_fill", "sweep", "scale_skip", "mechanism", "syncs", "pg_wal", "fixed_rate", "bodies")
 
 STORE_RQ = "cluster.idempotency_store.upstream_rq_total"
 
@@ -284,7 +286,7 @@ def summarize(meta, scen, extra, probes):
     for name in ORDER:
         if name in scen:
             rows.append(build_row(name, NAMES[name], scen, grpc_refs if name in GRPC else refs))
-    callout = [build_row(f"callout-{n}", label, scen, refs) for n, label in CALLOUT_ROWS if f"callout-{n}" in scen]
+    callout = [build_row(name, label, scen, refs) for name, label in CALLOUT_ROWS if name in scen]
     scale = scale_rows(scen, extra, refs)
 
     mem = {}
@@ -336,33 +338,67 @@ def summarize(meta, scen, extra, probes):
             "callout": {"rows": callout, **per_callout(callout)}, "scale": scale, "fsync": extra.get("fsync"),
             "store_claims": extra.get("store_claims"), "mechanism": floor_targets.mechanism(extra),
             "syncs": floor_targets.syncs(extra), "pg_wal": floor_targets.pg_wal(extra),
-            "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip")}
+            "fixed_rate": floor_targets.fixed_rate(extra), "pinned_skip": extra.get("pinned_skip"),
+            "pingpong": extra.get("pingpong"), "bodies": bodies_rows(scen, extra, refs)}
+
+
+def bodies_rows(scen, extra, refs):
+    """BENCH_ONLY=bodies: per body size and connections, the row of new keys
+    with bodies against its paired baseline, Envoy's CPU per request of both
+    and PostgreSQL's WAL bytes per new key."""
+    out = []
+    for b in extra.get("bodies", []):
+        name = b["scenario"]
+        if name not in scen:
+            continue
+        row = build_row(name, f"{b['kib']:g} KiB at {b['connections']}", scen, refs)
+        base = scen.get(f"baseline@{name}") or {}
+        requests = (base.get("wrk") or {}).get("requests")
+        if base.get("cpu_ms") and requests:
+            row["baseline_cpu_us_per_request"] = {k: v * 1000 / requests for k, v in base["cpu_ms"].items()}
+        row.update({"kib": b["kib"], "bytes": b["bytes"], "connections": b["connections"],
+                    "wal_bytes": b["wal_bytes"], "owned": b["owned"],
+                    "wal_bytes_per_key": b["wal_bytes"] / b["owned"] if b["owned"] else None})
+        out.append(row)
+    return out
 
 # The callout microbenchmark's listeners: callout-N makes N callouts a
-# request; callout-k a new key's two where idemgate makes them.
-CALLOUT_ROWS = (("0", "0 callouts per request"), ("1", "1 callout per request"), ("2", "2 callouts per request"),
-                ("k", "a new key's 2 calls where idemgate makes them (bodies held and sent), nothing else"))
+# request to the trivial sink; callout-k a new key's two where idemgate
+# makes them; store-callout-N, N callouts to the store's /healthz (the store
+# in the sink's place).
+CALLOUT_ROWS = (("callout-0", "0 callouts per request"), ("callout-1", "1 callout per request"),
+                ("callout-2", "2 callouts per request"),
+                ("callout-k", "a new key's 2 calls where idemgate makes them (bodies held and sent), nothing else"),
+                ("store-callout-0", "0 callouts per request, the store in the sink's place"),
+                ("store-callout-2", "2 callouts per request to the store's `GET /healthz` (decides nothing)"))
 
 
 def per_callout(rows):
     """Envoy's CPU per callout: the difference between 1 or 2 callouts per
     request and none, per callout; and what a new key's two calls cost it
     where idemgate makes them, above none. The same differences of the p50
-    at one connection: the latency a callout adds, and a new key's two."""
-    envoy = {r["scenario"].split("-")[1]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
-    one = {r["scenario"].split("-")[1]: r.get("one_p50_ms") for r in rows}
+    at one connection: the latency a callout adds, and a new key's two; and
+    those of a callout to the store's own HTTP stack on a path that decides
+    nothing, with the store's CPU per such call."""
+    envoy = {r["scenario"]: r.get("cpu_us_per_request", {}).get("envoy") for r in rows}
+    store = {r["scenario"]: r.get("cpu_us_per_request", {}).get("store") for r in rows}
+    one = {r["scenario"]: r.get("one_p50_ms") for r in rows}
     out = {}
-    if one.get("0") is not None:
-        if one.get("2") is not None:
-            out["one_ms_per_callout"] = (one["2"] - one["0"]) / 2
-        if one.get("k") is not None:
-            out["one_ms_new_key_calls"] = one["k"] - one["0"]
-    if envoy.get("0") is not None:
-        for n in (1, 2):
-            if envoy.get(str(n)) is not None:
-                out[f"envoy_us_per_callout_{n}"] = (envoy[str(n)] - envoy["0"]) / n
-        if envoy.get("k") is not None:
-            out["envoy_us_new_key_calls"] = envoy["k"] - envoy["0"]
+
+    def diff(values, name, base, per=1):
+        if values.get(name) is not None and values.get(base) is not None:
+            return (values[name] - values[base]) / per
+        return None
+    for key, value in (("one_ms_per_callout", diff(one, "callout-2", "callout-0", 2)),
+                       ("one_ms_new_key_calls", diff(one, "callout-k", "callout-0")),
+                       ("envoy_us_per_callout_1", diff(envoy, "callout-1", "callout-0")),
+                       ("envoy_us_per_callout_2", diff(envoy, "callout-2", "callout-0", 2)),
+                       ("envoy_us_new_key_calls", diff(envoy, "callout-k", "callout-0")),
+                       ("one_ms_per_store_callout", diff(one, "store-callout-2", "store-callout-0", 2)),
+                       ("envoy_us_per_store_callout", diff(envoy, "store-callout-2", "store-callout-0", 2)),
+                       ("store_us_per_store_callout", diff(store, "store-callout-2", "store-callout-0", 2))):
+        if value is not None:
+            out[key] = value
     return out
 
 def scale_rows(scen, extra, refs):

@@ -10,7 +10,10 @@
 #                  making 0, 1 or 2 sequential callouts per request to a trivial
 #                  server, in alternating rounds: Envoy's CPU per callout; and
 #                  a new key's two calls where idemgate makes them, nothing
-#                  else (bodies held and sent): the shape's cost to Envoy
+#                  else (bodies held and sent): the shape's cost to Envoy;
+#                  and (C_s, with 3's store up) the same Envoy with the store
+#                  in the sink's place: 0 and 2 callouts a request to the
+#                  store's /healthz, its HTTP stack deciding nothing
 #   2 uncovered    Envoy + filter, a route no policy covers
 #   3 sqlite       Envoy + filter + store on SQLite, a new key per request
 #                  (streaming forwarding: through Envoy's router)
@@ -33,7 +36,11 @@
 #                  on a day's worth of expiries (archive and purge) under load
 #   6 peer         the same handler behind express-idempotency + Redis, new keys
 #                  (its own baseline, "peer-base", is the handler without it);
-#                  6d the same on a durable Redis (appendonly, appendfsync always)
+#                  6d the same on a durable Redis (appendonly, appendfsync always);
+#                  6p the same handler behind the in-app idempotency of a
+#                  PostgreSQL shop (BENCH_MODE=pgpeer: a claim row committed
+#                  before the handler, the response saved after it) on 4's
+#                  PostgreSQL server, with its WAL syncs per new key
 #   8 gRPC         gRPC unary calls (bench/grpc.yaml) through a third pair of
 #                  Envoys, with and without the filter, to a trivial Rust gRPC
 #                  upstream (idempotency-grpc-bench upstream), store on a fresh
@@ -45,8 +52,11 @@
 #                  flight over BENCH_GRPC_CONNECTIONS (4) connections, and one
 #                  call at a time on one connection.
 #   + the duplicate-execution probe: 50 identical requests at once, one key,
-#     a 200 ms handler, for the peer and for idemgate, in BENCH_PROBE_ROUNDS
+#     a 200 ms handler, for the peers (6, 6p) and idemgate, in BENCH_PROBE_ROUNDS
 #     (5) rounds of a key each: a race's count varies from try to try.
+# The machine's floors, first: the disk's sync (bench/fsync.py) and X, a
+# loopback round trip between two processes (idempotency-pingpong,
+# BENCH_PINGPONG_ROUND_TRIPS (20000) of them).
 # Every Envoy scenario also reads Envoy's counters of the store's cluster
 # (upstream_rq_total, upstream_cx_total) and of the filter's requests around
 # its measured run: store callouts and connections per covered request.
@@ -87,11 +97,15 @@
 # needs, at one connection (BENCH_CONCURRENCY defaults to 1, BENCH_SECONDS
 # and BENCH_LATENCY_SECONDS to 9): the disk's sync floors, the store alone,
 # 1c (the calls' own latency: the floors under 3's and 3c's goals), 3, 3c,
-# 3u, 3p, 4, 4b, 4cd, 5, 6a, 6 and 6d, each with its baseline, and the
-# fixed-rate rounds, in about 17 minutes; its report goes to
+# 3u, 3p, 4, 4b, 4cd, 5, 6a, 6, 6d and 6p, each with its baseline, and the
+# fixed-rate rounds, C_s and X, in about 19 minutes; its report goes to
 # bench/results/only-floor/. BENCH_ONLY=scale runs 7 alone (BENCH_SCALE and
 # BENCH_SCALE_DBS choose what; 1e7 on postgres alone takes about 15
-# minutes), its report in bench/results/only-scale/.
+# minutes), its report in bench/results/only-scale/. BENCH_ONLY=bodies
+# (bench/bodies.sh): new keys with request and response bodies of
+# BENCH_BODIES_KIB ("0.1 4 64 1024") KiB at 1 and BENCH_CONCURRENCY
+# connections, store on PostgreSQL, each beside the Envoy without the filter:
+# Envoy's CPU and PostgreSQL's WAL bytes per key, in bench/results/only-bodies/.
 # BENCH_RATE (200 new keys a second offered in the
 # open-loop rounds), BENCH_PIN_CONCURRENCY (32: connections of the pinned run),
 # BENCH_STRACE_SECONDS (4: the strace runs).
@@ -113,9 +127,9 @@ ROOT=$PWD
 
 ONLY=${BENCH_ONLY:-}
 case $ONLY in
-'' | grpc | floor | scale) ;;
+'' | grpc | floor | scale | bodies) ;;
 *)
-    echo "bench: BENCH_ONLY=$ONLY: the selections are grpc (scenario 8), floor (one connection) and scale (scenario 7)" >&2
+    echo "bench: BENCH_ONLY=$ONLY: the selections are grpc (scenario 8), floor (one connection), scale (scenario 7) and bodies" >&2
     exit 2
     ;;
 esac
@@ -140,6 +154,7 @@ STORE_BENCH_BIN=$ROOT/target/release/idempotency-store-bench
 STACK_BIN=${IDEMGATE_STACK_BIN:-$ROOT/target/debug/idemgate-stack}
 export ENVOY_BIN=$ENVOY IDEMGATE_WASM=$WASM # the harness's Envoy and module
 PACED_BIN=$ROOT/target/release/idempotency-paced-load
+PINGPONG_BIN=$ROOT/target/release/idempotency-pingpong
 RATE=${BENCH_RATE:-200}
 SCALE=${BENCH_SCALE-1e5 1e6 1e7}
 SCALE_DBS=${BENCH_SCALE_DBS:-sqlite postgres}
@@ -178,14 +193,14 @@ if [[ $ONLY != grpc ]]; then
 fi
 command -v curl >/dev/null || need+=(curl)
 ((${#need[@]})) && install_debs "${need[@]}"
-if [[ $ONLY != grpc && ! -d bench/peer/node_modules/express-idempotency-redis-adapter ]]; then
-    echo "bench: installing the peer's npm packages (express, express-idempotency, express-idempotency-redis-adapter) into bench/peer/node_modules"
+if [[ $ONLY != grpc && ! -d bench/peer/node_modules/pg ]]; then
+    echo "bench: installing the peers' npm packages (express, express-idempotency, express-idempotency-redis-adapter, pg) into bench/peer/node_modules"
     (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
 fi
 needed=("$STORE_BIN" "$WASM" "$STACK_BIN")
-[[ $ONLY == floor || $ONLY == scale ]] || needed+=("$GRPC_BIN")
-[[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN")
-[[ $ONLY == grpc || $ONLY == scale ]] || needed+=("$CALLOUT_WASM")
+[[ $ONLY == floor || $ONLY == scale || $ONLY == bodies ]] || needed+=("$GRPC_BIN")
+[[ $ONLY == grpc ]] || needed+=("$STORE_BENCH_BIN" "$PACED_BIN" "$PINGPONG_BIN")
+[[ $ONLY == grpc || $ONLY == scale || $ONLY == bodies ]] || needed+=("$CALLOUT_WASM")
 for f in "${needed[@]}"; do
     [[ -e $f ]] || { echo "bench: $f is missing (make bench builds it)" >&2; exit 1; }
 done
@@ -422,14 +437,23 @@ if [[ $ONLY == scale ]]; then
     exit 0
 fi
 
+if [[ $ONLY == bodies ]]; then
+    # shellcheck source=bench/bodies.sh
+    source bench/bodies.sh
+    bodies_scenarios
+    report "${BENCH_README:-}"
+    exit 0
+fi
+
 if [[ $ONLY == floor ]]; then
-    fsync_floors
+    machine_floors
     store_alone
     callout_scenarios
     start_store "sqlite://$W/store.db"
     start_envoy without
     start_envoy with
     sqlite_new_keys
+    store_callout_scenarios
     stop "$store_pid"
     fresh_sqlite sqlite-background /pay-background sg store-background.db
     unix_scenario
@@ -452,6 +476,7 @@ start_envoy with
 # 1 + 2, 1 + 3, 1 + 5: Envoy with the filter, store on SQLite.
 paired uncovered with /free unique free
 sqlite_new_keys
+store_callout_scenarios
 
 say "duplicate-execution probe: idemgate (50 at once, one key, 200 ms handler, $PROBE_ROUNDS rounds)"
 probe=$(node bench/burst.js "http://127.0.0.1:${port[with]}/pay/slow" "burst-idemgate-$$" 50 "http://127.0.0.1:$UP_PORT/_bench/executions" "$PROBE_ROUNDS")
@@ -473,7 +498,7 @@ unix_scenario
 pinned_scenario
 
 grpc_scenarios
-fsync_floors
+machine_floors
 store_alone
 pg_cluster
 pg_scenarios

@@ -11,6 +11,9 @@
 --   MODE spool   like pool, but keys spread over the key space as random ones
 --                are: HHHHHHHH-<PREFIX>-<n mod POOL>
 --   MODE none    no Idempotency-Key header
+-- With BENCH_BODY_BYTES=N in the environment, the body is N bytes (the JSON
+-- padded with random characters) and asks the bench's upstream for a response body of N bytes
+-- (x-bench-response-bytes).
 -- done() prints one JSON line with throughput, latency percentiles (µs) and errors.
 
 local threads = {}
@@ -37,6 +40,18 @@ function init(args)
         ["x-tenant-id"] = "bench",
         ["x-user-id"] = "bench",
     }
+    local size = tonumber(os.getenv("BENCH_BODY_BYTES") or "")
+    if size then
+        -- Random letters and digits: a repeated character would compress to
+        -- nothing wherever a body is stored.
+        local head, chars, pad = '{"amount":1000,"currency":"EUR","note":"', "abcdefghijklmnopqrstuvwxyz0123456789", {}
+        for i = 1, math.max(size - #head - 2, 0) do
+            local r = math.random(1, #chars)
+            pad[i] = chars:sub(r, r)
+        end
+        body = head .. table.concat(pad) .. '"}'
+        base["x-bench-response-bytes"] = tostring(size)
+    end
 end
 
 function request()

@@ -167,6 +167,26 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
 
 /// Context switches of every thread of this process so far (voluntary and
 /// not), from `/proc/self/task/*/status`; 0 where there is no `/proc`.
+/// CPU time (user + system) of the whole process so far, every thread's,
+/// those that ended included, in µs: /proc/self/stat counts USER_HZ ticks,
+/// 100 a second on Linux.
+fn cpu_us() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // utime and stime, fields 14 and 15: the 12th and 13th after the command
+    // name, which is in parentheses and may hold spaces.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    rest.split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum::<u64>()
+        * 10_000
+}
+
 fn context_switches() -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0;
@@ -244,6 +264,7 @@ fn stage_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> S
 /// costs the store, and the context switches it takes (all threads).
 async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f64), String> {
     let before = context_switches();
+    let cpu_before = cpu_us();
     let stages = stage_totals(&backend);
     let counts = commit_counts(&backend);
     let probe = backend.clone();
@@ -264,6 +285,12 @@ async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f6
     })
     .await?;
     let switches = context_switches().saturating_sub(before) as f64 / report.ops.max(1) as f64;
+    // S_cpu of the bench's latency floor: the store's CPU for a claim's
+    // database work, without HTTP.
+    println!(
+        "CPU per claim (the whole process, user + system): {:.0} µs",
+        cpu_us().saturating_sub(cpu_before) as f64 / report.ops.max(1) as f64
+    );
     let means = stage_means(&stages, &stage_totals(&probe));
     if !means.is_empty() {
         println!("write stages, mean: {means}");
