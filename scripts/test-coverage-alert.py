@@ -27,17 +27,15 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import yaml
+
+import loopback
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 WORKLOADS = os.path.join(ROOT, "examples/istio/workloads")
@@ -52,12 +50,6 @@ kube_pod_labels{namespace="shop",pod="payments-b",label_app="payments"} 1
 kube_pod_status_phase{namespace="shop",pod="payments-a",phase="Running"} 1
 kube_pod_status_phase{namespace="shop",pod="payments-b",phase="Running"} 1
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class KubeStateMetrics(http.server.BaseHTTPRequestHandler):
@@ -82,44 +74,16 @@ def wasm_filter(wasm):
     return value
 
 
-def bootstrap(admin, listen, filters):
+def bootstrap(admin_port, listen, filters):
     return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "inbound",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inbound",
-                        "route_config": {"virtual_hosts": [{"name": "app", "domains": ["*"], "routes": [
-                            {"match": {"prefix": "/"}, "direct_response": {"status": 200}}]}]},
-                        "http_filters": filters + [{
-                            "name": "envoy.filters.http.router",
-                            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-                        }],
-                    }}]}],
-            }],
-        },
+        "admin": loopback.admin(admin_port),
+        "static_resources": {"listeners": [
+            loopback.inbound_listener(listen, filters, {"direct_response": {"status": 200}})]},
     }
 
 
-def api(port, path, **params):
-    url = f"http://127.0.0.1:{port}/api/v1/{path}?" + urllib.parse.urlencode(params)
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        return json.load(e)
-    except (urllib.error.URLError, ConnectionError):
-        return {}
-
-
 def firing(port, name):
-    alerts = (api(port, "alerts").get("data") or {}).get("alerts", [])
+    alerts = (loopback.prometheus_api(port, "alerts").get("data") or {}).get("alerts", [])
     return [a["labels"] for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
@@ -137,13 +101,13 @@ def main(envoy, wasm):
     with tempfile.TemporaryDirectory() as tmp:
         admins = {}
         for pod, filters in (("payments-a", [wasm_filter(os.path.abspath(wasm))]), ("payments-b", [])):
-            admins[pod] = free_port()
+            admins[pod] = loopback.free_port()
             path = os.path.join(tmp, f"{pod}.json")
             with open(path, "w") as f:
-                json.dump(bootstrap(admins[pod], free_port(), filters), f)
+                json.dump(bootstrap(admins[pod], loopback.free_port(), filters), f)
             log = open(os.path.join(tmp, f"{pod}.log"), "w")
             env = dict(os.environ, IDEMGATE_STORE_TOKEN="coverage-test-token")
-            procs.append(subprocess.Popen([envoy, "-c", path, "--base-id", str(free_port()),
+            procs.append(subprocess.Popen([envoy, "-c", path, "--base-id", str(loopback.free_port()),
                                            "--log-level", "warn"], stdout=log, stderr=log, env=env))
         with open(os.path.join(WORKLOADS, "coverage.rules.yaml")) as f:
             rules = yaml.safe_load(f)
@@ -153,7 +117,7 @@ def main(envoy, wasm):
         rules_path = os.path.join(tmp, "coverage.rules.yaml")
         with open(rules_path, "w") as f:
             yaml.safe_dump(rules, f)
-        port = free_port()
+        port = loopback.free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules_path],
@@ -177,7 +141,7 @@ def main(envoy, wasm):
             pods = []
             while time.time() < deadline:
                 pods = sorted(a["pod"] for a in firing(port, "IdemgateWorkloadPodsUnprotected"))
-                reported = (api(port, "query", query='idemgate_policy_info{pod="payments-a"} == 1').get("data")
+                reported = (loopback.prometheus_api(port, "query", query='idemgate_policy_info{pod="payments-a"} == 1').get("data")
                             or {}).get("result", [])
                 if pods and len(reported) == 2:
                     time.sleep(3)  # a few more evaluations: payments-a must stay out

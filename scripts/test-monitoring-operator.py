@@ -24,17 +24,15 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import yaml
+
+import loopback
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 MONITORING = os.path.join(ROOT, "examples/kubernetes/components/monitoring/monitoring.yaml")
@@ -62,12 +60,6 @@ payments_http_requests_total 7
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Sidecar(http.server.BaseHTTPRequestHandler):
     failures = 0
     up = True
@@ -90,17 +82,6 @@ class Sidecar(http.server.BaseHTTPRequestHandler):
 def pod_monitor():
     docs = [d for d in yaml.safe_load_all(open(MONITORING)) if d]
     return next(d for d in docs if d["kind"] == "PodMonitor")
-
-
-def api(port, path, **params):
-    url = f"http://127.0.0.1:{port}/api/v1/{path}?" + urllib.parse.urlencode(params)
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        return json.load(e)
-    except (urllib.error.URLError, ConnectionError):
-        return {}  # not listening yet
 
 
 def wait(what, predicate, seconds=30):
@@ -143,7 +124,7 @@ def main():
     relabel = [{FIELDS[k]: v for k, v in r.items()} for r in endpoint["metricRelabelings"]]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sidecar)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = free_port()
+    port = loopback.free_port()
     problems = []
     with tempfile.TemporaryDirectory() as tmp:
         config = {
@@ -167,21 +148,21 @@ def main():
             time.sleep(0.5)
             if proc.poll() is not None:
                 raise SystemExit(f"test-monitoring-operator: prometheus did not start: {proc.stderr.read().decode()}")
-            wait("the first scrape", lambda: (api(port, "query", query="up").get("data") or {}).get("result"))
-            names = wait("the series", lambda: [n for n in (api(port, "label/__name__/values").get("data") or [])
+            wait("the first scrape", lambda: (loopback.prometheus_api(port, "query", query="up").get("data") or {}).get("result"))
+            names = wait("the series", lambda: [n for n in (loopback.prometheus_api(port, "label/__name__/values").get("data") or [])
                                                  if not n.startswith(("up", "scrape_"))])
             expected = {"idemgate_requests_total", "idemgate_policy_info", "envoy_wasm_envoy_wasm_runtime_v8_created",
                         "istio_agent_wasm_remote_fetch_count"}
             if set(names) != expected:
                 problems.append(f"stored series {sorted(names)}, expected only {sorted(expected)}")
-            owned = api(port, "query", query='idemgate_requests_total{outcome="owned",policy="payments.create"}')
+            owned = loopback.prometheus_api(port, "query", query='idemgate_requests_total{outcome="owned",policy="payments.create"}')
             if not owned["data"]["result"] or owned["data"]["result"][0]["metric"].get("job") != job:
                 problems.append(f"the filter's counter was not rebuilt with its labels under job {job}: {owned}")
             # istio-agent's fetch fails: the alert fires for that pod.
             Sidecar.failures = 1
 
             def fetch_alert():
-                alerts = api(port, "alerts")["data"]["alerts"]
+                alerts = loopback.prometheus_api(port, "alerts")["data"]["alerts"]
                 return [a for a in alerts if a["labels"]["alertname"] == "IdemgateModuleFetchFailed"
                         and a["state"] == "firing"]
             fired = wait("IdemgateModuleFetchFailed", fetch_alert)
@@ -192,11 +173,11 @@ def main():
             Sidecar.up = False
             rule = next(r for g in yaml.safe_load(open(os.path.join(ROOT, "examples/monitoring/alerts.yaml")))["groups"]
                         for r in g["rules"] if r.get("alert") == "IdemgateTargetDown")
-            down = wait("IdemgateTargetDown's expression", lambda: api(port, "query", query=rule["expr"])["data"]["result"])
+            down = wait("IdemgateTargetDown's expression", lambda: loopback.prometheus_api(port, "query", query=rule["expr"])["data"]["result"])
             if down[0]["metric"].get("job") != job:
                 problems.append(f"IdemgateTargetDown's expression does not return the PodMonitor's job: {down}")
             for expr in dashboard_expressions():
-                answer = api(port, "query", query=expr)
+                answer = loopback.prometheus_api(port, "query", query=expr)
                 if answer.get("status") != "success":
                     problems.append(f"dashboard expression does not run: {expr}: {answer.get('error')}")
         finally:

@@ -45,15 +45,11 @@ import urllib.request
 
 import yaml
 
+import loopback
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 MANIFEST = os.path.join(ROOT, "examples/istio/envoyfilter-http-module.yaml")
 ENV = {"IDEMGATE_STORE_TOKEN": "remote-module-test-token"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extension_config():
@@ -87,35 +83,14 @@ class ModuleHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def bootstrap(admin, listen, wasm_filter, cluster, module_port):
+def bootstrap(admin_port, listen, wasm_filter, cluster, module_port):
+    upstream = {"direct_response": {"status": 200, "body": {"inline_string": "upstream"}}}
     return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "admin": loopback.admin(admin_port),
         "static_resources": {
-            "listeners": [{
-                "name": "inbound",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inbound",
-                        "route_config": {"virtual_hosts": [{"name": "app", "domains": ["*"], "routes": [
-                            {"match": {"prefix": "/"}, "direct_response": {"status": 200,
-                                                                           "body": {"inline_string": "upstream"}}}]}]},
-                        "http_filters": [wasm_filter, {
-                            "name": "envoy.filters.http.router",
-                            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-                        }],
-                    }}]}],
-            }],
+            "listeners": [loopback.inbound_listener(listen, [wasm_filter], upstream)],
             # The sidecar's outbound cluster for the modules Service, here the local server.
-            "clusters": [{
-                "name": cluster, "type": "STATIC", "connect_timeout": "1s",
-                "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1",
-                                                                 "port_value": module_port}}}}]}]},
-            }],
+            "clusters": [loopback.static_cluster(cluster, module_port)],
         },
     }
 
@@ -154,7 +129,7 @@ class Envoy:
             json.dump(config, f)
         self.log_path = os.path.join(tmp, f"{name}.log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([envoy, "-c", self.path, "--base-id", str(free_port()),
+        self.proc = subprocess.Popen([envoy, "-c", self.path, "--base-id", str(loopback.free_port()),
                                       "--log-level", "info"], stdout=self.log, stderr=self.log,
                                      env=dict(os.environ, **ENV))
 
@@ -200,14 +175,14 @@ def main(envoy, wasm):
 
     server = ModuleServer(uri.path, module)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    down_port = free_port()  # nothing listens there
+    down_port = loopback.free_port()  # nothing listens there
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         def start(name, pinned, port):
             v = copy.deepcopy(value)
             v["typed_config"]["config"]["vm_config"]["code"]["remote"]["sha256"] = pinned
-            listen = free_port()
-            return Envoy(envoy, tmp, name, bootstrap(free_port(), listen, v, cluster, port)), listen
+            listen = loopback.free_port()
+            return Envoy(envoy, tmp, name, bootstrap(loopback.free_port(), listen, v, cluster, port)), listen
 
         # Both failing cases run while the good one does: three Envoys at once.
         good, good_port = start("right-sha256", sha, server.server_port)

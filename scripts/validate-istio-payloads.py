@@ -34,37 +34,17 @@ import tempfile
 
 import yaml
 
+import loopback
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-ROUTER = {
-    "name": "envoy.filters.http.router",
-    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-}
 WASM = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 
 
 def bootstrap(filters):
     return {
         "static_resources": {
-            "listeners": [{
-                "name": "inbound",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 15006}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inbound",
-                        "route_config": {"virtual_hosts": [{
-                            "name": "app", "domains": ["*"],
-                            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "app"}}]}]},
-                        "http_filters": filters + [ROUTER],
-                    }}]}],
-            }],
-            "clusters": [{
-                "name": "app", "type": "STATIC", "connect_timeout": "1s",
-                "load_assignment": {"cluster_name": "app", "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]},
-            }],
+            "listeners": [loopback.inbound_listener(15006, filters, {"route": {"cluster": "app"}})],
+            "clusters": [loopback.static_cluster("app", 8080)],
         }
     }
 
