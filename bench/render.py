@@ -3,9 +3,10 @@ README's "## Performance" section, from bench/summary.py's numbers."""
 import sys
 from pathlib import Path
 
+import floor_runs
 import floor_targets
-from summary import (FORWARDING_MODES, GRPC, GRPC_SETUP, PEERS, fmt_per, forwarding_modes, grpc_summary,
-                     probe_rounds, records_label, row_of, targets)
+from summary import GRPC, PEERS, fmt_per, probe_rounds, records_label, row_of
+from targets import FORWARDING_MODES, GRPC_SETUP, forwarding_modes, grpc_summary, targets
 
 def fmt_counters(c):
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "–"
@@ -119,9 +120,9 @@ def markdown(summary):
                     "(`idempotency-store-bench --claims-only`): the stage means come from the store's "
                     "`idemgate_store_write_*_seconds` histograms, the context switches from every thread "
                     "of the process.", "", "```", claims.strip(), "```"]
-    out += floor_targets.mechanism_section(summary)
-    out += floor_targets.fixed_rate_section(summary)
-    out += floor_targets.serial_section(summary)
+    out += floor_runs.mechanism_section(summary)
+    out += floor_runs.fixed_rate_section(summary)
+    out += floor_runs.serial_section(summary)
     if summary["probes"]:
         out += ["", "## Duplicate executions: 50 identical requests at once, one key, a 200 ms handler", "",
                 "Each round a key of its own, one round after the other: how often a race lets duplicates "

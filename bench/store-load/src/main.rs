@@ -12,22 +12,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use clap::Parser;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::key::Key;
-use idemgate_core::protocol::{
-    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, ClaimRequest,
-    CompleteRequest, CLAIM_PATH, COMPLETE_PATH,
-};
+use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest};
 use idemgate_core::scope::{Namespace, Scope};
 use idemgate_store::backend::{Backend, SweepReport};
 use idemgate_store::database_url::{open_backend, BackendOptions};
 use idemgate_store::sweeper::{sweep_all, SweepSettings};
-use idemgate_store::{AppState, Clock, Store};
+use idemgate_store::{Clock, Store};
+
+mod api;
+mod counters;
+
+use api::{http, http_batch, http_replay, serve};
+use counters::{commit_counts, context_switches, cpu_us, stage_means, stage_totals};
 
 #[derive(Parser)]
 #[command(about = "Claims+completes per second and p50/p99, via HTTP and via the raw backend")]
@@ -165,101 +164,6 @@ async fn raw(backend: Arc<dyn Backend>, args: &Args) -> Result<Report, String> {
     .await
 }
 
-/// Context switches of every thread of this process so far (voluntary and
-/// not), from `/proc/self/task/*/status`; 0 where there is no `/proc`.
-/// CPU time (user + system) of the whole process so far, every thread's,
-/// those that ended included, in µs: /proc/self/stat counts USER_HZ ticks,
-/// 100 a second on Linux.
-fn cpu_us() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0;
-    };
-    // utime and stime, fields 14 and 15: the 12th and 13th after the command
-    // name, which is in parentheses and may hold spaces.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    rest.split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<u64>().ok())
-        .sum::<u64>()
-        * 10_000
-}
-
-fn context_switches() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .flat_map(|status| {
-            status
-                .lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
-}
-
-/// The backend's write metrics (stage timers, commit and checkpoint
-/// counters) as `/metrics` renders them.
-fn writer_metrics(backend: &Arc<dyn Backend>) -> String {
-    let mut metrics = idemgate_store::metrics::Metrics::new();
-    metrics.writer_stages(backend.writer_stages());
-    metrics.render()
-}
-
-/// The value of the series `name` in rendered metrics (0 when absent).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
-/// The backend's commits, durable commits and WAL checkpoints so far.
-fn commit_counts(backend: &Arc<dyn Backend>) -> [f64; 3] {
-    let text = writer_metrics(backend);
-    ["write_commits", "write_durable_commits", "wal_checkpoints"]
-        .map(|c| metric(&text, &format!("idemgate_store_{c}_total")))
-}
-
-/// The sum and count of each of the backend's write stage timers, by name.
-fn stage_totals(backend: &Arc<dyn Backend>) -> Vec<(String, f64, f64)> {
-    let text = writer_metrics(backend);
-    let value = |name: &str| metric(&text, name);
-    ["queued", "transaction", "commit"]
-        .iter()
-        .map(|stage| {
-            let base = format!("idemgate_store_write_{stage}_seconds");
-            (
-                stage.to_string(),
-                value(&format!("{base}_sum")),
-                value(&format!("{base}_count")),
-            )
-        })
-        .collect()
-}
-
-/// Mean milliseconds of each write stage between two [`stage_totals`].
-fn stage_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> String {
-    before
-        .iter()
-        .zip(after)
-        .filter(|(_, a)| a.2 > 0.0)
-        .map(|(b, a)| format!("{} {:.3} ms", a.0, (a.1 - b.1) / (a.2 - b.2).max(1.0) * 1000.0))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// New keys claimed straight on the backend, nothing else: what a claim
 /// costs the store, and the context switches it takes (all threads).
 async fn raw_claim(backend: Arc<dyn Backend>, args: &Args) -> Result<(Report, f64), String> {
@@ -345,131 +249,6 @@ fn sweeping(
     (stop, task)
 }
 
-type Post = Arc<
-    dyn Fn(
-            &'static str,
-            Vec<u8>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Bytes, String>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// Starts the HTTP API on a free port and returns a client posting to it.
-async fn serve(backend: Arc<dyn Backend>) -> Result<Post, String> {
-    let store = Store::new(backend, Clock::System);
-    let sweep = SweepSettings {
-        enabled: false,
-        ..SweepSettings::default()
-    };
-    let settings = idemgate_store::Settings {
-        max_body_bytes: 1 << 20,
-        sweep,
-        ..idemgate_store::Settings::new("bench-api", "bench-admin")
-    };
-    let state = AppState::new(store, settings);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(idemgate_store::run(listener, None, state, std::future::pending()));
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    Ok(Arc::new(move |path: &'static str, body: Vec<u8>| {
-        let client = client.clone();
-        Box::pin(async move {
-            let req = hyper::Request::post(format!("http://{addr}{path}"))
-                .header("authorization", "Bearer bench-api")
-                .body(Full::new(Bytes::from(body)))
-                .map_err(|e| e.to_string())?;
-            let resp = client.request(req).await.map_err(|e| e.to_string())?;
-            resp.into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .map_err(|e| e.to_string())
-        })
-    }))
-}
-
-async fn http(post: Post, args: &Args) -> Result<Report, String> {
-    measure(args.concurrency, args.seconds, move |w, i| {
-        let post = post.clone();
-        async move {
-            let s = scope("http", w, i)?;
-            let body = post("/v1/claim", encode_frame(&request(s.clone()), b"")).await?;
-            let (reply, _) = decode_frame::<ClaimReply>(&body).map_err(|e| e.to_string())?;
-            let ClaimReply::Owned { fence } = reply else {
-                return Err(format!("unexpected {reply:?}"));
-            };
-            let c = CompleteRequest {
-                scope: s,
-                fence,
-                status: 201,
-                headers: vec![],
-                body_stored: true,
-                trace: Default::default(),
-            };
-            post("/v1/complete", encode_frame(&c, b"{\"ok\":true}")).await?;
-            Ok(())
-        }
-    })
-    .await
-}
-
-/// The replies of a `/v1/batch` answer, each with its status.
-fn batch_replies(body: &[u8]) -> Result<Vec<(u16, Vec<u8>)>, String> {
-    let (meta, bytes) = decode_frame::<BatchReply>(body).map_err(|e| e.to_string())?;
-    let parts = split_batch(meta.results.iter().map(|r| r.len), bytes).map_err(|e| e.to_string())?;
-    Ok(meta
-        .results
-        .iter()
-        .zip(parts)
-        .map(|(r, b)| (r.status, b.to_vec()))
-        .collect())
-}
-
-/// N new keys per iteration: their claims in one `/v1/batch`, then their
-/// completes in another (what a busy filter worker sends).
-async fn http_batch(post: Post, args: &Args) -> Result<Report, String> {
-    let n = args.batch;
-    measure_n(args.concurrency, args.seconds, n, move |w, i| {
-        let post = post.clone();
-        async move {
-            let scopes = (0..n as u64)
-                .map(|j| scope("batch", w, i * n as u64 + j))
-                .collect::<Result<Vec<_>, _>>()?;
-            let frames: Vec<Vec<u8>> = scopes
-                .iter()
-                .map(|s| encode_frame(&request(s.clone()), b""))
-                .collect();
-            let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (CLAIM_PATH, f.as_slice())).collect();
-            let replies = batch_replies(&post("/v1/batch", encode_batch(&calls)).await?)?;
-            let mut frames = Vec::with_capacity(n);
-            for (s, (status, frame)) in scopes.into_iter().zip(replies) {
-                let (reply, _) = decode_frame::<ClaimReply>(&frame).map_err(|e| format!("{status}: {e}"))?;
-                let ClaimReply::Owned { fence } = reply else {
-                    return Err(format!("unexpected {reply:?}"));
-                };
-                let c = CompleteRequest {
-                    scope: s,
-                    fence,
-                    status: 201,
-                    headers: vec![],
-                    body_stored: true,
-                    trace: Default::default(),
-                };
-                frames.push(encode_frame(&c, b"{\"ok\":true}"));
-            }
-            let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (COMPLETE_PATH, f.as_slice())).collect();
-            let replies = batch_replies(&post("/v1/batch", encode_batch(&calls)).await?)?;
-            match replies.iter().find(|(status, _)| *status != 200) {
-                Some((status, body)) => Err(format!("complete: {status} {}", String::from_utf8_lossy(body))),
-                None => Ok(()),
-            }
-        }
-    })
-    .await
-}
-
 /// Claims `s` straight on the backend and completes it with a small JSON body.
 async fn claim_and_complete(
     backend: &Arc<dyn Backend>,
@@ -530,20 +309,6 @@ async fn raw_replay(backend: Arc<dyn Backend>, keys: Arc<Vec<Scope>>, args: &Arg
                 .await
                 .map_err(|e| e.to_string())?;
             expect_replay(&out.reply)
-        }
-    })
-    .await
-}
-
-async fn http_replay(post: Post, keys: Arc<Vec<Scope>>, args: &Args) -> Result<Report, String> {
-    measure(args.concurrency, args.seconds, move |w, _| {
-        let post = post.clone();
-        let keys = keys.clone();
-        async move {
-            let s = keys.get(w).cloned().ok_or("no key")?;
-            let body = post("/v1/claim", encode_frame(&request(s), b"")).await?;
-            let (reply, _) = decode_frame::<ClaimReply>(&body).map_err(|e| e.to_string())?;
-            expect_replay(&reply)
         }
     })
     .await
