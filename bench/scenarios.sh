@@ -32,7 +32,7 @@ start_peer() { # redis-port [redis flags]; sets $redis_pid, $peer_pid, $peer_por
     wait_http "http://127.0.0.1:$peer_port/_bench/ready" "the peer"
 }
 peer_scenarios() {
-    local used0 used1 keys probe durable_port
+    local used0 used1 keys durable_port
     say "peer: express-idempotency $(node -p 'require("./bench/peer/node_modules/express-idempotency/package.json").version') with express-idempotency-redis-adapter $(node -p 'require("./bench/peer/node_modules/express-idempotency-redis-adapter/package.json").version')"
     start_peer "$REDIS_PORT" --appendonly no
     peer_scenario peer-base "$UP_PORT" "$up_pid"
@@ -41,12 +41,7 @@ peer_scenarios() {
     used1=$(redis-cli -p "$REDIS_PORT" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
     keys=$(redis-cli -p "$REDIS_PORT" dbsize)
     record "{\"redis_size\":{\"records\":$keys,\"used_memory_delta\":$((used1 - used0))}}"
-    if [[ -z $FLOOR ]]; then
-        say "duplicate-execution probe: peer"
-        probe=$(node bench/burst.js "http://127.0.0.1:$peer_port/pay/slow" "burst-peer-$$" 50 "http://127.0.0.1:$peer_port/_bench/executions" "$PROBE_ROUNDS")
-        echo "$probe"
-        record "{\"probe\":\"peer\",\"result\":$probe}"
-    fi
+    [[ -n $FLOOR ]] || peer_probe peer "$peer_port" "peer"
     stop "$peer_pid"
     stop "$redis_pid"
     take_port durable_port
@@ -66,7 +61,7 @@ peer_scenarios() {
 # by pg_cluster), in a database of its own. Its WAL syncs per new key as for
 # 4, and the duplicate-execution probe as for the Redis peer.
 pg_peer_scenario() {
-    local url="postgres://idem@127.0.0.1:$PG_PORT/pgpeer" pm w0 w1 n0 n1 probe pg_port_peer
+    local url="postgres://idem@127.0.0.1:$PG_PORT/pgpeer" pm w0 w1 n0 n1 pg_port_peer
     say "peer on PostgreSQL: an in-app middleware on pg $(node -p 'require("./bench/peer/node_modules/pg/package.json").version')"
     "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$PG_PORT" -U idem -d postgres -v ON_ERROR_STOP=1 -c "CREATE DATABASE pgpeer"
     take_port pg_port_peer
@@ -79,13 +74,17 @@ pg_peer_scenario() {
     read -r w1 n1 < <(pg_peer_point "$url")
     echo "PostgreSQL WAL syncs: $((w1 - w0)) for $((n1 - n0)) new keys"
     record "{\"pg_wal\":{\"scenario\":\"pgpeer\",\"wal_sync\":$((w1 - w0)),\"owned\":$((n1 - n0))}}"
-    if [[ -z $FLOOR ]]; then
-        say "duplicate-execution probe: the peer on PostgreSQL"
-        probe=$(node bench/burst.js "http://127.0.0.1:$pg_port_peer/pay/slow" "burst-pgpeer-$$" 50 "http://127.0.0.1:$pg_port_peer/_bench/executions" "$PROBE_ROUNDS")
-        echo "$probe"
-        record "{\"probe\":\"pgpeer\",\"result\":$probe}"
-    fi
+    [[ -n $FLOOR ]] || peer_probe pgpeer "$pg_port_peer" "the peer on PostgreSQL"
     stop "$pgpeer_pid"
+}
+# The duplicate-execution probe against a peer: 50 identical requests at
+# once on one key, a 200 ms handler, PROBE_ROUNDS rounds.
+peer_probe() { # name port label
+    local probe
+    say "duplicate-execution probe: $3"
+    probe=$(node bench/burst.js "http://127.0.0.1:$2/pay/slow" "burst-$1-$$" 50 "http://127.0.0.1:$2/_bench/executions" "$PROBE_ROUNDS")
+    echo "$probe"
+    record "{\"probe\":\"$1\",\"result\":$probe}"
 }
 # The server's WAL syncs so far and the keys in the peer's table (after the
 # backends have reported: pg_wal_point's wait).
