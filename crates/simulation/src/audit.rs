@@ -27,6 +27,9 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
         ));
     }
     left_unknown(w, &generations)?;
+    if k.edge {
+        stored(w, &generations)?;
+    }
     answers(w, k, &generations)?;
     for (key, h) in &histories {
         events(key, h)?;
@@ -111,15 +114,49 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 
 /// A generation may be unknown for a while (its lease ran out before the
 /// abandon arrived); it may be left unknown only if the upstream may have
-/// run, or if the store client gave up its abandon (its lease settled it).
+/// run, if the store client gave up its abandon (its lease settled it),
+/// or if a copy of its claim took the key after the store had decided its
+/// request's claim without it, and the request read that answer (§5: a
+/// store call delivered twice).
 fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
     let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
     for g in generations {
         let attempt = g.attempt.as_deref().unwrap_or("");
-        if g.state == Standing::In(State::Unknown) && !ran.contains(attempt) && !w.gave_up.contains(attempt) {
+        let copied = w.told_not_theirs.contains(attempt)
+            && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
+        if g.state == Standing::In(State::Unknown)
+            && !ran.contains(attempt)
+            && !w.gave_up.contains(attempt)
+            && !copied
+        {
             return Err(format!(
                 "generation {} ({attempt}) left unknown although nothing ran",
                 g.generation
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// On a network that loses nothing, every answer the upstream gave that
+/// the filter read is stored (§5), whatever the policy does with unknown
+/// outcomes and whether or not its client stayed: the lease's margin
+/// carries the claim's answer, the completion and its queueing.
+fn stored(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
+    for e in &w.execs {
+        if released(e.status) || !w.read_upstream.contains(&e.attempt) || w.gave_up.contains(&e.attempt) {
+            continue;
+        }
+        let g = generation_of(generations, &e.attempt);
+        if g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
+            return Err(format!(
+                "{}'s upstream answered {} after {} ms (from {} to {} ms), but its record ended {:?}",
+                e.attempt,
+                e.status,
+                e.end - e.start,
+                e.start,
+                e.end,
+                g.map(|g| g.state.as_str())
             ));
         }
     }

@@ -5,7 +5,7 @@
 //! out whole (the regression cases, [`crate::regressions`]).
 
 use idemgate_core::client::{Bound, BOUND};
-use idemgate_core::config::Config;
+use idemgate_core::config::{Config, Forwarding};
 use idemgate_store::budget::Budgets;
 
 use crate::rng::Rng;
@@ -42,6 +42,15 @@ pub struct Knobs {
     /// How often the store's sweeper passes while clients come and go: a
     /// seldom one leaves leases that ran out for claims to find.
     pub sweep_every_ms: i64,
+    /// Every latency just inside its timeout, on a network that loses
+    /// nothing: store calls answered within a few milliseconds of the
+    /// store timeout, upstreams within a few of the longest the lease
+    /// allows (detached forwarding's timeout at its most, as the filter
+    /// gives it to the upstream call). The lease's margin beyond the
+    /// upstream must carry the claim's answer, the completion and its
+    /// queueing behind the worker's callout, so every answer the upstream
+    /// gave is stored, under `on_unknown: release` too.
+    pub edge: bool,
 }
 
 /// A budget of new keys per tenant: a rate and a burst.
@@ -85,12 +94,10 @@ pub struct Faults {
     /// retried it): the store decides both, the filter reads whichever
     /// answer comes first.
     pub duplicate: f64,
-    /// A claim (or a batch with one) is delivered twice. Never drawn: a copy
-    /// of a claim that lands after its request was answered without the key
-    /// (`429`, `409`) takes the key for nobody, and nothing in the contract
-    /// yet rules out what would deliver it (only a copy of a claim its
-    /// filter abandoned is released, as any claim landing after its
-    /// abandon).
+    /// A claim (or a batch with one) is delivered twice. A copy that
+    /// lands after its request was told the key is not its own may take
+    /// the key for nobody, which the contract allows (§5, a store call
+    /// delivered twice) and the audit excuses for exactly those attempts.
     pub duplicate_claims: f64,
     /// The database takes longer than the filter waits for a call (past a
     /// claim's deadline, which the store then refuses as late).
@@ -108,6 +115,7 @@ impl Scenario {
         let s = |name: &str| Rng::stream(id, name);
         // Off, or up to 30 %.
         let p = |mut r: Rng| if r.chance(0.5) { r.unit() * 0.3 } else { 0.0 };
+        let edge = s("edge").chance(0.05);
         let knobs = Knobs {
             detached: s("detached").chance(0.5),
             background: s("background").chance(0.5),
@@ -115,7 +123,7 @@ impl Scenario {
             release_unknown: s("release_unknown").chance(0.5),
             large: s("large").chance(0.03),
             short_ttl: s("short_ttl").chance(0.3),
-            detached_timeout_ms: if s("detached_timeout").chance(0.1) {
+            detached_timeout_ms: if edge || s("detached_timeout").chance(0.1) {
                 LEASE_MS - STORE_TIMEOUT_MS
             } else {
                 1_000
@@ -129,6 +137,7 @@ impl Scenario {
                 })
             },
             sweep_every_ms: s("sweep_every").pick(&[500, 500, 1_000, 5_000]),
+            edge,
         };
         let faults = Faults {
             lose_request: p(s("lose_request")),
@@ -148,8 +157,16 @@ impl Scenario {
             store_restarts: s("store_restarts").chance(0.2),
             in_front: p(s("in_front")),
             duplicate: p(s("duplicate")),
-            duplicate_claims: 0.0,
+            duplicate_claims: p(s("duplicate_claims")),
             slow_database: p(s("slow_database")),
+        };
+        // At the edge nothing is lost or late: only clients leave.
+        let faults = match edge {
+            true => Faults {
+                client_leaves: faults.client_leaves,
+                ..Faults::default()
+            },
+            false => faults,
         };
         Scenario {
             seed: s("world").draw(),
@@ -218,6 +235,7 @@ impl Default for Knobs {
             flood: false,
             new_keys: None,
             sweep_every_ms: 500,
+            edge: false,
         }
     }
 }
@@ -266,6 +284,17 @@ impl Scenario {
                 bytes: 64 * 1024,
             };
             (400, 400, 200, (5, 50), (1, 48), (100, 170), bound)
+        } else if k.edge {
+            // An upstream just inside the timeout it is given (a streaming
+            // route's kept below the lease as detached forwarding's is:
+            // the lease less three store calls), and store calls whose way
+            // there (up to 20 ms) and back just fit the store timeout.
+            let room = match config.policies()[0].forwarding() {
+                Forwarding::Detached(d) => d.upstream_timeout_ms(),
+                Forwarding::Streaming => LEASE_MS - 3 * STORE_TIMEOUT_MS,
+            } as i64;
+            let back = STORE_TIMEOUT_MS as i64 - 40;
+            (3, 10, 3_000, (room - 60, room), (1, 48), (back, back + 20), BOUND)
         } else if k.large {
             // Completions that land together: three of them exceed a frame.
             let body = (5 * 512 * 1024, 4 * 1024 * 1024);

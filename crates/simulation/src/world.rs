@@ -173,10 +173,19 @@ pub struct World {
     pub outgrown: Option<i64>,
     /// Calls a worker's full queue did not take.
     pub queue_full: usize,
+    /// Attempts whose upstream's answer the filter read whole.
+    pub read_upstream: HashSet<String>,
     /// Attempts whose settlement the store client gave up on.
     pub gave_up: HashSet<String>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
+    /// Attempts whose filter read first an answer of the store's that the
+    /// key is not theirs (a `409`, a replay, a `422`, a `429`)...
+    pub told_not_theirs: HashSet<String>,
+    /// ...when the store first gave an attempt such an answer...
+    pub refused_at: HashMap<String, i64>,
+    /// ...and when it first answered one that the key is theirs.
+    pub owned_at: HashMap<String, i64>,
     /// Each claim the store refused over budget (`429`), and what it met.
     pub limited: Vec<Limited>,
     /// A `429` of the store's own to a claim it never looked at.
@@ -255,7 +264,11 @@ impl World {
             outgrown: None,
             queue_full: 0,
             gave_up: HashSet::new(),
+            read_upstream: HashSet::new(),
             confirmed: Vec::new(),
+            told_not_theirs: HashSet::new(),
+            refused_at: HashMap::new(),
+            owned_at: HashMap::new(),
             limited: Vec::new(),
             unlooked: None,
             seen: HashMap::new(),
@@ -327,7 +340,7 @@ impl World {
                     format!(
                         "{} {}",
                         c.path,
-                        String::from_utf8_lossy(&c.body[..c.body.len().min(160)])
+                        String::from_utf8_lossy(&c.body[..c.body.len().min(460)])
                     )
                 })
                 .unwrap_or_default()

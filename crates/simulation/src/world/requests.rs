@@ -27,7 +27,7 @@ impl World {
         self.attempts.insert(owner, attempt);
         self.request_keys.insert(owner, key);
         let ex_detached_timeout = match self.config.policies()[0].forwarding() {
-            idemgate_core::config::Forwarding::Detached(d) => Some(d.timeout_ms()),
+            idemgate_core::config::Forwarding::Detached(d) => Some(d.upstream_timeout_ms()),
             idemgate_core::config::Forwarding::Streaming => None,
         };
         self.slots.insert(
@@ -185,6 +185,7 @@ impl World {
                 let answer = if lost || (e.end - e.start) as u64 >= timeout {
                     UpstreamAnswer::Lost
                 } else {
+                    self.read_upstream.insert(e.attempt.clone());
                     let headers = vec![
                         (":status".to_string(), e.status.to_string().into_bytes()),
                         (idemgate_core::origin::UPSTREAM_MARK.to_string(), b"1".to_vec()),
@@ -201,6 +202,9 @@ impl World {
             }
             None if slot.attached && slot.ex.owns_response() => {
                 slot.lost = lost;
+                if !lost {
+                    self.read_upstream.insert(e.attempt.clone());
+                }
                 let head = ResponseHead {
                     status: if lost { 503 } else { e.status },
                     origin: if lost {
