@@ -114,7 +114,9 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 
 /// A generation may be unknown for a while (its lease ran out before the
 /// abandon arrived); it may be left unknown only if the upstream may have
-/// run, if the store client gave up its abandon (its lease settled it),
+/// run, if the store client gave up its abandon (its lease settled it) or
+/// Envoy went away with it (§5: a claim on its way lands with nobody to
+/// forward it),
 /// or if a copy of its claim took the key after the store had decided its
 /// request's claim without it, and the request read that answer (§5: a
 /// store call delivered twice).
@@ -127,6 +129,7 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)
+            && !w.envoy_lost.contains(attempt)
             && !copied
         {
             return Err(format!(
@@ -144,7 +147,11 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
 /// carries the claim's answer, the completion and its queueing.
 fn stored(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
     for e in &w.execs {
-        if released(e.status) || !w.read_upstream.contains(&e.attempt) || w.gave_up.contains(&e.attempt) {
+        if released(e.status)
+            || !w.read_upstream.contains(&e.attempt)
+            || w.gave_up.contains(&e.attempt)
+            || w.envoy_lost.contains(&e.attempt)
+        {
             continue;
         }
         let g = generation_of(generations, &e.attempt);
@@ -216,7 +223,10 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
                 ));
             }
             Got::Upstream(status, true)
-                if !k.release_unknown && !released(*status) && !w.gave_up.contains(attempt) =>
+                if !k.release_unknown
+                    && !released(*status)
+                    && !w.gave_up.contains(attempt)
+                    && !w.envoy_lost.contains(attempt) =>
             {
                 // A known outcome reaches the store, in every mode.
                 let g = generation_of(generations, attempt);

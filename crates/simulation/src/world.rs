@@ -106,6 +106,8 @@ enum Event {
     Answer(u64, Option<(u16, Vec<u8>)>, i64),
     /// The store process is killed and started again.
     Restart,
+    /// Envoy goes away: every worker (true), or the one given (false).
+    EnvoyGoes(bool, usize),
     Timeout(u64),
     UpstreamDone(Owner),
     Tick,
@@ -177,6 +179,11 @@ pub struct World {
     pub read_upstream: HashSet<String>,
     /// Attempts whose settlement the store client gave up on.
     pub gave_up: HashSet<String>,
+    /// Attempts whose exchange, store calls or letters were lost when
+    /// Envoy (or their worker's VM) went away.
+    pub envoy_lost: HashSet<String>,
+    /// Each worker's letters not yet decided, by the attempt they settle.
+    letters_of: Vec<HashMap<String, usize>>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
     /// Attempts whose filter read first an answer of the store's that the
@@ -236,6 +243,12 @@ impl World {
             .faults
             .store_restarts
             .then(|| Rng::stream(seed, "restart").range(200, shape.begin_within + 2_000));
+        let envoy_goes = shape.faults.envoy_restarts.then(|| {
+            let mut r = Rng::stream(seed, "envoy_restart");
+            let at = r.range(100, shape.begin_within + 2_000);
+            let every = r.chance(0.5);
+            (at, Event::EnvoyGoes(every, r.range(0, WORKERS as i64) as usize))
+        });
         let mut w = World {
             now: 0,
             chances,
@@ -264,6 +277,8 @@ impl World {
             outgrown: None,
             queue_full: 0,
             gave_up: HashSet::new(),
+            envoy_lost: HashSet::new(),
+            letters_of: vec![HashMap::new(); WORKERS],
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),
             told_not_theirs: HashSet::new(),
@@ -284,6 +299,9 @@ impl World {
         w.at(w.shape.sweep_every_ms, Event::Sweep);
         if let Some(at) = restart {
             w.at(at, Event::Restart);
+        }
+        if let Some((at, event)) = envoy_goes {
+            w.at(at, event);
         }
         w
     }
@@ -381,6 +399,13 @@ impl World {
                 self.restarts.push(self.now);
                 self.far.restart();
             }
+            Event::EnvoyGoes(every, one) => {
+                for worker in 0..WORKERS {
+                    if every || worker == one {
+                        self.envoy_goes(worker);
+                    }
+                }
+            }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
             Event::Tick => {
@@ -409,6 +434,30 @@ impl World {
                 }
             }
         }
+    }
+
+    /// A worker's Envoy (or its VM) goes away and comes back empty: its
+    /// exchanges, its queued and in-flight store calls (a call already on
+    /// the wire may still land; its answer finds nobody) and its letters
+    /// are lost, and new requests find a fresh store client.
+    fn envoy_goes(&mut self, worker: usize) {
+        let owners: Vec<Owner> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.worker == worker)
+            .map(|(o, _)| *o)
+            .collect();
+        for owner in owners {
+            self.slots.remove(&owner);
+            self.envoy_lost.insert(self.attempts[&owner].clone());
+        }
+        let letters = std::mem::take(&mut self.letters_of[worker]);
+        self.envoy_lost.extend(letters.into_keys());
+        self.tokens.retain(|_, (w, _, _)| *w != worker);
+        self.clients[worker] = Client {
+            attached: Attached::new(self.shape.bound),
+            letters: Letters::new(self.shape.bound, 7 + worker as u64 + 100 * self.now as u64),
+        };
     }
 
     /// Reads every key's history and keeps the first change to one that

@@ -209,6 +209,7 @@ impl World {
                         "a letter was given up: {}",
                         letter.call.path
                     );
+                    self.letter_decided(worker, letter.attempt.as_str());
                 }
             }
         }

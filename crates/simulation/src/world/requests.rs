@@ -133,8 +133,22 @@ impl World {
     pub(super) fn post(&mut self, worker: usize, letter: Letter) {
         // A letter pushed out of a full outbox is given up: its record's
         // lease settles it, as the contract allows.
+        *self.letters_of[worker]
+            .entry(letter.attempt.as_str().to_string())
+            .or_default() += 1;
         if let Some(out) = self.clients[worker].letters.post(letter, self.now) {
             self.gave_up.insert(out.attempt.as_str().to_string());
+            self.letter_decided(worker, out.attempt.as_str());
+        }
+    }
+
+    /// One of `worker`'s letters for `attempt` is no longer its to send.
+    pub(super) fn letter_decided(&mut self, worker: usize, attempt: &str) {
+        if let Some(n) = self.letters_of[worker].get_mut(attempt) {
+            *n -= 1;
+            if *n == 0 {
+                self.letters_of[worker].remove(attempt);
+            }
         }
     }
 
