@@ -127,6 +127,7 @@ struct Chances {
     in_front: Rng,
     duplicate: Rng,
     network: Rng,
+    replica: Rng,
 }
 
 impl Chances {
@@ -143,6 +144,7 @@ impl Chances {
             in_front: s("in_front"),
             duplicate: s("duplicate"),
             network: s("network"),
+            replica: s("replica"),
         }
     }
 }
@@ -235,7 +237,13 @@ impl World {
         let database = Database::new(shape.faults.slow_database, Rng::stream(seed, "database"));
         let authorization = config.store().authorization().to_string();
         let token = authorization.trim_start_matches("Bearer ").to_string();
-        let far = Far::new(database, STORE_EPOCH, &token, shape.budgets);
+        let far = Far::new(
+            database,
+            STORE_EPOCH,
+            &token,
+            shape.budgets,
+            shape.faults.replica_skew_ms,
+        );
         let mut begins: Vec<i64> = (0..shape.requests)
             .map(|_| chances.clients.range(0, shape.begin_within))
             .collect();

@@ -96,8 +96,9 @@ impl World {
             return;
         };
         let authorization = self.config.store().authorization().to_string();
+        let second = self.chances.replica.chance(0.5);
         self.far
-            .call(token, c.path, c.body.clone(), &c.traces, &authorization);
+            .call(token, c.path, c.body.clone(), &c.traces, &authorization, second);
         self.changed = true;
         self.settle();
     }
