@@ -30,6 +30,7 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     if k.edge {
         stored(w, &generations)?;
     }
+    never_reached(w, k, &generations)?;
     answers(w, k, &generations)?;
     for (key, h) in &histories {
         events(key, h)?;
@@ -118,19 +119,37 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 /// Envoy went away with it (§5: a claim on its way lands with nobody to
 /// forward it),
 /// or if a copy of its claim took the key after the store had decided its
-/// request's claim without it, and the request read that answer (§5: a
-/// store call delivered twice).
+/// request's claim without it, and the request read that answer, or after
+/// its attempt released the key (§5: a store call delivered twice).
 fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
-    let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
+    // An Envoy reply its filter never read leaves it as unsure as a run.
+    let ran: HashSet<&str> = w
+        .execs
+        .iter()
+        .map(|e| e.attempt.as_str())
+        .chain(w.reply_unread.iter().map(String::as_str))
+        .collect();
     for g in generations {
         let attempt = g.attempt.as_deref().unwrap_or("");
         let copied = w.told_not_theirs.contains(attempt)
             && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
+        // A copy of a claim that landed after its attempt released the
+        // key: the store remembers abandoned attempts, not released ones.
+        // A release of a request Envoy answered itself, held up by the
+        // faults until the unknown record expired: the TTL ended the key.
+        let expired_first = w.never_reached.contains(attempt) && g.archived_at.is_some();
+        let after_release = generations.iter().any(|o| {
+            o.attempt.as_deref() == Some(attempt)
+                && o.generation < g.generation
+                && o.state == Standing::EndedBy(Transition::Released)
+        });
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)
             && !w.envoy_lost.contains(attempt)
             && !copied
+            && !after_release
+            && !expired_first
         {
             return Err(format!(
                 "generation {} ({attempt}) left unknown although nothing ran",
@@ -164,6 +183,45 @@ fn stored(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
                 e.start,
                 e.end,
                 g.map(|g| g.state.as_str())
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A request Envoy answered itself before the upstream got it ran
+/// nowhere, and its key is released, never left unknown (§5): unless its
+/// filter never read that answer (to it the request was forwarded), or
+/// its settlement was given up or lost with Envoy (its lease settles it).
+/// Under `on_unknown: release` a release the faults held up past the
+/// lease finds the key freed by the lease.
+fn never_reached(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
+    let mut attempts: Vec<&String> = w.never_reached.iter().collect();
+    attempts.sort();
+    for attempt in attempts {
+        if w.execs.iter().any(|e| &e.attempt == attempt) {
+            return Err(format!("{attempt} never reached the upstream, but it ran"));
+        }
+        if w.gave_up.contains(attempt) || w.envoy_lost.contains(attempt) || w.reply_unread.contains(attempt) {
+            continue;
+        }
+        // Its own generation; a copy of its claim delivered twice may
+        // have opened another (see [`left_unknown`]).
+        let freed = generations.iter().any(|g| {
+            g.attempt.as_deref() == Some(attempt.as_str())
+                && match g.state {
+                    Standing::EndedBy(Transition::Released | Transition::Abandoned) => true,
+                    // Its release held up until the unknown record expired
+                    // (archived): the key's TTL ended it first.
+                    Standing::In(State::Unknown) => g.archived_at.is_some(),
+                    Standing::EndedBy(Transition::LeaseExpired) => k.release_unknown,
+                    _ => false,
+                }
+        });
+        if !freed {
+            return Err(format!(
+                "{attempt} never reached the upstream, but its record ended {:?}",
+                generation_of(generations, attempt).map(|g| g.state.as_str())
             ));
         }
     }

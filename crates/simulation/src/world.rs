@@ -59,6 +59,8 @@ struct Slot {
     lost: bool,
     /// The policy's detached forwarding timeout.
     ex_detached_timeout: Option<u64>,
+    /// Envoy answers itself before the upstream gets the request.
+    never_reached: bool,
 }
 
 /// One execution of a request by the upstream.
@@ -128,6 +130,7 @@ struct Chances {
     duplicate: Rng,
     network: Rng,
     replica: Rng,
+    never_reached: Rng,
 }
 
 impl Chances {
@@ -145,6 +148,7 @@ impl Chances {
             duplicate: s("duplicate"),
             network: s("network"),
             replica: s("replica"),
+            never_reached: s("never_reached"),
         }
     }
 }
@@ -184,6 +188,12 @@ pub struct World {
     /// Attempts whose exchange, store calls or letters were lost when
     /// Envoy (or their worker's VM) went away.
     pub envoy_lost: HashSet<String>,
+    /// Attempts Envoy answered itself before the upstream got them...
+    pub never_reached: HashSet<String>,
+    /// ...and those whose filter never read that answer (its client had
+    /// left a streaming request, or Envoy went away): to the filter the
+    /// request was forwarded and its outcome is unknown.
+    pub reply_unread: HashSet<String>,
     /// Each worker's letters not yet decided, by the attempt they settle.
     letters_of: Vec<HashMap<String, usize>>,
     /// What the store confirmed.
@@ -286,6 +296,8 @@ impl World {
             queue_full: 0,
             gave_up: HashSet::new(),
             envoy_lost: HashSet::new(),
+            never_reached: HashSet::new(),
+            reply_unread: HashSet::new(),
             letters_of: vec![HashMap::new(); WORKERS],
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),

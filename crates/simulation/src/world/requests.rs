@@ -41,6 +41,7 @@ impl World {
                 worker: owner as usize % WORKERS,
                 lost: false,
                 ex_detached_timeout,
+                never_reached: false,
             },
         );
         if self.chances.clients.chance(self.shape.faults.client_leaves) {
@@ -66,6 +67,10 @@ impl World {
                 if slot.ex.handling() == Handling::Owned && slot.exec.is_none() {
                     self.start_exec(owner);
                 }
+            }
+            Step::Continue if slot.never_reached && slot.attached => {
+                self.got.insert(owner, Got::Upstream(503, false));
+                self.client_done(owner);
             }
             Step::Continue => {
                 if let Some(exec) = slot.exec.filter(|_| slot.attached) {
@@ -153,6 +158,19 @@ impl World {
     }
 
     pub(super) fn start_exec(&mut self, owner: Owner) {
+        if !self.slots.contains_key(&owner) {
+            return;
+        }
+        if self.chances.never_reached.chance(self.shape.faults.never_reached) {
+            // Envoy answers itself within a few milliseconds; nothing runs.
+            let after = self.chances.never_reached.range(1, 10);
+            if let Some(slot) = self.slots.get_mut(&owner) {
+                slot.never_reached = true;
+            }
+            self.never_reached.insert(self.attempts[&owner].clone());
+            self.at(self.now + after, Event::UpstreamDone(owner));
+            return;
+        }
         let Some(slot) = self.slots.get_mut(&owner) else {
             return;
         };
@@ -188,8 +206,16 @@ impl World {
     pub(super) fn upstream_done(&mut self, owner: Owner) {
         let lost = self.chances.upstream.chance(self.shape.faults.upstream_lost);
         let Some(slot) = self.slots.get_mut(&owner) else {
+            // Envoy's own reply finds nobody (the client left, Envoy went away).
+            if self.never_reached.contains(&self.attempts[&owner]) {
+                self.reply_unread.insert(self.attempts[&owner].clone());
+            }
             return;
         };
+        if slot.never_reached {
+            self.local_reply(owner);
+            return;
+        }
         let Some(exec) = slot.exec else { return };
         let e = self.execs[exec].clone();
         match slot.waiting {
@@ -241,6 +267,56 @@ impl World {
                 self.act(owner, step, Dir::Response);
             }
             _ => {}
+        }
+    }
+
+    /// Envoy's own answer to a request the upstream never got.
+    fn local_reply(&mut self, owner: Owner) {
+        const TEXTS: [&str; 2] = [
+            "no healthy upstream",
+            "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
+        ];
+        let kind = self.chances.never_reached.range(0, 3) as usize;
+        let Some(slot) = self.slots.get_mut(&owner) else {
+            self.reply_unread.insert(self.attempts[&owner].clone());
+            return;
+        };
+        match slot.waiting {
+            Some((true, dir)) => {
+                slot.waiting = None;
+                let answer = match TEXTS.get(kind) {
+                    None => UpstreamAnswer::Refused,
+                    Some(text) => UpstreamAnswer::Response {
+                        headers: vec![(":status".to_string(), b"503".to_vec())],
+                        body_size: text.len(),
+                    },
+                };
+                let body = TEXTS.get(kind).unwrap_or(&"").as_bytes().to_vec();
+                let step = slot.ex.upstream_reply(answer, || body);
+                self.act(owner, step, dir);
+                self.let_go_if_done(owner);
+            }
+            None if slot.attached && slot.ex.owns_response() => {
+                let text = TEXTS[kind % TEXTS.len()];
+                let head = ResponseHead {
+                    status: 503,
+                    origin: Origin::NeverReached,
+                    headers: Vec::new(),
+                    content_length: Some(text.len() as u64),
+                    end_of_stream: false,
+                };
+                let step = match slot.ex.response_headers(head) {
+                    Step::Pause => match self.slots.get_mut(&owner) {
+                        Some(slot) => slot.ex.response_body(text.as_bytes(), true),
+                        None => return,
+                    },
+                    other => other,
+                };
+                self.act(owner, step, Dir::Response);
+            }
+            _ => {
+                self.reply_unread.insert(self.attempts[&owner].clone());
+            }
         }
     }
 
