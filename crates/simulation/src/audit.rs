@@ -253,10 +253,13 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
         };
         match relayed.as_ref().unwrap_or(got) {
             Got::Reply(r) if r.headers.iter().any(|(n, _)| n == "idempotent-replayed") => {
-                let stored = w
-                    .execs
-                    .iter()
-                    .any(|e| e.key == key && e.status == r.status && e.body == r.body);
+                // Only a request like the one that ran gets its response.
+                let stored = w.execs.iter().any(|e| {
+                    e.key == key
+                        && e.status == r.status
+                        && e.body == r.body
+                        && w.other_body.get(&e.attempt) == w.other_body.get(attempt)
+                });
                 if !stored {
                     return Err(format!(
                         "request {owner} replayed {} {:?} that no execution answered",
@@ -267,6 +270,21 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
             }
             Got::Reply(r) if r.status == 503 && ran.contains(attempt.as_str()) => {
                 return Err(format!("request {owner} got 503 although it executed"));
+            }
+            // The key has (had) a record of the other body: 422 key-reused.
+            Got::Reply(r) if r.status == 422 && problem(r, "key-reused") => {
+                let other = generations.iter().any(|g| {
+                    w.request_keys.iter().any(|(o, k)| {
+                        *k == key
+                            && g.attempt.as_deref() == Some(w.attempts[o].as_str())
+                            && w.other_body.get(&w.attempts[o]) != w.other_body.get(attempt)
+                    })
+                });
+                if !other {
+                    return Err(format!(
+                        "request {owner} got 422 key-reused, but its key had no record of another body"
+                    ));
+                }
             }
             // After expiry (after_expiry: reject): 422 key-expired.
             Got::Reply(r) if r.status == 422 && problem(r, "key-expired") => {}

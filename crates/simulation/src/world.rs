@@ -131,6 +131,7 @@ struct Chances {
     network: Rng,
     replica: Rng,
     never_reached: Rng,
+    mismatch: Rng,
 }
 
 impl Chances {
@@ -149,6 +150,7 @@ impl Chances {
             network: s("network"),
             replica: s("replica"),
             never_reached: s("never_reached"),
+            mismatch: s("mismatch"),
         }
     }
 }
@@ -194,6 +196,8 @@ pub struct World {
     /// left a streaming request, or Envoy went away): to the filter the
     /// request was forwarded and its outcome is unknown.
     pub reply_unread: HashSet<String>,
+    /// Whether each attempt's request carried the other body.
+    pub other_body: HashMap<String, bool>,
     /// Each worker's letters not yet decided, by the attempt they settle.
     letters_of: Vec<HashMap<String, usize>>,
     /// What the store confirmed.
@@ -298,6 +302,7 @@ impl World {
             envoy_lost: HashSet::new(),
             never_reached: HashSet::new(),
             reply_unread: HashSet::new(),
+            other_body: HashMap::new(),
             letters_of: vec![HashMap::new(); WORKERS],
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),

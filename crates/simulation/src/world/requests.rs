@@ -9,12 +9,16 @@ impl World {
         let policy = self.config.policy_for("POST", "h", "/pay").unwrap().clone();
         let lines = vec![(":path".to_string(), b"/pay".to_vec())];
         let attempt = format!("a{owner}");
+        // Another request under the same key: another body.
+        let other = self.chances.mismatch.chance(self.shape.faults.mismatch);
+        let body: &'static [u8] = if other { br#"{"amount":2}"# } else { b"{}" };
+        self.other_body.insert(attempt.clone(), other);
         let head = RequestHead {
             method: "POST".into(),
             path: "/pay".into(),
             key_fields: vec![key_name(key).into_bytes()],
             end_of_stream: false,
-            content_length: Some(2),
+            content_length: Some(body.len() as u64),
             upstream: idemgate_core::exchange::upstream_call(&policy, Some("upstream"), &lines),
             ..RequestHead::default()
         };
@@ -50,7 +54,7 @@ impl World {
         }
         self.act(owner, step, Dir::Request);
         let step = match self.slots.get_mut(&owner) {
-            Some(slot) => slot.ex.request_body(b"{}", true),
+            Some(slot) => slot.ex.request_body(body, true),
             None => return,
         };
         self.act(owner, step, Dir::Request);
