@@ -76,11 +76,36 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
     }
     let mut keys: Vec<_> = by_key.into_iter().collect();
     keys.sort_by_key(|(k, _)| *k);
+    // Under `after_expiry: new`, what ran again under a generation claimed
+    // once the generation of what ran before had expired (§6).
+    let after_expiry = |before: &Exec, again: &Exec| {
+        let (Some(g), Some(h)) = (
+            generation_of(generations, &before.attempt),
+            generation_of(generations, &again.attempt),
+        ) else {
+            return false;
+        };
+        // A generation with an expiry (completed or unknown) is replaced
+        // only once expired, but for an unknown one under `on_unknown:
+        // release`, which may run again anyway. (The store's clock may
+        // have stepped back since: times are not compared.)
+        k.after_expiry_new
+            && h.generation > g.generation
+            && (g.archived_at.is_some() || g.expires_at.is_some())
+    };
     for (key, execs) in keys {
         if !k.release_unknown {
-            let acting = execs.iter().filter(|e| !released(e.status)).count();
-            if acting > 1 {
-                return Err(format!("key {key} executed {acting} times"));
+            let mut acting: Vec<&&Exec> = execs.iter().filter(|e| !released(e.status)).collect();
+            acting.sort_by_key(|e| e.start);
+            if let Some(pair) = acting.windows(2).find(|p| !after_expiry(p[0], p[1])) {
+                return Err(format!(
+                    "key {key} executed {} times: {} at {} ms, then {} at {} ms",
+                    acting.len(),
+                    pair[0].attempt,
+                    pair[0].start,
+                    pair[1].attempt,
+                    pair[1].start
+                ));
             }
             continue;
         }
@@ -98,7 +123,10 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
             if g.state != Standing::In(State::Completed) {
                 continue;
             }
-            if let Some(again) = execs.iter().find(|e| e.start > done.start) {
+            if let Some(again) = execs
+                .iter()
+                .find(|e| e.start > done.start && !after_expiry(done, e))
+            {
                 return Err(format!(
                     "key {key} completed ({} by {}, generation {}) and executed again by {} at {} ms",
                     g.status.unwrap_or(0),
@@ -304,9 +332,19 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
                     && !w.gave_up.contains(attempt)
                     && !w.envoy_lost.contains(attempt) =>
             {
-                // A known outcome reaches the store, in every mode.
+                // A known outcome reaches the store, in every mode; under
+                // `after_expiry: new` a completion the faults held up until
+                // its record expired may find it replaced by a new request.
                 let g = generation_of(generations, attempt);
-                if g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
+                let replaced = k.after_expiry_new
+                    && g.is_some_and(|g| {
+                        g.ended_at.is_some()
+                            && matches!(
+                                g.state,
+                                Standing::In(State::Unknown) | Standing::EndedBy(Transition::Reclaimed)
+                            )
+                    });
+                if !replaced && g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
                     return Err(format!(
                         "request {owner} was answered {status} but its record ended {:?}",
                         g.map(|g| g.state.as_str())
