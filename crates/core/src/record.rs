@@ -280,6 +280,13 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
         return ClaimDecision::Answer(ClaimReply::Mismatch);
     }
     match rec.state {
+        // A copy of the claim that took the key (delivered twice by
+        // something in front of the store, or decided after its copy under
+        // a slow database): the filter reads whichever answer comes first,
+        // so each says the key is its attempt's.
+        State::InProgress if now < rec.lease_until && holds(rec, req) => {
+            ClaimDecision::Answer(ClaimReply::Owned { fence: rec.fence })
+        }
         State::InProgress => {
             if now < rec.lease_until {
                 ClaimDecision::Answer(ClaimReply::InProgress {
@@ -319,6 +326,11 @@ pub fn decide_claim(existing: Option<&RecordView>, req: &ClaimRequest, now: i64)
             OnUnknown::Conflict => ClaimDecision::Answer(ClaimReply::Unknown),
         },
     }
+}
+
+/// Whether `req` is a claim of the attempt that opened `rec`.
+fn holds(rec: &RecordView, req: &ClaimRequest) -> bool {
+    matches!((&rec.attempt, &req.attempt), (Some(held), Some(offered)) if held == offered.as_str())
 }
 
 /// Whether an abandon of `offered` may release the record: only the attempt

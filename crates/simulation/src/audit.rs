@@ -27,6 +27,10 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
         ));
     }
     left_unknown(w, &generations)?;
+    if k.edge {
+        stored(w, &generations)?;
+    }
+    never_reached(w, k, &generations)?;
     answers(w, k, &generations)?;
     for (key, h) in &histories {
         events(key, h)?;
@@ -72,11 +76,36 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
     }
     let mut keys: Vec<_> = by_key.into_iter().collect();
     keys.sort_by_key(|(k, _)| *k);
+    // Under `after_expiry: new`, what ran again under a generation claimed
+    // once the generation of what ran before had expired (§6).
+    let after_expiry = |before: &Exec, again: &Exec| {
+        let (Some(g), Some(h)) = (
+            generation_of(generations, &before.attempt),
+            generation_of(generations, &again.attempt),
+        ) else {
+            return false;
+        };
+        // A generation with an expiry (completed or unknown) is replaced
+        // only once expired, but for an unknown one under `on_unknown:
+        // release`, which may run again anyway. (The store's clock may
+        // have stepped back since: times are not compared.)
+        k.after_expiry_new
+            && h.generation > g.generation
+            && (g.archived_at.is_some() || g.expires_at.is_some())
+    };
     for (key, execs) in keys {
         if !k.release_unknown {
-            let acting = execs.iter().filter(|e| !released(e.status)).count();
-            if acting > 1 {
-                return Err(format!("key {key} executed {acting} times"));
+            let mut acting: Vec<&&Exec> = execs.iter().filter(|e| !released(e.status)).collect();
+            acting.sort_by_key(|e| e.start);
+            if let Some(pair) = acting.windows(2).find(|p| !after_expiry(p[0], p[1])) {
+                return Err(format!(
+                    "key {key} executed {} times: {} at {} ms, then {} at {} ms",
+                    acting.len(),
+                    pair[0].attempt,
+                    pair[0].start,
+                    pair[1].attempt,
+                    pair[1].start
+                ));
             }
             continue;
         }
@@ -94,7 +123,10 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
             if g.state != Standing::In(State::Completed) {
                 continue;
             }
-            if let Some(again) = execs.iter().find(|e| e.start > done.start) {
+            if let Some(again) = execs
+                .iter()
+                .find(|e| e.start > done.start && !after_expiry(done, e))
+            {
                 return Err(format!(
                     "key {key} completed ({} by {}, generation {}) and executed again by {} at {} ms",
                     g.status.unwrap_or(0),
@@ -111,15 +143,113 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 
 /// A generation may be unknown for a while (its lease ran out before the
 /// abandon arrived); it may be left unknown only if the upstream may have
-/// run, or if the store client gave up its abandon (its lease settled it).
+/// run, if the store client gave up its abandon (its lease settled it) or
+/// Envoy went away with it (§5: a claim on its way lands with nobody to
+/// forward it),
+/// or if a copy of its claim took the key after the store had decided its
+/// request's claim without it, and the request read that answer, or after
+/// its attempt released the key (§5: a store call delivered twice).
 fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
-    let ran: HashSet<&str> = w.execs.iter().map(|e| e.attempt.as_str()).collect();
+    // An Envoy reply its filter never read leaves it as unsure as a run.
+    let ran: HashSet<&str> = w
+        .execs
+        .iter()
+        .map(|e| e.attempt.as_str())
+        .chain(w.reply_unread.iter().map(String::as_str))
+        .collect();
     for g in generations {
         let attempt = g.attempt.as_deref().unwrap_or("");
-        if g.state == Standing::In(State::Unknown) && !ran.contains(attempt) && !w.gave_up.contains(attempt) {
+        let copied = w.told_not_theirs.contains(attempt)
+            && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
+        // A copy of a claim that landed after its attempt released the
+        // key: the store remembers abandoned attempts, not released ones.
+        // A release of a request Envoy answered itself, held up by the
+        // faults until the unknown record expired: the TTL ended the key.
+        let expired_first = w.never_reached.contains(attempt) && g.archived_at.is_some();
+        let after_release = generations.iter().any(|o| {
+            o.attempt.as_deref() == Some(attempt)
+                && o.generation < g.generation
+                && o.state == Standing::EndedBy(Transition::Released)
+        });
+        if g.state == Standing::In(State::Unknown)
+            && !ran.contains(attempt)
+            && !w.gave_up.contains(attempt)
+            && !w.envoy_lost.contains(attempt)
+            && !copied
+            && !after_release
+            && !expired_first
+        {
             return Err(format!(
                 "generation {} ({attempt}) left unknown although nothing ran",
                 g.generation
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// On a network that loses nothing, every answer the upstream gave that
+/// the filter read is stored (§5), whatever the policy does with unknown
+/// outcomes and whether or not its client stayed: the lease's margin
+/// carries the claim's answer, the completion and its queueing.
+fn stored(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
+    for e in &w.execs {
+        if released(e.status)
+            || !w.read_upstream.contains(&e.attempt)
+            || w.gave_up.contains(&e.attempt)
+            || w.envoy_lost.contains(&e.attempt)
+        {
+            continue;
+        }
+        let g = generation_of(generations, &e.attempt);
+        if g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
+            return Err(format!(
+                "{}'s upstream answered {} after {} ms (from {} to {} ms), but its record ended {:?}",
+                e.attempt,
+                e.status,
+                e.end - e.start,
+                e.start,
+                e.end,
+                g.map(|g| g.state.as_str())
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A request Envoy answered itself before the upstream got it ran
+/// nowhere, and its key is released, never left unknown (§5): unless its
+/// filter never read that answer (to it the request was forwarded), or
+/// its settlement was given up or lost with Envoy (its lease settles it).
+/// Under `on_unknown: release` a release the faults held up past the
+/// lease finds the key freed by the lease.
+fn never_reached(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
+    let mut attempts: Vec<&String> = w.never_reached.iter().collect();
+    attempts.sort();
+    for attempt in attempts {
+        if w.execs.iter().any(|e| &e.attempt == attempt) {
+            return Err(format!("{attempt} never reached the upstream, but it ran"));
+        }
+        if w.gave_up.contains(attempt) || w.envoy_lost.contains(attempt) || w.reply_unread.contains(attempt) {
+            continue;
+        }
+        // Its own generation; a copy of its claim delivered twice may
+        // have opened another (see [`left_unknown`]).
+        let freed = generations.iter().any(|g| {
+            g.attempt.as_deref() == Some(attempt.as_str())
+                && match g.state {
+                    Standing::EndedBy(Transition::Released | Transition::Abandoned) => true,
+                    // Its release held up until the unknown record expired
+                    // (archived): the key's TTL ended it first.
+                    Standing::In(State::Unknown) => g.archived_at.is_some(),
+                    Standing::EndedBy(Transition::LeaseExpired) => k.release_unknown,
+                    _ => false,
+                }
+        });
+        if !freed {
+            return Err(format!(
+                "{attempt} never reached the upstream, but its record ended {:?}",
+                generation_of(generations, attempt).map(|g| g.state.as_str())
             ));
         }
     }
@@ -151,10 +281,13 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
         };
         match relayed.as_ref().unwrap_or(got) {
             Got::Reply(r) if r.headers.iter().any(|(n, _)| n == "idempotent-replayed") => {
-                let stored = w
-                    .execs
-                    .iter()
-                    .any(|e| e.key == key && e.status == r.status && e.body == r.body);
+                // Only a request like the one that ran gets its response.
+                let stored = w.execs.iter().any(|e| {
+                    e.key == key
+                        && e.status == r.status
+                        && e.body == r.body
+                        && w.other_body.get(&e.attempt) == w.other_body.get(attempt)
+                });
                 if !stored {
                     return Err(format!(
                         "request {owner} replayed {} {:?} that no execution answered",
@@ -165,6 +298,21 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
             }
             Got::Reply(r) if r.status == 503 && ran.contains(attempt.as_str()) => {
                 return Err(format!("request {owner} got 503 although it executed"));
+            }
+            // The key has (had) a record of the other body: 422 key-reused.
+            Got::Reply(r) if r.status == 422 && problem(r, "key-reused") => {
+                let other = generations.iter().any(|g| {
+                    w.request_keys.iter().any(|(o, k)| {
+                        *k == key
+                            && g.attempt.as_deref() == Some(w.attempts[o].as_str())
+                            && w.other_body.get(&w.attempts[o]) != w.other_body.get(attempt)
+                    })
+                });
+                if !other {
+                    return Err(format!(
+                        "request {owner} got 422 key-reused, but its key had no record of another body"
+                    ));
+                }
             }
             // After expiry (after_expiry: reject): 422 key-expired.
             Got::Reply(r) if r.status == 422 && problem(r, "key-expired") => {}
@@ -179,11 +327,24 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
                 ));
             }
             Got::Upstream(status, true)
-                if !k.release_unknown && !released(*status) && !w.gave_up.contains(attempt) =>
+                if !k.release_unknown
+                    && !released(*status)
+                    && !w.gave_up.contains(attempt)
+                    && !w.envoy_lost.contains(attempt) =>
             {
-                // A known outcome reaches the store, in every mode.
+                // A known outcome reaches the store, in every mode; under
+                // `after_expiry: new` a completion the faults held up until
+                // its record expired may find it replaced by a new request.
                 let g = generation_of(generations, attempt);
-                if g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
+                let replaced = k.after_expiry_new
+                    && g.is_some_and(|g| {
+                        g.ended_at.is_some()
+                            && matches!(
+                                g.state,
+                                Standing::In(State::Unknown) | Standing::EndedBy(Transition::Reclaimed)
+                            )
+                    });
+                if !replaced && g.map(|g| g.state) != Some(Standing::In(State::Completed)) {
                     return Err(format!(
                         "request {owner} was answered {status} but its record ended {:?}",
                         g.map(|g| g.state.as_str())

@@ -55,12 +55,23 @@ pub struct Far {
     api_token: String,
     store: Store,
     app: Router,
+    /// A second replica on the same database, its clock this many
+    /// milliseconds off the first's, and the calls it is given.
+    second: Option<Replica>,
     /// Calls the store is deciding, in the order they arrived.
     calls: Vec<Call>,
     /// Claims refused as late and as over budget by the store processes
     /// that are gone (restarted).
     counted: (u64, u64),
     wakes: Arc<Wakes>,
+}
+
+/// Another store process on the same database, with a clock of its own.
+struct Replica {
+    skew_ms: i64,
+    clock: Clock,
+    store: Store,
+    app: Router,
 }
 
 struct Call {
@@ -105,8 +116,15 @@ impl Wake for Flag {
 
 impl Far {
     /// A store on a fresh database, its clock at `start` (the world's
-    /// time 0), with `api_token` and the budget of new keys `budget`.
-    pub fn new(database: Database, start: i64, api_token: &str, budget: Option<Budget>) -> Far {
+    /// time 0), with `api_token` and the budget of new keys `budget`; and
+    /// with `skew_ms`, a second replica whose clock is that far off.
+    pub fn new(
+        database: Database,
+        start: i64,
+        api_token: &str,
+        budget: Option<Budget>,
+        skew_ms: Option<i64>,
+    ) -> Far {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
@@ -120,6 +138,16 @@ impl Far {
         let database = Arc::new(database);
         let store = store(&database, &clock, budget);
         let app = app(store.clone(), api_token);
+        let second = skew_ms.map(|skew_ms| {
+            let clock = Clock::manual(start + skew_ms);
+            let store = self::store(&database, &clock, budget);
+            Replica {
+                skew_ms,
+                clock,
+                app: self::app(store.clone(), api_token),
+                store,
+            }
+        });
         Far {
             rt,
             epoch,
@@ -129,6 +157,7 @@ impl Far {
             api_token: api_token.to_string(),
             store,
             app,
+            second,
             calls: Vec::new(),
             counted: (0, 0),
             wakes: Arc::default(),
@@ -143,16 +172,21 @@ impl Far {
         self.counted = self.refused();
         self.store = store(&self.database, &self.clock, self.budget);
         self.app = app(self.store.clone(), &self.api_token);
+        if let Some(r) = &mut self.second {
+            r.store = store(&self.database, &r.clock, self.budget);
+            r.app = app(r.store.clone(), &self.api_token);
+        }
     }
 
     /// Claims the store refused so far: as late (past their caller's
     /// deadline), and as over their tenant's budget of new keys.
     pub fn refused(&self) -> (u64, u64) {
-        let m = &self.store.metrics;
-        (
-            self.counted.0 + m.late_claims.get(),
-            self.counted.1 + m.rate_limited_claims.get(),
-        )
+        let mut refused = self.counted;
+        for store in std::iter::once(&self.store).chain(self.second.as_ref().map(|r| &r.store)) {
+            refused.0 += store.metrics.late_claims.get();
+            refused.1 += store.metrics.rate_limited_claims.get();
+        }
+        refused
     }
 
     /// Whether the store is still deciding a call.
@@ -163,7 +197,16 @@ impl Far {
     /// A call reaches the store: `POST path` with `body`, as the filter
     /// sends it (its headers, `host::dispatch`'s). Its answer, if the store
     /// gives it at once, comes out of the next [`Far::settle`].
-    pub fn call(&mut self, token: u64, path: &str, body: Bytes, traces: &[Trace], authorization: &str) {
+    /// `second`: the second replica takes it, if there is one.
+    pub fn call(
+        &mut self,
+        token: u64,
+        path: &str,
+        body: Bytes,
+        traces: &[Trace],
+        authorization: &str,
+        second: bool,
+    ) {
         let mut req = Request::post(path)
             .header("authorization", authorization)
             .header("content-type", FRAME_CONTENT_TYPE)
@@ -174,7 +217,10 @@ impl Far {
         let req = req
             .body(Body::from(body))
             .unwrap_or_else(|e| panic!("a store call the world cannot send: {e}"));
-        let app = self.app.clone();
+        let app = match (&self.second, second) {
+            (Some(r), true) => r.app.clone(),
+            _ => self.app.clone(),
+        };
         let answer = Box::pin(async move {
             let Ok(resp) = app.oneshot(req).await;
             let (parts, body) = resp.into_parts();
@@ -256,6 +302,9 @@ impl Far {
 
     fn set_clock(&self, store_now: i64) {
         self.clock.advance(store_now - self.clock.now());
+        if let Some(r) = &self.second {
+            r.clock.advance(store_now + r.skew_ms - r.clock.now());
+        }
     }
 
     /// One pass of the store's sweeper, as its background job runs it

@@ -270,5 +270,54 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
                 },
             },
         ),
+        (
+            "a copy of a claim (delivered twice) that the store decided after the copy that took the key, \
+             a slow database holding the first, was answered in_progress to the attempt that held the key; \
+             its filter read that answer first and the key was left to nobody: \"generation 1 (a7) left \
+             unknown although nothing ran\" (explore --seed 1796447230705720329 --case 274 then)",
+            Scenario {
+                seed: 16949003378856616254,
+                knobs: Knobs {
+                    detached: true,
+                    background: true,
+                    detached_timeout_ms: LEASE_MS - STORE_TIMEOUT_MS,
+                    sweep_every_ms: 1_000,
+                    ..Knobs::default()
+                },
+                faults: Faults {
+                    lose_request: 0.016585385612243975,
+                    unavailable: 0.1962820363954352,
+                    client_leaves: 0.1043643780926595,
+                    clock_steps_back_ms: 1083,
+                    duplicate_claims: 0.10665910248392438,
+                    slow_database: 0.09668033503697071,
+                    ..Faults::default()
+                },
+            },
+        ),
+        (
+            "an upstream that answered just inside detached forwarding's timeout (the lease less one store \
+             call) after a claim whose answer took most of a store call to come back: its completion, queued \
+             behind the worker's callout in flight, reached the store after the lease ran out, and under \
+             on_unknown: release a retry ran the payment again: \"a4's upstream answered 201 after 1757 ms \
+             (from 866 to 2623 ms), but its record ended Some(\"lease_expired\")\" (explore --seed 501852133 \
+             --case 886)",
+            Scenario {
+                seed: 11157518478986342079,
+                knobs: Knobs {
+                    detached: true,
+                    background: true,
+                    wait: true,
+                    release_unknown: true,
+                    detached_timeout_ms: LEASE_MS - STORE_TIMEOUT_MS,
+                    edge: true,
+                    ..Knobs::default()
+                },
+                faults: Faults {
+                    client_leaves: 0.5285491820518439,
+                    ..Faults::default()
+                },
+            },
+        ),
     ]
 }

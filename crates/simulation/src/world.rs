@@ -59,6 +59,8 @@ struct Slot {
     lost: bool,
     /// The policy's detached forwarding timeout.
     ex_detached_timeout: Option<u64>,
+    /// Envoy answers itself before the upstream gets the request.
+    never_reached: bool,
 }
 
 /// One execution of a request by the upstream.
@@ -106,6 +108,8 @@ enum Event {
     Answer(u64, Option<(u16, Vec<u8>)>, i64),
     /// The store process is killed and started again.
     Restart,
+    /// Envoy goes away: every worker (true), or the one given (false).
+    EnvoyGoes(bool, usize),
     Timeout(u64),
     UpstreamDone(Owner),
     Tick,
@@ -125,6 +129,9 @@ struct Chances {
     in_front: Rng,
     duplicate: Rng,
     network: Rng,
+    replica: Rng,
+    never_reached: Rng,
+    mismatch: Rng,
 }
 
 impl Chances {
@@ -141,6 +148,9 @@ impl Chances {
             in_front: s("in_front"),
             duplicate: s("duplicate"),
             network: s("network"),
+            replica: s("replica"),
+            never_reached: s("never_reached"),
+            mismatch: s("mismatch"),
         }
     }
 }
@@ -173,10 +183,32 @@ pub struct World {
     pub outgrown: Option<i64>,
     /// Calls a worker's full queue did not take.
     pub queue_full: usize,
+    /// Attempts whose upstream's answer the filter read whole.
+    pub read_upstream: HashSet<String>,
     /// Attempts whose settlement the store client gave up on.
     pub gave_up: HashSet<String>,
+    /// Attempts whose exchange, store calls or letters were lost when
+    /// Envoy (or their worker's VM) went away.
+    pub envoy_lost: HashSet<String>,
+    /// Attempts Envoy answered itself before the upstream got them...
+    pub never_reached: HashSet<String>,
+    /// ...and those whose filter never read that answer (its client had
+    /// left a streaming request, or Envoy went away): to the filter the
+    /// request was forwarded and its outcome is unknown.
+    pub reply_unread: HashSet<String>,
+    /// Whether each attempt's request carried the other body.
+    pub other_body: HashMap<String, bool>,
+    /// Each worker's letters not yet decided, by the attempt they settle.
+    letters_of: Vec<HashMap<String, usize>>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
+    /// Attempts whose filter read first an answer of the store's that the
+    /// key is not theirs (a `409`, a replay, a `422`, a `429`)...
+    pub told_not_theirs: HashSet<String>,
+    /// ...when the store first gave an attempt such an answer...
+    pub refused_at: HashMap<String, i64>,
+    /// ...and when it first answered one that the key is theirs.
+    pub owned_at: HashMap<String, i64>,
     /// Each claim the store refused over budget (`429`), and what it met.
     pub limited: Vec<Limited>,
     /// A `429` of the store's own to a claim it never looked at.
@@ -219,7 +251,13 @@ impl World {
         let database = Database::new(shape.faults.slow_database, Rng::stream(seed, "database"));
         let authorization = config.store().authorization().to_string();
         let token = authorization.trim_start_matches("Bearer ").to_string();
-        let far = Far::new(database, STORE_EPOCH, &token, shape.budgets);
+        let far = Far::new(
+            database,
+            STORE_EPOCH,
+            &token,
+            shape.budgets,
+            shape.faults.replica_skew_ms,
+        );
         let mut begins: Vec<i64> = (0..shape.requests)
             .map(|_| chances.clients.range(0, shape.begin_within))
             .collect();
@@ -227,6 +265,12 @@ impl World {
             .faults
             .store_restarts
             .then(|| Rng::stream(seed, "restart").range(200, shape.begin_within + 2_000));
+        let envoy_goes = shape.faults.envoy_restarts.then(|| {
+            let mut r = Rng::stream(seed, "envoy_restart");
+            let at = r.range(100, shape.begin_within + 2_000);
+            let every = r.chance(0.5);
+            (at, Event::EnvoyGoes(every, r.range(0, WORKERS as i64) as usize))
+        });
         let mut w = World {
             now: 0,
             chances,
@@ -255,7 +299,16 @@ impl World {
             outgrown: None,
             queue_full: 0,
             gave_up: HashSet::new(),
+            envoy_lost: HashSet::new(),
+            never_reached: HashSet::new(),
+            reply_unread: HashSet::new(),
+            other_body: HashMap::new(),
+            letters_of: vec![HashMap::new(); WORKERS],
+            read_upstream: HashSet::new(),
             confirmed: Vec::new(),
+            told_not_theirs: HashSet::new(),
+            refused_at: HashMap::new(),
+            owned_at: HashMap::new(),
             limited: Vec::new(),
             unlooked: None,
             seen: HashMap::new(),
@@ -271,6 +324,9 @@ impl World {
         w.at(w.shape.sweep_every_ms, Event::Sweep);
         if let Some(at) = restart {
             w.at(at, Event::Restart);
+        }
+        if let Some((at, event)) = envoy_goes {
+            w.at(at, event);
         }
         w
     }
@@ -327,7 +383,7 @@ impl World {
                     format!(
                         "{} {}",
                         c.path,
-                        String::from_utf8_lossy(&c.body[..c.body.len().min(160)])
+                        String::from_utf8_lossy(&c.body[..c.body.len().min(460)])
                     )
                 })
                 .unwrap_or_default()
@@ -368,6 +424,13 @@ impl World {
                 self.restarts.push(self.now);
                 self.far.restart();
             }
+            Event::EnvoyGoes(every, one) => {
+                for worker in 0..WORKERS {
+                    if every || worker == one {
+                        self.envoy_goes(worker);
+                    }
+                }
+            }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
             Event::Tick => {
@@ -396,6 +459,30 @@ impl World {
                 }
             }
         }
+    }
+
+    /// A worker's Envoy (or its VM) goes away and comes back empty: its
+    /// exchanges, its queued and in-flight store calls (a call already on
+    /// the wire may still land; its answer finds nobody) and its letters
+    /// are lost, and new requests find a fresh store client.
+    fn envoy_goes(&mut self, worker: usize) {
+        let owners: Vec<Owner> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.worker == worker)
+            .map(|(o, _)| *o)
+            .collect();
+        for owner in owners {
+            self.slots.remove(&owner);
+            self.envoy_lost.insert(self.attempts[&owner].clone());
+        }
+        let letters = std::mem::take(&mut self.letters_of[worker]);
+        self.envoy_lost.extend(letters.into_keys());
+        self.tokens.retain(|_, (w, _, _)| *w != worker);
+        self.clients[worker] = Client {
+            attached: Attached::new(self.shape.bound),
+            letters: Letters::new(self.shape.bound, 7 + worker as u64 + 100 * self.now as u64),
+        };
     }
 
     /// Reads every key's history and keeps the first change to one that

@@ -1326,6 +1326,41 @@ async fn a_claim_delivered_again_after_its_abandon_is_released(b: Arc<dyn Backen
     cx.owned(&retry).await;
 }
 
+/// A claim delivered twice (a proxy in front of the store that sent it
+/// again, or a copy decided after its twin under a slow database): the copy
+/// of the claim whose attempt holds the key is answered as its twin was,
+/// `owned` with the same fence, whichever answer reaches the filter first;
+/// nothing changes, and another attempt still waits for the lease.
+async fn a_copy_of_the_claim_that_holds_the_key_is_answered_owned(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-copy");
+    let mut req = claim(&s, Some(1));
+    req.attempt = attempt(&filter_id(1));
+    let fence = cx.owned(&req).await;
+    cx.clock.advance(300);
+    assert_eq!(cx.reply(&req).await, ClaimReply::Owned { fence });
+    let mut other = claim(&s, Some(1));
+    other.attempt = attempt(&filter_id(2));
+    assert_eq!(
+        cx.reply(&other).await,
+        ClaimReply::InProgress { retry_after_ms: 700 }
+    );
+    let h = history(&cx, "k-copy").await;
+    assert_eq!(transitions(&h), ["claimed"]);
+    // The copy settles as its twin: its completion stores the response.
+    assert_eq!(
+        cx.store
+            .complete(&complete(&s, fence, 201), b"paid")
+            .await
+            .unwrap(),
+        FenceReply::Done
+    );
+    assert!(matches!(
+        cx.reply(&other).await,
+        ClaimReply::Replay { status: 201, .. }
+    ));
+}
+
 async fn purge_removes_only_what_is_past_retention(b: Arc<dyn Backend>) {
     let cx = Ctx::new(b);
     let old = scope("k-retention-old");
@@ -1823,6 +1858,7 @@ stories!(
     a_replaced_generation_ends_with_an_event_of_its_own,
     a_claim_over_budget_still_turns_a_lease_that_ran_out_unknown,
     a_claim_delivered_again_after_its_abandon_is_released,
+    a_copy_of_the_claim_that_holds_the_key_is_answered_owned,
     purge_removes_only_what_is_past_retention,
     the_rules_stated_in_sql_hold,
     a_batch_decides_each_call_on_its_own,

@@ -424,6 +424,9 @@ pub struct Detached {
     /// The cluster to call; `None`: the route's.
     cluster: Option<String>,
     timeout_ms: u64,
+    /// What the upstream call is given: `timeout_ms`, at most the lease
+    /// less three store calls ([`Detached::upstream_timeout_ms`]).
+    upstream_timeout_ms: u64,
     max_response_body: usize,
 }
 
@@ -439,6 +442,18 @@ impl Detached {
     /// it unknown) while the upstream may still act.
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms
+    }
+    /// What the filter's own upstream request is given: `timeout_ms`, cut
+    /// to the lease less three store calls (`store.timeout_ms` each) when
+    /// it would end later. The lease runs from the store's commit of the
+    /// claim, and three legs may each take up to a store call: the claim's
+    /// answer on its way back, the outcome waiting behind the worker's
+    /// callout in flight, and the outcome on its way to the store. Cut so,
+    /// an answer the upstream gives in time is stored before the lease
+    /// ends, and no retry (under `on_unknown: release`) runs it again. A
+    /// lease of three store calls or less leaves `timeout_ms` as it is.
+    pub fn upstream_timeout_ms(&self) -> u64 {
+        self.upstream_timeout_ms
     }
     /// The largest response body relayed; never below `max_stored_body`.
     pub fn max_response_body(&self) -> usize {

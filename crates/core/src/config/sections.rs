@@ -152,9 +152,14 @@ impl RawForwarding {
                 format!("must be at least `max_stored_body` ({max_stored_body} bytes): a response the store would keep must also reach the client"),
             ));
         }
+        let upstream_timeout_ms = match lease_ms.saturating_sub(store_timeout_ms.saturating_mul(3)) {
+            0 => timeout_ms,
+            room => timeout_ms.min(room),
+        };
         Ok(Forwarding::Detached(Detached {
             cluster: self.cluster,
             timeout_ms,
+            upstream_timeout_ms,
             max_response_body,
         }))
     }

@@ -196,6 +196,30 @@ fn a_detached_timeout_leaves_the_lease_a_store_call_to_spare() {
         panic!("{:?}", c.policies[0].forwarding)
     };
     assert_eq!(d.timeout_ms(), 4000);
+    // The upstream call itself gets the lease less three store calls (the
+    // claim's answer, the outcome queued behind the worker's callout, the
+    // outcome on its way): a configured timeout nearer the lease is cut.
+    assert_eq!(d.upstream_timeout_ms(), 2000);
+    for (store_timeout, timeout, given) in [
+        (200, 1800, 1800),
+        (200, 4500, 4400),
+        (1000, 1500, 2000),
+        (2000, 3000, 3000),
+    ] {
+        let c = detached(
+            store_timeout,
+            json!({"lease_seconds": 5, "forwarding": {"mode": "detached", "timeout_ms": timeout}}),
+        )
+        .unwrap();
+        let Forwarding::Detached(d) = &c.policies[0].forwarding else {
+            panic!("{:?}", c.policies[0].forwarding)
+        };
+        assert_eq!(
+            d.upstream_timeout_ms(),
+            given.min(timeout),
+            "{store_timeout} {timeout}"
+        );
+    }
     // Shorter than the lease, but without a store call's margin: refused,
     // saying what to change.
     for (store_timeout, timeout) in [(1000, 4001), (1000, 4500), (1500, 4000)] {

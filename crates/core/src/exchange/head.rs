@@ -58,7 +58,7 @@ pub fn upstream_call(policy: &Policy, route_cluster: Option<&str>, lines: &Lines
     Some(UpstreamCall {
         cluster: cluster.to_string(),
         headers: headers::forwarded(lines)?,
-        timeout_ms: detached.timeout_ms(),
+        timeout_ms: detached.upstream_timeout_ms(),
     })
 }
 

@@ -134,6 +134,27 @@ fn an_in_progress_record_answers_the_remaining_lease() {
     );
 }
 
+/// A claim delivered twice (a proxy in front of the store that sent it
+/// again) may land after its own copy took the key, or be decided before
+/// it (a slow database): whichever answer reaches the filter first, it
+/// is the key's, never "someone else holds it" while nobody else does.
+#[test]
+fn a_copy_of_the_claim_that_holds_the_key_is_answered_owned() {
+    let r = rec(State::InProgress);
+    let mut copy = req(Some(fp(1)));
+    copy.attempt = Some(crate::protocol::Attempt::try_from("a".to_string()).unwrap());
+    assert_eq!(
+        decide_claim(Some(&r), &copy, 1_250),
+        ClaimDecision::Answer(ClaimReply::Owned { fence: 7 })
+    );
+    // Another attempt still waits for the lease.
+    copy.attempt = Some(crate::protocol::Attempt::try_from("b".to_string()).unwrap());
+    assert_eq!(
+        decide_claim(Some(&r), &copy, 1_250),
+        ClaimDecision::Answer(ClaimReply::InProgress { retry_after_ms: 750 })
+    );
+}
+
 #[test]
 fn a_lease_that_ran_out_turns_unknown_or_is_claimed_afresh() {
     let r = rec(State::InProgress);

@@ -96,8 +96,9 @@ impl World {
             return;
         };
         let authorization = self.config.store().authorization().to_string();
+        let second = self.chances.replica.chance(0.5);
         self.far
-            .call(token, c.path, c.body.clone(), &c.traces, &authorization);
+            .call(token, c.path, c.body.clone(), &c.traces, &authorization, second);
         self.changed = true;
         self.settle();
     }
@@ -121,6 +122,13 @@ impl World {
         };
         let mut limited = Vec::new();
         for (path, frame, status, answer) in calls {
+            if let Some((attempt, theirs)) = claim_decided(&path, frame, status, answer) {
+                let first = match theirs {
+                    true => &mut self.owned_at,
+                    false => &mut self.refused_at,
+                };
+                first.entry(attempt).or_insert(self.now);
+            }
             self.confirmed.extend(confirmed(&path, frame, status, answer));
             if path == CLAIM_PATH
                 && Problem::rate_limited_wait(answer)
@@ -173,6 +181,19 @@ impl World {
             return;
         }
         c.answered = true;
+        if let Some((status, body)) = &answer {
+            let parts = match c.path {
+                BATCH_PATH => batch_parts(&c.body, *status, body).unwrap_or_default(),
+                path => vec![(path.to_string(), &c.body[..], *status, &body[..])],
+            };
+            self.told_not_theirs
+                .extend(parts.into_iter().filter_map(|(path, frame, status, answer)| {
+                    match claim_decided(&path, frame, status, answer) {
+                        Some((attempt, false)) => Some(attempt),
+                        _ => None,
+                    }
+                }));
+        }
         let Some((worker, queue, flight)) = self.tokens.remove(&token) else {
             return;
         };
@@ -189,6 +210,7 @@ impl World {
                         "a letter was given up: {}",
                         letter.call.path
                     );
+                    self.letter_decided(worker, letter.attempt.as_str());
                 }
             }
         }
@@ -215,6 +237,25 @@ fn carries_claim(call: &StoreCall) -> bool {
             .unwrap_or(true),
         _ => false,
     }
+}
+
+/// A claim the store decided: its attempt, and whether the store gave it
+/// the key (`owned`) or told it the key is not its own (a `409`, a
+/// replay, a `422`, a `429` of the store's).
+fn claim_decided(path: &str, frame: &[u8], status: u16, answer: &[u8]) -> Option<(String, bool)> {
+    if path != CLAIM_PATH {
+        return None;
+    }
+    let theirs = match status {
+        200 => matches!(
+            decode_frame::<ClaimReply>(answer).ok()?.0,
+            ClaimReply::Owned { .. }
+        ),
+        429 if Problem::rate_limited_wait(answer).is_some() => false,
+        _ => return None,
+    };
+    let (req, _) = decode_frame::<ClaimRequest>(frame).ok()?;
+    Some((req.attempt?.as_str().to_string(), theirs))
 }
 
 /// One call and the store's answer to it: path, frame, status, answer.
