@@ -147,8 +147,8 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 /// Envoy went away with it (§5: a claim on its way lands with nobody to
 /// forward it),
 /// or if a copy of its claim took the key after the store had decided its
-/// request's claim without it, and the request read that answer, or after
-/// its attempt released the key (§5: a store call delivered twice).
+/// request's claim without it, and the request read that answer (§5: a
+/// store call delivered twice).
 fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
     // An Envoy reply its filter never read leaves it as unsure as a run.
     let ran: HashSet<&str> = w
@@ -161,22 +161,14 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
         let attempt = g.attempt.as_deref().unwrap_or("");
         let copied = w.told_not_theirs.contains(attempt)
             && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
-        // A copy of a claim that landed after its attempt released the
-        // key: the store remembers abandoned attempts, not released ones.
         // A release of a request Envoy answered itself, held up by the
         // faults until the unknown record expired: the TTL ended the key.
         let expired_first = w.never_reached.contains(attempt) && g.archived_at.is_some();
-        let after_release = generations.iter().any(|o| {
-            o.attempt.as_deref() == Some(attempt)
-                && o.generation < g.generation
-                && o.state == Standing::EndedBy(Transition::Released)
-        });
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)
             && !w.envoy_lost.contains(attempt)
             && !copied
-            && !after_release
             && !expired_first
         {
             return Err(format!(

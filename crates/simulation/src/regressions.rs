@@ -319,5 +319,32 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
                 },
             },
         ),
+        (
+            "a copy of a claim (delivered twice by something in front of the store) that landed after its \
+             attempt had released the key (Envoy refused to reach the upstream) took the key for nobody: the \
+             store remembered abandoned attempts, not released ones, and under on_unknown: conflict the key \
+             was left unknown: \"generation 4 (a9) left unknown although nothing ran\" (explore --seed \
+             501852133 --case 439)",
+            Scenario {
+                seed: 8568833797781220605,
+                knobs: Knobs {
+                    detached: true,
+                    sweep_every_ms: 5_000,
+                    ..Knobs::default()
+                },
+                faults: Faults {
+                    lose_request: 0.1843170349416334,
+                    lose_answer: 0.29708885925186734,
+                    unavailable: 0.023497951643603642,
+                    slow_store: 0.016614435410107396,
+                    client_leaves: 0.34985312836876453,
+                    clock_steps_back_ms: 2965,
+                    never_reached: 0.14279395905233347,
+                    in_front: 0.06849769483424063,
+                    duplicate_claims: 0.1640087119288814,
+                    ..Faults::default()
+                },
+            },
+        ),
     ]
 }

@@ -137,11 +137,10 @@ pub struct Faults {
     /// the key is released, never left unknown (§5). Explored clean over
     /// 128,223 drawn scenarios once the audit allowed what the filter
     /// cannot see (an Envoy reply read by nobody, a release held up past
-    /// the lease), and a copy of a claim (delivered twice) that lands after
-    /// its attempt released the key and takes it for nobody: the store
-    /// remembers abandoned attempts, not released ones, so such a key is
-    /// left unknown under `on_unknown: conflict` (6 of the fixed set's
-    /// 1,000 scenarios found it; the contract says so).
+    /// the lease). It found a copy of a claim (delivered twice) that landed
+    /// after its attempt released the key and took it for nobody, left
+    /// unknown under `on_unknown: conflict` (4 of the fixed set's 1,000
+    /// scenarios): a release now remembers its attempt as an abandon does.
     pub never_reached: f64,
     /// A request reuses its key with another body: `422 key-reused`
     /// whenever the key has a record of the other body, never a replay of

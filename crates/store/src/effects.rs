@@ -19,6 +19,8 @@
 //! (`postgres::rows::CLAIM`, and `CLAIM_NEW` for a batch's new keys): the
 //! generation and `claimed` event [`claim`] decides when there is no record.
 
+use std::borrow::Cow;
+
 use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceReply};
 use idemgate_core::record::{self, AbandonDecision, ClaimDecision, Standing, State, Transition};
 use idemgate_core::scope::Scope;
@@ -81,9 +83,9 @@ pub enum Write<'a> {
     },
     /// Archives the record: its body is dropped, its metadata kept.
     Archive,
-    /// Remembers that the filter abandoned `attempt` of `scope`, so the
-    /// sweeper ends its claim if it lands later.
-    RememberAbandon { scope: &'a Scope, attempt: &'a str },
+    /// Remembers that the filter abandoned or released `attempt` of
+    /// `scope`, so the sweeper ends its claim if it lands later.
+    RememberAbandon { scope: &'a Scope, attempt: Cow<'a, str> },
 }
 
 /// The reply to an operation and the writes that carry it out.
@@ -237,17 +239,26 @@ pub fn complete<'a>(
 }
 
 /// The filter gives the key back: the upstream refused before acting.
-pub fn release(loaded: Option<&LoadedRecord>, fence: u64) -> Effect<'static, FenceReply> {
+pub fn release<'a>(loaded: Option<&LoadedRecord>, scope: &'a Scope, fence: u64) -> Effect<'a, FenceReply> {
     match fenced(loaded, fence) {
         None => Effect::only(FenceReply::Stale),
-        Some(l) => Effect::of(
-            FenceReply::Done,
-            vec![Write::EndGeneration {
+        Some(l) => {
+            let mut writes = vec![Write::EndGeneration {
                 last: l.view.state,
                 by: (Transition::Released, &Actor::Filter, None),
                 note: None,
-            }],
-        ),
+            }];
+            // Remembered as an abandon is: a copy of its claim (delivered
+            // twice by something in front of the store) that lands after
+            // the release would otherwise take the key for nobody.
+            if let Some(attempt) = &l.view.attempt {
+                writes.push(Write::RememberAbandon {
+                    scope,
+                    attempt: Cow::Owned(attempt.clone()),
+                });
+            }
+            Effect::of(FenceReply::Done, writes)
+        }
     }
 }
 
@@ -291,13 +302,22 @@ pub fn abandon<'a>(
                     by: (Transition::Abandoned, &Actor::Filter, None),
                     note: None,
                 },
-                Write::RememberAbandon { scope, attempt },
+                Write::RememberAbandon {
+                    scope,
+                    attempt: attempt.into(),
+                },
             ],
         ),
         (AbandonDecision::Settled, _) => Effect::only(FenceReply::Stale),
         // The claim may still be on its way: the sweeper ends it if it
         // lands under this attempt.
-        _ => Effect::of(FenceReply::Done, vec![Write::RememberAbandon { scope, attempt }]),
+        _ => Effect::of(
+            FenceReply::Done,
+            vec![Write::RememberAbandon {
+                scope,
+                attempt: attempt.into(),
+            }],
+        ),
     }
 }
 

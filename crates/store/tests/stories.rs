@@ -975,6 +975,29 @@ async fn an_abandon_that_meets_another_attempts_record_releases_its_claim_when_i
     );
 }
 
+/// A copy of a claim (delivered twice by something in front of the store)
+/// that lands after its attempt released the key (the upstream, or Envoy
+/// before reaching it, refused) takes the key for nobody: the release
+/// remembers its attempt as an abandon does, and the sweeper ends the copy's
+/// claim, never leaving it to turn unknown with nothing run.
+async fn a_copy_of_a_claim_landing_after_its_release_is_ended_by_the_sweeper(b: Arc<dyn Backend>) {
+    let cx = Ctx::new(b);
+    let s = scope("k-release-copy");
+    let mut first = claim(&s, Some(1));
+    first.attempt = attempt("a1");
+    let held = cx.owned(&first).await;
+    cx.store.release(&fence(&s, held)).await.unwrap();
+    cx.owned(&first).await;
+    assert_eq!(cx.sweep(60_000).await.abandoned, 1);
+    let mut retry = claim(&s, Some(1));
+    retry.attempt = attempt("a2");
+    cx.owned(&retry).await;
+    assert_eq!(
+        transitions(&history(&cx, "k-release-copy").await),
+        ["claimed", "released", "claimed", "abandoned", "claimed"]
+    );
+}
+
 /// A claim whose answer was lost, its lease run out and its record archived
 /// before the filter's abandon got through: nothing ran, so the abandon still
 /// frees the key and the retry the 503 invited is a first request.
@@ -1848,6 +1871,7 @@ stories!(
     unknown_records_stay_counted_until_resolved,
     an_abandoned_claim_frees_the_key_and_nothing_else,
     an_abandon_that_arrives_first_releases_the_claim_when_it_lands,
+    a_copy_of_a_claim_landing_after_its_release_is_ended_by_the_sweeper,
     an_abandon_that_meets_another_attempts_record_releases_its_claim_when_it_lands,
     an_archived_record_never_replays,
     an_abandon_after_the_record_was_archived_still_frees_the_key,

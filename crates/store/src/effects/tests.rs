@@ -114,7 +114,7 @@ fn a_fence_call_on_a_settled_archived_superseded_or_missing_record_is_stale() {
         if !l.is_some_and(|l| l.view.archived && l.view.state == State::Unknown) {
             assert_eq!(complete(l, req, Some(b"x"), NOW), stale);
         }
-        assert_eq!(release(l, req.fence), stale);
+        assert_eq!(release(l, &scope(), req.fence), stale);
         assert_eq!(mark_unknown(l, req.fence, NOW), stale);
     }
 }
@@ -132,11 +132,18 @@ fn a_late_completion_of_an_archived_unknown_record_is_recorded_without_its_body(
 
 #[test]
 fn release_ends_the_generation_and_mark_unknown_turns_it_unknown_once() {
+    let s = scope();
     for state in [State::InProgress, State::Unknown] {
         let by = (Transition::Released, &Actor::Filter, None);
+        // Its attempt is remembered as an abandoned one is: a copy of its
+        // claim that lands afterwards is ended by the sweeper.
+        let remembered = Write::RememberAbandon {
+            scope: &s,
+            attempt: "a".into(),
+        };
         assert_eq!(
-            release(Some(&loaded(state)), 7),
-            Effect::of(FenceReply::Done, vec![end(state, by)])
+            release(Some(&loaded(state)), &s, 7),
+            Effect::of(FenceReply::Done, vec![end(state, by), remembered])
         );
     }
     assert_eq!(
@@ -167,7 +174,7 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_every_attempt() {
     // still land.
     let remembered = Write::RememberAbandon {
         scope: &s,
-        attempt: "a",
+        attempt: "a".into(),
     };
     assert_eq!(
         abandon(Some(&open), &s, "a"),
@@ -180,7 +187,7 @@ fn an_abandon_ends_its_own_open_claim_and_remembers_every_attempt() {
         FenceReply::Done,
         vec![Write::RememberAbandon {
             scope: &s,
-            attempt: "b",
+            attempt: "b".into(),
         }],
     );
     assert_eq!(abandon(Some(&open), &s, "b"), remember);

@@ -95,7 +95,9 @@ impl Memory {
     fn release_now(&self, req: &FenceRequest, now: i64) -> FenceReply {
         let key = ScopeDigest::of(&req.scope);
         self.with(&req.trace, |t, journal| {
-            load_and_carry_out(t, journal, &key, now, |l| effects::release(l, req.fence))
+            load_and_carry_out(t, journal, &key, now, |l| {
+                effects::release(l, &req.scope, req.fence)
+            })
         })
     }
 

@@ -135,6 +135,7 @@ pub(super) async fn carry_out<R>(
             }
             Write::RememberAbandon { scope, attempt } => {
                 let columns = KeyColumns::of(scope);
+                let attempt: &str = &attempt;
                 tx.execute(
                     REMEMBER_ABANDON.postgres(),
                     &bind_with_columns(key, &columns, &[&attempt, &now]),
@@ -252,8 +253,8 @@ impl Postgres {
     pub(super) async fn release_record(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         self.lock_and_carry_out(
             (&req.scope, &req.trace),
-            req.fence,
-            |fence, l, _| effects::release(l, *fence),
+            req.clone(),
+            |req, l, _| effects::release(l, &req.scope, req.fence),
             now,
         )
         .await

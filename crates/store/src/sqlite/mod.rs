@@ -219,7 +219,7 @@ fn write_job(call: Call, seal: &Seal, now: i64) -> (engine::Job, engine::Pending
         Call::Release(req) => (
             Durability::Durable,
             Box::new(move |w, journal| {
-                let effect_of = |l: Option<&_>| effects::release(l, req.fence);
+                let effect_of = |l: Option<&_>| effects::release(l, &req.scope, req.fence);
                 load_and_carry_out(w, journal, (&req.scope, &seal), now, effect_of).map(Answer::Fence)
             }),
         ),

@@ -71,7 +71,7 @@ pub(super) fn carry_out<R>(
             }
             Write::RememberAbandon { scope, attempt } => {
                 let [v, t, p, r, n, k] = scope.parts();
-                let attempt = StoredAttempt(Some(attempt));
+                let attempt = StoredAttempt(Some(&attempt));
                 execute(
                     w,
                     REMEMBER_ABANDON.sqlite(),
