@@ -685,6 +685,29 @@ proptest! {
 }
 
 #[test]
+fn a_detached_timeout_the_lease_cuts_is_warned_about() {
+    let quiet = parse_with(json!({}), json!({"forwarding": {"mode": "detached"}})).unwrap();
+    assert!(quiet.warnings().is_empty(), "{:?}", quiet.warnings());
+    // A 10 s lease, the default store timeout: 9,000 ms fits the lease less
+    // one store call but not less three, and is cut.
+    let cut = parse_with(
+        json!({}),
+        json!({"lease_seconds": 10, "forwarding": {"mode": "detached", "timeout_ms": 9000}}),
+    )
+    .unwrap();
+    let Forwarding::Detached(d) = &cut.policies[0].forwarding else {
+        panic!("{:?}", cut.policies[0].forwarding)
+    };
+    assert!(d.upstream_timeout_ms() < 9000);
+    let warnings = cut.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(&format!("gets {} ms", d.upstream_timeout_ms())),
+        "{warnings:?}"
+    );
+}
+
+#[test]
 fn bodies_above_envoys_default_buffer_are_warned_about_by_field() {
     let quiet = parse_with(json!({}), json!({"max_stored_body": ENVOY_DEFAULT_BUFFER_LIMIT})).unwrap();
     assert!(quiet.warnings().is_empty());
