@@ -443,15 +443,18 @@ impl Detached {
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms
     }
-    /// What the filter's own upstream request is given: `timeout_ms`, cut
-    /// to the lease less three store calls (`store.timeout_ms` each) when
-    /// it would end later. The lease runs from the store's commit of the
-    /// claim, and three legs may each take up to a store call: the claim's
-    /// answer on its way back, the outcome waiting behind the worker's
-    /// callout in flight, and the outcome on its way to the store. Cut so,
-    /// an answer the upstream gives in time is stored before the lease
-    /// ends, and no retry (under `on_unknown: release`) runs it again. A
-    /// lease of three store calls or less leaves `timeout_ms` as it is.
+    /// What the filter's own upstream request is given: `timeout_ms`, under
+    /// `on_unknown: release` cut to the lease less three store calls
+    /// (`store.timeout_ms` each) when it would end later. The lease runs
+    /// from the store's commit of the claim, and three legs may each take up
+    /// to a store call: the claim's answer on its way back, the outcome
+    /// waiting behind the worker's callout in flight, and the outcome on its
+    /// way to the store. Cut so, an answer the upstream gives in time is
+    /// stored before the lease ends, and no retry runs it again. Under
+    /// `on_unknown: conflict` an outcome that arrives after the lease still
+    /// completes the record it turned unknown, which no retry may claim, so
+    /// nothing is cut. A lease of three store calls or less leaves
+    /// `timeout_ms` as it is ([`Config::warnings`]).
     pub fn upstream_timeout_ms(&self) -> u64 {
         self.upstream_timeout_ms
     }
@@ -520,7 +523,7 @@ impl Config {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for p in &self.policies {
-            if let Forwarding::Detached(d) = &p.forwarding {
+            if let (Forwarding::Detached(d), OnUnknown::Release) = (&p.forwarding, p.on_unknown) {
                 if d.upstream_timeout_ms() < d.timeout_ms() {
                     out.push(format!(
                         "policy {:?}: forwarding.timeout_ms is {} ms, but its upstream request gets {} ms (the lease less three store.timeout_ms), so that an answer given in time is stored before the lease runs out; lower timeout_ms to that or raise lease_seconds",
@@ -530,7 +533,7 @@ impl Config {
                     ));
                 } else if p.lease_ms <= self.store.timeout_ms().saturating_mul(3) {
                     out.push(format!(
-                        "policy {:?}: the lease ({} ms) is no longer than three store.timeout_ms; an upstream answer given near forwarding.timeout_ms may reach the store after the lease and run again under on_unknown: release; raise lease_seconds or lower store.timeout_ms",
+                        "policy {:?}: the lease ({} ms) is no longer than three store.timeout_ms; an upstream answer given near forwarding.timeout_ms may reach the store after the lease and run again on a retry (on_unknown: release); raise lease_seconds or lower store.timeout_ms",
                         p.name(),
                         p.lease_ms
                     ));

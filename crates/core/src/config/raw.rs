@@ -412,7 +412,10 @@ impl RawPolicy {
         let lease_ms = lease_s.saturating_mul(1000);
         let forwarding = match self.forwarding {
             None => Forwarding::Streaming,
-            Some(raw) => raw.validate(at, lease_ms, store.timeout_ms, max_stored_body)?,
+            Some(raw) => {
+                let release_unknown = self.on_unknown.unwrap_or_default() == OnUnknown::Release;
+                raw.validate(at, (lease_ms, release_unknown), store.timeout_ms, max_stored_body)?
+            }
         };
         if grpc.is_some() && forwarding != Forwarding::Streaming {
             return Err(err(

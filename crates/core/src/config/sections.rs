@@ -90,11 +90,12 @@ pub(super) struct RawForwarding {
 impl RawForwarding {
     /// `store_timeout_ms`: how long one call to the store may take
     /// (`store.timeout_ms`), the margin the lease keeps beyond the upstream
-    /// call; see [`Detached::timeout_ms`].
+    /// call; see [`Detached::timeout_ms`]. `release_unknown`: the policy's
+    /// `on_unknown` is `release` ([`Detached::upstream_timeout_ms`]).
     pub(super) fn validate(
         self,
         at: &str,
-        lease_ms: u64,
+        (lease_ms, release_unknown): (u64, bool),
         store_timeout_ms: u64,
         max_stored_body: usize,
     ) -> Result<Forwarding, ConfigError> {
@@ -153,8 +154,8 @@ impl RawForwarding {
             ));
         }
         let upstream_timeout_ms = match lease_ms.saturating_sub(store_timeout_ms.saturating_mul(3)) {
-            0 => timeout_ms,
-            room => timeout_ms.min(room),
+            room if release_unknown && room > 0 => timeout_ms.min(room),
+            _ => timeout_ms,
         };
         Ok(Forwarding::Detached(Detached {
             cluster: self.cluster,

@@ -196,11 +196,14 @@ fn a_detached_timeout_leaves_the_lease_a_store_call_to_spare() {
         panic!("{:?}", c.policies[0].forwarding)
     };
     assert_eq!(d.timeout_ms(), 4000);
-    // The upstream call itself gets the lease less three store calls (the
-    // claim's answer, the outcome queued behind the worker's callout, the
-    // outcome on its way): a configured timeout nearer the lease is cut.
-    assert_eq!(d.upstream_timeout_ms(), 2000);
+    // Under `on_unknown: conflict` a late outcome still completes its
+    // record: the upstream call gets what is configured.
+    assert_eq!(d.upstream_timeout_ms(), 4000);
+    // Under `release` it gets the lease less three store calls (the claim's
+    // answer, the outcome queued behind the worker's callout, the outcome
+    // on its way): a configured timeout nearer the lease is cut.
     for (store_timeout, timeout, given) in [
+        (1000, 4000, 2000),
         (200, 1800, 1800),
         (200, 4500, 4400),
         (1000, 1500, 2000),
@@ -208,7 +211,8 @@ fn a_detached_timeout_leaves_the_lease_a_store_call_to_spare() {
     ] {
         let c = detached(
             store_timeout,
-            json!({"lease_seconds": 5, "forwarding": {"mode": "detached", "timeout_ms": timeout}}),
+            json!({"lease_seconds": 5, "on_unknown": "release",
+                   "forwarding": {"mode": "detached", "timeout_ms": timeout}}),
         )
         .unwrap();
         let Forwarding::Detached(d) = &c.policies[0].forwarding else {
@@ -689,12 +693,13 @@ fn a_detached_timeout_the_lease_cuts_is_warned_about() {
     let quiet = parse_with(json!({}), json!({"forwarding": {"mode": "detached"}})).unwrap();
     assert!(quiet.warnings().is_empty(), "{:?}", quiet.warnings());
     // A 10 s lease, the default store timeout: 9,000 ms fits the lease less
-    // one store call but not less three, and is cut.
-    let cut = parse_with(
-        json!({}),
-        json!({"lease_seconds": 10, "forwarding": {"mode": "detached", "timeout_ms": 9000}}),
-    )
-    .unwrap();
+    // one store call but not less three, and is cut under `release` only.
+    let policy = json!({"lease_seconds": 10, "forwarding": {"mode": "detached", "timeout_ms": 9000}});
+    let conflict = parse_with(json!({}), policy.clone()).unwrap();
+    assert!(conflict.warnings().is_empty(), "{:?}", conflict.warnings());
+    let mut policy = policy;
+    policy["on_unknown"] = json!("release");
+    let cut = parse_with(json!({}), policy).unwrap();
     let Forwarding::Detached(d) = &cut.policies[0].forwarding else {
         panic!("{:?}", cut.policies[0].forwarding)
     };
