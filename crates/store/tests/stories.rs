@@ -898,7 +898,9 @@ async fn an_abandoned_claim_frees_the_key_and_nothing_else(b: Arc<dyn Backend>) 
     cx.owned(&first).await;
     // Another attempt's abandon leaves this one's record alone.
     cx.store.abandon(&abandon(&s, &filter_id(2))).await.unwrap();
-    assert!(matches!(cx.reply(&first).await, ClaimReply::InProgress { .. }));
+    let mut other = claim(&s, Some(1));
+    other.attempt = attempt(&filter_id(3));
+    assert!(matches!(cx.reply(&other).await, ClaimReply::InProgress { .. }));
     assert_eq!(
         cx.store.abandon(&abandon(&s, &filter_id(1))).await.unwrap(),
         FenceReply::Done
@@ -1569,11 +1571,18 @@ async fn a_batch_of_new_keys_claims_each_once(b: Arc<dyn Backend>) {
         Call::Claim { req, deadline: None }
     };
     let mut calls: Vec<Call> = (0..5).map(claim_of).collect();
-    calls.push(claim_of(1));
+    let mut again = claim(&scope(&keys[1]), Some(1));
+    again.attempt = attempt("b1");
+    calls.push(Call::Claim {
+        req: again,
+        deadline: None,
+    });
     calls.push(Call::Claim {
         req: claim(&done, Some(7)),
         deadline: None,
     });
+    // A copy of a claim (delivered twice) is its attempt's own.
+    calls.push(claim_of(1));
     let answers = cx.backend().decide(calls, cx.now()).await;
     let replies: Vec<ClaimReply> = answers
         .iter()
@@ -1595,6 +1604,7 @@ async fn a_batch_of_new_keys_claims_each_once(b: Arc<dyn Backend>) {
         matches!(replies[5], ClaimReply::InProgress { .. }),
         "the same key again: {replies:?}"
     );
+    assert_eq!(replies[7], ClaimReply::Owned { fence: fences[1] }, "{replies:?}");
     assert!(
         matches!(replies[6], ClaimReply::Replay { status: 201, .. }),
         "{replies:?}"
