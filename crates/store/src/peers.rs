@@ -16,7 +16,6 @@ pub enum Presented {
 }
 
 /// What a connection has shown so far: the first `Authorization` value that
-/// What a connection has shown so far: the first `Authorization` value that
 /// matched a credential, which one, and which API tokens were accepted
 /// then; and the peer's address (TCP only). Created per accepted connection
 /// (`axum`'s connect info) and shared by its requests.

@@ -9,7 +9,7 @@ impl Config {
     /// `per_connection_buffer_limit_bytes` is raised to match, else Envoy
     /// answers 413 or 500 itself; the filter cannot read that limit), and a
     /// detached `timeout_ms` the filter does not give as written
-    /// ([`Detached::upstream_timeout_ms`]).
+    /// ([`super::Detached::upstream_timeout_ms`]).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for p in &self.policies {
