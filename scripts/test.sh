@@ -99,7 +99,7 @@ lint() {
 check() {
     stage setup scripts/setup.sh check
     lint
-    stage "core: unit, map" cargo test -p idemgate-core
+    stage "core and worker: unit, map" cargo test -p idemgate-core -p idemgate-worker
     stage "simulation: the fixed set" cargo test -p idemgate-simulation
     stage "store: unit" cargo test -p idemgate-store --lib --bins
     stage "store: layers, query plans, SQLite and memory stories" cargo test -p idemgate-store --test tests -- \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the filter for wasm32-wasip1 (release), copies it to target/idemgate.wasm
 # and prints that path.  `scripts/wasm.sh clippy` lints the filter (with its
-# test-only code) and the core for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
+# test-only code), the worker and the core for wasm32-wasip1 instead.  `scripts/wasm.sh callout` builds the callout
 # microbenchmark's filter (bench/callout, for `make bench`) the same way, in its
 # own target dir, to target/callout.wasm.  `scripts/wasm.sh faulty` builds the
 # filter with its `fault-injection` feature (a request can kill the VM; for the
@@ -79,7 +79,7 @@ source)
     ;;
 clippy)
     "$cargo" clippy "${build_std[@]}" --target "$TARGET" \
-        -p idemgate-filter -p idemgate-core --features idemgate-filter/fault-injection \
+        -p idemgate-filter -p idemgate-worker -p idemgate-core --features idemgate-filter/fault-injection \
         --target-dir "$target_dir" -- -D warnings
     ;;
 *)

@@ -4,13 +4,15 @@
 //! anything is claimed, `response` once the request owns its key and the
 //! upstream has answered). The shipped module never contains this.
 
-use crate::host;
+use idemgate_worker::Host;
+
+use crate::host::Envoy;
 
 const HEADER: &str = "x-idemgate-fault";
 
 /// Whether the request asks for the VM to fail at `phase`.
 pub fn asked(phase: &str) -> bool {
-    host::request_header(HEADER).as_deref() == Some(phase.as_bytes())
+    Envoy.request_header(HEADER).as_deref() == Some(phase.as_bytes())
 }
 
 /// Traps, which fails the VM of this worker: Envoy's `failure_policy`

@@ -16,17 +16,17 @@ use std::time::Duration;
 use idemgate_core::client::BUDGET_MS;
 use idemgate_core::config::Config;
 use idemgate_core::protocol::Attempt;
+use idemgate_worker::{Filter, Host, Worker};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
-use crate::filter::Filter;
-use crate::host;
-use crate::worker::Worker;
+use crate::filter::Request;
+use crate::host::{self, Envoy};
 
 #[derive(Default)]
 pub struct Root {
     /// `None` until a valid configuration arrived.
-    worker: Option<Rc<Worker>>,
+    worker: Option<Rc<Worker<Envoy>>>,
     /// This worker's random prefix for attempt ids, and the last number.
     attempt_prefix: String,
     attempts: Cell<u64>,
@@ -59,9 +59,9 @@ impl Root {
             return;
         }
         let drained = worker.drained();
-        if !drained && host::now_ms() < until {
+        if !drained && Envoy.now_ms() < until {
             if worker.timer_off() {
-                host::set_tick_period(DRAIN_TICK);
+                Envoy.set_tick_period(DRAIN_TICK);
             }
             return;
         }
@@ -82,7 +82,7 @@ impl Root {
             );
         }
         self.finished = true;
-        host::set_tick_period(Duration::ZERO);
+        Envoy.set_tick_period(Duration::ZERO);
         host::done();
     }
 }
@@ -114,9 +114,9 @@ impl Context for Root {
                 drain_limit_ms() / 1000
             ),
         );
-        self.drain_until = Some(host::now_ms().saturating_add(drain_limit_ms()));
+        self.drain_until = Some(Envoy.now_ms().saturating_add(drain_limit_ms()));
         if worker.timer_off() {
-            host::set_tick_period(DRAIN_TICK);
+            Envoy.set_tick_period(DRAIN_TICK);
         }
         false
     }
@@ -145,7 +145,7 @@ impl RootContext for Root {
                     return false;
                 };
                 self.attempt_prefix = prefix;
-                self.worker = Some(Rc::new(Worker::new(Rc::new(config))));
+                self.worker = Some(Rc::new(Worker::new(Envoy, Rc::new(config))));
                 true
             }
             Err(e) => {
@@ -168,7 +168,8 @@ impl RootContext for Root {
         let n = self.attempts.get().wrapping_add(1);
         self.attempts.set(n);
         let attempt = Attempt::try_from(format!("{}-{n:x}", self.attempt_prefix)).ok();
-        Some(Box::new(Filter::new(context_id, self.worker.clone(), attempt)))
+        let filter = Filter::new(Envoy, context_id, self.worker.clone(), attempt);
+        Some(Box::new(Request::new(filter)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -1,5 +1,6 @@
 //! The developer map kept true: the problem pages match the problem kinds,
-//! and the README's layout and ARCHITECTURE.md name every glue file.
+//! and the README's layout and ARCHITECTURE.md name every file of the
+//! filter and its worker.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -40,7 +41,7 @@ fn every_problem_kind_has_its_page_with_its_status_and_title() {
 }
 
 #[test]
-fn the_readme_layout_and_the_architecture_name_every_glue_file() {
+fn the_readme_layout_and_the_architecture_name_every_file_of_the_filter_and_its_worker() {
     let readme = read("README.md");
     let layout = readme
         .split("## Layout")
@@ -48,12 +49,17 @@ fn the_readme_layout_and_the_architecture_name_every_glue_file() {
         .and_then(|s| s.split("\n## ").next())
         .expect("README.md has a Layout section");
     let architecture = read("ARCHITECTURE.md");
-    for file in stems("src", ".rs") {
-        let name = format!("{file}.rs");
-        assert!(layout.contains(&name), "README's layout does not name src/{name}");
-        assert!(
-            architecture.contains(&name),
-            "ARCHITECTURE.md does not name src/{name}"
-        );
+    for dir in ["src", "crates/worker/src"] {
+        for file in stems(dir, ".rs") {
+            let name = format!("{file}.rs");
+            assert!(
+                layout.contains(&name),
+                "README's layout does not name {dir}/{name}"
+            );
+            assert!(
+                architecture.contains(&name),
+                "ARCHITECTURE.md does not name {dir}/{name}"
+            );
+        }
     }
 }

@@ -4,11 +4,13 @@
 //! and refuses (the store, or something in front of it), with clients that
 //! leave at any moment, an upstream that is slow or cut off, a store that
 //! restarts, a database that is slow, and a store clock that steps back.
-//! Both ends are the real code, as in quinn-proto's `Pair`: the exchanges
-//! and the worker's store client of `idemgate-core`, and the store's
-//! routes, service (waits, the budget of new keys, late claims), effects and
-//! events of `idemgate-store`. Only Envoy's part (what `src/driver.rs` and
-//! `src/worker.rs` do with the core's steps) is written again here.
+//! Both ends are the real code, as in quinn-proto's `Pair`: the filter's
+//! worker (`idemgate-worker`: its requests' contexts, drivers and store
+//! client, with the exchanges of `idemgate-core`), and the store's routes,
+//! service (waits, the budget of new keys, late claims), effects and
+//! events of `idemgate-store`. Only Envoy's part is written again here: the
+//! worker's host ([`world`]'s `envoy.rs`) and the request callbacks as
+//! Envoy makes them.
 //!
 //! Deterministic: a scenario always runs the same way, and after each the
 //! audit checks the contract's promises on what the clients got and on the
@@ -18,7 +20,7 @@
 //!
 //! - [`scenario`]: what a case is (seed, knobs, faults), drawn or written out.
 //! - [`rng`]: seeded chance, one stream per knob, fault and source.
-//! - [`world`]: Envoy's workers, clients, network and upstream.
+//! - [`world`]: Envoy and its workers, clients, network and upstream.
 //! - [`far`]: the store's app, driven by the world's hand on paused time.
 //! - [`database`]: the in-memory database, with the world's tap on it.
 //! - [`audit`]: the promises, checked.

@@ -1,29 +1,29 @@
 //! Envoy's workers, their clients, the network to the store and the
 //! upstream, in one process on a manual clock, with the store's own service
-//! at the far end ([`crate::far`]). Each worker carries out the exchanges'
-//! steps the way the filter does (`src/driver.rs`, `src/worker.rs`) and
-//! drives the same store client (`Attached`, `Letters`); the store decides
+//! at the far end ([`crate::far`]). Each worker is the filter's own code
+//! (`idemgate_worker`) on a simulated Envoy ([`envoy`]); the store decides
 //! with its own code; everything else is seeded chance, each source from a
 //! stream of its own.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::rc::Rc;
+use std::time::Duration;
 
 use axum::body::Bytes;
-use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner};
+use idemgate_core::client::Owner;
 use idemgate_core::config::Config;
-use idemgate_core::exchange::{Exchange, Left, Origin, RequestHead, ResponseHead, Step, UpstreamAnswer};
-use idemgate_core::handling::Handling;
 use idemgate_core::problem::Problem;
 use idemgate_core::protocol::{
-    decode_frame, split_batch, Attempt, Batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest,
-    FenceReply, FenceRequest, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, RELEASE_PATH,
+    decode_frame, split_batch, Batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest, FenceReply,
+    FenceRequest, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, RELEASE_PATH,
 };
 use idemgate_core::store_call::{StoreAnswer, StoreCall};
 use idemgate_core::trace::Trace;
 use idemgate_core::Reply;
 use idemgate_store::backend::KeyHistory;
+use idemgate_worker::{Filter, Worker};
 
 use crate::audit;
 use crate::database::{Database, Limited};
@@ -31,34 +31,31 @@ use crate::far::{Answered, Far};
 use crate::rng::Rng;
 use crate::scenario::Shape;
 
+mod envoy;
 mod network;
 mod requests;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Dir {
-    Request,
-    Response,
-}
+use envoy::{CallResponse, Effect, Envoy, Proxy, Stream};
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Queue {
-    Attached,
-    Letters,
-}
-
+/// A request on Envoy, from the client's headers until nothing of it is
+/// left in flight.
 struct Slot {
-    ex: Exchange,
+    /// The request's context, while its client is there.
+    filter: Option<Filter<Envoy>>,
     key: usize,
-    attached: bool,
-    /// Waiting for the store (false) or the upstream (true), and the direction held.
-    waiting: Option<(bool, Dir)>,
-    exec: Option<usize>,
     /// The Envoy worker the request came to.
     worker: usize,
+    /// The request went through the filter whole, and the filter let it
+    /// go on: Envoy's router sends it upstream.
+    body_passed: bool,
+    /// The response went through the filter whole.
+    response_passed: bool,
+    exec: Option<usize>,
+    /// The filter's own upstream request in flight (detached forwarding):
+    /// its callout token and timeout.
+    detached: Option<(u32, u64)>,
     /// Envoy lost the upstream's response: the client gets Envoy's 503.
     lost: bool,
-    /// The policy's detached forwarding timeout.
-    ex_detached_timeout: Option<u64>,
     /// Envoy answers itself before the upstream gets the request.
     never_reached: bool,
 }
@@ -106,13 +103,14 @@ enum Event {
     Arrive(u64),
     /// An answer the store sent at the given time.
     Answer(u64, Option<(u16, Vec<u8>)>, i64),
+    /// A worker's timer, set in the given generation of its period.
+    Timer(usize, u64),
     /// The store process is killed and started again.
     Restart,
     /// Envoy goes away: every worker (true), or the one given (false).
     EnvoyGoes(bool, usize),
     Timeout(u64),
     UpstreamDone(Owner),
-    Tick,
     Sweep,
 }
 
@@ -158,19 +156,22 @@ impl Chances {
 pub struct World {
     pub now: i64,
     chances: Chances,
-    next_tick: Option<i64>,
     pub shape: Shape,
     config: Rc<Config>,
     events: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
     slots: HashMap<Owner, Slot>,
-    /// Each Envoy worker's store client; a request belongs to one worker.
-    clients: Vec<Client>,
-    tokens: HashMap<u64, (usize, Queue, Flight)>,
+    /// Envoy, shared by its workers.
+    proxy: Rc<RefCell<Proxy>>,
+    /// Envoy's workers, each with its store client; a request belongs to one.
+    workers: Vec<Rc<Worker<Envoy>>>,
+    /// Each worker's timer: its period, and how often it was set.
+    timers: Vec<(Duration, u64)>,
+    /// Which worker each store callout in flight is of.
+    tokens: HashMap<u64, usize>,
     /// When the store was restarted: answers it owed then are never sent.
     restarts: Vec<i64>,
     callouts: HashMap<u64, Callout>,
-    next_token: u64,
     far: Far,
     pub execs: Vec<Exec>,
     pub got: HashMap<Owner, Got>,
@@ -198,8 +199,6 @@ pub struct World {
     pub reply_unread: HashSet<String>,
     /// Whether each attempt's request carried the other body.
     pub other_body: HashMap<String, bool>,
-    /// Each worker's letters not yet decided, by the attempt they settle.
-    letters_of: Vec<HashMap<String, usize>>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
     /// Attempts whose filter read first an answer of the store's that the
@@ -235,11 +234,6 @@ const RESTART_MS: i64 = 300;
 /// The store's clock at the world's time 0.
 const STORE_EPOCH: i64 = 1_800_000_000_000;
 
-struct Client {
-    attached: Attached,
-    letters: Letters,
-}
-
 pub fn key_name(k: usize) -> String {
     format!("key-{k}")
 }
@@ -271,24 +265,38 @@ impl World {
             let every = r.chance(0.5);
             (at, Event::EnvoyGoes(every, r.range(0, WORKERS as i64) as usize))
         });
+        let trace = std::env::var_os("SIMULATION_TRACE").is_some();
+        let refuse = (
+            shape.faults.never_reached / 3.0,
+            Rng::stream(seed, "refuse_upstream"),
+        );
+        let proxy = Rc::new(RefCell::new(Proxy::new(
+            refuse,
+            Rng::stream(seed, "seeds"),
+            trace,
+        )));
+        let workers = (0..WORKERS)
+            .map(|worker| {
+                let envoy = Envoy {
+                    proxy: proxy.clone(),
+                    worker,
+                };
+                Rc::new(Worker::bounded(envoy, config.clone(), shape.bound))
+            })
+            .collect();
         let mut w = World {
             now: 0,
             chances,
-            next_tick: None,
             config,
             events: BinaryHeap::new(),
             seq: 0,
             slots: HashMap::new(),
-            clients: (0..WORKERS)
-                .map(|i| Client {
-                    attached: Attached::new(shape.bound),
-                    letters: Letters::new(shape.bound, 7 + i as u64),
-                })
-                .collect(),
+            proxy,
+            workers,
+            timers: vec![(Duration::ZERO, 0); WORKERS],
             tokens: HashMap::new(),
             restarts: Vec::new(),
             callouts: HashMap::new(),
-            next_token: 0,
             far,
             execs: Vec::new(),
             got: HashMap::new(),
@@ -303,7 +311,6 @@ impl World {
             never_reached: HashSet::new(),
             reply_unread: HashSet::new(),
             other_body: HashMap::new(),
-            letters_of: vec![HashMap::new(); WORKERS],
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),
             told_not_theirs: HashSet::new(),
@@ -315,7 +322,7 @@ impl World {
             overwritten: None,
             changed: false,
             stuck: false,
-            trace: std::env::var_os("SIMULATION_TRACE").is_some(),
+            trace,
             shape,
         };
         for (owner, at) in begins.drain(..).enumerate() {
@@ -354,8 +361,6 @@ impl World {
                 }
                 self.steps += 1;
                 self.settle();
-                self.pump();
-                self.watch_queues();
                 continue;
             }
             let Some(Reverse((time, _, event))) = self.events.pop() else {
@@ -363,14 +368,19 @@ impl World {
                 break;
             };
             self.now = time;
+            self.proxy.borrow_mut().now = time;
             self.steps += 1;
             if self.trace {
                 println!("{time:>7} {}", self.told(&event));
             }
             self.handle(event);
-            self.pump();
+            self.carry_out();
             self.watch_queues();
         }
+        let proxy = self.proxy.borrow();
+        self.gave_up.extend(proxy.gave_up.iter().cloned());
+        self.queue_full = proxy.count("idemgate.store_queue_full_total") as usize;
+        drop(proxy);
         self.look_at_histories();
     }
 
@@ -400,9 +410,10 @@ impl World {
 
     fn watch_queues(&mut self) {
         let bound = self.shape.bound;
-        for c in &self.clients {
-            self.max_queued = self.max_queued.max(c.attached.queued());
-            if c.attached.queued() > bound.calls || c.attached.queued_bytes() > bound.bytes {
+        for worker in &self.workers {
+            let (calls, bytes) = worker.queued();
+            self.max_queued = self.max_queued.max(calls);
+            if calls > bound.calls || bytes > bound.bytes {
                 self.outgrown.get_or_insert(self.now);
             }
         }
@@ -433,11 +444,7 @@ impl World {
             }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
-            Event::Tick => {
-                if self.next_tick.is_some_and(|t| t <= self.now) {
-                    self.next_tick = None;
-                }
-            }
+            Event::Timer(worker, set) => self.timer(worker, set),
             Event::Sweep => {
                 if self.far.sweep(self.store_clock()) {
                     self.changed = true;
@@ -462,27 +469,19 @@ impl World {
     }
 
     /// A worker's Envoy (or its VM) goes away and comes back empty: its
-    /// exchanges, its queued and in-flight store calls (a call already on
+    /// requests, its queued and in-flight store calls (a call already on
     /// the wire may still land; its answer finds nobody) and its letters
-    /// are lost, and new requests find a fresh store client.
+    /// are lost, and new requests find a fresh worker.
     fn envoy_goes(&mut self, worker: usize) {
-        let owners: Vec<Owner> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.worker == worker)
-            .map(|(o, _)| *o)
-            .collect();
-        for owner in owners {
-            self.slots.remove(&owner);
-            self.envoy_lost.insert(self.attempts[&owner].clone());
-        }
-        let letters = std::mem::take(&mut self.letters_of[worker]);
-        self.envoy_lost.extend(letters.into_keys());
-        self.tokens.retain(|_, (w, _, _)| *w != worker);
-        self.clients[worker] = Client {
-            attached: Attached::new(self.shape.bound),
-            letters: Letters::new(self.shape.bound, 7 + worker as u64 + 100 * self.now as u64),
+        self.envoy_lost.extend(self.workers[worker].held());
+        self.slots.retain(|_, s| s.worker != worker);
+        self.tokens.retain(|_, w| *w != worker);
+        let envoy = Envoy {
+            proxy: self.proxy.clone(),
+            worker,
         };
+        self.workers[worker] = Rc::new(Worker::bounded(envoy, self.config.clone(), self.shape.bound));
+        self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
     }
 
     /// Reads every key's history and keeps the first change to one that
@@ -511,11 +510,8 @@ impl World {
         self.far.refused()
     }
 
-    /// Letters and queues all empty, no store call pending.
+    /// Nothing left on any worker, no store call pending.
     pub fn quiet(&self) -> bool {
-        self.clients
-            .iter()
-            .all(|c| c.letters.is_idle() && c.attached.queued() == 0)
-            && !self.far.busy()
+        self.workers.iter().all(|w| w.drained()) && !self.far.busy()
     }
 }

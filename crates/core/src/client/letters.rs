@@ -218,4 +218,10 @@ impl Letters {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The attempts whose letters wait or are in flight.
+    pub fn attempts(&self) -> impl Iterator<Item = &Attempt> {
+        let flying = self.flights.values().flatten();
+        self.waiting.iter().chain(flying).map(|p| &p.letter.attempt)
+    }
 }

@@ -5,50 +5,9 @@
 use super::*;
 
 impl World {
-    pub(super) fn pump(&mut self) {
-        for worker in 0..WORKERS {
-            self.pump_worker(worker);
-        }
-        let due = self
-            .clients
-            .iter()
-            .flat_map(|c| [c.letters.next_due(), c.attached.next_deadline()])
-            .flatten()
-            .min();
-        if let Some(due) = due {
-            let due = due.max(self.now + 1);
-            if self.next_tick.is_none_or(|t| t > due) {
-                self.next_tick = Some(due);
-                self.at(due, Event::Tick);
-            }
-        }
-    }
-
-    pub(super) fn pump_worker(&mut self, worker: usize) {
-        loop {
-            let expired = self.clients[worker].attached.expire(self.now);
-            let mut any = !expired.is_empty();
-            for (owner, answer) in expired {
-                self.hand_out(owner, answer);
-            }
-            while let Some(t) = self.clients[worker].attached.poll_transmit(self.now) {
-                any = true;
-                self.dispatch((worker, Queue::Attached, t.flight), t.call);
-            }
-            while let Some(t) = self.clients[worker].letters.poll_transmit(self.now) {
-                any = true;
-                self.dispatch((worker, Queue::Letters, t.flight), t.call);
-            }
-            if !any {
-                return;
-            }
-        }
-    }
-
-    pub(super) fn dispatch(&mut self, flight: (usize, Queue, Flight), call: StoreCall) {
-        let token = self.next_token;
-        self.next_token += 1;
-        self.tokens.insert(token, flight);
+    pub(super) fn dispatch(&mut self, worker: usize, token: u32, call: StoreCall) {
+        let token = u64::from(token);
+        self.tokens.insert(token, worker);
         let f = self.shape.faults.clone();
         self.at(self.now + call.timeout_ms.max(1) as i64, Event::Timeout(token));
         if !self.chances.lose_request.chance(f.lose_request) {
@@ -194,37 +153,17 @@ impl World {
                     }
                 }));
         }
-        let Some((worker, queue, flight)) = self.tokens.remove(&token) else {
+        let Some(worker) = self.tokens.remove(&token) else {
             return;
         };
-        match queue {
-            Queue::Attached => {
-                for (owner, answer) in self.clients[worker].attached.answered(flight, answer) {
-                    self.hand_out(owner, answer);
-                }
-            }
-            Queue::Letters => {
-                for (letter, delivery) in self.clients[worker].letters.answered(flight, answer, self.now) {
-                    assert!(
-                        !matches!(delivery, Delivery::GaveUp),
-                        "a letter was given up: {}",
-                        letter.call.path
-                    );
-                    self.letter_decided(worker, letter.attempt.as_str());
-                }
-            }
-        }
-    }
-
-    pub(super) fn hand_out(&mut self, owner: Owner, answer: StoreAnswer) {
-        let Some(slot) = self.slots.get_mut(&owner) else {
-            return;
-        };
-        let Some((false, dir)) = slot.waiting else { return };
-        slot.waiting = None;
-        let step = slot.ex.store_reply(answer);
-        self.act(owner, step, dir);
-        self.let_go_if_done(owner);
+        let (headers, size) = answer.as_ref().map_or((0, 0), |(_, body)| (1, body.len()));
+        self.proxy.borrow_mut().call_response = answer.map(|(status, body)| {
+            (
+                vec![(":status".to_string(), status.to_string().into_bytes())],
+                body,
+            )
+        });
+        self.workers[worker].answer(token as u32, headers, size);
     }
 }
 

@@ -1,50 +1,68 @@
-//! A request's life on its worker: its exchange's steps carried out as the
-//! filter carries them out, its client leaving, its upstream execution.
+//! A request's life on Envoy: its headers and body through the filter, the
+//! router or the filter's own callout to the upstream, the response back
+//! through the filter, its client leaving; and what the workers asked of
+//! Envoy, carried out.
+
+use idemgate_core::origin::{UPSTREAM_MARK, VIA_UPSTREAM};
+use idemgate_core::protocol::Attempt;
+use idemgate_worker::Action;
 
 use super::*;
+
+/// Envoy's details of a response the upstream never got, with its body.
+const NEVER_REACHED: [(&str, &str); 2] = [
+    ("no_healthy_upstream", "no healthy upstream"),
+    (
+        "upstream_reset_before_response_started{connection_failure}",
+        "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
+    ),
+];
+
+/// Envoy's details of a response lost after the request was sent.
+const LOST: &str = "upstream_reset_before_response_started{remote_reset}";
 
 impl World {
     pub(super) fn begin(&mut self, owner: Owner) {
         let key = self.chances.clients.range(0, self.shape.keys as i64) as usize;
-        let policy = self.config.policy_for("POST", "h", "/pay").unwrap().clone();
-        let lines = vec![(":path".to_string(), b"/pay".to_vec())];
         let attempt = format!("a{owner}");
         // Another request under the same key: another body.
         let other = self.chances.mismatch.chance(self.shape.faults.mismatch);
         let body: &'static [u8] = if other { br#"{"amount":2}"# } else { b"{}" };
         self.other_body.insert(attempt.clone(), other);
-        let head = RequestHead {
-            method: "POST".into(),
-            path: "/pay".into(),
-            key_fields: vec![key_name(key).into_bytes()],
-            end_of_stream: false,
-            content_length: Some(body.len() as u64),
-            upstream: idemgate_core::exchange::upstream_call(&policy, Some("upstream"), &lines),
-            ..RequestHead::default()
+        let line = |n: &str, v: String| (n.to_string(), v.into_bytes());
+        let stream = Stream {
+            request_headers: vec![
+                line(":method", "POST".into()),
+                line(":path", "/pay".into()),
+                line(":authority", "h".into()),
+                line("idempotency-key", format!("\"{}\"", key_name(key))),
+                line("content-type", "application/json".into()),
+                line("content-length", body.len().to_string()),
+            ],
+            body: body.to_vec(),
+            ..Stream::default()
         };
-        let (ex, step) = Exchange::begin(
-            self.config.clone(),
-            policy,
-            head,
-            Attempt::try_from(attempt.clone()).unwrap(),
-        );
-        self.attempts.insert(owner, attempt);
+        self.proxy.borrow_mut().streams.insert(owner, stream);
+        self.attempts.insert(owner, attempt.clone());
         self.request_keys.insert(owner, key);
-        let ex_detached_timeout = match self.config.policies()[0].forwarding() {
-            idemgate_core::config::Forwarding::Detached(d) => Some(d.upstream_timeout_ms()),
-            idemgate_core::config::Forwarding::Streaming => None,
+        let worker = owner as usize % WORKERS;
+        let envoy = Envoy {
+            proxy: self.proxy.clone(),
+            worker,
         };
+        let attempt = Attempt::try_from(attempt).ok();
+        let filter = Filter::new(envoy, owner, Some(self.workers[worker].clone()), attempt);
         self.slots.insert(
             owner,
             Slot {
-                ex,
+                filter: Some(filter),
                 key,
-                attached: true,
-                waiting: None,
+                worker,
+                body_passed: false,
+                response_passed: false,
                 exec: None,
-                worker: owner as usize % WORKERS,
+                detached: None,
                 lost: false,
-                ex_detached_timeout,
                 never_reached: false,
             },
         );
@@ -52,66 +70,105 @@ impl World {
             let after = self.chances.clients.range(0, 2_500);
             self.at(self.now + after, Event::Leave(owner));
         }
-        self.act(owner, step, Dir::Request);
-        let step = match self.slots.get_mut(&owner) {
-            Some(slot) => slot.ex.request_body(body, true),
-            None => return,
-        };
-        self.act(owner, step, Dir::Request);
+        self.callback(owner, |f| f.request_headers(false));
+        self.carry_out();
+        let size = body.len();
+        if self.callback(owner, |f| f.request_body(size, true)) == Some(Action::Continue) {
+            self.request_passed(owner);
+        }
     }
 
-    pub(super) fn act(&mut self, owner: Owner, step: Step, dir: Dir) {
+    /// Runs one of the request's callbacks in its context (`None` once
+    /// its client has left).
+    fn callback(&mut self, owner: Owner, f: impl FnOnce(&mut Filter<Envoy>) -> Action) -> Option<Action> {
+        let filter = self.slots.get_mut(&owner)?.filter.as_mut()?;
+        self.proxy.borrow_mut().current = Some(owner);
+        let action = f(filter);
+        self.proxy.borrow_mut().current = None;
+        Some(action)
+    }
+
+    /// The filter let the whole request go on: the router sends it upstream.
+    fn request_passed(&mut self, owner: Owner) {
+        if let Some(slot) = self.slots.get_mut(&owner) {
+            slot.body_passed = true;
+            if slot.exec.is_none() && !slot.never_reached {
+                self.start_exec(owner, None);
+            }
+        }
+    }
+
+    /// The whole response went on to the client.
+    fn response_passed(&mut self, owner: Owner) {
         let Some(slot) = self.slots.get_mut(&owner) else {
             return;
         };
-        match step {
-            Step::Pause => {}
-            Step::Continue if dir == Dir::Request => {
-                // Through Envoy's router: the upstream gets the request.
-                if slot.ex.handling() == Handling::Owned && slot.exec.is_none() {
-                    self.start_exec(owner);
-                }
+        slot.response_passed = true;
+        let got = match slot.exec {
+            Some(_) if slot.lost => Got::Upstream(503, false),
+            Some(exec) => Got::Upstream(self.execs[exec].status, true),
+            None => Got::Upstream(503, false),
+        };
+        self.got.insert(owner, got);
+        self.client_done(owner);
+    }
+
+    /// Carries out what the workers asked of Envoy, until they ask nothing.
+    pub(super) fn carry_out(&mut self) {
+        loop {
+            let effects = std::mem::take(&mut self.proxy.borrow_mut().effects);
+            if effects.is_empty() {
+                return;
             }
-            Step::Continue if slot.never_reached && slot.attached => {
-                self.got.insert(owner, Got::Upstream(503, false));
-                self.client_done(owner);
+            for effect in effects {
+                self.effect(effect);
             }
-            Step::Continue => {
-                if let Some(exec) = slot.exec.filter(|_| slot.attached) {
-                    let status = if slot.lost { 503 } else { self.execs[exec].status };
-                    self.got.insert(owner, Got::Upstream(status, !slot.lost));
-                    self.client_done(owner);
-                }
-            }
-            Step::Respond(reply) => {
-                if slot.attached {
+        }
+    }
+
+    fn effect(&mut self, effect: Effect) {
+        match effect {
+            Effect::Store { worker, token, call } => self.dispatch(worker, token, call),
+            Effect::Upstream {
+                owner,
+                token,
+                timeout_ms,
+            } => self.start_exec(owner, Some((token, timeout_ms))),
+            Effect::Reply { owner, reply } => {
+                if self.slots.get(&owner).is_some_and(|s| s.filter.is_some()) {
                     self.got.insert(owner, Got::Reply(reply));
                     self.client_done(owner);
                 }
             }
-            Step::Deliver(call, next) => {
-                let (worker, letter) = (slot.worker, slot.ex.letter(call));
-                self.post(worker, letter);
-                self.act(owner, *next, dir);
-            }
-            Step::Call(call) => {
-                if self.clients[slot.worker]
-                    .attached
-                    .submit(owner, call, self.now)
-                    .is_err()
-                {
-                    self.queue_full += 1;
-                    let next = slot.ex.store_reply(None);
-                    self.act(owner, next, dir);
-                } else {
-                    slot.waiting = Some((false, dir));
+            Effect::Resume { owner, response } => {
+                let Some(slot) = self.slots.get(&owner) else {
+                    return;
+                };
+                match response {
+                    false => self.request_passed(owner),
+                    true if slot.exec.is_some() || slot.never_reached => self.response_passed(owner),
+                    true => {}
                 }
             }
-            Step::Forward(_) => {
-                slot.waiting = Some((true, dir));
-                self.start_exec(owner);
+            Effect::Tick { worker, period } => {
+                let set = self.timers[worker].1 + 1;
+                self.timers[worker] = (period, set);
+                if !period.is_zero() {
+                    self.at(self.now + period.as_millis() as i64, Event::Timer(worker, set));
+                }
             }
-            Step::Reroute(_) => panic!("no simulated policy covers gRPC"),
+        }
+    }
+
+    /// A worker's timer fires (the root's `on_tick`) while its period stands.
+    pub(super) fn timer(&mut self, worker: usize, set: u64) {
+        let (period, current) = self.timers[worker];
+        if set != current || period.is_zero() {
+            return;
+        }
+        self.workers[worker].pump();
+        if self.timers[worker].1 == set {
+            self.at(self.now + period.as_millis() as i64, Event::Timer(worker, set));
         }
     }
 
@@ -120,64 +177,42 @@ impl World {
         self.at(self.now, Event::Leave(owner));
     }
 
+    /// The client is gone: Envoy logs the stream and deletes its context.
+    /// The filter's own upstream request outlives it.
     pub(super) fn leave(&mut self, owner: Owner) {
+        if self
+            .callback(owner, |f| {
+                f.client_left();
+                Action::Continue
+            })
+            .is_none()
+        {
+            return;
+        }
         let Some(slot) = self.slots.get_mut(&owner) else {
             return;
         };
-        if !slot.attached {
-            return;
+        slot.filter = None;
+        if slot.detached.is_none() {
+            self.slots.remove(&owner);
         }
-        slot.attached = false;
-        let Left::Ended(letter) = slot.ex.client_left(slot.waiting.is_some()) else {
+    }
+
+    /// The upstream gets the request: through the router, or as the
+    /// filter's own callout (its token and timeout).
+    pub(super) fn start_exec(&mut self, owner: Owner, detached: Option<(u32, u64)>) {
+        let Some(slot) = self.slots.get_mut(&owner) else {
             return;
         };
-        let worker = slot.worker;
-        if let Some(letter) = letter {
-            self.post(worker, letter);
-        }
-        self.slots.remove(&owner);
-        self.clients[worker].attached.left(owner);
-    }
-
-    pub(super) fn post(&mut self, worker: usize, letter: Letter) {
-        // A letter pushed out of a full outbox is given up: its record's
-        // lease settles it, as the contract allows.
-        *self.letters_of[worker]
-            .entry(letter.attempt.as_str().to_string())
-            .or_default() += 1;
-        if let Some(out) = self.clients[worker].letters.post(letter, self.now) {
-            self.gave_up.insert(out.attempt.as_str().to_string());
-            self.letter_decided(worker, out.attempt.as_str());
-        }
-    }
-
-    /// One of `worker`'s letters for `attempt` is no longer its to send.
-    pub(super) fn letter_decided(&mut self, worker: usize, attempt: &str) {
-        if let Some(n) = self.letters_of[worker].get_mut(attempt) {
-            *n -= 1;
-            if *n == 0 {
-                self.letters_of[worker].remove(attempt);
-            }
-        }
-    }
-
-    pub(super) fn start_exec(&mut self, owner: Owner) {
-        if !self.slots.contains_key(&owner) {
-            return;
-        }
+        slot.detached = detached;
         if self.chances.never_reached.chance(self.shape.faults.never_reached) {
             // Envoy answers itself within a few milliseconds; nothing runs.
             let after = self.chances.never_reached.range(1, 10);
-            if let Some(slot) = self.slots.get_mut(&owner) {
-                slot.never_reached = true;
-            }
+            slot.never_reached = true;
             self.never_reached.insert(self.attempts[&owner].clone());
             self.at(self.now + after, Event::UpstreamDone(owner));
             return;
         }
-        let Some(slot) = self.slots.get_mut(&owner) else {
-            return;
-        };
         let n = self.execs.len();
         let upstream = &mut self.chances.upstream;
         let status = match upstream.range(0, 20) {
@@ -191,8 +226,8 @@ impl World {
         let (lo, hi) = self.shape.latency;
         let latency = upstream.range(lo, hi);
         // Envoy gives up on the filter's own upstream call at its timeout.
-        let answer_after = match slot.ex_detached_timeout {
-            Some(timeout) => latency.min(timeout as i64),
+        let answer_after = match detached {
+            Some((_, timeout)) => latency.min(timeout as i64),
             None => latency,
         };
         slot.exec = Some(n);
@@ -222,115 +257,87 @@ impl World {
         }
         let Some(exec) = slot.exec else { return };
         let e = self.execs[exec].clone();
-        match slot.waiting {
-            Some((true, dir)) => {
-                slot.waiting = None;
-                let timeout = slot.ex_detached_timeout.unwrap_or(0);
-                let answer = if lost || (e.end - e.start) as u64 >= timeout {
-                    UpstreamAnswer::Lost
-                } else {
-                    self.read_upstream.insert(e.attempt.clone());
-                    let headers = vec![
-                        (":status".to_string(), e.status.to_string().into_bytes()),
-                        (idemgate_core::origin::UPSTREAM_MARK.to_string(), b"1".to_vec()),
-                    ];
-                    UpstreamAnswer::Response {
-                        headers,
-                        body_size: e.body.len(),
+        match slot.detached.take() {
+            Some((token, timeout)) => {
+                let answer = match lost || (e.end - e.start) as u64 >= timeout {
+                    true => None,
+                    false => {
+                        self.read_upstream.insert(e.attempt.clone());
+                        let headers = vec![
+                            (":status".to_string(), e.status.to_string().into_bytes()),
+                            (UPSTREAM_MARK.to_string(), b"1".to_vec()),
+                        ];
+                        Some((headers, e.body))
                     }
                 };
-                let body = e.body.clone();
-                let step = slot.ex.upstream_reply(answer, || body);
-                self.act(owner, step, dir);
-                self.let_go_if_done(owner);
+                self.callout_answered(owner, token, answer);
             }
-            None if slot.attached && slot.ex.owns_response() => {
+            None => {
                 slot.lost = lost;
-                if !lost {
-                    self.read_upstream.insert(e.attempt.clone());
+                let (status, details) = match lost {
+                    true => (503, LOST),
+                    false => (e.status, VIA_UPSTREAM),
+                };
+                if self.respond(owner, status, details, e.body) && !lost {
+                    self.read_upstream.insert(e.attempt);
                 }
-                let head = ResponseHead {
-                    status: if lost { 503 } else { e.status },
-                    origin: if lost {
-                        Origin::LostAfterForwarding
-                    } else {
-                        Origin::Upstream
-                    },
-                    headers: Vec::new(),
-                    content_length: Some(e.body.len() as u64),
-                    end_of_stream: false,
-                };
-                let step = slot.ex.response_headers(head);
-                let step = match step {
-                    Step::Pause => match self.slots.get_mut(&owner) {
-                        Some(slot) => slot.ex.response_body(&e.body, true),
-                        None => return,
-                    },
-                    other => other,
-                };
-                self.act(owner, step, Dir::Response);
             }
-            _ => {}
         }
     }
 
     /// Envoy's own answer to a request the upstream never got.
     fn local_reply(&mut self, owner: Owner) {
-        const TEXTS: [&str; 2] = [
-            "no healthy upstream",
-            "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
-        ];
-        let kind = self.chances.never_reached.range(0, 3) as usize;
+        let (details, text) = NEVER_REACHED[self.chances.never_reached.range(0, 2) as usize];
         let Some(slot) = self.slots.get_mut(&owner) else {
-            self.reply_unread.insert(self.attempts[&owner].clone());
             return;
         };
-        match slot.waiting {
-            Some((true, dir)) => {
-                slot.waiting = None;
-                let answer = match TEXTS.get(kind) {
-                    None => UpstreamAnswer::Refused,
-                    Some(text) => UpstreamAnswer::Response {
-                        headers: vec![(":status".to_string(), b"503".to_vec())],
-                        body_size: text.len(),
-                    },
-                };
-                let body = TEXTS.get(kind).unwrap_or(&"").as_bytes().to_vec();
-                let step = slot.ex.upstream_reply(answer, || body);
-                self.act(owner, step, dir);
-                self.let_go_if_done(owner);
+        match slot.detached.take() {
+            Some((token, _)) => {
+                let headers = vec![(":status".to_string(), b"503".to_vec())];
+                self.callout_answered(owner, token, Some((headers, text.as_bytes().to_vec())));
             }
-            None if slot.attached && slot.ex.owns_response() => {
-                let text = TEXTS[kind % TEXTS.len()];
-                let head = ResponseHead {
-                    status: 503,
-                    origin: Origin::NeverReached,
-                    headers: Vec::new(),
-                    content_length: Some(text.len() as u64),
-                    end_of_stream: false,
-                };
-                let step = match slot.ex.response_headers(head) {
-                    Step::Pause => match self.slots.get_mut(&owner) {
-                        Some(slot) => slot.ex.response_body(text.as_bytes(), true),
-                        None => return,
-                    },
-                    other => other,
-                };
-                self.act(owner, step, Dir::Response);
-            }
-            _ => {
-                self.reply_unread.insert(self.attempts[&owner].clone());
+            None => {
+                if !self.respond(owner, 503, details, text.as_bytes().to_vec()) {
+                    self.reply_unread.insert(self.attempts[&owner].clone());
+                }
             }
         }
     }
 
-    pub(super) fn let_go_if_done(&mut self, owner: Owner) {
-        if self
-            .slots
-            .get(&owner)
-            .is_some_and(|s| !s.attached && s.waiting.is_none())
-        {
+    /// The answer to the filter's own upstream request, to its worker;
+    /// `None`: Envoy lost it or timed it out.
+    fn callout_answered(&mut self, owner: Owner, token: u32, answer: Option<CallResponse>) {
+        let Some(slot) = self.slots.get(&owner) else {
+            return;
+        };
+        let worker = slot.worker;
+        let (headers, size) = answer.as_ref().map_or((0, 0), |(h, b)| (h.len(), b.len()));
+        self.proxy.borrow_mut().call_response = answer;
+        self.workers[worker].answer(token, headers, size);
+        if self.slots.get(&owner).is_some_and(|s| s.filter.is_none()) {
             self.slots.remove(&owner);
         }
+    }
+
+    /// The response through the filter to a client still there; whether
+    /// there was one.
+    fn respond(&mut self, owner: Owner, status: u16, details: &str, body: Vec<u8>) -> bool {
+        let size = body.len();
+        if let Some(stream) = self.proxy.borrow_mut().streams.get_mut(&owner) {
+            stream.response_headers = vec![
+                (":status".to_string(), status.to_string().into_bytes()),
+                ("content-length".to_string(), size.to_string().into_bytes()),
+            ];
+            stream.code_details = details.to_string();
+            stream.response_body = body;
+        }
+        if self.callback(owner, |f| f.response_headers(false)).is_none() {
+            return false;
+        }
+        self.carry_out();
+        if self.callback(owner, |f| f.response_body(size, true)) == Some(Action::Continue) {
+            self.response_passed(owner);
+        }
+        true
     }
 }

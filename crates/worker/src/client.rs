@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idemgate_core::client::{Attached, Delivery, Flight, Letter, Letters, Owner, BOUND};
+use idemgate_core::client::{Attached, Bound, Delivery, Flight, Letter, Letters, Owner};
 use idemgate_core::config::StoreConfig;
 use idemgate_core::store_call::StoreAnswer;
 
-use crate::host;
+use crate::host::Host;
 
 /// The timer never waits longer than this while something is queued.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -41,10 +41,10 @@ pub struct StoreClient {
 }
 
 impl StoreClient {
-    pub fn new() -> StoreClient {
+    pub fn new(host: &impl Host, bound: Bound) -> StoreClient {
         StoreClient {
-            attached: Attached::new(BOUND),
-            letters: Letters::new(BOUND, host::random_u64()),
+            attached: Attached::new(bound),
+            letters: Letters::new(bound, host.random_u64()),
             tokens: HashMap::new(),
             period: Duration::ZERO,
         }
@@ -68,13 +68,13 @@ impl StoreClient {
     /// Sends everything the queues have ready. Calls whose callers stopped
     /// waiting, and calls Envoy refused to send, come back answered with
     /// nothing; letters that ran out of time come back given up.
-    pub fn pump(&mut self, store: &StoreConfig, now: i64) -> Pumped {
+    pub fn pump(&mut self, host: &impl Host, store: &StoreConfig, now: i64) -> Pumped {
         let mut out = Pumped {
             answers: self.attached.expire(now),
             ended: Vec::new(),
         };
         while let Some(t) = self.attached.poll_transmit(now) {
-            match host::dispatch(store, &t.call) {
+            match host.dispatch(store, &t.call) {
                 Some(token) => {
                     self.tokens.insert(token, (Queue::Attached, t.flight));
                 }
@@ -82,7 +82,7 @@ impl StoreClient {
             }
         }
         while let Some(t) = self.letters.poll_transmit(now) {
-            match host::dispatch(store, &t.call) {
+            match host.dispatch(store, &t.call) {
                 Some(token) => {
                     self.tokens.insert(token, (Queue::Letters, t.flight));
                 }
@@ -93,13 +93,13 @@ impl StoreClient {
                 }
             }
         }
-        self.set_timer(now);
+        self.set_timer(host, now);
         out
     }
 
     /// The timer wakes the client when the next letter is due or the next
     /// queued caller stops waiting; it is off while nothing waits.
-    fn set_timer(&mut self, now: i64) {
+    fn set_timer(&mut self, host: &impl Host, now: i64) {
         let next = [self.letters.next_due(), self.attached.next_deadline()]
             .into_iter()
             .flatten()
@@ -108,7 +108,7 @@ impl StoreClient {
             let ms = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
             Duration::from_millis(ms).clamp(MIN_TICK, MAX_TICK)
         });
-        if self.period != period && host::set_tick_period(period) {
+        if self.period != period && host.set_tick_period(period) {
             self.period = period;
         }
     }

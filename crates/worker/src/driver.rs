@@ -6,14 +6,12 @@
 
 use std::rc::Rc;
 
+use crate::host::{self, Action, Host, Level};
+use crate::worker::Worker;
 use idemgate_core::client::{Letter, Owner};
 use idemgate_core::exchange::{Exchange, Left, Step, UpstreamAnswer};
 use idemgate_core::handling::{Handling, Settlement};
 use idemgate_core::store_call::StoreAnswer;
-use proxy_wasm::types::{Action, LogLevel};
-
-use crate::host;
-use crate::worker::Worker;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -28,11 +26,11 @@ struct Waiting {
     direction: Direction,
 }
 
-pub struct Driver {
+pub struct Driver<H: Host> {
     pub exchange: Exchange,
     /// The request's HTTP context.
     owner: Owner,
-    worker: Rc<Worker>,
+    worker: Rc<Worker<H>>,
     /// A call was handed to the worker's letters, which count its
     /// settlement once the store confirms it.
     delivered: bool,
@@ -47,8 +45,8 @@ pub struct Driver {
     attempt: Rc<str>,
 }
 
-impl Driver {
-    pub fn new(exchange: Exchange, owner: Owner, worker: Rc<Worker>) -> Driver {
+impl<H: Host> Driver<H> {
+    pub fn new(exchange: Exchange, owner: Owner, worker: Rc<Worker<H>>) -> Driver<H> {
         Driver {
             attempt: Rc::from(exchange.attempt().as_str()),
             exchange,
@@ -80,12 +78,20 @@ impl Driver {
             return;
         }
         if self.noted.is_none() {
-            host::set_filter_state("idemgate_policy", self.exchange.policy_name());
-            host::set_filter_state("idemgate_attempt", self.exchange.attempt().as_str());
+            self.worker
+                .host
+                .set_filter_state("idemgate_policy", self.exchange.policy_name());
+            self.worker
+                .host
+                .set_filter_state("idemgate_attempt", self.exchange.attempt().as_str());
         }
-        host::set_filter_state("idemgate_outcome", now.0.as_str());
+        self.worker
+            .host
+            .set_filter_state("idemgate_outcome", now.0.as_str());
         if let Some(reason) = now.1 {
-            host::set_filter_state("idemgate_reason", reason.as_str());
+            self.worker
+                .host
+                .set_filter_state("idemgate_reason", reason.as_str());
         }
         self.noted = Some(now);
     }
@@ -96,13 +102,13 @@ impl Driver {
             Step::Pause => Action::Pause,
             Step::Respond(reply) => {
                 if self.attached {
-                    host::send_reply(&reply);
+                    self.worker.host.send_reply(&reply);
                 }
                 Action::Pause
             }
             Step::Reroute(call) => {
                 if self.attached {
-                    host::reroute(&call, self.request_seen);
+                    self.worker.host.reroute(&call, self.request_seen);
                 }
                 Action::Continue
             }
@@ -118,8 +124,8 @@ impl Driver {
                 self.wait(false, direction)
             }
             Step::Forward(call) => {
-                let body = host::request_body(0, self.request_seen);
-                let Some(token) = host::dispatch_upstream(&call, &body) else {
+                let body = self.worker.host.request_body(0, self.request_seen);
+                let Some(token) = self.worker.host.dispatch_upstream(&call, &body) else {
                     let next = self.exchange.upstream_reply(UpstreamAnswer::Refused, Vec::new);
                     return self.act(next, direction);
                 };
@@ -151,12 +157,13 @@ impl Driver {
 
     /// The answer to the detached upstream request in flight.
     pub fn upstream_answered(&mut self, num_headers: usize, body_size: usize) {
+        let host = self.worker.host.clone();
         self.answered(true, |ex| {
-            let answer = match host::call_response_headers(num_headers) {
+            let answer = match host.call_response_headers(num_headers) {
                 Some(headers) => UpstreamAnswer::Response { headers, body_size },
                 None => UpstreamAnswer::Lost,
             };
-            ex.upstream_reply(answer, || host::call_response_body(body_size))
+            ex.upstream_reply(answer, || host.call_response_body(body_size))
         });
     }
 
@@ -168,14 +175,14 @@ impl Driver {
         };
         let _about = host::about(&self.attempt);
         if self.attached {
-            host::set_effective_context(self.owner);
+            self.worker.host.set_effective_context(self.owner);
         }
         let step = feed(&mut self.exchange);
         match self.act(step, waiting.direction) {
             Action::Continue if self.attached && waiting.direction == Direction::Request => {
-                host::resume_request()
+                self.worker.host.resume_request()
             }
-            Action::Continue if self.attached => host::resume_response(),
+            Action::Continue if self.attached => self.worker.host.resume_response(),
             _ => {}
         }
     }
@@ -207,8 +214,8 @@ impl Driver {
         if self.exchange.settlement() == Some(Settlement::Failed) {
             // Named by the attempt id (see `host::about`), not a hash of the
             // key: it is random, and the record's history carries it.
-            host::log(
-                LogLevel::Warn,
+            self.worker.host.log(
+                Level::Warn,
                 "the store did not record the outcome; its lease will turn it unknown",
             );
         }

@@ -6,20 +6,20 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use idemgate_core::client::{Delivery, Letter, Owner};
+use idemgate_core::client::{Bound, Delivery, Letter, Owner, BOUND};
 use idemgate_core::config::Config;
 use idemgate_core::handling::Settlement;
 use idemgate_core::store_call::{refusal, settled, StoreAnswer, StoreCall};
-use proxy_wasm::types::LogLevel;
 
 use crate::client::{Pumped, Queue, StoreClient};
 use crate::driver::Driver;
-use crate::host;
+use crate::host::{self, Host, Level};
 use crate::metrics::Metrics;
 
-pub struct Worker {
+pub struct Worker<H: Host> {
+    pub host: H,
     pub config: Rc<Config>,
-    pub metrics: Metrics,
+    pub metrics: Metrics<H>,
     client: RefCell<StoreClient>,
     /// Every covered request waiting on a callout, or still attached to its
     /// client, by HTTP context id. A driver whose client has left stays
@@ -27,23 +27,29 @@ pub struct Worker {
     /// (bounded by its timeout, and in number by the cluster's circuit
     /// breakers) or the call recording its outcome (bounded by the store
     /// call's timeout). It is never cut short while the upstream may act.
-    drivers: RefCell<HashMap<Owner, Rc<RefCell<Driver>>>>,
+    drivers: RefCell<HashMap<Owner, Rc<RefCell<Driver<H>>>>>,
     /// Detached upstream requests in flight, by callout token.
     upstream_calls: RefCell<HashMap<u32, Owner>>,
 }
 
-impl Worker {
-    pub fn new(config: Rc<Config>) -> Worker {
+impl<H: Host> Worker<H> {
+    pub fn new(host: H, config: Rc<Config>) -> Worker<H> {
+        Worker::bounded(host, config, BOUND)
+    }
+
+    /// A worker whose store client's queues each keep at most `bound`.
+    pub fn bounded(host: H, config: Rc<Config>, bound: Bound) -> Worker<H> {
         Worker {
-            metrics: Metrics::define(&config),
+            metrics: Metrics::define(host.clone(), &config),
+            client: RefCell::new(StoreClient::new(&host, bound)),
+            host,
             config,
-            client: RefCell::new(StoreClient::new()),
             drivers: RefCell::default(),
             upstream_calls: RefCell::default(),
         }
     }
 
-    pub fn register(&self, owner: Owner, driver: Rc<RefCell<Driver>>) {
+    pub fn register(&self, owner: Owner, driver: Rc<RefCell<Driver<H>>>) {
         self.drivers.borrow_mut().insert(owner, driver);
     }
 
@@ -54,7 +60,7 @@ impl Worker {
             .client
             .borrow_mut()
             .attached
-            .submit(owner, call, host::now_ms());
+            .submit(owner, call, self.host.now_ms());
         if taken.is_err() {
             self.metrics.store_queue_full();
         }
@@ -63,7 +69,7 @@ impl Worker {
 
     /// Posts a call that outlives its request.
     pub fn post(&self, letter: Letter) {
-        let pushed_out = self.client.borrow_mut().letters.post(letter, host::now_ms());
+        let pushed_out = self.client.borrow_mut().letters.post(letter, self.host.now_ms());
         if let Some(letter) = pushed_out {
             self.letter_ended(letter, Delivery::GaveUp);
         }
@@ -95,17 +101,17 @@ impl Worker {
         let taken = self.client.borrow_mut().take(token);
         match taken {
             Some((Queue::Attached, flight)) => {
-                let answer = host::store_answer(num_headers, body_size);
+                let answer = self.host.store_answer(num_headers, body_size);
                 let answers = self.client.borrow_mut().attached.answered(flight, answer);
                 self.hand_out(answers);
             }
             Some((Queue::Letters, flight)) => {
-                let answer = host::store_answer(num_headers, body_size);
+                let answer = self.host.store_answer(num_headers, body_size);
                 let ended = self
                     .client
                     .borrow_mut()
                     .letters
-                    .answered(flight, answer, host::now_ms());
+                    .answered(flight, answer, self.host.now_ms());
                 for (letter, delivery) in ended {
                     self.letter_ended(letter, delivery);
                 }
@@ -141,6 +147,24 @@ impl Worker {
         )
     }
 
+    /// Calls and bytes queued for the store.
+    pub fn queued(&self) -> (usize, usize) {
+        let client = self.client.borrow();
+        (client.attached.queued(), client.attached.queued_bytes())
+    }
+
+    /// The attempts whose outcome this worker still holds: its requests'
+    /// and its letters'. They go with it if its VM does.
+    pub fn held(&self) -> Vec<String> {
+        let drivers = self.drivers.borrow();
+        let requests = drivers
+            .values()
+            .map(|d| d.borrow().exchange.attempt().as_str().to_string());
+        let client = self.client.borrow();
+        let letters = client.letters.attempts().map(|a| a.as_str().to_string());
+        requests.chain(letters).collect()
+    }
+
     /// The store client's timer is off (nothing queued waits for it).
     pub fn timer_off(&self) -> bool {
         self.client.borrow().timer_off()
@@ -153,7 +177,9 @@ impl Worker {
     pub fn pump(&self) {
         loop {
             let Pumped { answers, ended } =
-                self.client.borrow_mut().pump(self.config.store(), host::now_ms());
+                self.client
+                    .borrow_mut()
+                    .pump(&self.host, self.config.store(), self.host.now_ms());
             if answers.is_empty() && ended.is_empty() {
                 return;
             }
@@ -172,7 +198,7 @@ impl Worker {
 
     /// Gives `owner`'s driver its answer; a driver whose client has left
     /// is let go once it waits on nothing.
-    fn with_driver(&self, owner: Owner, answered: impl FnOnce(&mut Driver)) {
+    fn with_driver(&self, owner: Owner, answered: impl FnOnce(&mut Driver<H>)) {
         let Some(driver) = self.drivers.borrow().get(&owner).cloned() else {
             return;
         };
@@ -207,8 +233,8 @@ impl Worker {
             Delivery::Decided(_) => "the store did not confirm",
             Delivery::GaveUp => "the store could not be reached in time for",
         };
-        host::log(
-            LogLevel::Warn,
+        self.host.log(
+            Level::Warn,
             &format!(
                 "{why} {} (a record {}); its lease will settle it",
                 call.path,

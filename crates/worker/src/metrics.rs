@@ -29,9 +29,8 @@ use std::collections::HashMap;
 
 use idemgate_core::config::{Config, ROLLOUTS};
 use idemgate_core::handling::{Handling, Settlement};
-use proxy_wasm::types::LogLevel;
 
-use crate::host;
+use crate::host::{Host, Level};
 
 /// One policy's counter ids, in the order of `Handling::ALL`,
 /// `Handling::REASONS` and `Settlement::ALL` (`None` where Envoy refused
@@ -43,7 +42,8 @@ struct PolicyCounters {
     settlements: Vec<Option<u32>>,
 }
 
-pub struct Metrics {
+pub struct Metrics<H: Host> {
+    host: H,
     policies: Vec<PolicyCounters>,
     config_errors: Option<u32>,
     store_queue_full: Option<u32>,
@@ -85,8 +85,8 @@ thread_local! {
 }
 
 /// Sets the info gauges for `config`, and counts its policies as named.
-fn inform(config: &Config) {
-    host::set_gauge(
+fn inform(host: &impl Host, config: &Config) {
+    host.set_gauge(
         &format!("idemgate.build_info.version.{}", env!("CARGO_PKG_VERSION")),
         1,
     );
@@ -94,7 +94,7 @@ fn inform(config: &Config) {
         for policy in config.policies() {
             for rollout in ROLLOUTS {
                 let on = rollout == policy.rollout();
-                host::set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
+                host.set_gauge(&policy_info_stat(rollout, policy.name()), u64::from(on));
             }
             *named.entry(policy.name().to_string()).or_default() += 1;
         }
@@ -104,7 +104,7 @@ fn inform(config: &Config) {
 
 /// A configuration is let go: a policy no live configuration names any
 /// more reads 0 in every mode, unless it was the VM's last.
-fn retire(policies: &[PolicyCounters]) {
+fn retire(host: &impl Host, policies: &[PolicyCounters]) {
     let live = LIVE.get().saturating_sub(1);
     LIVE.set(live);
     NAMED.with_borrow_mut(|named| {
@@ -117,7 +117,7 @@ fn retire(policies: &[PolicyCounters]) {
                 named.remove(&p.policy);
                 if live > 0 {
                     for rollout in ROLLOUTS {
-                        host::set_gauge(&policy_info_stat(rollout, &p.policy), 0);
+                        host.set_gauge(&policy_info_stat(rollout, &p.policy), 0);
                     }
                 }
             }
@@ -133,15 +133,15 @@ pub fn record_stat(settlement: Settlement, policy: &str) -> String {
     )
 }
 
-impl Drop for Metrics {
+impl<H: Host> Drop for Metrics<H> {
     fn drop(&mut self) {
-        retire(&self.policies);
+        retire(&self.host, &self.policies);
     }
 }
 
-impl Metrics {
-    pub fn define(config: &Config) -> Metrics {
-        inform(config);
+impl<H: Host> Metrics<H> {
+    pub fn define(host: H, config: &Config) -> Metrics<H> {
+        inform(&host, config);
         let policies = config
             .policies()
             .iter()
@@ -151,23 +151,24 @@ impl Metrics {
                     .iter()
                     .map(|h| match by_reason(*h) {
                         true => None,
-                        false => host::counter(&request_stat(*h, p.name())),
+                        false => host.counter(&request_stat(*h, p.name())),
                     })
                     .collect(),
                 reasons: Handling::REASONS
                     .iter()
-                    .map(|r| host::counter(&reason_stat(*r, p.name())))
+                    .map(|r| host.counter(&reason_stat(*r, p.name())))
                     .collect(),
                 settlements: Settlement::ALL
                     .iter()
-                    .map(|s| host::counter(&record_stat(*s, p.name())))
+                    .map(|s| host.counter(&record_stat(*s, p.name())))
                     .collect(),
             })
             .collect();
         Metrics {
             policies,
-            config_errors: host::counter("idemgate.config_errors_total"),
-            store_queue_full: host::counter("idemgate.store_queue_full_total"),
+            config_errors: host.counter("idemgate.config_errors_total"),
+            store_queue_full: host.counter("idemgate.store_queue_full_total"),
+            host,
         }
     }
 
@@ -194,7 +195,7 @@ impl Metrics {
                     .position(|h| *h == handling)
                     .and_then(|i| counters.handlings.get(i)),
             };
-            host::increment(id.copied().flatten());
+            self.host.increment(id.copied().flatten());
         }
         if let Some(settlement) = settlement {
             self.count_settlement(policy, settlement);
@@ -204,24 +205,25 @@ impl Metrics {
     pub fn count_settlement(&self, policy: &str, settlement: Settlement) {
         let i = Settlement::ALL.iter().position(|s| *s == settlement);
         if let (Some(counters), Some(i)) = (self.of(policy), i) {
-            host::increment(counters.settlements.get(i).copied().flatten());
+            self.host
+                .increment(counters.settlements.get(i).copied().flatten());
         }
     }
 
     /// A store call found the worker's queue full and was failed closed
     /// (`503` with `Retry-After`): the store is slower than the traffic.
     pub fn store_queue_full(&self) {
-        host::increment(self.store_queue_full);
+        self.host.increment(self.store_queue_full);
     }
 
     /// The store refused a frame (4xx): filter and store disagree on a limit
     /// or the credential. Logged and counted apart from outages.
     pub fn config_error(&self, status: u16, detail: &str) {
-        host::log(
-            LogLevel::Error,
+        self.host.log(
+            Level::Error,
             &format!("the store refused a call with {status} ({detail}); check that the filter's configuration and the store agree on limits and the API token"),
         );
-        host::increment(self.config_errors);
+        self.host.increment(self.config_errors);
     }
 }
 
