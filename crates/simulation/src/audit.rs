@@ -12,6 +12,7 @@ use idemgate_core::record::{Standing, State, Transition};
 use idemgate_store::backend::RecordInfo;
 
 mod history;
+mod modes;
 
 pub use history::overwritten;
 use history::{confirmations, events};
@@ -24,6 +25,8 @@ use crate::world::{Exec, Got, World};
 pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     let histories = w.histories();
     let generations: Vec<&RecordInfo> = histories.iter().flat_map(|(_, h)| &h.records).collect();
+    modes::forwarded(w, k)?;
+    modes::observed(w, k)?;
     executions(w, k, &generations)?;
     if let Some(at) = w.outgrown {
         return Err(format!(
@@ -33,7 +36,7 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     }
     left_unknown(w, &generations)?;
     if k.edge {
-        stored(w, &generations)?;
+        stored(w, k, &generations)?;
     }
     never_reached(w, k, &generations)?;
     answers(w, k, &generations)?;
@@ -76,7 +79,7 @@ fn generation_of<'a>(generations: &[&'a RecordInfo], attempt: &str) -> Option<&'
 /// run, and never once a generation of the key completed.
 fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
     let mut by_key: HashMap<usize, Vec<&Exec>> = HashMap::new();
-    for e in &w.execs {
+    for e in w.execs.iter().filter(|e| !modes::unprotected(w, k, &e.attempt)) {
         by_key.entry(e.key).or_default().push(e);
     }
     let mut keys: Vec<_> = by_key.into_iter().collect();
@@ -166,9 +169,11 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
         let attempt = g.attempt.as_deref().unwrap_or("");
         let copied = w.told_not_theirs.contains(attempt)
             && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
-        // A release of a request Envoy answered itself, held up by the
-        // faults until the unknown record expired: the TTL ended the key.
-        let expired_first = w.never_reached.contains(attempt) && g.archived_at.is_some();
+        // A release of a request Envoy answered itself, or an abandon of
+        // one that was never forwarded, held up by the faults until the
+        // unknown record expired: the TTL ended the key.
+        let expired_first =
+            (w.never_reached.contains(attempt) || w.abandoned.contains(attempt)) && g.archived_at.is_some();
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)
@@ -189,9 +194,10 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
 /// the filter read is stored (§5), whatever the policy does with unknown
 /// outcomes and whether or not its client stayed: the lease's margin
 /// carries the claim's answer, the completion and its queueing.
-fn stored(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
+fn stored(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), String> {
     for e in &w.execs {
         if released(e.status)
+            || modes::unprotected(w, k, &e.attempt)
             || !w.read_upstream.contains(&e.attempt)
             || w.gave_up.contains(&e.attempt)
             || w.envoy_lost.contains(&e.attempt)
@@ -227,7 +233,11 @@ fn never_reached(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<()
         if w.execs.iter().any(|e| &e.attempt == attempt) {
             return Err(format!("{attempt} never reached the upstream, but it ran"));
         }
-        if w.gave_up.contains(attempt) || w.envoy_lost.contains(attempt) || w.reply_unread.contains(attempt) {
+        if w.gave_up.contains(attempt)
+            || w.envoy_lost.contains(attempt)
+            || w.reply_unread.contains(attempt)
+            || modes::unprotected(w, k, attempt)
+        {
             continue;
         }
         // Its own generation; a copy of its claim delivered twice may
@@ -326,6 +336,7 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
             Got::Upstream(status, true)
                 if !k.release_unknown
                     && !released(*status)
+                    && !modes::unprotected(w, k, attempt)
                     && !w.gave_up.contains(attempt)
                     && !w.envoy_lost.contains(attempt) =>
             {

@@ -67,9 +67,24 @@ pub struct Knobs {
     /// once the generation that ran it had expired. A completion the
     /// faults held up until its record expired may find it replaced.
     /// Explored clean over 113,586 drawn scenarios (three in ten with it).
-    /// `failure_mode: open` and observe/canary modes are not drawn: they
-    /// promise nothing the audit checks (fail open forwards unprotected).
     pub after_expiry_new: bool,
+    /// Response bodies of up to 120 bytes against a `max_stored_body` of
+    /// 64: a larger one reaches its client whole and is completed without
+    /// its body, so a retry gets `409 result-unavailable`, never a replay
+    /// of what was not stored.
+    pub over_stored: bool,
+    /// Request and response bodies reach the filter in up to three pieces,
+    /// a few milliseconds apart, as Envoy hands them over (its buffer
+    /// holding what the filter paused on, restarting once data flows on).
+    pub chunks: bool,
+    /// The policy observes (`mode: observe`): every request is forwarded
+    /// and answered by the upstream, whatever the store says or whether
+    /// it answers; what ran is still recorded and its events kept.
+    pub observe: bool,
+    /// `failure_mode: open`: a request the store could not decide is
+    /// forwarded unprotected, and may run again; one the store told that
+    /// the key is not its own never is.
+    pub fail_open: bool,
 }
 
 /// A budget of new keys per tenant: a rate and a burst.
@@ -202,6 +217,10 @@ impl Scenario {
             edge,
             outlives_lease: false,
             after_expiry_new: s("after_expiry_new").chance(0.3),
+            over_stored: s("over_stored").chance(0.1),
+            chunks: s("chunks").chance(0.3),
+            observe: s("observe").chance(0.05),
+            fail_open: s("fail_open").chance(0.1),
         };
         let knobs = Knobs {
             outlives_lease: !knobs.detached
@@ -277,7 +296,8 @@ impl Knobs {
             r#"{{"store": {{"cluster": "store", "token": "t", "timeout_ms": {STORE_TIMEOUT_MS}}},
               "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, "anonymous": true,
                 "lease_seconds": {lease}, "ttl_seconds": {ttl}, "settle": "{settle}", {in_flight},
-                "on_unknown": "{on_unknown}", "after_expiry": "{after_expiry}", "max_stored_body": {max_stored}{forwarding}}}]}}"#,
+                "on_unknown": "{on_unknown}", "after_expiry": "{after_expiry}", "max_stored_body": {max_stored},
+                "mode": "{mode}", "failure_mode": "{failure_mode}"{forwarding}}}]}}"#,
             lease = LEASE_MS / 1_000,
             settle = if self.background {
                 "background"
@@ -297,6 +317,8 @@ impl Knobs {
             max_stored = if self.large { 4 * 1024 * 1024 } else { 64 },
             after_expiry = if self.after_expiry_new { "new" } else { "reject" },
             ttl = if self.short_ttl { 3 } else { 86_400 },
+            mode = if self.observe { "observe" } else { "enforce" },
+            failure_mode = if self.fail_open { "open" } else { "closed" },
         )
     }
 }
@@ -319,6 +341,10 @@ impl Default for Knobs {
             edge: false,
             outlives_lease: false,
             after_expiry_new: false,
+            over_stored: false,
+            chunks: false,
+            observe: false,
+            fail_open: false,
         }
     }
 }
@@ -346,6 +372,8 @@ pub struct Shape {
     pub budgets: Option<Budget>,
     /// How often the sweeper passes while clients come and go.
     pub sweep_every_ms: i64,
+    /// Bodies reach the filter in pieces.
+    pub chunks: bool,
     pub faults: Faults,
 }
 
@@ -400,6 +428,10 @@ impl Scenario {
             };
             (3, 10, begin_within, latency, (1, 48), answer_ms, BOUND)
         };
+        let body = match k.over_stored && !k.large {
+            true => (body.0, 120),
+            false => body,
+        };
         Ok(Shape {
             config,
             keys,
@@ -412,6 +444,7 @@ impl Scenario {
             bound,
             budgets: k.new_keys,
             sweep_every_ms: k.sweep_every_ms,
+            chunks: k.chunks,
             faults: self.faults.clone(),
         })
     }
@@ -464,6 +497,7 @@ mod tests {
             seed: 7696398082572802790,
             knobs: Knobs {
                 detached: true,
+                chunks: true,
                 ..Knobs::default()
             },
             faults: Faults {

@@ -16,8 +16,8 @@ use idemgate_core::client::Owner;
 use idemgate_core::config::Config;
 use idemgate_core::problem::Problem;
 use idemgate_core::protocol::{
-    decode_frame, split_batch, Batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest, FenceReply,
-    FenceRequest, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, RELEASE_PATH,
+    decode_frame, split_batch, AbandonRequest, Batch, BatchReply, ClaimReply, ClaimRequest, CompleteRequest,
+    FenceReply, FenceRequest, ABANDON_PATH, BATCH_PATH, CLAIM_PATH, COMPLETE_PATH, RELEASE_PATH,
 };
 use idemgate_core::store_call::{StoreAnswer, StoreCall};
 use idemgate_core::trace::Trace;
@@ -35,7 +35,7 @@ mod envoy;
 mod network;
 mod requests;
 
-use envoy::{CallResponse, Effect, Envoy, Proxy, Stream};
+use envoy::{Body, CallResponse, Effect, Envoy, Proxy, Stream};
 
 /// A request on Envoy, from the client's headers until nothing of it is
 /// left in flight.
@@ -111,6 +111,8 @@ enum Event {
     EnvoyGoes(bool, usize),
     Timeout(u64),
     UpstreamDone(Owner),
+    /// The next piece of a request's body (false) or its response's (true).
+    Data(Owner, bool),
     Sweep,
 }
 
@@ -130,6 +132,7 @@ struct Chances {
     replica: Rng,
     never_reached: Rng,
     mismatch: Rng,
+    pieces: Rng,
 }
 
 impl Chances {
@@ -149,6 +152,7 @@ impl Chances {
             replica: s("replica"),
             never_reached: s("never_reached"),
             mismatch: s("mismatch"),
+            pieces: s("pieces"),
         }
     }
 }
@@ -201,13 +205,17 @@ pub struct World {
     pub other_body: HashMap<String, bool>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
-    /// Attempts whose filter read first an answer of the store's that the
+    /// Attempts whose filter read that the store gave them the key...
+    pub told_theirs: HashSet<String>,
+    /// ...and those whose filter read an answer of the store's that the
     /// key is not theirs (a `409`, a replay, a `422`, a `429`)...
     pub told_not_theirs: HashSet<String>,
     /// ...when the store first gave an attempt such an answer...
     pub refused_at: HashMap<String, i64>,
     /// ...and when it first answered one that the key is theirs.
     pub owned_at: HashMap<String, i64>,
+    /// Attempts whose abandon the store took.
+    pub abandoned: HashSet<String>,
     /// Each claim the store refused over budget (`429`), and what it met.
     pub limited: Vec<Limited>,
     /// A `429` of the store's own to a claim it never looked at.
@@ -313,6 +321,8 @@ impl World {
             other_body: HashMap::new(),
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),
+            told_theirs: HashSet::new(),
+            abandoned: HashSet::new(),
             told_not_theirs: HashSet::new(),
             refused_at: HashMap::new(),
             owned_at: HashMap::new(),
@@ -444,6 +454,7 @@ impl World {
             }
             Event::Timeout(token) => self.answered(token, None),
             Event::UpstreamDone(owner) => self.upstream_done(owner),
+            Event::Data(owner, response) => self.data(owner, response),
             Event::Timer(worker, set) => self.timer(worker, set),
             Event::Sweep => {
                 if self.far.sweep(self.store_clock()) {

@@ -5,7 +5,7 @@
 //! a client, resume a stream, set a timer) for the world to carry out.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -26,10 +26,37 @@ pub type CallResponse = (Vec<(String, Bytes)>, Vec<u8>);
 #[derive(Default)]
 pub struct Stream {
     pub request_headers: Vec<(String, Bytes)>,
-    pub body: Vec<u8>,
+    pub request: Body,
     pub response_headers: Vec<(String, Bytes)>,
-    pub response_body: Vec<u8>,
+    pub response: Body,
     pub code_details: String,
+}
+
+/// A body on its way through Envoy, in pieces.
+#[derive(Default)]
+pub struct Body {
+    pub bytes: Vec<u8>,
+    /// Where each piece yet to arrive ends.
+    pub ends: VecDeque<usize>,
+    /// Bytes arrived so far...
+    pub arrived: usize,
+    /// ...and those gone on past the filter: Envoy's buffer holds the rest.
+    pub drained: usize,
+}
+
+impl Body {
+    pub fn new(bytes: Vec<u8>, ends: VecDeque<usize>) -> Body {
+        Body {
+            bytes,
+            ends,
+            arrived: 0,
+            drained: 0,
+        }
+    }
+
+    fn buffered(&self, start: usize, size: usize) -> Bytes {
+        slice(&self.bytes[self.drained..self.arrived], start, size)
+    }
 }
 
 /// What a worker asked of Envoy, for the world to carry out.
@@ -73,8 +100,10 @@ pub struct Proxy {
     /// Attempts whose letter the store client gave up on.
     pub gave_up: Vec<String>,
     /// The chance that Envoy refuses to send the filter's own upstream
-    /// request (no healthy host), and its stream.
+    /// request (no healthy host), and its stream...
     refuse_upstream: (f64, Rng),
+    /// ...and the requests it refused.
+    pub refused: Vec<Owner>,
     seeds: Rng,
     trace: bool,
 }
@@ -91,6 +120,7 @@ impl Proxy {
             counters: Vec::new(),
             gave_up: Vec::new(),
             refuse_upstream,
+            refused: Vec::new(),
             seeds,
             trace,
         }
@@ -213,7 +243,7 @@ impl Host for Envoy {
     fn request_body(&self, start: usize, size: usize) -> Bytes {
         self.with(|p| {
             p.stream()
-                .map(|s| slice(&s.body, start, size))
+                .map(|s| s.request.buffered(start, size))
                 .unwrap_or_default()
         })
     }
@@ -235,7 +265,7 @@ impl Host for Envoy {
     fn response_body(&self, start: usize, size: usize) -> Bytes {
         self.with(|p| {
             p.stream()
-                .map(|s| slice(&s.response_body, start, size))
+                .map(|s| s.response.buffered(start, size))
                 .unwrap_or_default()
         })
     }
@@ -294,11 +324,12 @@ impl Host for Envoy {
 
     fn dispatch_upstream(&self, call: &UpstreamCall, _body: &[u8]) -> Option<u32> {
         self.with(|p| {
+            let owner = p.owner("an upstream request");
             let (chance, rng) = &mut p.refuse_upstream;
             if rng.chance(*chance) {
+                p.refused.push(owner);
                 return None;
             }
-            let owner = p.owner("an upstream request");
             let token = p.token();
             p.effects.push(Effect::Upstream {
                 owner,

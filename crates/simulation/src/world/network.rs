@@ -89,6 +89,9 @@ impl World {
                 first.entry(attempt).or_insert(self.now);
             }
             self.confirmed.extend(confirmed(&path, frame, status, answer));
+            if let Some(attempt) = abandon_done(&path, frame, status, answer) {
+                self.abandoned.insert(attempt);
+            }
             if path == CLAIM_PATH
                 && Problem::rate_limited_wait(answer)
                     .filter(|_| status == 429)
@@ -145,13 +148,14 @@ impl World {
                 BATCH_PATH => batch_parts(&c.body, *status, body).unwrap_or_default(),
                 path => vec![(path.to_string(), &c.body[..], *status, &body[..])],
             };
-            self.told_not_theirs
-                .extend(parts.into_iter().filter_map(|(path, frame, status, answer)| {
-                    match claim_decided(&path, frame, status, answer) {
-                        Some((attempt, false)) => Some(attempt),
-                        _ => None,
-                    }
-                }));
+            for (path, frame, status, answer) in parts {
+                if let Some((attempt, theirs)) = claim_decided(&path, frame, status, answer) {
+                    match theirs {
+                        true => self.told_theirs.insert(attempt),
+                        false => self.told_not_theirs.insert(attempt),
+                    };
+                }
+            }
         }
         let Some(worker) = self.tokens.remove(&token) else {
             return;
@@ -217,6 +221,16 @@ pub(super) fn batch_parts<'a>(request: &'a [u8], status: u16, answer: &'a [u8]) 
             .map(|((c, f), (r, a))| (c.path.clone(), f, r.status, a))
             .collect(),
     )
+}
+
+/// The attempt of an abandon the store took (`done`).
+fn abandon_done(path: &str, frame: &[u8], status: u16, answer: &[u8]) -> Option<String> {
+    if path != ABANDON_PATH || status != 200 || decode_frame::<FenceReply>(answer).ok()?.0 != FenceReply::Done
+    {
+        return None;
+    }
+    let (req, _) = decode_frame::<AbandonRequest>(frame).ok()?;
+    Some(req.attempt.as_str().to_string())
 }
 
 /// What one call's answer confirms, if anything.

@@ -7,6 +7,8 @@ use idemgate_core::origin::{UPSTREAM_MARK, VIA_UPSTREAM};
 use idemgate_core::protocol::Attempt;
 use idemgate_worker::Action;
 
+use std::collections::VecDeque;
+
 use super::*;
 
 /// Envoy's details of a response the upstream never got, with its body.
@@ -39,7 +41,7 @@ impl World {
                 line("content-type", "application/json".into()),
                 line("content-length", body.len().to_string()),
             ],
-            body: body.to_vec(),
+            request: Body::new(body.to_vec(), self.pieces(body.len())),
             ..Stream::default()
         };
         self.proxy.borrow_mut().streams.insert(owner, stream);
@@ -72,9 +74,75 @@ impl World {
         }
         self.callback(owner, |f| f.request_headers(false));
         self.carry_out();
-        let size = body.len();
-        if self.callback(owner, |f| f.request_body(size, true)) == Some(Action::Continue) {
-            self.request_passed(owner);
+        self.data(owner, false);
+    }
+
+    /// Where each piece of a body of `len` bytes ends: one piece, or (with
+    /// [`Shape::chunks`]) up to three.
+    fn pieces(&mut self, len: usize) -> VecDeque<usize> {
+        let mut ends: Vec<usize> = Vec::new();
+        if self.shape.chunks && len > 1 {
+            let more = self.chances.pieces.range(0, 3);
+            ends.extend((0..more).map(|_| self.chances.pieces.range(1, len as i64) as usize));
+        }
+        ends.push(len);
+        ends.sort_unstable();
+        ends.dedup();
+        ends.into()
+    }
+
+    /// The next piece of the request's body, or of its response's, reaches
+    /// the filter; the rest follows a few milliseconds later.
+    pub(super) fn data(&mut self, owner: Owner, response: bool) {
+        let piece = {
+            let mut proxy = self.proxy.borrow_mut();
+            proxy.streams.get_mut(&owner).and_then(|s| {
+                let body = if response { &mut s.response } else { &mut s.request };
+                let end = body.ends.pop_front()?;
+                body.arrived = end;
+                Some((end - body.drained, end == body.bytes.len()))
+            })
+        };
+        let Some((size, last)) = piece else { return };
+        let action = self.callback(owner, |f| match response {
+            true => f.response_body(size, last),
+            false => f.request_body(size, last),
+        });
+        let Some(action) = action else { return };
+        if last
+            && response
+            && self
+                .slots
+                .get(&owner)
+                .is_some_and(|s| !s.lost && s.exec.is_some())
+        {
+            self.read_upstream.insert(self.attempts[&owner].clone());
+        }
+        if action == Action::Continue {
+            self.flows_on(owner, response);
+        }
+        if !last {
+            let after = self.chances.pieces.range(1, 20);
+            self.at(self.now + after, Event::Data(owner, response));
+        }
+    }
+
+    /// The filter lets what Envoy buffered go on; once the whole body has,
+    /// the request goes upstream, or the response to its client.
+    fn flows_on(&mut self, owner: Owner, response: bool) {
+        let whole = {
+            let mut proxy = self.proxy.borrow_mut();
+            let Some(s) = proxy.streams.get_mut(&owner) else {
+                return;
+            };
+            let body = if response { &mut s.response } else { &mut s.request };
+            body.drained = body.arrived;
+            body.arrived == body.bytes.len()
+        };
+        match (whole, response) {
+            (false, _) => {}
+            (true, false) => self.request_passed(owner),
+            (true, true) => self.response_passed(owner),
         }
     }
 
@@ -115,6 +183,10 @@ impl World {
 
     /// Carries out what the workers asked of Envoy, until they ask nothing.
     pub(super) fn carry_out(&mut self) {
+        let refused = std::mem::take(&mut self.proxy.borrow_mut().refused);
+        for owner in refused {
+            self.never_reached.insert(self.attempts[&owner].clone());
+        }
         loop {
             let effects = std::mem::take(&mut self.proxy.borrow_mut().effects);
             if effects.is_empty() {
@@ -141,13 +213,8 @@ impl World {
                 }
             }
             Effect::Resume { owner, response } => {
-                let Some(slot) = self.slots.get(&owner) else {
-                    return;
-                };
-                match response {
-                    false => self.request_passed(owner),
-                    true if slot.exec.is_some() || slot.never_reached => self.response_passed(owner),
-                    true => {}
+                if self.slots.contains_key(&owner) {
+                    self.flows_on(owner, response);
                 }
             }
             Effect::Tick { worker, period } => {
@@ -278,9 +345,7 @@ impl World {
                     true => (503, LOST),
                     false => (e.status, VIA_UPSTREAM),
                 };
-                if self.respond(owner, status, details, e.body) && !lost {
-                    self.read_upstream.insert(e.attempt);
-                }
+                self.respond(owner, status, details, e.body);
             }
         }
     }
@@ -323,21 +388,20 @@ impl World {
     /// there was one.
     fn respond(&mut self, owner: Owner, status: u16, details: &str, body: Vec<u8>) -> bool {
         let size = body.len();
+        let ends = self.pieces(size);
         if let Some(stream) = self.proxy.borrow_mut().streams.get_mut(&owner) {
             stream.response_headers = vec![
                 (":status".to_string(), status.to_string().into_bytes()),
                 ("content-length".to_string(), size.to_string().into_bytes()),
             ];
             stream.code_details = details.to_string();
-            stream.response_body = body;
+            stream.response = Body::new(body, ends);
         }
         if self.callback(owner, |f| f.response_headers(false)).is_none() {
             return false;
         }
         self.carry_out();
-        if self.callback(owner, |f| f.response_body(size, true)) == Some(Action::Continue) {
-            self.response_passed(owner);
-        }
+        self.data(owner, true);
         true
     }
 }
