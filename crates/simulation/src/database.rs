@@ -67,11 +67,11 @@ impl Database {
             .cloned()
     }
 
-    /// Every generation and event of `key` (the policy is anonymous: one
-    /// tenant, `*`).
-    pub fn history(&self, key: &str) -> KeyHistory {
+    /// Every generation and event of `tenant`'s `key` (`*`: everyone's,
+    /// an anonymous policy's).
+    pub fn history(&self, tenant: &str, key: &str) -> KeyHistory {
         let q = Lookup {
-            tenant: idemgate_core::scope::EVERYONE.into(),
+            tenant: tenant.into(),
             key: key.into(),
             ..Lookup::default()
         };
@@ -95,7 +95,7 @@ impl Database {
     }
 
     fn current(&self, scope: &Scope) -> Option<RecordInfo> {
-        let history = self.history(scope.key().as_str());
+        let history = self.history(scope.tenant(), scope.key().as_str());
         history
             .records
             .into_iter()

@@ -320,9 +320,9 @@ impl Far {
         }
     }
 
-    /// Every generation and event of `key`, as the store keeps them.
-    pub fn history(&self, key: &str) -> KeyHistory {
-        self.database.history(key)
+    /// Every generation and event of `tenant`'s `key`, as the store keeps them.
+    pub fn history(&self, tenant: &str, key: &str) -> KeyHistory {
+        self.database.history(tenant, key)
     }
 
     /// The last look the store took at `req` over budget.

@@ -85,6 +85,10 @@ pub struct Knobs {
     /// forwarded unprotected, and may run again; one the store told that
     /// the key is not its own never is.
     pub fail_open: bool,
+    /// Requests come from two tenants (an `x-tenant` header) under the
+    /// same key names: each tenant's keys are its own, never replayed to
+    /// the other nor refused for the other's body.
+    pub tenants: bool,
 }
 
 /// A budget of new keys per tenant: a rate and a burst.
@@ -160,8 +164,7 @@ pub struct Faults {
     /// A request reuses its key with another body: `422 key-reused`
     /// whenever the key has a record of the other body, never a replay of
     /// the other's response, never run under a record of the other.
-    /// Explored clean over 57,325 drawn scenarios (half with it). Tenants
-    /// are not drawn: every simulated policy is anonymous, one scope.
+    /// Explored clean over 57,325 drawn scenarios (half with it).
     pub mismatch: f64,
     /// Something in front of the store (a rate limiter, a proxy) answers a
     /// call itself, `408`, `413` or `429` in its own words, and the store
@@ -221,6 +224,7 @@ impl Scenario {
             chunks: s("chunks").chance(0.3),
             observe: s("observe").chance(0.05),
             fail_open: s("fail_open").chance(0.1),
+            tenants: s("tenants").chance(0.3),
         };
         let knobs = Knobs {
             outlives_lease: !knobs.detached
@@ -294,7 +298,7 @@ impl Knobs {
         };
         format!(
             r#"{{"store": {{"cluster": "store", "token": "t", "timeout_ms": {STORE_TIMEOUT_MS}}},
-              "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, "anonymous": true,
+              "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, {tenant},
                 "lease_seconds": {lease}, "ttl_seconds": {ttl}, "settle": "{settle}", {in_flight},
                 "on_unknown": "{on_unknown}", "after_expiry": "{after_expiry}", "max_stored_body": {max_stored},
                 "mode": "{mode}", "failure_mode": "{failure_mode}"{forwarding}}}]}}"#,
@@ -319,6 +323,11 @@ impl Knobs {
             ttl = if self.short_ttl { 3 } else { 86_400 },
             mode = if self.observe { "observe" } else { "enforce" },
             failure_mode = if self.fail_open { "open" } else { "closed" },
+            tenant = if self.tenants {
+                r#""tenant": {"header": "x-tenant"}"#
+            } else {
+                r#""anonymous": true"#
+            },
         )
     }
 }
@@ -345,6 +354,7 @@ impl Default for Knobs {
             chunks: false,
             observe: false,
             fail_open: false,
+            tenants: false,
         }
     }
 }
@@ -374,6 +384,8 @@ pub struct Shape {
     pub sweep_every_ms: i64,
     /// Bodies reach the filter in pieces.
     pub chunks: bool,
+    /// How many tenants the requests come from.
+    pub tenants: usize,
     pub faults: Faults,
 }
 
@@ -445,6 +457,7 @@ impl Scenario {
             budgets: k.new_keys,
             sweep_every_ms: k.sweep_every_ms,
             chunks: k.chunks,
+            tenants: if k.tenants { 2 } else { 1 },
             faults: self.faults.clone(),
         })
     }
@@ -498,6 +511,7 @@ mod tests {
             knobs: Knobs {
                 detached: true,
                 chunks: true,
+                tenants: true,
                 ..Knobs::default()
             },
             faults: Faults {

@@ -133,6 +133,7 @@ struct Chances {
     never_reached: Rng,
     mismatch: Rng,
     pieces: Rng,
+    tenants: Rng,
 }
 
 impl Chances {
@@ -153,6 +154,7 @@ impl Chances {
             never_reached: s("never_reached"),
             mismatch: s("mismatch"),
             pieces: s("pieces"),
+            tenants: s("tenants"),
         }
     }
 }
@@ -245,6 +247,9 @@ const STORE_EPOCH: i64 = 1_800_000_000_000;
 pub fn key_name(k: usize) -> String {
     format!("key-{k}")
 }
+
+/// The tenants of a policy that names them; an anonymous one's is everyone.
+const TENANTS: [&str; 2] = ["t0", "t1"];
 
 impl World {
     pub fn new(shape: Shape, seed: u64) -> World {
@@ -495,25 +500,47 @@ impl World {
         self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
     }
 
-    /// Reads every key's history and keeps the first change to one that
+    /// Reads every scope's history and keeps the first change to one that
     /// was not an addition ([`audit::overwritten`]).
     fn look_at_histories(&mut self) {
-        for key in 0..self.shape.keys {
-            let now = self.far.history(&key_name(key));
-            if let Some(before) = self.seen.get(&key) {
+        for scope in 0..self.shape.keys * self.shape.tenants {
+            let now = self.history(scope);
+            if let Some(before) = self.seen.get(&scope) {
                 if let (None, Some(what)) = (&self.overwritten, audit::overwritten(before, &now)) {
-                    self.overwritten = Some(format!("{} at {} ms: {what}", key_name(key), self.now));
+                    self.overwritten = Some(format!("{} at {} ms: {what}", self.scope_name(scope), self.now));
                 }
             }
-            self.seen.insert(key, now);
+            self.seen.insert(scope, now);
         }
     }
 
-    /// Every key's history as the store keeps it now.
+    /// Every scope's history as the store keeps it now.
     pub fn histories(&self) -> Vec<(String, KeyHistory)> {
-        (0..self.shape.keys)
-            .map(|k| (key_name(k), self.far.history(&key_name(k))))
+        (0..self.shape.keys * self.shape.tenants)
+            .map(|s| (self.scope_name(s), self.history(s)))
             .collect()
+    }
+
+    /// The tenant and the key of scope `s` (its tenant's number times the
+    /// keys, plus its key's).
+    fn scope(&self, s: usize) -> (&'static str, String) {
+        let tenant = match self.shape.tenants {
+            1 => idemgate_core::scope::EVERYONE,
+            _ => TENANTS[s / self.shape.keys],
+        };
+        (tenant, key_name(s % self.shape.keys))
+    }
+
+    pub fn scope_name(&self, s: usize) -> String {
+        match self.scope(s) {
+            (idemgate_core::scope::EVERYONE, key) => key,
+            (tenant, key) => format!("{tenant}/{key}"),
+        }
+    }
+
+    fn history(&self, s: usize) -> KeyHistory {
+        let (tenant, key) = self.scope(s);
+        self.far.history(tenant, &key)
     }
 
     /// Claims the store refused: as late, and as over budget.

@@ -26,6 +26,8 @@ const LOST: &str = "upstream_reset_before_response_started{remote_reset}";
 impl World {
     pub(super) fn begin(&mut self, owner: Owner) {
         let key = self.chances.clients.range(0, self.shape.keys as i64) as usize;
+        let tenant = self.chances.tenants.range(0, self.shape.tenants as i64) as usize;
+        let scope = tenant * self.shape.keys + key;
         let attempt = format!("a{owner}");
         // Another request under the same key: another body.
         let other = self.chances.mismatch.chance(self.shape.faults.mismatch);
@@ -38,6 +40,7 @@ impl World {
                 line(":path", "/pay".into()),
                 line(":authority", "h".into()),
                 line("idempotency-key", format!("\"{}\"", key_name(key))),
+                line("x-tenant", TENANTS[tenant].into()),
                 line("content-type", "application/json".into()),
                 line("content-length", body.len().to_string()),
             ],
@@ -46,7 +49,7 @@ impl World {
         };
         self.proxy.borrow_mut().streams.insert(owner, stream);
         self.attempts.insert(owner, attempt.clone());
-        self.request_keys.insert(owner, key);
+        self.request_keys.insert(owner, scope);
         let worker = owner as usize % WORKERS;
         let envoy = Envoy {
             proxy: self.proxy.clone(),
@@ -58,7 +61,7 @@ impl World {
             owner,
             Slot {
                 filter: Some(filter),
-                key,
+                key: scope,
                 worker,
                 body_passed: false,
                 response_passed: false,
@@ -288,7 +291,7 @@ impl World {
             _ => 201,
         };
         let size = upstream.range(self.shape.body_min as i64, self.shape.body_max as i64 + 1) as usize;
-        let mut body = format!("{}#{n}:", key_name(slot.key)).into_bytes();
+        let mut body = format!("scope-{}#{n}:", slot.key).into_bytes();
         body.resize(size.max(body.len()), b'.');
         let (lo, hi) = self.shape.latency;
         let latency = upstream.range(lo, hi);
