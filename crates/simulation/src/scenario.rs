@@ -89,6 +89,11 @@ pub struct Knobs {
     /// same key names: each tenant's keys are its own, never replayed to
     /// the other nor refused for the other's body.
     pub tenants: bool,
+    /// A configuration push mid-run: each Envoy worker takes new requests
+    /// on a new configuration while the old one finishes what it holds
+    /// (its requests, detached calls and letters) and is let go. A drained
+    /// configuration loses nothing: the audit excuses nothing for it.
+    pub push: bool,
 }
 
 /// A budget of new keys per tenant: a rate and a burst.
@@ -225,6 +230,7 @@ impl Scenario {
             observe: s("observe").chance(0.05),
             fail_open: s("fail_open").chance(0.1),
             tenants: s("tenants").chance(0.3),
+            push: s("push").chance(0.2),
         };
         let knobs = Knobs {
             outlives_lease: !knobs.detached
@@ -355,6 +361,7 @@ impl Default for Knobs {
             observe: false,
             fail_open: false,
             tenants: false,
+            push: false,
         }
     }
 }
@@ -386,6 +393,8 @@ pub struct Shape {
     pub chunks: bool,
     /// How many tenants the requests come from.
     pub tenants: usize,
+    /// A configuration is pushed once.
+    pub push: bool,
     pub faults: Faults,
 }
 
@@ -458,6 +467,7 @@ impl Scenario {
             sweep_every_ms: k.sweep_every_ms,
             chunks: k.chunks,
             tenants: if k.tenants { 2 } else { 1 },
+            push: k.push,
             faults: self.faults.clone(),
         })
     }
@@ -512,6 +522,7 @@ mod tests {
                 detached: true,
                 chunks: true,
                 tenants: true,
+                push: true,
                 ..Knobs::default()
             },
             faults: Faults {

@@ -107,8 +107,10 @@ enum Event {
     Timer(usize, u64),
     /// The store process is killed and started again.
     Restart,
-    /// Envoy goes away: every worker (true), or the one given (false).
+    /// Envoy goes away: every thread (true), or the one given (false).
     EnvoyGoes(bool, usize),
+    /// A new configuration for every thread.
+    Push,
     Timeout(u64),
     UpstreamDone(Owner),
     /// The next piece of a request's body (false) or its response's (true).
@@ -169,8 +171,15 @@ pub struct World {
     slots: HashMap<Owner, Slot>,
     /// Envoy, shared by its workers.
     proxy: Rc<RefCell<Proxy>>,
-    /// Envoy's workers, each with its store client; a request belongs to one.
+    /// Every worker a configuration of Envoy's threads set up, each with
+    /// its store client; a request belongs to one...
     workers: Vec<Rc<Worker<Envoy>>>,
+    /// ...and each to one of Envoy's threads...
+    threads: Vec<usize>,
+    /// ...whose newest takes its new requests.
+    serving: Vec<usize>,
+    /// The workers that went away with their thread.
+    gone: HashSet<usize>,
     /// Each worker's timer: its period, and how often it was set.
     timers: Vec<(Duration, u64)>,
     /// Which worker each store callout in flight is of.
@@ -288,15 +297,6 @@ impl World {
             Rng::stream(seed, "seeds"),
             trace,
         )));
-        let workers = (0..WORKERS)
-            .map(|worker| {
-                let envoy = Envoy {
-                    proxy: proxy.clone(),
-                    worker,
-                };
-                Rc::new(Worker::bounded(envoy, config.clone(), shape.bound))
-            })
-            .collect();
         let mut w = World {
             now: 0,
             chances,
@@ -305,8 +305,11 @@ impl World {
             seq: 0,
             slots: HashMap::new(),
             proxy,
-            workers,
-            timers: vec![(Duration::ZERO, 0); WORKERS],
+            workers: Vec::new(),
+            threads: Vec::new(),
+            serving: Vec::new(),
+            gone: HashSet::new(),
+            timers: Vec::new(),
             tokens: HashMap::new(),
             restarts: Vec::new(),
             callouts: HashMap::new(),
@@ -340,6 +343,11 @@ impl World {
             trace,
             shape,
         };
+        w.serving = (0..WORKERS).map(|thread| w.set_up(thread)).collect();
+        if w.shape.push {
+            let at = Rng::stream(seed, "push").range(100, w.shape.begin_within + 1_000);
+            w.at(at, Event::Push);
+        }
         for (owner, at) in begins.drain(..).enumerate() {
             w.at(at, Event::Begin(owner as Owner));
         }
@@ -451,10 +459,15 @@ impl World {
                 self.far.restart();
             }
             Event::EnvoyGoes(every, one) => {
-                for worker in 0..WORKERS {
-                    if every || worker == one {
-                        self.envoy_goes(worker);
+                for thread in 0..WORKERS {
+                    if every || thread == one {
+                        self.envoy_goes(thread);
                     }
+                }
+            }
+            Event::Push => {
+                for thread in 0..WORKERS {
+                    self.serving[thread] = self.set_up(thread);
                 }
             }
             Event::Timeout(token) => self.answered(token, None),
@@ -484,20 +497,38 @@ impl World {
         }
     }
 
-    /// A worker's Envoy (or its VM) goes away and comes back empty: its
-    /// requests, its queued and in-flight store calls (a call already on
-    /// the wire may still land; its answer finds nobody) and its letters
-    /// are lost, and new requests find a fresh worker.
-    fn envoy_goes(&mut self, worker: usize) {
-        self.envoy_lost.extend(self.workers[worker].held());
-        self.slots.retain(|_, s| s.worker != worker);
-        self.tokens.retain(|_, w| *w != worker);
+    /// A worker for one of Envoy's threads, on the configuration.
+    fn set_up(&mut self, thread: usize) -> usize {
+        let worker = self.workers.len();
         let envoy = Envoy {
             proxy: self.proxy.clone(),
             worker,
         };
-        self.workers[worker] = Rc::new(Worker::bounded(envoy, self.config.clone(), self.shape.bound));
-        self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
+        let bound = self.shape.bound;
+        self.workers
+            .push(Rc::new(Worker::bounded(envoy, self.config.clone(), bound)));
+        self.threads.push(thread);
+        self.timers.push((Duration::ZERO, 0));
+        worker
+    }
+
+    /// One of Envoy's threads (or its VM) goes away and comes back empty:
+    /// its requests, its queued and in-flight store calls (a call already
+    /// on the wire may still land; its answer finds nobody) and its
+    /// letters are lost, and new requests find a fresh worker.
+    fn envoy_goes(&mut self, thread: usize) {
+        let gone: Vec<usize> = (0..self.workers.len())
+            .filter(|w| self.threads[*w] == thread)
+            .collect();
+        for &worker in &gone {
+            if self.gone.insert(worker) {
+                self.envoy_lost.extend(self.workers[worker].held());
+            }
+            self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
+        }
+        self.slots.retain(|_, s| !gone.contains(&s.worker));
+        self.tokens.retain(|_, w| !gone.contains(w));
+        self.serving[thread] = self.set_up(thread);
     }
 
     /// Reads every scope's history and keeps the first change to one that
@@ -550,6 +581,7 @@ impl World {
 
     /// Nothing left on any worker, no store call pending.
     pub fn quiet(&self) -> bool {
-        self.workers.iter().all(|w| w.drained()) && !self.far.busy()
+        let drained = |w: usize| self.gone.contains(&w) || self.workers[w].drained();
+        (0..self.workers.len()).all(drained) && !self.far.busy()
     }
 }

@@ -50,7 +50,7 @@ impl World {
         self.proxy.borrow_mut().streams.insert(owner, stream);
         self.attempts.insert(owner, attempt.clone());
         self.request_keys.insert(owner, scope);
-        let worker = owner as usize % WORKERS;
+        let worker = self.serving[owner as usize % WORKERS];
         let envoy = Envoy {
             proxy: self.proxy.clone(),
             worker,
