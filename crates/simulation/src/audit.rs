@@ -26,7 +26,7 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     let histories = w.histories();
     let generations: Vec<&RecordInfo> = histories.iter().flat_map(|(_, h)| &h.records).collect();
     modes::forwarded(w, k)?;
-    modes::observed(w, k)?;
+    modes::observed(w)?;
     executions(w, k, &generations)?;
     if let Some(at) = w.outgrown {
         return Err(format!(
@@ -171,9 +171,10 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
             && matches!((w.refused_at.get(attempt), w.owned_at.get(attempt)), (Some(r), Some(o)) if r <= o);
         // A release of a request Envoy answered itself, or an abandon of
         // one that was never forwarded, held up by the faults until the
-        // unknown record expired: the TTL ended the key.
-        let expired_first =
-            (w.never_reached.contains(attempt) || w.abandoned.contains(attempt)) && g.archived_at.is_some();
+        // unknown record expired (archived, or replaced under
+        // `after_expiry: new`): the TTL ended the key.
+        let expired = g.archived_at.is_some() || g.ended_at.is_some();
+        let expired_first = (w.never_reached.contains(attempt) || w.abandoned.contains(attempt)) && expired;
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)

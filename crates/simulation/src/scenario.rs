@@ -89,6 +89,10 @@ pub struct Knobs {
     /// same key names: each tenant's keys are its own, never replayed to
     /// the other nor refused for the other's body.
     pub tenants: bool,
+    /// With two tenants, a canary that enforces the first and observes the
+    /// second (`canary: {"tenants": ["t0"]}`): each tenant's keys are
+    /// audited by their side.
+    pub canary: bool,
     /// A configuration push mid-run: each Envoy worker takes new requests
     /// on a new configuration while the old one finishes what it holds
     /// (its requests, detached calls and letters) and is let go. A drained
@@ -231,6 +235,7 @@ impl Scenario {
             fail_open: s("fail_open").chance(0.1),
             tenants: s("tenants").chance(0.3),
             push: s("push").chance(0.2),
+            canary: s("canary").chance(0.3),
         };
         let knobs = Knobs {
             outlives_lease: !knobs.detached
@@ -292,6 +297,11 @@ pub const LEASE_MS: u64 = 2_000;
 pub const STORE_TIMEOUT_MS: u64 = 200;
 
 impl Knobs {
+    /// A canary is drawn with two tenants, in enforce mode.
+    fn canary(&self) -> bool {
+        self.canary && self.tenants && !self.observe
+    }
+
     /// The filter's configuration.
     pub fn config(&self) -> String {
         let forwarding: &str = if self.detached {
@@ -307,7 +317,7 @@ impl Knobs {
               "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, {tenant},
                 "lease_seconds": {lease}, "ttl_seconds": {ttl}, "settle": "{settle}", {in_flight},
                 "on_unknown": "{on_unknown}", "after_expiry": "{after_expiry}", "max_stored_body": {max_stored},
-                "mode": "{mode}", "failure_mode": "{failure_mode}"{forwarding}}}]}}"#,
+                "mode": "{mode}", "failure_mode": "{failure_mode}"{canary}{forwarding}}}]}}"#,
             lease = LEASE_MS / 1_000,
             settle = if self.background {
                 "background"
@@ -329,6 +339,11 @@ impl Knobs {
             ttl = if self.short_ttl { 3 } else { 86_400 },
             mode = if self.observe { "observe" } else { "enforce" },
             failure_mode = if self.fail_open { "open" } else { "closed" },
+            canary = if self.canary() {
+                r#", "canary": {"tenants": ["t0"]}"#
+            } else {
+                ""
+            },
             tenant = if self.tenants {
                 r#""tenant": {"header": "x-tenant"}"#
             } else {
@@ -362,6 +377,7 @@ impl Default for Knobs {
             fail_open: false,
             tenants: false,
             push: false,
+            canary: false,
         }
     }
 }
@@ -391,8 +407,11 @@ pub struct Shape {
     pub sweep_every_ms: i64,
     /// Bodies reach the filter in pieces.
     pub chunks: bool,
-    /// How many tenants the requests come from.
+    /// How many tenants the requests come from...
     pub tenants: usize,
+    /// ...and how many of them, the first, are enforced: the rest are
+    /// observed.
+    pub enforced: usize,
     /// A configuration is pushed once.
     pub push: bool,
     pub faults: Faults,
@@ -467,6 +486,11 @@ impl Scenario {
             sweep_every_ms: k.sweep_every_ms,
             chunks: k.chunks,
             tenants: if k.tenants { 2 } else { 1 },
+            enforced: match (k.observe, k.canary()) {
+                (true, _) => 0,
+                (false, true) => 1,
+                (false, false) => 2,
+            },
             push: k.push,
             faults: self.faults.clone(),
         })

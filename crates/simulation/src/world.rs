@@ -214,6 +214,9 @@ pub struct World {
     pub reply_unread: HashSet<String>,
     /// Whether each attempt's request carried the other body.
     pub other_body: HashMap<String, bool>,
+    /// The attempts the policy observes (observe mode, or a canary's other
+    /// side): forwarded whatever the store says.
+    pub observed: HashSet<String>,
     /// What the store confirmed.
     pub confirmed: Vec<Confirmed>,
     /// Attempts whose filter read that the store gave them the key...
@@ -327,6 +330,7 @@ impl World {
             never_reached: HashSet::new(),
             reply_unread: HashSet::new(),
             other_body: HashMap::new(),
+            observed: HashSet::new(),
             read_upstream: HashSet::new(),
             confirmed: Vec::new(),
             told_theirs: HashSet::new(),

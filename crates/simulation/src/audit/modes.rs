@@ -1,9 +1,9 @@
 //! What the filter forwards, by the policy's mode (§4, §8): in `enforce`
 //! mode only what the store gave the key; with `failure_mode: open` also
-//! what the store could not decide, unprotected; in `observe` mode every
-//! request, answered by the upstream only. In every mode, a request the
-//! store told that the key is not its own is never forwarded (but in
-//! observe mode, which forwards everything).
+//! what the store could not decide, unprotected; in `observe` mode (a
+//! policy's, or a canary's other side) every request, answered by the
+//! upstream only. A request the store told that the key is not its own is
+//! never forwarded but where it is observed.
 
 use crate::scenario::Knobs;
 use crate::world::{Got, World};
@@ -11,15 +11,12 @@ use crate::world::{Got, World};
 /// Whether `attempt` ran unprotected, as the mode allows: forwarded without
 /// the filter having read that the key was its own.
 pub fn unprotected(w: &World, k: &Knobs, attempt: &str) -> bool {
-    (k.observe || k.fail_open) && !w.told_theirs.contains(attempt)
+    (w.observed.contains(attempt) || k.fail_open) && !w.told_theirs.contains(attempt)
 }
 
 /// Every execution was forwarded as the mode allows.
 pub fn forwarded(w: &World, k: &Knobs) -> Result<(), String> {
-    if k.observe {
-        return Ok(());
-    }
-    for e in &w.execs {
+    for e in w.execs.iter().filter(|e| !w.observed.contains(&e.attempt)) {
         if w.told_not_theirs.contains(&e.attempt) {
             return Err(format!(
                 "{} was told the key is not its own, but it ran at {} ms",
@@ -36,15 +33,15 @@ pub fn forwarded(w: &World, k: &Knobs) -> Result<(), String> {
     Ok(())
 }
 
-/// In observe mode no client is answered by the filter.
-pub fn observed(w: &World, k: &Knobs) -> Result<(), String> {
-    if !k.observe {
-        return Ok(());
-    }
+/// No client observed is answered by the filter.
+pub fn observed(w: &World) -> Result<(), String> {
     let mut owners: Vec<_> = w.got.iter().collect();
     owners.sort_by_key(|(o, _)| **o);
     for (owner, got) in owners {
         let attempt = &w.attempts[owner];
+        if !w.observed.contains(attempt) {
+            continue;
+        }
         if let Got::Reply(r) = got {
             // Under detached forwarding the filter relays the upstream's answer.
             let relayed = w
@@ -53,7 +50,7 @@ pub fn observed(w: &World, k: &Knobs) -> Result<(), String> {
                 .any(|e| &e.attempt == attempt && e.status == r.status && e.body == r.body);
             if !relayed {
                 return Err(format!(
-                    "request {owner} was answered {} {} by the filter in observe mode",
+                    "request {owner}, observed, was answered {} {} by the filter",
                     r.status,
                     String::from_utf8_lossy(&r.body)
                 ));

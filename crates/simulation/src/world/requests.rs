@@ -48,6 +48,9 @@ impl World {
             ..Stream::default()
         };
         self.proxy.borrow_mut().streams.insert(owner, stream);
+        if tenant >= self.shape.enforced {
+            self.observed.insert(attempt.clone());
+        }
         self.attempts.insert(owner, attempt.clone());
         self.request_keys.insert(owner, scope);
         let worker = self.serving[owner as usize % WORKERS];
