@@ -24,21 +24,36 @@ def _delta(before, after):
 
 def mechanism(extra):
     """Per scenario, the one-connection runs' snapshots summed over its rounds:
-    {"ctxt": n, "seconds": s, "metrics": {series: delta}, "rq_time": {(lower, width): count}}."""
+    {"ctxt": n, "seconds": s, "metrics": {series: delta}, "rq_time": {(lower, width): count},
+    "callout_us": {(lower, width): count}}."""
     out = {}
     for m in extra.get("mechanism", []):
         b, a = m.get("before"), m.get("after")
         if not b or not a:
             continue
-        s = out.setdefault(_base(m["scenario"]), {"ctxt": 0, "seconds": 0.0, "metrics": {}, "rq_time": {}})
+        s = out.setdefault(_base(m["scenario"]), {"ctxt": 0, "seconds": 0.0, "metrics": {}, "rq_time": {},
+                                                  "callout_us": {}})
         s["ctxt"] += a["ctxt"] - b["ctxt"]
         s["seconds"] += a.get("at", 0) - b.get("at", 0)
         for k, v in _delta(b["metrics"], a["metrics"]).items():
             s["metrics"][k] = s["metrics"].get(k, 0) + v
-        before = {(lo, w): n for lo, w, n in b["rq_time"]}
-        for lo, w, n in a["rq_time"]:
-            s["rq_time"][(lo, w)] = s["rq_time"].get((lo, w), 0) + n - before.get((lo, w), 0)
+        for hist in ("rq_time", "callout_us"):
+            before = {(lo, w): n for lo, w, n in b.get(hist, [])}
+            for lo, w, n in a.get(hist, []):
+                s[hist][(lo, w)] = s[hist].get((lo, w), 0) + n - before.get((lo, w), 0)
     return {name: _mechanism_row(s) for name, s in out.items()}
+
+
+def _p50(buckets):
+    """The lower bound of the bucket that holds the median of detailed
+    buckets {(lower, width): count}, and their count; (None, 0) if empty."""
+    total = sum(buckets.values())
+    seen = 0
+    for (lo, _), n in sorted(buckets.items()):
+        seen += n
+        if seen >= total / 2 and total > 0:
+            return lo, total
+    return None, 0
 
 
 def _histogram(metrics, base):
@@ -70,14 +85,12 @@ def _mechanism_row(s):
         row["ctxt_per_claim"] = s["ctxt"] / claims
         if m.get(DURABLE) is not None:
             row["durable_per_claim"] = m[DURABLE] / claims
-    calls = sum(s["rq_time"].values())
+    callout_p50, timed = _p50(s["callout_us"])
+    if timed:
+        row["callout_p50_us"] = callout_p50
+    rq_p50, calls = _p50(s["rq_time"])
     if calls > 0:
-        half, seen = calls / 2, 0
-        for (lo, width), n in sorted(s["rq_time"].items()):
-            seen += n
-            if seen >= half:
-                row["rq_p50_ms"] = lo
-                break
+        row["rq_p50_ms"] = rq_p50
         row["rq_calls"] = calls
         row["ctxt_per_callout"] = s["ctxt"] / calls
         row["rq_under_1ms"] = sum(n for (lo, _), n in s["rq_time"].items() if lo < 1) / calls
@@ -210,12 +223,14 @@ def mechanism_section(summary):
            "claim; the store's own timers from its `/metrics` (`idemgate_store_claim_duration_seconds` and the "
            "writer's `idemgate_store_write_{queued,transaction,commit}_seconds`: means exact, p50 only as the "
            "bucket that holds it); the writer's durable commits per claim; Envoy's `upstream_rq_time` of the "
-           "store's cluster (a store callout, whole milliseconds as Envoy records them). A new key is a claim and "
+           "store's cluster (a store callout, whole milliseconds as Envoy records them) and the filter's own "
+           "timer of the same callouts (`idemgate_store_call_duration_us`, Envoy's detailed buckets: the lower "
+           "bound of the p50's). A new key is a claim and "
            "a completion: the context switches and commits of both are in the window, divided by the claims.", "",
            "| scenario | claims | context switches per claim (per store callout) | claim mean ms "
            "| claim p50 bucket ms | queued / transaction / commit mean ms | durable commits per claim "
-           "| WAL checkpoints | store callout p50 (Envoy) | callouts under 1 ms |",
-           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+           "| WAL checkpoints | store callout p50 (Envoy) | callouts under 1 ms | store callout p50 (filter) |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for name, label in MECHANISM_ROWS:
         r = mech.get(name)
         if not r:
@@ -227,9 +242,10 @@ def mechanism_section(summary):
         rq = "–" if r.get("rq_p50_ms") is None else f"{r['rq_p50_ms']:g} ms"
         under = None if r.get("rq_under_1ms") is None else r["rq_under_1ms"] * 100
         per = f"{_f(r.get('ctxt_per_claim'), 1)} ({_f(r.get('ctxt_per_callout'), 1)})"
+        callout = "–" if r.get("callout_p50_us") is None else f"{r['callout_p50_us']:g} µs"
         out.append(f"| {label} | {r['claims']:.0f} | {per} | {_f(c.get('mean_ms'), 3)} | {span} | {stages} "
                    f"| {_f(r.get('durable_per_claim'), 2)} | {_f(r.get('checkpoints'), 0)} | {rq} "
-                   f"| {_f(under, 0, '%')} |")
+                   f"| {_f(under, 0, '%')} | {callout} |")
     if sy:
         out += ["", "Syncs per durable batch: the store's `fsync`/`fdatasync` calls (`strace -f` attached to the "
                     "store, every thread) while new keys arrive at one connection, over the writer's durable commits "

@@ -12,7 +12,10 @@ differences.
   timer, the writer's stage timers, commits, durable commits, checkpoints),
   over the Unix socket when one is given;
 - "rq_time": Envoy's histogram of the store cluster's upstream_rq_time, its
-  detailed buckets since Envoy started ([lower bound ms, width ms, count]).
+  detailed buckets since Envoy started ([lower bound ms, width ms, count]);
+- "callout_us": the filter's own histogram of its store callouts
+  (idemgate.store_call_duration_us), the same way, in microseconds: Envoy's
+  upstream_rq_time counts whole milliseconds.
   The bench's Envoys flush their stats only when the admin asks
   (stats_flush_on_admin), and a flush merges the workers' histograms after
   the answer: the first request merges, the second reads.
@@ -27,6 +30,7 @@ import urllib.parse
 import urllib.request
 
 RQ_TIME = "cluster.idempotency_store.upstream_rq_time"
+CALLOUT_US = "wasmcustom.idemgate.store_call_duration_us"
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -70,8 +74,9 @@ def store_metrics(url, unix):
     return out
 
 
-def rq_time(admin):
-    query = urllib.parse.urlencode({"filter": f"^{RQ_TIME.replace('.', '[.]')}$", "format": "json",
+def detailed(admin, name):
+    """Envoy's histogram `name`, its detailed buckets: [lower bound, width, count]."""
+    query = urllib.parse.urlencode({"filter": f"^{name.replace('.', '[.]')}$", "format": "json",
                                     "histogram_buckets": "detailed"})
     url = f"http://127.0.0.1:{admin}/stats?{query}"
     urllib.request.urlopen(url, timeout=10).read()
@@ -80,7 +85,7 @@ def rq_time(admin):
         stats = json.load(r).get("stats", [])
     for s in stats:
         for d in (s.get("histograms") or {}).get("details", []):
-            if d.get("name") == RQ_TIME:
+            if d.get("name") == name:
                 return [[b["lower_bound"], b["width"], b["count"]] for b in d.get("totals", [])]
     return []
 
@@ -88,7 +93,8 @@ def rq_time(admin):
 def main():
     pid, url, admin = sys.argv[1:4]
     unix = sys.argv[4] if len(sys.argv) > 4 else None
-    print(json.dumps({"ctxt": context_switches(pid), "metrics": store_metrics(url, unix), "rq_time": rq_time(admin),
+    print(json.dumps({"ctxt": context_switches(pid), "metrics": store_metrics(url, unix),
+                      "rq_time": detailed(admin, RQ_TIME), "callout_us": detailed(admin, CALLOUT_US),
                       "at": time.time()}))
 
 

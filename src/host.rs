@@ -42,6 +42,14 @@ pub fn random_hex() -> Option<String> {
     Some(seed.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Envoy's clock, since the Unix epoch (`None` if unreadable).
+fn since_epoch() -> Option<Duration> {
+    hostcalls::get_current_time()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+}
+
 fn read_buffer(buffer: BufferType, start: usize, size: usize) -> Bytes {
     if size == 0 {
         return Vec::new();
@@ -94,10 +102,14 @@ impl Host for Envoy {
 
     /// Envoy's clock, in milliseconds since the Unix epoch (0 if unreadable).
     fn now_ms(&self) -> i64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        since_epoch()
             .and_then(|d| i64::try_from(d.as_millis()).ok())
+            .unwrap_or(0)
+    }
+
+    fn now_us(&self) -> i64 {
+        since_epoch()
+            .and_then(|d| i64::try_from(d.as_micros()).ok())
             .unwrap_or(0)
     }
 
@@ -117,6 +129,16 @@ impl Host for Envoy {
     fn increment(&self, metric: Option<u32>) {
         if let Some(id) = metric {
             let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    fn histogram(&self, name: &str) -> Option<u32> {
+        hostcalls::define_metric(MetricType::Histogram, name).ok()
+    }
+
+    fn record(&self, histogram: Option<u32>, value: u64) {
+        if let Some(id) = histogram {
+            let _ = hostcalls::record_metric(id, value);
         }
     }
 

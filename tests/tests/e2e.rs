@@ -614,6 +614,45 @@ async fn a_store_that_refuses_the_filters_frames_is_a_counted_configuration_erro
     assert!(h.envoy_log().contains("the store refused a call with 401"));
 }
 
+/// The filter times its own store callouts in microseconds: Envoy's
+/// `upstream_rq_time` of the store's cluster counts whole milliseconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_filter_times_its_store_callouts_in_microseconds() {
+    let h = Harness::start().await;
+    let k = key("timed");
+    let a = send(h.post("/pay", Some(&k), PAYMENT)).await;
+    assert_eq!(a.status, 201);
+    // A claim and a completion; Envoy merges the workers' histograms when
+    // its stats are flushed.
+    let (count, sum) = poll(
+        "the store callouts to be timed",
+        Duration::from_secs(15),
+        || async {
+            let text = h.admin_text("/stats/prometheus").await;
+            // `name{} value`: Envoy writes the empty label set.
+            let value = |name: &str| {
+                text.lines().find_map(|l| {
+                    l.strip_prefix(name)?
+                        .trim_start_matches("{}")
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+            };
+            let count = value("idemgate_store_call_duration_us_count")?;
+            let sum = value("idemgate_store_call_duration_us_sum")?;
+            (count >= 2.0).then_some((count, sum))
+        },
+    )
+    .await;
+    let mean = sum / count;
+    // Microseconds: more than one, far less than the call's timeout.
+    assert!(
+        mean > 1.0 && mean < 1_000_000.0,
+        "{count} callouts, mean {mean} µs"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_spelling_of_a_covered_path_executes_once_on_express() {
     let port = e2e::free_port();

@@ -35,7 +35,9 @@ pub struct Pumped {
 pub struct StoreClient {
     pub attached: Attached,
     pub letters: Letters,
-    tokens: HashMap<u32, (Queue, Flight)>,
+    /// Each callout in flight: its queue, its flight, and when it was sent
+    /// (µs).
+    tokens: HashMap<u32, (Queue, Flight, i64)>,
     /// The root's timer period: zero (off) while nothing waits.
     period: Duration,
 }
@@ -60,8 +62,9 @@ impl StoreClient {
         self.period.is_zero()
     }
 
-    /// Which queue's flight callout `token` is, if it is this client's.
-    pub fn take(&mut self, token: u32) -> Option<(Queue, Flight)> {
+    /// Which queue's flight callout `token` is, if it is this client's,
+    /// and when it was sent (µs).
+    pub fn take(&mut self, token: u32) -> Option<(Queue, Flight, i64)> {
         self.tokens.remove(&token)
     }
 
@@ -76,7 +79,8 @@ impl StoreClient {
         while let Some(t) = self.attached.poll_transmit(now) {
             match host.dispatch(store, &t.call) {
                 Some(token) => {
-                    self.tokens.insert(token, (Queue::Attached, t.flight));
+                    self.tokens
+                        .insert(token, (Queue::Attached, t.flight, host.now_us()));
                 }
                 None => out.answers.extend(self.attached.refused(t.flight)),
             }
@@ -84,7 +88,8 @@ impl StoreClient {
         while let Some(t) = self.letters.poll_transmit(now) {
             match host.dispatch(store, &t.call) {
                 Some(token) => {
-                    self.tokens.insert(token, (Queue::Letters, t.flight));
+                    self.tokens
+                        .insert(token, (Queue::Letters, t.flight, host.now_us()));
                 }
                 None => {
                     // Envoy has no store host now: the rest waits too.

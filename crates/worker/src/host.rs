@@ -33,14 +33,20 @@ pub enum Level {
 /// The calls the worker makes. "The request" is the one whose callback is
 /// running, or the one [`Host::set_effective_context`] last named.
 pub trait Host: Clone {
-    /// The host's clock, in milliseconds since the Unix epoch.
+    /// The host's clock, in milliseconds since the Unix epoch...
     fn now_ms(&self) -> i64;
+    /// ...and in microseconds.
+    fn now_us(&self) -> i64;
     fn random_u64(&self) -> u64;
     fn log(&self, level: Level, message: &str);
 
     /// Defines a counter; `None` if the host refused.
     fn counter(&self, name: &str) -> Option<u32>;
     fn increment(&self, counter: Option<u32>);
+    /// Defines a histogram; `None` if the host refused.
+    fn histogram(&self, name: &str) -> Option<u32>;
+    /// Records one value of a histogram.
+    fn record(&self, histogram: Option<u32>, value: u64);
     /// Defines the gauge `name` and sets it to `value`.
     fn set_gauge(&self, name: &str, value: u64);
 

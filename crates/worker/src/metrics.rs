@@ -47,7 +47,13 @@ pub struct Metrics<H: Host> {
     policies: Vec<PolicyCounters>,
     config_errors: Option<u32>,
     store_queue_full: Option<u32>,
+    store_call_us: Option<u32>,
 }
+
+/// The histogram of the worker's store callouts, from sending to the
+/// answer (or its end), in microseconds: Envoy's own `upstream_rq_time`
+/// counts whole milliseconds, and most callouts take less than one.
+pub const STORE_CALL_STAT: &str = "idemgate.store_call_duration_us";
 
 /// The stat name of one request counter.
 pub fn request_stat(handling: Handling, policy: &str) -> String {
@@ -168,6 +174,7 @@ impl<H: Host> Metrics<H> {
             policies,
             config_errors: host.counter("idemgate.config_errors_total"),
             store_queue_full: host.counter("idemgate.store_queue_full_total"),
+            store_call_us: host.histogram(STORE_CALL_STAT),
             host,
         }
     }
@@ -208,6 +215,11 @@ impl<H: Host> Metrics<H> {
             self.host
                 .increment(counters.settlements.get(i).copied().flatten());
         }
+    }
+
+    /// A store callout took `us` microseconds.
+    pub fn store_call(&self, us: u64) {
+        self.host.record(self.store_call_us, us);
     }
 
     /// A store call found the worker's queue full and was failed closed

@@ -99,13 +99,17 @@ impl<H: Host> Worker<H> {
     /// handed it to.
     pub fn answer(&self, token: u32, num_headers: usize, body_size: usize) {
         let taken = self.client.borrow_mut().take(token);
+        if let Some((_, _, sent)) = taken {
+            let took = self.host.now_us().saturating_sub(sent);
+            self.metrics.store_call(u64::try_from(took).unwrap_or(0));
+        }
         match taken {
-            Some((Queue::Attached, flight)) => {
+            Some((Queue::Attached, flight, _)) => {
                 let answer = self.host.store_answer(num_headers, body_size);
                 let answers = self.client.borrow_mut().attached.answered(flight, answer);
                 self.hand_out(answers);
             }
-            Some((Queue::Letters, flight)) => {
+            Some((Queue::Letters, flight, _)) => {
                 let answer = self.host.store_answer(num_headers, body_size);
                 let ended = self
                     .client

@@ -169,6 +169,10 @@ impl Host for Envoy {
         self.with(|p| p.now)
     }
 
+    fn now_us(&self) -> i64 {
+        self.now_ms() * 1_000
+    }
+
     fn random_u64(&self) -> u64 {
         self.with(|p| p.seeds.range(1, i64::MAX) as u64)
     }
@@ -205,6 +209,12 @@ impl Host for Envoy {
             }
         });
     }
+
+    fn histogram(&self, _name: &str) -> Option<u32> {
+        None
+    }
+
+    fn record(&self, _histogram: Option<u32>, _value: u64) {}
 
     fn set_gauge(&self, _name: &str, _value: u64) {}
 
