@@ -221,6 +221,8 @@ pub struct World {
     changed: bool,
     /// The store still held calls when nothing else was left to happen.
     pub stuck: bool,
+    /// What the database lost when the store restarted.
+    pub lost: Option<crate::database::loss::Lost>,
     /// Print what happens, as it happens (`SIMULATION_TRACE=1`).
     trace: bool,
 }
@@ -315,6 +317,7 @@ impl World {
             overwritten: None,
             changed: false,
             stuck: false,
+            lost: None,
             trace: std::env::var_os("SIMULATION_TRACE").is_some(),
             shape,
         };
@@ -420,9 +423,16 @@ impl World {
                     self.answered(token, answer);
                 }
             }
+            // A loss of the database's is no overwrite: the audit judges
+            // what it took; what it kept is watched from here on.
             Event::Restart => {
                 self.restarts.push(self.now);
-                self.far.restart();
+                self.look_at_histories();
+                self.lost = self
+                    .far
+                    .restart(self.shape.faults.database_lost, self.confirmed.len());
+                self.seen.clear();
+                self.look_at_histories();
             }
             Event::EnvoyGoes(every, one) => {
                 for worker in 0..WORKERS {

@@ -144,7 +144,10 @@ fn replay(evs: &[&EventInfo]) -> Result<(Life, bool), String> {
 /// did is an event of that generation.
 pub(super) fn confirmations(w: &World, histories: &[(String, KeyHistory)]) -> Result<(), String> {
     let of = |key: &str| histories.iter().find(|(k, _)| k == key).map(|(_, h)| h);
-    for c in &w.confirmed {
+    for (i, c) in w.confirmed.iter().enumerate() {
+        if super::loss::confirmation(w, i, c) {
+            continue;
+        }
         let (key, fence, wanted) = match c {
             Confirmed::Owned { key, fence } => (key, fence, None),
             Confirmed::Completed { key, fence } => (key, fence, Some(Transition::Completed)),

@@ -22,9 +22,14 @@
 //!
 //! What only storage needs, it leaves out: sealing stored responses at rest
 //! ([`crate::sealing`]: nothing here is at rest), durability (an effect's
-//! `durable` asks nothing of memory), deferred replay counts (a replay is
-//! counted in the record at once), and the sweeper's slices (a batch is
-//! one call that nothing can queue behind).
+//! `durable` asks nothing of memory; it is only counted, [`Memory::commits`]),
+//! deferred replay counts (a replay is counted in the record at once), and
+//! the sweeper's slices (a batch is one call that nothing can queue behind).
+//!
+//! A simulation that plays a database losing what it committed takes the
+//! tables as they are ([`Memory::snapshot`]) and puts them back later
+//! ([`Memory::restore`]): a restore from a backup, a failover to a standby
+//! behind the primary, a crash that loses the commits not yet flushed.
 
 mod operations;
 mod reads;
@@ -55,6 +60,10 @@ pub struct Memory {
     log_ids: LogIds,
 }
 
+/// Everything the backend held at one moment ([`Memory::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot(Tables);
+
 impl Memory {
     /// Empty tables; events are logged with records named by `log_ids`.
     pub fn new(log_ids: LogIds) -> Memory {
@@ -62,6 +71,29 @@ impl Memory {
             tables: Mutex::default(),
             log_ids,
         }
+    }
+
+    /// Everything the backend holds now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.tables.lock().unwrap_or_else(PoisonError::into_inner).clone())
+    }
+
+    /// Puts back what the backend held at `snapshot`: everything since is
+    /// gone, fences drawn since included, as from a database restored to
+    /// that moment. The count of commits goes on.
+    pub fn restore(&self, snapshot: Snapshot) {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let commits = tables.commits;
+        *tables = snapshot.0;
+        tables.commits = commits;
+    }
+
+    /// Operations that changed a row so far, and how many of them were
+    /// durable: all but the completions their policy lets the database
+    /// commit without waiting (`on_unknown: conflict`). A replay's count is
+    /// no commit of its own (the SQL backends defer it).
+    pub fn commits(&self) -> (u64, u64) {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).commits
     }
 
     /// Runs `f` on the tables, then logs the events it recorded for the

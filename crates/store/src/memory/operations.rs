@@ -19,7 +19,7 @@ use crate::sealing::Seal;
 /// Carries out `effect` on the record of `key` and returns its reply. The
 /// tables are the caller's alone while it runs, so the record is as the
 /// effect read it; a write's `durable` asks nothing of memory, which keeps
-/// nothing across a restart.
+/// nothing across a restart, but is counted ([`Tables::commit`]).
 pub(super) fn carry_out<R>(
     t: &mut Tables,
     journal: &mut Journal,
@@ -27,6 +27,13 @@ pub(super) fn carry_out<R>(
     effect: Effect<'_, R>,
     now: i64,
 ) -> R {
+    if !effect.writes.is_empty() {
+        let lazy = effect
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::Complete { durable: false, .. }));
+        t.commit(!lazy);
+    }
     for write in effect.writes {
         match write {
             Write::Event { by, note } => t.event(key, by, note, now, journal),
@@ -120,6 +127,7 @@ pub(super) fn claim(
                 t.event(&key, replaced.by, None, now, journal);
                 t.keep_in_history(&key, replaced.ended, now);
             }
+            t.commit(true);
             let fence = t.next_fence();
             t.start_generation(req, &key, fence, now);
             t.event(&key, by, None, now, journal);

@@ -66,7 +66,7 @@ pub(super) struct Ended {
 }
 
 /// Everything the store keeps.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Tables {
     /// Current records, by their key.
     pub(super) records: BTreeMap<ScopeDigest, Current>,
@@ -84,9 +84,18 @@ pub(super) struct Tables {
     fence: u64,
     /// The last [`Current::rowid`] given.
     rows: u64,
+    /// Operations that changed a row, and how many of them durably.
+    pub(super) commits: (u64, u64),
 }
 
 impl Tables {
+    /// Counts an operation that changed a row: `durable` unless it was a
+    /// completion its policy lets the database commit lazily.
+    pub(super) fn commit(&mut self, durable: bool) {
+        self.commits.0 += 1;
+        self.commits.1 += u64::from(durable);
+    }
+
     /// The next fencing token.
     pub(super) fn next_fence(&mut self) -> u64 {
         self.fence += 1;
