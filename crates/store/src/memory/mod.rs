@@ -52,6 +52,7 @@ use crate::effects;
 use crate::log_ids::LogIds;
 use crate::row_mapping::ScopeDigest;
 use operations::load_and_carry_out;
+pub use tables::Snapshot;
 use tables::{Journal, Tables};
 
 /// The in-memory backend.
@@ -59,10 +60,6 @@ pub struct Memory {
     tables: Mutex<Tables>,
     log_ids: LogIds,
 }
-
-/// Everything the backend held at one moment ([`Memory::snapshot`]).
-#[derive(Debug, Clone)]
-pub struct Snapshot(Tables);
 
 impl Memory {
     /// Empty tables; events are logged with records named by `log_ids`.
@@ -75,17 +72,22 @@ impl Memory {
 
     /// Everything the backend holds now.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot(self.tables.lock().unwrap_or_else(PoisonError::into_inner).clone())
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
     }
 
     /// Puts back what the backend held at `snapshot`: everything since is
     /// gone, fences drawn since included, as from a database restored to
-    /// that moment. The count of commits goes on.
-    pub fn restore(&self, snapshot: Snapshot) {
-        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        let commits = tables.commits;
-        *tables = snapshot.0;
-        tables.commits = commits;
+    /// that moment. The count of commits goes on. `false`, changing
+    /// nothing, if the sweeper purged rows since: what it removed is not
+    /// in the snapshot.
+    pub fn restore(&self, snapshot: Snapshot) -> bool {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .restore(snapshot)
     }
 
     /// Operations that changed a row so far, and how many of them were

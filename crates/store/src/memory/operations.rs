@@ -5,6 +5,7 @@
 //! whose [`Write`]s [`carry_out`] makes true, as `sqlite::operations` and
 //! `postgres::operations` do.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
@@ -58,7 +59,7 @@ pub(super) fn carry_out<R>(
                     r.fence = fence;
                     r.status = Some(response.status);
                     r.headers = Some(encode_headers(response.headers));
-                    r.body = response.body.map(<[u8]>::to_vec);
+                    r.body = response.body.map(Arc::from);
                     r.body_stored = response.body_stored;
                     r.completed_at = Some(now);
                     r.expires_at = Some(expires_at);
@@ -163,7 +164,7 @@ fn replay(
     let body = t
         .records
         .get(key)
-        .and_then(|c| c.row.body.clone())
+        .and_then(|c| c.row.body.as_deref().map(<[u8]>::to_vec))
         .unwrap_or_default();
     match loaded {
         // Read through the same mapping as a stored row, unsealed.

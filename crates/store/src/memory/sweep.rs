@@ -161,6 +161,7 @@ fn purge(t: &mut Tables, cutoff: i64, batch: u32, report: &mut SweepReport) {
     report.events_purged += count(before - t.events.len());
     if (report.purged, report.events_purged) != purged_before {
         t.commit(true);
+        t.purges += 1;
     }
 }
 

@@ -198,7 +198,7 @@ fn a_snapshot_put_back_forgets_what_came_after_it() {
         FenceReply::Done
     );
     assert_eq!(m.commits(), (4, 3));
-    m.restore(before);
+    assert!(m.restore(before));
     assert_eq!(m.commits(), (4, 3));
     let q = |key: &str| Lookup {
         tenant: "acme".into(),
