@@ -12,6 +12,7 @@ use idemgate_core::record::{Standing, State, Transition};
 use idemgate_store::backend::RecordInfo;
 
 mod history;
+mod loss;
 mod modes;
 
 pub use history::overwritten;
@@ -27,6 +28,9 @@ pub fn audit(w: &World, k: &Knobs) -> Result<(), String> {
     let generations: Vec<&RecordInfo> = histories.iter().flat_map(|(_, h)| &h.records).collect();
     modes::forwarded(w, k)?;
     modes::observed(w)?;
+    if let Some(lost) = &w.lost {
+        loss::only_allowed(lost)?;
+    }
     executions(w, k, &generations)?;
     if let Some(at) = w.outgrown {
         return Err(format!(
@@ -85,11 +89,13 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
     let mut keys: Vec<_> = by_key.into_iter().collect();
     keys.sort_by_key(|(k, _)| *k);
     // Under `after_expiry: new`, what ran again under a generation claimed
-    // once the generation of what ran before had expired (§6).
+    // once the generation of what ran before had expired (§6); a
+    // generation the database lost since was one of them all the same.
+    let known: Vec<&RecordInfo> = generations.iter().copied().chain(loss::generations(w)).collect();
     let after_expiry = |before: &Exec, again: &Exec| {
         let (Some(g), Some(h)) = (
-            generation_of(generations, &before.attempt),
-            generation_of(generations, &again.attempt),
+            generation_of(&known, &before.attempt),
+            generation_of(&known, &again.attempt),
         ) else {
             return false;
         };
@@ -105,7 +111,10 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
         if !k.release_unknown {
             let mut acting: Vec<&&Exec> = execs.iter().filter(|e| !released(e.status)).collect();
             acting.sort_by_key(|e| e.start);
-            if let Some(pair) = acting.windows(2).find(|p| !after_expiry(p[0], p[1])) {
+            if let Some(pair) = acting
+                .windows(2)
+                .find(|p| !after_expiry(p[0], p[1]) && !loss::first_again(w, p[0], p[1]))
+            {
                 return Err(format!(
                     "key {key} executed {} times: {} at {} ms, then {} at {} ms",
                     acting.len(),
@@ -117,10 +126,14 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
             }
             continue;
         }
-        let mut spans: Vec<(i64, i64)> = execs.iter().map(|e| (e.start, e.end)).collect();
-        spans.sort();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(format!("key {key} executed twice at once: {w:?}"));
+        let mut spans: Vec<&&Exec> = execs.iter().collect();
+        spans.sort_by_key(|e| (e.start, e.end));
+        if let Some(p) = spans
+            .windows(2)
+            .find(|p| p[1].start < p[0].end && !loss::first_again(w, p[0], p[1]))
+        {
+            let spans: Vec<(i64, i64)> = p.iter().map(|e| (e.start, e.end)).collect();
+            return Err(format!("key {key} executed twice at once: {spans:?}"));
         }
         // Only an unknown outcome may run again: a completion stands. (An
         // execution that began before it completed ran alongside it.)
@@ -131,10 +144,9 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
             if g.state != Standing::In(State::Completed) {
                 continue;
             }
-            if let Some(again) = execs
-                .iter()
-                .find(|e| e.start > done.start && !after_expiry(done, e))
-            {
+            if let Some(again) = execs.iter().find(|e| {
+                e.start > done.start && !after_expiry(done, e) && !loss::completed_after(w, done, e)
+            }) {
                 return Err(format!(
                     "key {key} completed ({} by {}, generation {}) and executed again by {} at {} ms",
                     g.status.unwrap_or(0),
@@ -181,6 +193,7 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
             && !w.envoy_lost.contains(attempt)
             && !copied
             && !expired_first
+            && !loss::settled(w, attempt)
         {
             return Err(format!(
                 "generation {} ({attempt}) left unknown although nothing ran",
@@ -238,6 +251,7 @@ fn never_reached(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<()
             || w.envoy_lost.contains(attempt)
             || w.reply_unread.contains(attempt)
             || modes::unprotected(w, k, attempt)
+            || loss::settled(w, attempt)
         {
             continue;
         }
@@ -316,7 +330,7 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
                             && w.other_body.get(&w.attempts[o]) != w.other_body.get(attempt)
                     })
                 });
-                if !other {
+                if !other && !loss::other_body(w, &w.scope_name(key), attempt) {
                     return Err(format!(
                         "request {owner} got 422 key-reused, but its key had no record of another body"
                     ));
@@ -339,7 +353,8 @@ fn answers(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), Stri
                     && !released(*status)
                     && !modes::unprotected(w, k, attempt)
                     && !w.gave_up.contains(attempt)
-                    && !w.envoy_lost.contains(attempt) =>
+                    && !w.envoy_lost.contains(attempt)
+                    && !loss::settled(w, attempt) =>
             {
                 // A known outcome reaches the store, in every mode; under
                 // `after_expiry: new` a completion the faults held up until

@@ -5,9 +5,11 @@
 //! waits) and notes every claim the store looked at without writing and
 //! found it would write ([`Backend::peek`], which the store asks only about
 //! a claim over its tenant's budget), with the record the claim met: the
-//! audit judges each `429` of the store by what its claim met.
+//! audit judges each `429` of the store by what its claim met. It also
+//! keeps the tables as its last commits left them, for the loss a scenario
+//! may have the database suffer when the store restarts ([`loss`]).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -22,6 +24,11 @@ use idemgate_store::log_ids::LogIds;
 use idemgate_store::memory::Memory;
 
 use crate::rng::Rng;
+use crate::world::{scope_label, scope_of_label};
+
+pub mod loss;
+
+use loss::{Kept, Loss, Lost};
 
 /// A claim the store looked at while its tenant's budget was spent, and
 /// found would write: what it met.
@@ -40,6 +47,7 @@ pub struct Database {
     /// The chance that a call takes [`SLOW_MS`] and its stream.
     slow: (f64, Mutex<Rng>),
     looked: Mutex<Vec<Limited>>,
+    kept: Mutex<Kept>,
 }
 
 /// How long a slow call takes: longer than a claim's caller waits (the
@@ -49,11 +57,65 @@ pub const SLOW_MS: (i64, i64) = (150, 450);
 impl Database {
     pub fn new(slow: f64, rng: Rng) -> Database {
         let ids = LogIds::new(b"the simulation's own log key, 32b").unwrap_or_else(|e| panic!("{e}"));
+        let memory = Memory::new(ids);
         Database {
-            memory: Memory::new(ids),
+            kept: Mutex::new(Kept::new(&memory)),
+            memory,
             slow: (slow, Mutex::new(rng)),
             looked: Mutex::default(),
         }
+    }
+
+    fn kept(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// After a call: keeps the tables if it committed.
+    fn noted<T>(&self, out: T) -> T {
+        self.kept().note(&self.memory, None);
+        out
+    }
+
+    /// After an abandon of `req`'s: keeps the tables, and the abandon, if it committed.
+    fn abandoned<T>(&self, req: &AbandonRequest, out: T) -> T {
+        let abandon = (
+            scope_label(req.scope.tenant(), req.scope.key().as_str()),
+            req.attempt.as_str().to_string(),
+        );
+        self.kept().note(&self.memory, Some(abandon));
+        out
+    }
+
+    fn named(&self, req: &ClaimRequest) {
+        self.kept()
+            .keys
+            .insert(scope_label(req.scope.tenant(), req.scope.key().as_str()));
+    }
+
+    /// The store restarts (at the world's `at`), and the database loses
+    /// what `loss` takes, if anything: each key's history before and
+    /// after. A scenario's one restart ends the keeping.
+    pub fn lose(&self, loss: Option<Loss>, at: i64, confirmed: usize) -> Option<Lost> {
+        let (back, abandons) = self.kept().back(loss)?;
+        let keys: Vec<String> = self.kept().keys.iter().cloned().collect();
+        let before: Vec<KeyHistory> = keys.iter().map(|k| self.labeled(k)).collect();
+        // The sweeper purges only past the audit retention, days after a run.
+        assert!(self.memory.restore(back), "the sweeper purged within a run");
+        let keys = keys
+            .into_iter()
+            .zip(before)
+            .map(|(k, before)| {
+                let after = self.labeled(&k);
+                (k, before, after)
+            })
+            .collect();
+        Some(Lost {
+            loss: loss?,
+            at,
+            confirmed,
+            keys,
+            abandons,
+        })
     }
 
     /// The last look the store took at `req` (its scope and attempt) over
@@ -65,6 +127,12 @@ impl Database {
             .rev()
             .find(|l| l.req.scope == req.scope && l.req.attempt == req.attempt)
             .cloned()
+    }
+
+    /// Every generation and event of the scope a [`scope_label`] names.
+    fn labeled(&self, label: &str) -> KeyHistory {
+        let (tenant, key) = scope_of_label(label);
+        self.history(tenant, key)
     }
 
     /// Every generation and event of `tenant`'s `key` (`*`: everyone's,
@@ -121,9 +189,11 @@ impl Backend for Database {
     }
     async fn claim(&self, req: &ClaimRequest, now: i64, deadline: Option<Instant>) -> Result<ClaimOutcome> {
         self.lag().await;
-        self.memory.claim(req, now, deadline).await
+        self.named(req);
+        self.noted(self.memory.claim(req, now, deadline).await)
     }
     async fn peek(&self, req: &ClaimRequest, now: i64) -> Result<Peeked> {
+        self.named(req);
         let peeked = self.memory.peek(req, now).await;
         if let Ok(Peeked::Takes | Peeked::Changes) = peeked {
             let record = self.current(&req.scope);
@@ -140,23 +210,40 @@ impl Backend for Database {
     }
     async fn complete(&self, req: &CompleteRequest, body: &[u8], now: i64) -> Result<FenceReply> {
         self.lag().await;
-        self.memory.complete(req, body, now).await
+        self.noted(self.memory.complete(req, body, now).await)
     }
     async fn release(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         self.lag().await;
-        self.memory.release(req, now).await
+        self.noted(self.memory.release(req, now).await)
     }
     async fn mark_unknown(&self, req: &FenceRequest, now: i64) -> Result<FenceReply> {
         self.lag().await;
-        self.memory.mark_unknown(req, now).await
+        self.noted(self.memory.mark_unknown(req, now).await)
     }
     async fn abandon(&self, req: &AbandonRequest, now: i64) -> Result<FenceReply> {
         self.lag().await;
-        self.memory.abandon(req, now).await
+        self.abandoned(req, self.memory.abandon(req, now).await)
     }
     async fn decide(&self, calls: Vec<Call>, now: i64) -> Vec<Result<Answer>> {
         self.lag().await;
-        self.memory.decide(calls, now).await
+        // One call at a time, as the backend decides them anyway: each
+        // commit is kept on its own.
+        let mut answers = Vec::with_capacity(calls.len());
+        for call in calls {
+            if let Call::Claim { req, .. } = &call {
+                self.named(req);
+            }
+            let abandon = match &call {
+                Call::Abandon(req) => Some(req.clone()),
+                _ => None,
+            };
+            let answer = self.memory.decide(vec![call], now).await;
+            answers.extend(match &abandon {
+                Some(req) => self.abandoned(req, answer),
+                None => self.noted(answer),
+            });
+        }
+        answers
     }
     async fn lookup(&self, q: &Lookup, limit: u32) -> Result<KeyHistory> {
         self.memory.lookup(q, limit).await
@@ -165,10 +252,10 @@ impl Backend for Database {
         self.memory.list(which, now, limit).await
     }
     async fn resolve(&self, scope: &Scope, how: &Resolution, reason: Option<&str>, now: i64) -> Result<bool> {
-        self.memory.resolve(scope, how, reason, now).await
+        self.noted(self.memory.resolve(scope, how, reason, now).await)
     }
     async fn sweep(&self, now: i64, policy: &SweepPolicy) -> Result<SweepReport> {
-        self.memory.sweep(now, policy).await
+        self.noted(self.memory.sweep(now, policy).await)
     }
     async fn open_records(&self) -> Result<OpenRecords> {
         self.memory.open_records().await

@@ -35,6 +35,7 @@ use idemgate_store::sweeper::{sweep_all, SweepSettings};
 use idemgate_store::{AppState, Clock, Settings, Store};
 use tower::ServiceExt;
 
+use crate::database::loss::{Loss, Lost};
 use crate::database::{Database, Limited};
 use crate::scenario::Budget;
 
@@ -167,7 +168,15 @@ impl Far {
     /// The store process is killed and started again on the same database:
     /// the calls it was deciding are gone with their connections, and what
     /// it kept in memory (the budgets' buckets, waiting claims) with them.
-    pub fn restart(&mut self) {
+    /// The database loses what `loss` takes, if anything (its server
+    /// crashed or failed over, or it was restored from a backup, as the
+    /// store restarted): what was lost, with how many of the store's
+    /// `confirmed` answers came before.
+    pub fn restart(&mut self, loss: Option<Loss>, confirmed: usize) -> Option<Lost> {
+        let lost = {
+            let _in = self.rt.enter();
+            self.database.lose(loss, self.now(), confirmed)
+        };
         self.calls.clear();
         self.counted = self.refused();
         self.store = store(&self.database, &self.clock, self.budget);
@@ -176,6 +185,7 @@ impl Far {
             r.store = store(&self.database, &r.clock, self.budget);
             r.app = app(r.store.clone(), &self.api_token);
         }
+        lost
     }
 
     /// Claims the store refused so far: as late (past their caller's

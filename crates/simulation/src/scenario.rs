@@ -8,6 +8,7 @@ use idemgate_core::client::{Bound, BOUND};
 use idemgate_core::config::{Config, Forwarding};
 use idemgate_store::budget::Budgets;
 
+use crate::database::loss::{Loss, HORIZON_MS};
 use crate::rng::Rng;
 
 /// One case: the world's seed, the policy and the faults.
@@ -133,6 +134,19 @@ pub struct Faults {
     pub clock_steps_back_ms: i64,
     /// The store is killed once, at a moment chosen by the seed.
     pub store_restarts: bool,
+    /// With the store's restart, the database loses what the contract lets
+    /// it lose (§5): the completions it committed without waiting for
+    /// durability, a standby's lag or everything since a backup
+    /// ([`Loss`]). The audit excuses what the lost commits explain, named
+    /// by the attempts and generations they held, and nothing else.
+    /// Without the excuses, 7,285 of 19,239 drawn scenarios with a loss
+    /// broke a promise; with them, 11 of 21,756 still do, each a fence
+    /// drawn again: the database's fence sequence goes back with the rest,
+    /// so a completion or release of a claim the loss took lands on a new
+    /// generation of its key that drew the same fence (a request that
+    /// never ran completed, the other body's response replayed). With the
+    /// sequence kept past the loss, 59,863 explored clean.
+    pub database_lost: Option<Loss>,
     /// Envoy goes away once, at a moment chosen by the seed, without a
     /// drain: a restart or a crash (every worker), or one worker's VM
     /// failing. What those workers held is lost: their exchanges (clients
@@ -246,6 +260,7 @@ impl Scenario {
                 && s("outlives_lease").chance(0.1),
             ..knobs
         };
+        let store_restarts = s("store_restarts").chance(0.2);
         let faults = Faults {
             lose_request: p(s("lose_request")),
             lose_answer: p(s("lose_answer")),
@@ -261,7 +276,15 @@ impl Scenario {
                     0
                 }
             },
-            store_restarts: s("store_restarts").chance(0.2),
+            store_restarts,
+            database_lost: {
+                let mut r = s("database_lost");
+                (store_restarts && r.chance(0.3)).then(|| match r.range(0, 3) {
+                    0 => Loss::Unflushed,
+                    1 => Loss::Standby(r.range(20, 1_000)),
+                    _ => Loss::Backup(r.range(1_000, HORIZON_MS)),
+                })
+            },
             envoy_restarts: s("envoy_restarts").chance(0.2),
             never_reached: p(s("never_reached")),
             mismatch: p(s("mismatch")),

@@ -80,7 +80,8 @@ pub enum Got {
 }
 
 /// What the store confirmed, as it answered (before the network had its
-/// way with the answer): a claim it gave, a completion or a release it did.
+/// way with the answer): a claim it gave, a completion or a release it did,
+/// each of the scope its [`scope_label`] names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confirmed {
     Owned { key: String, fence: u64 },
@@ -242,6 +243,8 @@ pub struct World {
     changed: bool,
     /// The store still held calls when nothing else was left to happen.
     pub stuck: bool,
+    /// What the database lost when the store restarted.
+    pub lost: Option<crate::database::loss::Lost>,
     /// Print what happens, as it happens (`SIMULATION_TRACE=1`).
     trace: bool,
 }
@@ -262,6 +265,21 @@ pub fn key_name(k: usize) -> String {
 
 /// The tenants of a policy that names them; an anonymous one's is everyone.
 const TENANTS: [&str; 2] = ["t0", "t1"];
+
+/// How the run names a scope: its key, with its tenant unless everyone's.
+pub fn scope_label(tenant: &str, key: &str) -> String {
+    match tenant {
+        idemgate_core::scope::EVERYONE => key.to_string(),
+        tenant => format!("{tenant}/{key}"),
+    }
+}
+
+/// The tenant and the key a [`scope_label`] names.
+pub fn scope_of_label(label: &str) -> (&str, &str) {
+    label
+        .split_once('/')
+        .unwrap_or((idemgate_core::scope::EVERYONE, label))
+}
 
 impl World {
     pub fn new(shape: Shape, seed: u64) -> World {
@@ -344,6 +362,7 @@ impl World {
             overwritten: None,
             changed: false,
             stuck: false,
+            lost: None,
             trace,
             shape,
         };
@@ -458,9 +477,16 @@ impl World {
                     self.answered(token, answer);
                 }
             }
+            // A loss of the database's is no overwrite: the audit judges
+            // what it took; what it kept is watched from here on.
             Event::Restart => {
                 self.restarts.push(self.now);
-                self.far.restart();
+                self.look_at_histories();
+                self.lost = self
+                    .far
+                    .restart(self.shape.faults.database_lost, self.confirmed.len());
+                self.seen.clear();
+                self.look_at_histories();
             }
             Event::EnvoyGoes(every, one) => {
                 for thread in 0..WORKERS {
@@ -567,10 +593,8 @@ impl World {
     }
 
     pub fn scope_name(&self, s: usize) -> String {
-        match self.scope(s) {
-            (idemgate_core::scope::EVERYONE, key) => key,
-            (tenant, key) => format!("{tenant}/{key}"),
-        }
+        let (tenant, key) = self.scope(s);
+        scope_label(tenant, &key)
     }
 
     fn history(&self, s: usize) -> KeyHistory {

@@ -144,13 +144,18 @@ fn replay(evs: &[&EventInfo]) -> Result<(Life, bool), String> {
 /// did is an event of that generation.
 pub(super) fn confirmations(w: &World, histories: &[(String, KeyHistory)]) -> Result<(), String> {
     let of = |key: &str| histories.iter().find(|(k, _)| k == key).map(|(_, h)| h);
-    for c in &w.confirmed {
+    for (i, c) in w.confirmed.iter().enumerate() {
+        if super::loss::confirmation(w, i, c) {
+            continue;
+        }
         let (key, fence, wanted) = match c {
             Confirmed::Owned { key, fence } => (key, fence, None),
             Confirmed::Completed { key, fence } => (key, fence, Some(Transition::Completed)),
             Confirmed::Released { key, fence } => (key, fence, Some(Transition::Released)),
         };
-        let Some(h) = of(key) else { continue };
+        let Some(h) = of(key) else {
+            return Err(format!("the store answered {c:?} for a scope no request named"));
+        };
         if !h.records.iter().any(|g| g.generation == *fence) {
             return Err(format!(
                 "{key}: the store answered {c:?}, but it keeps no generation {fence}"

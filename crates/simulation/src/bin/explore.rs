@@ -2,11 +2,13 @@
 //! until one breaks a promise (printed whole, to be kept in
 //! `regressions.rs`) or the time is up; then the tally.
 //!
-//!     explore [--minutes N] [--seed S] [--threads T] [--all]
+//!     explore [--minutes N] [--seed S] [--threads T] [--all] [--lost]
 //!     explore --seed S --case N
 //!
 //! `--all` goes on after a violation, and prints the first scenario of
 //! each kind of violation (its message with the numbers left out).
+//! `--lost` runs only the drawn scenarios whose database loses what it
+//! committed (`Faults::database_lost`).
 //! `--case` runs the one scenario `Scenario::nth(S, N)` printed, with
 //! `SIMULATION_TRACE=1` everything that happens in it, then the audit's
 //! verdict and every key's history as the store keeps it.
@@ -25,6 +27,7 @@ use idemgate_simulation::world::World;
 struct Args {
     case: Option<u64>,
     all: bool,
+    lost: bool,
     minutes: f64,
     seed: u64,
     threads: usize,
@@ -34,6 +37,7 @@ fn args() -> Result<Args, String> {
     let mut a = Args {
         case: None,
         all: false,
+        lost: false,
         minutes: 1.0,
         // A new stream each run unless one is asked for.
         seed: SystemTime::now()
@@ -48,6 +52,10 @@ fn args() -> Result<Args, String> {
             a.all = true;
             continue;
         }
+        if flag == "--lost" {
+            a.lost = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
         match flag.as_str() {
@@ -55,7 +63,7 @@ fn args() -> Result<Args, String> {
             "--seed" => a.seed = value.parse().map_err(|e| bad(&e))?,
             "--threads" => a.threads = value.parse().map_err(|e| bad(&e))?,
             "--case" => a.case = Some(value.parse().map_err(|e| bad(&e))?),
-            _ => return Err(format!("unknown flag {flag}; usage: explore [--minutes N] [--seed S] [--threads T] [--all] | --seed S --case N")),
+            _ => return Err(format!("unknown flag {flag}; usage: explore [--minutes N] [--seed S] [--threads T] [--all] [--lost] | --seed S --case N")),
         }
     }
     Ok(a)
@@ -88,6 +96,10 @@ fn main() -> ExitCode {
                 let mut case = t as u64;
                 while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                     let s = Scenario::nth(a.seed, case);
+                    if a.lost && s.faults.database_lost.is_none() {
+                        case += a.threads as u64;
+                        continue;
+                    }
                     let outcome = run(&s);
                     tally.add(&outcome);
                     if let Err(e) = outcome.verdict {

@@ -243,7 +243,7 @@ fn confirmed(path: &str, frame: &[u8], status: u16, answer: &[u8]) -> Option<Con
             let (req, _) = decode_frame::<ClaimRequest>(frame).ok()?;
             match decode_frame::<ClaimReply>(answer).ok()?.0 {
                 ClaimReply::Owned { fence } => Some(Confirmed::Owned {
-                    key: req.scope.key().as_str().to_string(),
+                    key: scope_label(req.scope.tenant(), req.scope.key().as_str()),
                     fence,
                 }),
                 _ => None,
@@ -256,13 +256,13 @@ fn confirmed(path: &str, frame: &[u8], status: u16, answer: &[u8]) -> Option<Con
             if path == COMPLETE_PATH {
                 let (req, _) = decode_frame::<CompleteRequest>(frame).ok()?;
                 Some(Confirmed::Completed {
-                    key: req.scope.key().as_str().to_string(),
+                    key: scope_label(req.scope.tenant(), req.scope.key().as_str()),
                     fence: req.fence,
                 })
             } else {
                 let (req, _) = decode_frame::<FenceRequest>(frame).ok()?;
                 Some(Confirmed::Released {
-                    key: req.scope.key().as_str().to_string(),
+                    key: scope_label(req.scope.tenant(), req.scope.key().as_str()),
                     fence: req.fence,
                 })
             }

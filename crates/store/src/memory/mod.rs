@@ -22,9 +22,14 @@
 //!
 //! What only storage needs, it leaves out: sealing stored responses at rest
 //! ([`crate::sealing`]: nothing here is at rest), durability (an effect's
-//! `durable` asks nothing of memory), deferred replay counts (a replay is
-//! counted in the record at once), and the sweeper's slices (a batch is
-//! one call that nothing can queue behind).
+//! `durable` asks nothing of memory; it is only counted, [`Memory::commits`]),
+//! deferred replay counts (a replay is counted in the record at once), and
+//! the sweeper's slices (a batch is one call that nothing can queue behind).
+//!
+//! A simulation that plays a database losing what it committed takes the
+//! tables as they are ([`Memory::snapshot`]) and puts them back later
+//! ([`Memory::restore`]): a restore from a backup, a failover to a standby
+//! behind the primary, a crash that loses the commits not yet flushed.
 
 mod operations;
 mod reads;
@@ -47,6 +52,7 @@ use crate::effects;
 use crate::log_ids::LogIds;
 use crate::row_mapping::ScopeDigest;
 use operations::load_and_carry_out;
+pub use tables::Snapshot;
 use tables::{Journal, Tables};
 
 /// The in-memory backend.
@@ -62,6 +68,34 @@ impl Memory {
             tables: Mutex::default(),
             log_ids,
         }
+    }
+
+    /// Everything the backend holds now.
+    pub fn snapshot(&self) -> Snapshot {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
+    }
+
+    /// Puts back what the backend held at `snapshot`: everything since is
+    /// gone, fences drawn since included, as from a database restored to
+    /// that moment. The count of commits goes on. `false`, changing
+    /// nothing, if the sweeper purged rows since: what it removed is not
+    /// in the snapshot.
+    pub fn restore(&self, snapshot: Snapshot) -> bool {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .restore(snapshot)
+    }
+
+    /// Operations that changed a row so far, and how many of them were
+    /// durable: all but the completions their policy lets the database
+    /// commit without waiting (`on_unknown: conflict`). A replay's count is
+    /// no commit of its own (the SQL backends defer it).
+    pub fn commits(&self) -> (u64, u64) {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).commits
     }
 
     /// Runs `f` on the tables, then logs the events it recorded for the

@@ -5,6 +5,7 @@
 //! whose [`Write`]s [`carry_out`] makes true, as `sqlite::operations` and
 //! `postgres::operations` do.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use idemgate_core::protocol::{ClaimReply, ClaimRequest};
@@ -19,7 +20,7 @@ use crate::sealing::Seal;
 /// Carries out `effect` on the record of `key` and returns its reply. The
 /// tables are the caller's alone while it runs, so the record is as the
 /// effect read it; a write's `durable` asks nothing of memory, which keeps
-/// nothing across a restart.
+/// nothing across a restart, but is counted ([`Tables::commit`]).
 pub(super) fn carry_out<R>(
     t: &mut Tables,
     journal: &mut Journal,
@@ -27,6 +28,13 @@ pub(super) fn carry_out<R>(
     effect: Effect<'_, R>,
     now: i64,
 ) -> R {
+    if !effect.writes.is_empty() {
+        let lazy = effect
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::Complete { durable: false, .. }));
+        t.commit(!lazy);
+    }
     for write in effect.writes {
         match write {
             Write::Event { by, note } => t.event(key, by, note, now, journal),
@@ -51,7 +59,7 @@ pub(super) fn carry_out<R>(
                     r.fence = fence;
                     r.status = Some(response.status);
                     r.headers = Some(encode_headers(response.headers));
-                    r.body = response.body.map(<[u8]>::to_vec);
+                    r.body = response.body.map(Arc::from);
                     r.body_stored = response.body_stored;
                     r.completed_at = Some(now);
                     r.expires_at = Some(expires_at);
@@ -120,6 +128,7 @@ pub(super) fn claim(
                 t.event(&key, replaced.by, None, now, journal);
                 t.keep_in_history(&key, replaced.ended, now);
             }
+            t.commit(true);
             let fence = t.next_fence();
             t.start_generation(req, &key, fence, now);
             t.event(&key, by, None, now, journal);
@@ -155,7 +164,7 @@ fn replay(
     let body = t
         .records
         .get(key)
-        .and_then(|c| c.row.body.clone())
+        .and_then(|c| c.row.body.as_deref().map(<[u8]>::to_vec))
         .unwrap_or_default();
     match loaded {
         // Read through the same mapping as a stored row, unsealed.

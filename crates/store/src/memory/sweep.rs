@@ -117,6 +117,7 @@ fn run_phase(
 /// `batch` other events past it, the oldest first. A purged generation's
 /// later events stay, naming it as before.
 fn purge(t: &mut Tables, cutoff: i64, batch: u32, report: &mut SweepReport) {
+    let purged_before = (report.purged, report.events_purged);
     let archived = pick(
         t,
         batch,
@@ -158,6 +159,10 @@ fn purge(t: &mut Tables, cutoff: i64, batch: u32, report: &mut SweepReport) {
         !purged
     });
     report.events_purged += count(before - t.events.len());
+    if (report.purged, report.events_purged) != purged_before {
+        t.commit(true);
+        t.purges += 1;
+    }
 }
 
 fn count(n: usize) -> u64 {

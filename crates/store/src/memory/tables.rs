@@ -5,6 +5,7 @@
 //! what it leaves there.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use idemgate_core::config::OnUnknown;
 use idemgate_core::fingerprint::Fingerprint;
@@ -35,7 +36,7 @@ pub(super) struct Generation {
     pub(super) headers: Option<String>,
     /// The stored body; `None` when none is kept (not stored, archived,
     /// or the generation ended).
-    pub(super) body: Option<Vec<u8>>,
+    pub(super) body: Option<Arc<[u8]>>,
     pub(super) body_stored: bool,
     pub(super) created_at: i64,
     pub(super) completed_at: Option<i64>,
@@ -84,9 +85,62 @@ pub(super) struct Tables {
     fence: u64,
     /// The last [`Current::rowid`] given.
     rows: u64,
+    /// Operations that changed a row, and how many of them durably.
+    pub(super) commits: (u64, u64),
+    /// Purges that removed rows: the history and the events only grow
+    /// between them.
+    pub(super) purges: u64,
+}
+
+/// The tables at one moment: the current records and the counters whole,
+/// the history and the events by their lengths (they only grow between
+/// purges, [`Tables::purges`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    records: BTreeMap<ScopeDigest, Current>,
+    abandoned: BTreeMap<(ScopeDigest, String), i64>,
+    fence: u64,
+    rows: u64,
+    history: usize,
+    events: usize,
+    purges: u64,
 }
 
 impl Tables {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            records: self.records.clone(),
+            abandoned: self.abandoned.clone(),
+            fence: self.fence,
+            rows: self.rows,
+            history: self.history.len(),
+            events: self.events.len(),
+            purges: self.purges,
+        }
+    }
+
+    /// Puts back the tables as `s` took them; `false`, changing nothing,
+    /// if a purge came since (what it removed cannot be put back).
+    pub(super) fn restore(&mut self, s: Snapshot) -> bool {
+        if s.purges != self.purges {
+            return false;
+        }
+        self.records = s.records;
+        self.abandoned = s.abandoned;
+        self.fence = s.fence;
+        self.rows = s.rows;
+        self.history.truncate(s.history);
+        self.events.truncate(s.events);
+        true
+    }
+
+    /// Counts an operation that changed a row: `durable` unless it was a
+    /// completion its policy lets the database commit lazily.
+    pub(super) fn commit(&mut self, durable: bool) {
+        self.commits.0 += 1;
+        self.commits.1 += u64::from(durable);
+    }
+
     /// The next fencing token.
     pub(super) fn next_fence(&mut self) -> u64 {
         self.fence += 1;

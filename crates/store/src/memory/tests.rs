@@ -5,6 +5,7 @@ use futures_util::FutureExt;
 use idemgate_core::config::{AfterExpiry, OnUnknown};
 use idemgate_core::key::Key;
 use idemgate_core::protocol::{ClaimReply, ClaimRequest, CompleteRequest, FenceRequest};
+use idemgate_core::record::{Standing, State};
 use idemgate_core::scope::{Namespace, Scope};
 
 use super::*;
@@ -155,4 +156,58 @@ fn no_database_url_names_it() {
     }
     let backend: Arc<dyn Backend> = Arc::new(memory());
     assert_eq!(backend.name(), "memory");
+}
+
+/// A completion under `on_unknown: conflict` is the one commit counted as
+/// not durable; a snapshot put back takes everything since with it, the
+/// fences drawn included, and the count of commits goes on.
+#[test]
+fn a_snapshot_put_back_forgets_what_came_after_it() {
+    let m = memory();
+    let f = owned(&m, "k-1", T0);
+    assert_eq!(m.commits(), (1, 1));
+    let before = m.snapshot();
+    let done = CompleteRequest {
+        scope: scope("k-1"),
+        fence: f,
+        status: 201,
+        headers: vec![],
+        body_stored: true,
+        trace: Default::default(),
+    };
+    assert_eq!(
+        at_once(m.complete(&done, b"ok", T0 + 1)).unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(m.commits(), (2, 1));
+    let released = ClaimRequest {
+        on_unknown: OnUnknown::Release,
+        ..claim("k-2")
+    };
+    let g = match at_once(m.claim(&released, T0 + 2, None)).unwrap().reply {
+        ClaimReply::Owned { fence } => fence,
+        other => panic!("{other:?}"),
+    };
+    let done = CompleteRequest {
+        scope: scope("k-2"),
+        fence: g,
+        ..done
+    };
+    assert_eq!(
+        at_once(m.complete(&done, b"ok", T0 + 3)).unwrap(),
+        FenceReply::Done
+    );
+    assert_eq!(m.commits(), (4, 3));
+    assert!(m.restore(before));
+    assert_eq!(m.commits(), (4, 3));
+    let q = |key: &str| Lookup {
+        tenant: "acme".into(),
+        key: key.into(),
+        ..Default::default()
+    };
+    let k1 = at_once(m.lookup(&q("k-1"), 10)).unwrap();
+    assert_eq!(k1.records[0].state, Standing::In(State::InProgress));
+    assert_eq!(k1.events.len(), 1);
+    assert!(at_once(m.lookup(&q("k-2"), 10)).unwrap().records.is_empty());
+    assert_eq!(owned(&m, "k-3", T0 + 4), g);
 }
