@@ -1,9 +1,9 @@
 //! Envoy's workers, their clients, the network to the store and the
 //! upstream, in one process on a manual clock, with the store's own service
 //! at the far end ([`crate::far`]). Each worker is the filter's own code
-//! (`idemgate_worker`) on a simulated Envoy ([`envoy`]); the store decides
-//! with its own code; everything else is seeded chance, each source from a
-//! stream of its own.
+//! (`idemgate_worker`) on a simulated Envoy (`world/envoy.rs`); the store
+//! decides with its own code; everything else is seeded chance, each
+//! source from a stream of its own.
 
 use std::cell::RefCell;
 use std::cmp::Reverse;

@@ -94,7 +94,7 @@ pub(super) struct Tables {
 
 /// The tables at one moment: the current records and the counters whole,
 /// the history and the events by their lengths (they only grow between
-/// purges, [`Tables::purges`]).
+/// purges, which the tables count).
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     records: BTreeMap<ScopeDigest, Current>,
