@@ -49,18 +49,23 @@ fn owned(m: &Memory, key: &str, now: i64) -> u64 {
     }
 }
 
-/// A few keys through their whole life: claimed, completed, replayed,
-/// marked unknown, released, swept, looked up.
-fn story(m: &Memory) -> KeyHistory {
-    let f = owned(m, "k-1", T0);
-    let done = CompleteRequest {
-        scope: scope("k-1"),
-        fence: f,
+/// The completion of `key`'s claim under `fence`: a `201` kept whole.
+fn completion(key: &str, fence: u64) -> CompleteRequest {
+    CompleteRequest {
+        scope: scope(key),
+        fence,
         status: 201,
         headers: vec![],
         body_stored: true,
         trace: Default::default(),
-    };
+    }
+}
+
+/// A few keys through their whole life: claimed, completed, replayed,
+/// marked unknown, released, swept, looked up.
+fn story(m: &Memory) -> KeyHistory {
+    let f = owned(m, "k-1", T0);
+    let done = completion("k-1", f);
     assert_eq!(
         at_once(m.complete(&done, b"ok", T0 + 1)).unwrap(),
         FenceReply::Done
@@ -167,14 +172,7 @@ fn a_snapshot_put_back_forgets_what_came_after_it() {
     let f = owned(&m, "k-1", T0);
     assert_eq!(m.commits(), (1, 1));
     let before = m.snapshot();
-    let done = CompleteRequest {
-        scope: scope("k-1"),
-        fence: f,
-        status: 201,
-        headers: vec![],
-        body_stored: true,
-        trace: Default::default(),
-    };
+    let done = completion("k-1", f);
     assert_eq!(
         at_once(m.complete(&done, b"ok", T0 + 1)).unwrap(),
         FenceReply::Done
