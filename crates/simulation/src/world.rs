@@ -34,6 +34,9 @@ use crate::scenario::Shape;
 mod envoy;
 mod network;
 mod requests;
+mod scopes;
+
+pub use scopes::{scope_label, scope_of_label};
 
 use envoy::{Body, CallResponse, Effect, Envoy, Proxy, Stream};
 
@@ -265,21 +268,6 @@ pub fn key_name(k: usize) -> String {
 
 /// The tenants of a policy that names them; an anonymous one's is everyone.
 const TENANTS: [&str; 2] = ["t0", "t1"];
-
-/// How the run names a scope: its key, with its tenant unless everyone's.
-pub fn scope_label(tenant: &str, key: &str) -> String {
-    match tenant {
-        idemgate_core::scope::EVERYONE => key.to_string(),
-        tenant => format!("{tenant}/{key}"),
-    }
-}
-
-/// The tenant and the key a [`scope_label`] names.
-pub fn scope_of_label(label: &str) -> (&str, &str) {
-    label
-        .split_once('/')
-        .unwrap_or((idemgate_core::scope::EVERYONE, label))
-}
 
 impl World {
     pub fn new(shape: Shape, seed: u64) -> World {
@@ -525,81 +513,6 @@ impl World {
                 }
             }
         }
-    }
-
-    /// A worker for one of Envoy's threads, on the configuration.
-    fn set_up(&mut self, thread: usize) -> usize {
-        let worker = self.workers.len();
-        let envoy = Envoy {
-            proxy: self.proxy.clone(),
-            worker,
-        };
-        let bound = self.shape.bound;
-        self.workers
-            .push(Rc::new(Worker::bounded(envoy, self.config.clone(), bound)));
-        self.threads.push(thread);
-        self.timers.push((Duration::ZERO, 0));
-        worker
-    }
-
-    /// One of Envoy's threads (or its VM) goes away and comes back empty:
-    /// its requests, its queued and in-flight store calls (a call already
-    /// on the wire may still land; its answer finds nobody) and its
-    /// letters are lost, and new requests find a fresh worker.
-    fn envoy_goes(&mut self, thread: usize) {
-        let gone: Vec<usize> = (0..self.workers.len())
-            .filter(|w| self.threads[*w] == thread)
-            .collect();
-        for &worker in &gone {
-            if self.gone.insert(worker) {
-                self.envoy_lost.extend(self.workers[worker].held());
-            }
-            self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
-        }
-        self.slots.retain(|_, s| !gone.contains(&s.worker));
-        self.tokens.retain(|_, w| !gone.contains(w));
-        self.serving[thread] = self.set_up(thread);
-    }
-
-    /// Reads every scope's history and keeps the first change to one that
-    /// was not an addition ([`audit::overwritten`]).
-    fn look_at_histories(&mut self) {
-        for scope in 0..self.shape.keys * self.shape.tenants {
-            let now = self.history(scope);
-            if let Some(before) = self.seen.get(&scope) {
-                if let (None, Some(what)) = (&self.overwritten, audit::overwritten(before, &now)) {
-                    self.overwritten = Some(format!("{} at {} ms: {what}", self.scope_name(scope), self.now));
-                }
-            }
-            self.seen.insert(scope, now);
-        }
-    }
-
-    /// Every scope's history as the store keeps it now.
-    pub fn histories(&self) -> Vec<(String, KeyHistory)> {
-        (0..self.shape.keys * self.shape.tenants)
-            .map(|s| (self.scope_name(s), self.history(s)))
-            .collect()
-    }
-
-    /// The tenant and the key of scope `s` (its tenant's number times the
-    /// keys, plus its key's).
-    fn scope(&self, s: usize) -> (&'static str, String) {
-        let tenant = match self.shape.tenants {
-            1 => idemgate_core::scope::EVERYONE,
-            _ => TENANTS[s / self.shape.keys],
-        };
-        (tenant, key_name(s % self.shape.keys))
-    }
-
-    pub fn scope_name(&self, s: usize) -> String {
-        let (tenant, key) = self.scope(s);
-        scope_label(tenant, &key)
-    }
-
-    fn history(&self, s: usize) -> KeyHistory {
-        let (tenant, key) = self.scope(s);
-        self.far.history(tenant, &key)
     }
 
     /// Claims the store refused: as late, and as over budget.

@@ -2,7 +2,8 @@
 //! (`idemgate_worker`) runs on. It holds what Envoy holds of each request
 //! (headers, body, the response), answers the worker's host calls from it,
 //! and notes what the worker asked Envoy to do (dispatch a callout, answer
-//! a client, resume a stream, set a timer) for the world to carry out.
+//! a client, resume a stream, set a timer) for the world to carry out;
+//! and Envoy's threads, each with the worker of its configuration.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -15,7 +16,7 @@ use idemgate_core::exchange::UpstreamCall;
 use idemgate_core::store_call::{StoreAnswer, StoreCall};
 use idemgate_core::Reply;
 use idemgate_worker::host::{line, Bytes};
-use idemgate_worker::{Host, Level};
+use idemgate_worker::{Host, Level, Worker};
 
 use crate::rng::Rng;
 
@@ -381,5 +382,41 @@ impl Host for Envoy {
             })
         });
         true
+    }
+}
+
+impl super::World {
+    /// A worker for one of Envoy's threads, on the configuration.
+    pub(super) fn set_up(&mut self, thread: usize) -> usize {
+        let worker = self.workers.len();
+        let envoy = Envoy {
+            proxy: self.proxy.clone(),
+            worker,
+        };
+        let bound = self.shape.bound;
+        self.workers
+            .push(Rc::new(Worker::bounded(envoy, self.config.clone(), bound)));
+        self.threads.push(thread);
+        self.timers.push((Duration::ZERO, 0));
+        worker
+    }
+
+    /// One of Envoy's threads (or its VM) goes away and comes back empty:
+    /// its requests, its queued and in-flight store calls (a call already
+    /// on the wire may still land; its answer finds nobody) and its
+    /// letters are lost, and new requests find a fresh worker.
+    pub(super) fn envoy_goes(&mut self, thread: usize) {
+        let gone: Vec<usize> = (0..self.workers.len())
+            .filter(|w| self.threads[*w] == thread)
+            .collect();
+        for &worker in &gone {
+            if self.gone.insert(worker) {
+                self.envoy_lost.extend(self.workers[worker].held());
+            }
+            self.timers[worker] = (Duration::ZERO, self.timers[worker].1 + 1);
+        }
+        self.slots.retain(|_, s| !gone.contains(&s.worker));
+        self.tokens.retain(|_, w| !gone.contains(w));
+        self.serving[thread] = self.set_up(thread);
     }
 }
