@@ -224,7 +224,7 @@ def mechanism_section(summary):
            "writer's `idemgate_store_write_{queued,transaction,commit}_seconds`: means exact, p50 only as the "
            "bucket that holds it); the writer's durable commits per claim; Envoy's `upstream_rq_time` of the "
            "store's cluster (a store callout, whole milliseconds as Envoy records them) and the filter's own "
-           "timer of the same callouts (`idemgate_store_call_duration_us`, Envoy's detailed buckets: the lower "
+           "timer of the same callouts (`idemgate_store_call_time`, Envoy's detailed buckets: the lower "
            "bound of the p50's). A new key is a claim and "
            "a completion: the context switches and commits of both are in the window, divided by the claims.", "",
            "| scenario | claims | context switches per claim (per store callout) | claim mean ms "

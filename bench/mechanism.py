@@ -14,7 +14,7 @@ differences.
 - "rq_time": Envoy's histogram of the store cluster's upstream_rq_time, its
   detailed buckets since Envoy started ([lower bound ms, width ms, count]);
 - "callout_us": the filter's own histogram of its store callouts
-  (idemgate.store_call_duration_us), the same way, in microseconds: Envoy's
+  (idemgate.store_call_time), the same way, in microseconds: Envoy's
   upstream_rq_time counts whole milliseconds.
   The bench's Envoys flush their stats only when the admin asks
   (stats_flush_on_admin), and a flush merges the workers' histograms after
@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 
 RQ_TIME = "cluster.idempotency_store.upstream_rq_time"
-CALLOUT_US = "wasmcustom.idemgate.store_call_duration_us"
+CALLOUT_US = "wasmcustom.idemgate.store_call_time"
 
 
 class UnixConnection(http.client.HTTPConnection):

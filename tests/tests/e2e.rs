@@ -639,8 +639,8 @@ async fn the_filter_times_its_store_callouts_in_microseconds() {
                         .ok()
                 })
             };
-            let count = value("idemgate_store_call_duration_us_count")?;
-            let sum = value("idemgate_store_call_duration_us_sum")?;
+            let count = value("idemgate_store_call_time_count")?;
+            let sum = value("idemgate_store_call_time_sum")?;
             (count >= 2.0).then_some((count, sum))
         },
     )
