@@ -7,15 +7,14 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idemgate_core::protocol::{
-    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, CompleteRequest,
-    CLAIM_PATH, COMPLETE_PATH,
+    decode_frame, encode_batch, encode_frame, split_batch, BatchReply, ClaimReply, CLAIM_PATH, COMPLETE_PATH,
 };
 use idemgate_core::scope::Scope;
 use idemgate_store::backend::Backend;
 use idemgate_store::sweeper::SweepSettings;
 use idemgate_store::{AppState, Clock, Store};
 
-use crate::{expect_replay, measure, measure_n, request, scope, Args, Report};
+use crate::{completion, expect_replay, measure, measure_n, request, scope, Args, Report};
 
 pub(crate) type Post = Arc<
     dyn Fn(
@@ -72,14 +71,7 @@ pub(crate) async fn http(post: Post, args: &Args) -> Result<Report, String> {
             let ClaimReply::Owned { fence } = reply else {
                 return Err(format!("unexpected {reply:?}"));
             };
-            let c = CompleteRequest {
-                scope: s,
-                fence,
-                status: 201,
-                headers: vec![],
-                body_stored: true,
-                trace: Default::default(),
-            };
+            let c = completion(s, fence);
             post("/v1/complete", encode_frame(&c, b"{\"ok\":true}")).await?;
             Ok(())
         }
@@ -121,14 +113,7 @@ pub(crate) async fn http_batch(post: Post, args: &Args) -> Result<Report, String
                 let ClaimReply::Owned { fence } = reply else {
                     return Err(format!("unexpected {reply:?}"));
                 };
-                let c = CompleteRequest {
-                    scope: s,
-                    fence,
-                    status: 201,
-                    headers: vec![],
-                    body_stored: true,
-                    trace: Default::default(),
-                };
+                let c = completion(s, fence);
                 frames.push(encode_frame(&c, b"{\"ok\":true}"));
             }
             let calls: Vec<(&str, &[u8])> = frames.iter().map(|f| (COMPLETE_PATH, f.as_slice())).collect();

@@ -58,6 +58,18 @@ struct Args {
     sweeping: bool,
 }
 
+/// The completion of `s`'s claim under `fence`: a `201` kept whole.
+pub(crate) fn completion(s: Scope, fence: u64) -> CompleteRequest {
+    CompleteRequest {
+        scope: s,
+        fence,
+        status: 201,
+        headers: vec![],
+        body_stored: true,
+        trace: Default::default(),
+    }
+}
+
 fn request(scope: Scope) -> ClaimRequest {
     ClaimRequest {
         scope,
@@ -264,12 +276,8 @@ async fn claim_and_complete(
         return Err(format!("unexpected {:?}", out.reply));
     };
     let c = CompleteRequest {
-        scope: s,
-        fence,
-        status: 201,
         headers,
-        body_stored: true,
-        trace: Default::default(),
+        ..completion(s, fence)
     };
     backend
         .complete(&c, b"{\"ok\":true}", now)

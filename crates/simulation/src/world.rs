@@ -46,13 +46,8 @@ struct Slot {
     /// The request's context, while its client is there.
     filter: Option<Filter<Envoy>>,
     key: usize,
-    /// The Envoy worker the request came to.
+    /// The worker the request came to.
     worker: usize,
-    /// The request went through the filter whole, and the filter let it
-    /// go on: Envoy's router sends it upstream.
-    body_passed: bool,
-    /// The response went through the filter whole.
-    response_passed: bool,
     exec: Option<usize>,
     /// The filter's own upstream request in flight (detached forwarding):
     /// its callout token and timeout.

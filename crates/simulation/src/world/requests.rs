@@ -66,8 +66,6 @@ impl World {
                 filter: Some(filter),
                 key: scope,
                 worker,
-                body_passed: false,
-                response_passed: false,
                 exec: None,
                 detached: None,
                 lost: false,
@@ -164,24 +162,24 @@ impl World {
 
     /// The filter let the whole request go on: the router sends it upstream.
     fn request_passed(&mut self, owner: Owner) {
-        if let Some(slot) = self.slots.get_mut(&owner) {
-            slot.body_passed = true;
-            if slot.exec.is_none() && !slot.never_reached {
-                self.start_exec(owner, None);
-            }
+        if self
+            .slots
+            .get(&owner)
+            .is_some_and(|s| s.exec.is_none() && !s.never_reached)
+        {
+            self.start_exec(owner, None);
         }
     }
 
     /// The whole response went on to the client.
     fn response_passed(&mut self, owner: Owner) {
-        let Some(slot) = self.slots.get_mut(&owner) else {
+        let Some(slot) = self.slots.get(&owner) else {
             return;
         };
-        slot.response_passed = true;
+        // Envoy's own 503 when the response was lost or never came.
         let got = match slot.exec {
-            Some(_) if slot.lost => Got::Upstream(503, false),
-            Some(exec) => Got::Upstream(self.execs[exec].status, true),
-            None => Got::Upstream(503, false),
+            Some(exec) if !slot.lost => Got::Upstream(self.execs[exec].status, true),
+            _ => Got::Upstream(503, false),
         };
         self.got.insert(owner, got);
         self.client_done(owner);
