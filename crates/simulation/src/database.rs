@@ -100,7 +100,11 @@ impl Database {
         let keys: Vec<String> = self.kept().keys.iter().cloned().collect();
         let before: Vec<KeyHistory> = keys.iter().map(|k| self.labeled(k)).collect();
         // The sweeper purges only past the audit retention, days after a run.
-        assert!(self.memory.restore(back), "the sweeper purged within a run");
+        let clock_us = u64::try_from(at).unwrap_or(0) * 1000;
+        assert!(
+            self.memory.restore(back, clock_us),
+            "the sweeper purged within a run"
+        );
         let keys = keys
             .into_iter()
             .zip(before)

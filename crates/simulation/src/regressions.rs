@@ -347,15 +347,8 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
                 },
             },
         ),
-    ]
-}
-
-/// The scenarios that find a defect not fixed yet: each must keep the
-/// contract once it is (`tests/fixed.rs` runs them, ignored until then).
-pub fn open() -> Vec<(&'static str, Scenario)> {
-    vec![
         (
-            "fences drawn again after a restore from a backup: a late completion of a generation the \
+            "fences drawn again after a restore from a backup (the fence counter went back with the database; fences now move up to the database clock when it opens): a late completion of a generation the \
              restore lost landed on the generation claimed after it under the same fence: \
              \"a0 never reached the upstream, but its record ended Some(\\\"completed\\\")\"",
             Scenario {
@@ -407,7 +400,7 @@ pub fn open() -> Vec<(&'static str, Scenario)> {
             },
         ),
         (
-            "fences drawn again after a restore from a backup: a completion of the other body landed on \
+            "fences drawn again after a restore from a backup (the fence counter went back with the database; fences now move up to the database clock when it opens): a completion of the other body landed on \
              the generation claimed after the restore under the same fence, and was replayed: \
              \"request 1 replayed 201 \\\"scope-0#0:..............\\\" that no execution answered\"",
             Scenario {

@@ -180,11 +180,16 @@ fn monotonic_us() -> i64 {
     i64::try_from(START.get_or_init(Instant::now).elapsed().as_micros()).unwrap_or(i64::MAX)
 }
 
-pub fn system_now() -> i64 {
+/// Microseconds since the Unix epoch on the system clock.
+pub fn system_now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+pub fn system_now() -> i64 {
+    system_now_us() / 1000
 }
 
 #[cfg(test)]

@@ -173,17 +173,20 @@ async fn check_writer(c: &HttpClient, p: &StoreProcess, written: usize) -> usize
     replayed
 }
 
-/// A key completed on the live store after the backup was taken.
-async fn after_backup(c: &HttpClient, p: &StoreProcess) -> Scope {
+/// A key completed on the live store after the backup was taken, and its
+/// fence: the last the live store drew.
+async fn after_backup(c: &HttpClient, p: &StoreProcess) -> (Scope, u64) {
     let s = scope("k-backup-after");
-    complete_key(c, p, &s, b"{\"charge\":\"ch_after\"}").await;
+    let fence = owned(c, p, &s).await;
+    let (status, _) = http_complete(c, p, &s, fence, b"{\"charge\":\"ch_after\"}").await;
+    assert_eq!(status, 200, "{}", p.log());
     let (reply, _) = claim_over_http(c, p, &long_claim(&s)).await;
     assert!(matches!(reply, ClaimReply::Replay { .. }), "{reply:?}");
-    s
+    (s, fence)
 }
 
 /// What a store on the restored backup answers.
-async fn check_restored(c: &HttpClient, p: &StoreProcess, before: &BeforeBackup, after: &Scope) {
+async fn check_restored(c: &HttpClient, p: &StoreProcess, before: &BeforeBackup, after: &(Scope, u64)) {
     // Every key completed before the backup replays its stored response.
     for (s, body) in &before.completed {
         let (reply, replayed) = claim_over_http(c, p, &long_claim(s)).await;
@@ -209,12 +212,20 @@ async fn check_restored(c: &HttpClient, p: &StoreProcess, before: &BeforeBackup,
         "{reply:?}"
     );
     assert_eq!(replayed, b"{\"charge\":\"ch_open\"}");
-    // A key completed after the backup is not in it: a retry runs again.
-    let (reply, _) = claim_over_http(c, p, &long_claim(after)).await;
+    // A key completed after the backup is not in it: a retry runs again,
+    // under a fence above every fence the live store drew, so a late
+    // settlement of what the restore lost cannot land on it.
+    let (s, lost) = after;
+    let (reply, _) = claim_over_http(c, p, &long_claim(s)).await;
+    let ClaimReply::Owned { fence } = reply else {
+        panic!("a key completed after the backup: expected Owned, got {reply:?}");
+    };
     assert!(
-        matches!(reply, ClaimReply::Owned { .. }),
-        "a key completed after the backup: expected Owned, got {reply:?}"
+        fence > *lost,
+        "fence {fence} drawn again after a restore (the live store drew up to {lost})"
     );
+    let (status, _) = http_complete(c, p, s, *lost, b"{\"charge\":\"ch_lost\"}").await;
+    assert_eq!(status, 409, "a completion under a fence the restore lost");
     assert!(!p.log().contains("ERROR"), "{}", p.log());
 }
 

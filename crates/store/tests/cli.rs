@@ -316,7 +316,7 @@ async fn json_logs_put_every_line_in_one_object_with_the_event_fields_on_top() {
         claimed["record"].as_str().is_some_and(|r| r.len() == 12),
         "{claimed}"
     );
-    assert_eq!(claimed["generation"], 1);
+    assert!(claimed["generation"].is_u64(), "{claimed}");
     assert!(claimed["fence"].is_u64(), "{claimed}");
     assert_eq!(claimed["actor"], "filter");
     assert!(lines.iter().any(|l| l["message"] == "shutting down"), "{lines:?}");

@@ -47,6 +47,13 @@ pub fn binary() -> Option<PathBuf> {
         .then(|| PathBuf::from("pgbouncer"))
 }
 
+/// The store's fences move up to the clock on every server connection
+/// PgBouncer makes, as docs/operations.md#pgbouncer says: the store's own
+/// connections to PgBouncer outlive a failover behind it. A database not
+/// migrated yet has no procedure, and nothing to move.
+pub const FENCE_FLOOR: &str = "DO $$BEGIN CALL idempotency_fence_floor(); \
+     EXCEPTION WHEN undefined_function THEN NULL; END$$";
+
 impl PgBouncer {
     /// PgBouncer in `mode` in front of `cluster`, at most `pool_size` server
     /// connections per database and user, ready to accept connections.
@@ -69,7 +76,7 @@ impl PgBouncer {
             &ini,
             format!(
                 "[databases]\n\
-                 * = host=127.0.0.1 port={pg}\n\
+                 * = host=127.0.0.1 port={pg} connect_query='{FENCE_FLOOR}'\n\
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\

@@ -79,15 +79,16 @@ impl Memory {
     }
 
     /// Puts back what the backend held at `snapshot`: everything since is
-    /// gone, fences drawn since included, as from a database restored to
-    /// that moment. The count of commits goes on. `false`, changing
-    /// nothing, if the sweeper purged rows since: what it removed is not
-    /// in the snapshot.
-    pub fn restore(&self, snapshot: Snapshot) -> bool {
+    /// gone, as from a database restored to that moment, and reopened at
+    /// `clock_us` (µs): fences move up to that clock, as the SQL backends
+    /// move theirs when they open, so none drawn since is drawn again. The
+    /// count of commits goes on. `false`, changing nothing, if the sweeper
+    /// purged rows since: what it removed is not in the snapshot.
+    pub fn restore(&self, snapshot: Snapshot, clock_us: u64) -> bool {
         self.tables
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .restore(snapshot)
+            .restore(snapshot, clock_us)
     }
 
     /// Operations that changed a row so far, and how many of them were

@@ -119,15 +119,16 @@ impl Tables {
         }
     }
 
-    /// Puts back the tables as `s` took them; `false`, changing nothing,
+    /// Puts back the tables as `s` took them, and the fences up to `clock_us`
+    /// as a database reopened then moves them; `false`, changing nothing,
     /// if a purge came since (what it removed cannot be put back).
-    pub(super) fn restore(&mut self, s: Snapshot) -> bool {
+    pub(super) fn restore(&mut self, s: Snapshot, clock_us: u64) -> bool {
         if s.purges != self.purges {
             return false;
         }
         self.records = s.records;
         self.abandoned = s.abandoned;
-        self.fence = s.fence;
+        self.fence = s.fence.max(clock_us);
         self.rows = s.rows;
         self.history.truncate(s.history);
         self.events.truncate(s.events);

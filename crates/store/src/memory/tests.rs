@@ -196,7 +196,7 @@ fn a_snapshot_put_back_forgets_what_came_after_it() {
         FenceReply::Done
     );
     assert_eq!(m.commits(), (4, 3));
-    assert!(m.restore(before));
+    assert!(m.restore(before, 1000 * u64::try_from(T0 + 4).unwrap()));
     assert_eq!(m.commits(), (4, 3));
     let q = |key: &str| Lookup {
         tenant: "acme".into(),
@@ -207,5 +207,6 @@ fn a_snapshot_put_back_forgets_what_came_after_it() {
     assert_eq!(k1.records[0].state, Standing::In(State::InProgress));
     assert_eq!(k1.events.len(), 1);
     assert!(at_once(m.lookup(&q("k-2"), 10)).unwrap().records.is_empty());
-    assert_eq!(owned(&m, "k-3", T0 + 4), g);
+    // Fences drawn since the snapshot are not drawn again.
+    assert!(owned(&m, "k-3", T0 + 4) > g);
 }

@@ -204,16 +204,29 @@ impl Connections {
                     Ok(())
                 }
             }));
-        if read_only_after_check {
-            builder = builder.post_create(Hook::async_fn(|client, _| {
-                Box::pin(async move {
-                    client
+        let writes = !session.read_only;
+        builder = builder.post_create(Hook::async_fn(move |client, _| {
+            Box::pin(async move {
+                if read_only_after_check {
+                    return client
                         .batch_execute("SET default_transaction_read_only = on")
                         .await
-                        .map_err(|e| HookError::message(format!("a read-only session: {}", e.describe())))
-                })
-            }));
-        }
+                        .map_err(|e| HookError::message(format!("a read-only session: {}", e.describe())));
+                }
+                if !writes {
+                    return Ok(());
+                }
+                // Fences never go back: a new connection may be the first to
+                // a restored or promoted database (migration 0009). Before
+                // that migration there is no procedure, and nothing to move.
+                match client.batch_execute("CALL idempotency_fence_floor()").await {
+                    Err(e) if e.code() != Some(&SqlState::UNDEFINED_FUNCTION) => Err(HookError::message(
+                        format!("moving fences up to the clock: {}", e.describe()),
+                    )),
+                    _ => Ok(()),
+                }
+            })
+        }));
         let pool = builder
             .build()
             .map_err(|e| StoreError::Config(format!("postgres pool: {e}")))?;

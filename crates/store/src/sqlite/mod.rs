@@ -338,6 +338,15 @@ impl Backend for Sqlite {
                         .map_err(unavailable)?;
                     }
                 }
+                // Fences never go back: a file copied back from a backup holds
+                // the counter as it was then, behind fences handed out since.
+                // Every one of those is below the clock of its moment (the
+                // counter moves one a claim, the clock a million a second).
+                conn.execute(
+                    "UPDATE idempotency_fence SET value = max(value, ?1) WHERE id = 1",
+                    [crate::clock::system_now_us()],
+                )
+                .map_err(unavailable)?;
                 Ok(())
             })
             .await
