@@ -169,6 +169,12 @@ fn executions(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<(), S
 /// or if a copy of its claim took the key after the store had decided its
 /// request's claim without it, and the request read that answer (§5: a
 /// store call delivered twice).
+/// Whether an unknown generation expired: archived, or replaced under
+/// `after_expiry: new`.
+fn expired(g: &RecordInfo) -> bool {
+    g.archived_at.is_some() || g.ended_at.is_some()
+}
+
 fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
     // An Envoy reply its filter never read leaves it as unsure as a run.
     let ran: HashSet<&str> = w
@@ -185,8 +191,8 @@ fn left_unknown(w: &World, generations: &[&RecordInfo]) -> Result<(), String> {
         // one that was never forwarded, held up by the faults until the
         // unknown record expired (archived, or replaced under
         // `after_expiry: new`): the TTL ended the key.
-        let expired = g.archived_at.is_some() || g.ended_at.is_some();
-        let expired_first = (w.never_reached.contains(attempt) || w.abandoned.contains(attempt)) && expired;
+        let expired_first =
+            (w.never_reached.contains(attempt) || w.abandoned.contains(attempt)) && expired(g);
         if g.state == Standing::In(State::Unknown)
             && !ran.contains(attempt)
             && !w.gave_up.contains(attempt)
@@ -262,8 +268,9 @@ fn never_reached(w: &World, k: &Knobs, generations: &[&RecordInfo]) -> Result<()
                 && match g.state {
                     Standing::EndedBy(Transition::Released | Transition::Abandoned) => true,
                     // Its release held up until the unknown record expired
-                    // (archived): the key's TTL ended it first.
-                    Standing::In(State::Unknown) => g.archived_at.is_some(),
+                    // (archived, or replaced under `after_expiry: new`): the
+                    // key's TTL ended it first.
+                    Standing::In(State::Unknown) => expired(g),
                     Standing::EndedBy(Transition::LeaseExpired) => k.release_unknown,
                     _ => false,
                 }

@@ -28,7 +28,9 @@ use axum::http::Request;
 use axum::Router;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
-use idemgate_core::protocol::{ClaimRequest, FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER};
+use idemgate_core::protocol::{
+    ClaimRequest, FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER, REPLAY_PATH,
+};
 use idemgate_core::trace::{Trace, TRACE_HEADER};
 use idemgate_store::backend::KeyHistory;
 use idemgate_store::sweeper::{sweep_all, SweepSettings};
@@ -246,6 +248,36 @@ impl Far {
             wakes: Arc::clone(&self.wakes),
         });
         self.calls.push(Call { token, woken, answer });
+    }
+
+    /// The store's gRPC replay route, as Envoy's router reaches it for a
+    /// call the filter rerouted there: the headers, messages and trailers
+    /// it sends back. It reads nothing, so it answers at once.
+    pub fn replay(&self, body: Vec<u8>) -> (Vec<(String, String)>, Vec<u8>, Vec<(String, String)>) {
+        let req = Request::post(REPLAY_PATH)
+            .header("content-type", FRAME_CONTENT_TYPE)
+            .body(Body::from(body))
+            .unwrap_or_else(|e| panic!("a replay the world cannot send: {e}"));
+        let app = self.app.clone();
+        let _in = self.rt.enter();
+        let answer = async move {
+            let Ok(resp) = app.oneshot(req).await;
+            let (parts, body) = resp.into_parts();
+            let collected = body.collect().await.ok();
+            let fields = |map: Option<&axum::http::HeaderMap>| -> Vec<(String, String)> {
+                map.into_iter()
+                    .flatten()
+                    .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .collect()
+            };
+            let trailers = fields(collected.as_ref().and_then(|c| c.trailers()));
+            let body = collected.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+            (fields(Some(&parts.headers)), body, trailers)
+        };
+        match answer.now_or_never() {
+            Some(answer) => answer,
+            None => panic!("the store's replay route did not answer at once"),
+        }
     }
 
     /// Polls every call that was woken, again until none is, with the

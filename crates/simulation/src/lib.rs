@@ -3,7 +3,9 @@
 //! its in-memory database, through a network that loses, delays, repeats
 //! and refuses (the store, or something in front of it), with clients that
 //! leave at any moment, an upstream that is slow or cut off, a store that
-//! restarts, a database that is slow, and a store clock that steps back.
+//! restarts, a database that is slow, and a store clock that steps back;
+//! on HTTP routes and on a gRPC method, whose replays go through Envoy's
+//! router to the store's replay route.
 //! Both ends are the real code, as in quinn-proto's `Pair`: the filter's
 //! worker (`idemgate-worker`: its requests' contexts, drivers and store
 //! client, with the exchanges of `idemgate-core`), and the store's routes,

@@ -20,6 +20,8 @@ pub struct Outcome {
     /// Claims the store refused as late, and as over budget.
     pub late: u64,
     pub rate_limited: u64,
+    /// gRPC replays the filter rerouted to the store's replay route.
+    pub rerouted: usize,
 }
 
 /// Runs `s` and audits it.
@@ -34,6 +36,7 @@ pub fn run(s: &Scenario) -> Outcome {
                 refused_by_full_queue: 0,
                 late: 0,
                 rate_limited: 0,
+                rerouted: 0,
             }
         }
     };
@@ -47,6 +50,7 @@ pub fn run(s: &Scenario) -> Outcome {
         steps: w.steps,
         executions: w.execs.len(),
         refused_by_full_queue: w.queue_full,
+        rerouted: w.rerouted,
     }
 }
 
@@ -60,6 +64,7 @@ pub struct Tally {
     pub refused_by_full_queue: u64,
     pub late: u64,
     pub rate_limited: u64,
+    pub rerouted: u64,
     pub violations: u64,
 }
 
@@ -73,6 +78,7 @@ impl Default for Tally {
             refused_by_full_queue: 0,
             late: 0,
             rate_limited: 0,
+            rerouted: 0,
             violations: 0,
         }
     }
@@ -86,6 +92,7 @@ impl Tally {
         self.refused_by_full_queue += o.refused_by_full_queue as u64;
         self.late += o.late;
         self.rate_limited += o.rate_limited;
+        self.rerouted += o.rerouted as u64;
         self.violations += u64::from(o.verdict.is_err());
     }
 
@@ -97,6 +104,7 @@ impl Tally {
         self.refused_by_full_queue += other.refused_by_full_queue;
         self.late += other.late;
         self.rate_limited += other.rate_limited;
+        self.rerouted += other.rerouted;
         self.violations += other.violations;
     }
 
@@ -109,13 +117,14 @@ impl Tally {
         let secs = self.elapsed().as_secs_f64().max(1e-9);
         format!(
             "simulation: {} scenarios in {secs:.1} s ({:.0} scenarios/min), {} steps ({:.0} steps/s), \
-             {} executions, {} calls refused by a full queue, claims the store refused: {} late, {} over \
-             budget; audited: {} violations",
+             {} executions, {} gRPC replays rerouted to the store, {} calls refused by a full queue, claims \
+             the store refused: {} late, {} over budget; audited: {} violations",
             self.scenarios,
             self.scenarios as f64 * 60.0 / secs,
             self.steps,
             self.steps as f64 / secs,
             self.executions,
+            self.rerouted,
             self.refused_by_full_queue,
             self.late,
             self.rate_limited,

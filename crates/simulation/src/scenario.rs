@@ -108,10 +108,13 @@ pub struct Knobs {
     /// kept past a database's loss) explored clean in five minutes. Bodies
     /// in pieces find a request context that reads each piece from the
     /// start of Envoy's buffer (every piece is fingerprinted again: `422
-    /// key-reused` for the same body); gRPC policies are not drawn (their
-    /// replay goes through Envoy's router to the store, which the world
-    /// does not route; the e2e gRPC suite runs them on Envoy).
+    /// key-reused` for the same body).
     pub push: bool,
+    /// A gRPC policy (`grpc: {}`, streaming, on one unary method): calls
+    /// and responses in gRPC's framing, statuses in trailers, Envoy's own
+    /// answers trailers-only, the filter's answers as gRPC statuses, and
+    /// replays rerouted through Envoy's router to the store's replay route.
+    pub grpc: bool,
 }
 
 /// A budget of new keys per tenant: a rate and a burst.
@@ -170,6 +173,12 @@ impl Scenario {
             tenants: s("tenants").chance(0.3),
             push: s("push").chance(0.2),
             canary: s("canary").chance(0.3),
+            grpc: s("grpc").chance(0.2),
+        };
+        let knobs = Knobs {
+            // A gRPC call is forwarded through Envoy's router.
+            detached: knobs.detached && !knobs.grpc,
+            ..knobs
         };
         let knobs = Knobs {
             outlives_lease: !knobs.detached
@@ -233,6 +242,9 @@ impl Scenario {
     }
 }
 
+/// The unary method a gRPC policy covers.
+pub const GRPC_METHOD: &str = "/pay.v1.Payments/Charge";
+
 /// The policy's lease: every request, store call and upstream call of a
 /// scenario fits in a few of them.
 pub const LEASE_MS: u64 = 2_000;
@@ -257,10 +269,15 @@ impl Knobs {
         };
         format!(
             r#"{{"store": {{"cluster": "store", "token": "t", "timeout_ms": {STORE_TIMEOUT_MS}}},
-              "policies": [{{"name": "pay", "match": {{"path": {{"prefix": "/pay"}}}}, {tenant},
+              "policies": [{{"name": "pay", "match": {{"path": {path}}}, {tenant},
                 "lease_seconds": {lease}, "ttl_seconds": {ttl}, "settle": "{settle}", {in_flight},
                 "on_unknown": "{on_unknown}", "after_expiry": "{after_expiry}", "max_stored_body": {max_stored},
-                "mode": "{mode}", "failure_mode": "{failure_mode}"{canary}{forwarding}}}]}}"#,
+                "mode": "{mode}", "failure_mode": "{failure_mode}"{canary}{forwarding}{grpc}}}]}}"#,
+            path = match self.grpc {
+                true => format!(r#"{{"exact": "{GRPC_METHOD}"}}"#),
+                false => r#"{"prefix": "/pay"}"#.to_string(),
+            },
+            grpc = if self.grpc { r#", "grpc": {}"# } else { "" },
             lease = LEASE_MS / 1_000,
             settle = if self.background {
                 "background"
@@ -277,7 +294,13 @@ impl Knobs {
             } else {
                 "conflict"
             },
-            max_stored = if self.large { 4 * 1024 * 1024 } else { 64 },
+            // A gRPC response is stored with its frames' prefixes and a
+            // frame of trailers: room for them.
+            max_stored = match (self.large, self.grpc) {
+                (true, _) => 4 * 1024 * 1024,
+                (false, true) => 96,
+                (false, false) => 64,
+            },
             after_expiry = if self.after_expiry_new { "new" } else { "reject" },
             ttl = if self.short_ttl { 3 } else { 86_400 },
             mode = if self.observe { "observe" } else { "enforce" },
@@ -321,6 +344,7 @@ impl Default for Knobs {
             tenants: false,
             push: false,
             canary: false,
+            grpc: false,
         }
     }
 }
@@ -357,6 +381,8 @@ pub struct Shape {
     pub enforced: usize,
     /// A configuration is pushed once.
     pub push: bool,
+    /// The policy covers a gRPC method.
+    pub grpc: bool,
     pub faults: Faults,
 }
 
@@ -435,6 +461,7 @@ impl Scenario {
                 (false, false) => 2,
             },
             push: k.push,
+            grpc: k.grpc,
             faults: self.faults.clone(),
         })
     }

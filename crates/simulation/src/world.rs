@@ -32,6 +32,7 @@ use crate::rng::Rng;
 use crate::scenario::Shape;
 
 mod envoy;
+mod grpc;
 mod network;
 mod requests;
 mod scopes;
@@ -56,6 +57,11 @@ struct Slot {
     lost: bool,
     /// Envoy answers itself before the upstream gets the request.
     never_reached: bool,
+    /// The filter rerouted the request to the store's replay route, with
+    /// this body...
+    rerouted: Option<Vec<u8>>,
+    /// ...and the replay the route sent back, as the answer it repeats.
+    replay: Option<Reply>,
 }
 
 /// One execution of a request by the upstream.
@@ -197,6 +203,8 @@ pub struct World {
     /// ...and when it first held more than its bound.
     pub outgrown: Option<i64>,
     /// Calls a worker's full queue did not take.
+    /// gRPC replays the filter rerouted to the store's replay route.
+    pub rerouted: usize,
     pub queue_full: usize,
     /// Attempts whose upstream's answer the filter read whole.
     pub read_upstream: HashSet<String>,
@@ -326,6 +334,7 @@ impl World {
             max_queued: 0,
             outgrown: None,
             queue_full: 0,
+            rerouted: 0,
             gave_up: HashSet::new(),
             envoy_lost: HashSet::new(),
             never_reached: HashSet::new(),

@@ -30,6 +30,10 @@ pub struct Stream {
     pub request: Body,
     pub response_headers: Vec<(String, Bytes)>,
     pub response: Body,
+    pub response_trailers: Vec<(String, Bytes)>,
+    /// The trailers reached the filter: with the whole body, the response
+    /// may go on.
+    pub trailers_reached: bool,
     pub code_details: String,
 }
 
@@ -76,6 +80,11 @@ pub enum Effect {
     Reply {
         owner: Owner,
         reply: Reply,
+    },
+    /// The request goes on to the store's replay route with this body.
+    Reroute {
+        owner: Owner,
+        body: Vec<u8>,
     },
     Resume {
         owner: Owner,
@@ -264,7 +273,11 @@ impl Host for Envoy {
     }
 
     fn response_trailers(&self) -> Vec<(String, Bytes)> {
-        Vec::new()
+        self.with(|p| {
+            p.stream()
+                .map(|s| s.response_trailers.clone())
+                .unwrap_or_default()
+        })
     }
 
     fn remove_response_header(&self, _name: &str) {}
@@ -293,8 +306,14 @@ impl Host for Envoy {
         });
     }
 
-    fn reroute(&self, _call: &StoreCall, _held: usize) {
-        panic!("no simulated policy covers gRPC");
+    fn reroute(&self, call: &StoreCall, _held: usize) {
+        self.with(|p| {
+            let owner = p.owner("a reroute");
+            p.effects.push(Effect::Reroute {
+                owner,
+                body: call.body.clone(),
+            });
+        });
     }
 
     fn set_effective_context(&self, owner: Owner) {

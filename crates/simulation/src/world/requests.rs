@@ -3,8 +3,12 @@
 //! through the filter, its client leaving; and what the workers asked of
 //! Envoy, carried out.
 
+use idemgate_core::grpc::code::UNAVAILABLE;
+use idemgate_core::grpc::CONTENT_TYPE;
 use idemgate_core::origin::{UPSTREAM_MARK, VIA_UPSTREAM};
 use idemgate_core::protocol::Attempt;
+
+use crate::scenario::GRPC_METHOD;
 use idemgate_worker::Action;
 
 use std::collections::VecDeque;
@@ -34,17 +38,21 @@ impl World {
         let body: &'static [u8] = if other { br#"{"amount":2}"# } else { b"{}" };
         self.other_body.insert(attempt.clone(), other);
         let line = |n: &str, v: String| (n.to_string(), v.into_bytes());
+        let (path, content_type, body) = match self.shape.grpc {
+            true => (GRPC_METHOD, CONTENT_TYPE, grpc::frame(body, false)),
+            false => ("/pay", "application/json", body.to_vec()),
+        };
         let stream = Stream {
             request_headers: vec![
                 line(":method", "POST".into()),
-                line(":path", "/pay".into()),
+                line(":path", path.into()),
                 line(":authority", "h".into()),
                 line("idempotency-key", format!("\"{}\"", key_name(key))),
                 line("x-tenant", TENANTS[tenant].into()),
-                line("content-type", "application/json".into()),
+                line("content-type", content_type.into()),
                 line("content-length", body.len().to_string()),
             ],
-            request: Body::new(body.to_vec(), self.pieces(body.len())),
+            request: Body::new(body.clone(), self.pieces(body.len())),
             ..Stream::default()
         };
         self.proxy.borrow_mut().streams.insert(owner, stream);
@@ -70,6 +78,8 @@ impl World {
                 detached: None,
                 lost: false,
                 never_reached: false,
+                rerouted: None,
+                replay: None,
             },
         );
         if self.chances.clients.chance(self.shape.faults.client_leaves) {
@@ -104,15 +114,26 @@ impl World {
                 let body = if response { &mut s.response } else { &mut s.request };
                 let end = body.ends.pop_front()?;
                 body.arrived = end;
-                Some((end - body.drained, end == body.bytes.len()))
+                let trailers = response && !s.response_trailers.is_empty();
+                Some((end - body.drained, end == body.bytes.len(), trailers))
             })
         };
-        let Some((size, last)) = piece else { return };
+        let Some((size, last, trailers)) = piece else {
+            return;
+        };
         let action = self.callback(owner, |f| match response {
-            true => f.response_body(size, last),
+            true => f.response_body(size, last && !trailers),
             false => f.request_body(size, last),
         });
         let Some(action) = action else { return };
+        if last && trailers {
+            // The trailers follow the last piece at once.
+            if action == Action::Continue {
+                self.flows_on(owner, response);
+            }
+            self.trailers(owner);
+            return;
+        }
         if last
             && response
             && self
@@ -139,9 +160,10 @@ impl World {
             let Some(s) = proxy.streams.get_mut(&owner) else {
                 return;
             };
+            let trailers_wait = response && !s.response_trailers.is_empty() && !s.trailers_reached;
             let body = if response { &mut s.response } else { &mut s.request };
             body.drained = body.arrived;
-            body.arrived == body.bytes.len()
+            body.arrived == body.bytes.len() && !trailers_wait
         };
         match (whole, response) {
             (false, _) => {}
@@ -160,15 +182,41 @@ impl World {
         Some(action)
     }
 
-    /// The filter let the whole request go on: the router sends it upstream.
+    /// The response's trailers reach the filter.
+    fn trailers(&mut self, owner: Owner) {
+        if let Some(s) = self.proxy.borrow_mut().streams.get_mut(&owner) {
+            s.trailers_reached = true;
+        }
+        if self.callback(owner, |f| f.response_trailers()) == Some(Action::Continue) {
+            self.flows_on(owner, true);
+        }
+    }
+
+    /// The filter let the whole request go on: the router sends it upstream,
+    /// or to the store's replay route where the filter rerouted it.
     fn request_passed(&mut self, owner: Owner) {
-        if self
-            .slots
-            .get(&owner)
-            .is_some_and(|s| s.exec.is_none() && !s.never_reached)
-        {
+        let Some(slot) = self.slots.get_mut(&owner) else {
+            return;
+        };
+        if let Some(body) = slot.rerouted.take() {
+            self.replay(owner, body);
+        } else if slot.exec.is_none() && !slot.never_reached {
             self.start_exec(owner, None);
         }
+    }
+
+    /// The store's replay route answers a rerouted request; its answer
+    /// goes back through the filter as any response does.
+    fn replay(&mut self, owner: Owner, body: Vec<u8>) {
+        let (headers, messages, trailers) = self.far.replay(body);
+        self.rerouted += 1;
+        if let Some(slot) = self.slots.get_mut(&owner) {
+            slot.replay = Some(grpc::replayed(headers.clone(), &messages, &trailers));
+        }
+        let mut head = vec![(":status".to_string(), b"200".to_vec())];
+        head.extend(headers.into_iter().map(|(n, v)| (n, v.into_bytes())));
+        let trailers = trailers.into_iter().map(|(n, v)| (n, v.into_bytes())).collect();
+        self.deliver(owner, head, messages, trailers, VIA_UPSTREAM);
     }
 
     /// The whole response went on to the client.
@@ -177,8 +225,9 @@ impl World {
             return;
         };
         // Envoy's own 503 when the response was lost or never came.
-        let got = match slot.exec {
-            Some(exec) if !slot.lost => Got::Upstream(self.execs[exec].status, true),
+        let got = match (&slot.replay, slot.exec) {
+            (Some(replay), _) => Got::Reply(replay.clone()),
+            (None, Some(exec)) if !slot.lost => Got::Upstream(self.execs[exec].status, true),
             _ => Got::Upstream(503, false),
         };
         self.got.insert(owner, got);
@@ -212,8 +261,17 @@ impl World {
             } => self.start_exec(owner, Some((token, timeout_ms))),
             Effect::Reply { owner, reply } => {
                 if self.slots.get(&owner).is_some_and(|s| s.filter.is_some()) {
+                    let reply = match self.shape.grpc {
+                        true => grpc::problem(&reply),
+                        false => reply,
+                    };
                     self.got.insert(owner, Got::Reply(reply));
                     self.client_done(owner);
+                }
+            }
+            Effect::Reroute { owner, body } => {
+                if let Some(slot) = self.slots.get_mut(&owner) {
+                    slot.rerouted = Some(body);
                 }
             }
             Effect::Resume { owner, response } => {
@@ -389,23 +447,81 @@ impl World {
     }
 
     /// The response through the filter to a client still there; whether
-    /// there was one.
+    /// there was one. On a gRPC call the upstream's answer is a message and
+    /// a status in trailers, and Envoy's own (`details` not
+    /// [`VIA_UPSTREAM`]) a status alone, in the headers.
     fn respond(&mut self, owner: Owner, status: u16, details: &str, body: Vec<u8>) -> bool {
-        let size = body.len();
-        let ends = self.pieces(size);
+        let line = |n: &str, v: &str| (n.to_string(), v.as_bytes().to_vec());
+        let (headers, body, trailers) = match (self.shape.grpc, details == VIA_UPSTREAM) {
+            (false, _) => {
+                let length = body.len().to_string();
+                (
+                    vec![
+                        line(":status", &status.to_string()),
+                        line("content-length", &length),
+                    ],
+                    body,
+                    Vec::new(),
+                )
+            }
+            (true, true) => {
+                let mut headers = vec![line(":status", "200"), line("content-type", CONTENT_TYPE)];
+                // Every other execution's answer is compressed.
+                let compressed = self
+                    .slots
+                    .get(&owner)
+                    .and_then(|s| s.exec)
+                    .is_some_and(|n| n % 2 == 1);
+                if compressed {
+                    headers.push(line("grpc-encoding", "gzip"));
+                }
+                let code = grpc::code_of(status).to_string();
+                (
+                    headers,
+                    grpc::frame(&body, compressed),
+                    vec![line("grpc-status", &code)],
+                )
+            }
+            (true, false) => {
+                let code = UNAVAILABLE.to_string();
+                let headers = vec![
+                    line(":status", "200"),
+                    line("content-type", CONTENT_TYPE),
+                    line("grpc-status", &code),
+                ];
+                (headers, Vec::new(), Vec::new())
+            }
+        };
+        self.deliver(owner, headers, body, trailers, details)
+    }
+
+    /// A response's headers, body and trailers, through the filter.
+    fn deliver(
+        &mut self,
+        owner: Owner,
+        headers: Vec<(String, Vec<u8>)>,
+        body: Vec<u8>,
+        trailers: Vec<(String, Vec<u8>)>,
+        details: &str,
+    ) -> bool {
+        // A gRPC status alone ends the stream with the headers.
+        let headers_only = self.shape.grpc && body.is_empty() && trailers.is_empty();
+        let ends = self.pieces(body.len());
         if let Some(stream) = self.proxy.borrow_mut().streams.get_mut(&owner) {
-            stream.response_headers = vec![
-                (":status".to_string(), status.to_string().into_bytes()),
-                ("content-length".to_string(), size.to_string().into_bytes()),
-            ];
+            stream.response_headers = headers;
             stream.code_details = details.to_string();
             stream.response = Body::new(body, ends);
+            stream.response_trailers = trailers;
         }
-        if self.callback(owner, |f| f.response_headers(false)).is_none() {
+        let Some(action) = self.callback(owner, |f| f.response_headers(headers_only)) else {
             return false;
-        }
+        };
         self.carry_out();
-        self.data(owner, true);
+        match headers_only {
+            true if action == Action::Continue => self.flows_on(owner, true),
+            true => {}
+            false => self.data(owner, true),
+        }
         true
     }
 }
