@@ -28,6 +28,7 @@ use axum::http::Request;
 use axum::Router;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
+use idemgate_core::grpc::Metadata;
 use idemgate_core::protocol::{
     ClaimRequest, FRAME_CONTENT_TYPE, PROTOCOL_HEADER, PROTOCOL_OFFER, REPLAY_PATH,
 };
@@ -253,7 +254,7 @@ impl Far {
     /// The store's gRPC replay route, as Envoy's router reaches it for a
     /// call the filter rerouted there: the headers, messages and trailers
     /// it sends back. It reads nothing, so it answers at once.
-    pub fn replay(&self, body: Vec<u8>) -> (Vec<(String, String)>, Vec<u8>, Vec<(String, String)>) {
+    pub fn replay(&self, body: Vec<u8>) -> (Metadata, Vec<u8>, Metadata) {
         let req = Request::post(REPLAY_PATH)
             .header("content-type", FRAME_CONTENT_TYPE)
             .body(Body::from(body))
@@ -264,7 +265,7 @@ impl Far {
             let Ok(resp) = app.oneshot(req).await;
             let (parts, body) = resp.into_parts();
             let collected = body.collect().await.ok();
-            let fields = |map: Option<&axum::http::HeaderMap>| -> Vec<(String, String)> {
+            let fields = |map: Option<&axum::http::HeaderMap>| -> Metadata {
                 map.into_iter()
                     .flatten()
                     .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
