@@ -4,7 +4,7 @@
 //! read backwards, and the problem's name from `ErrorInfo.reason`).
 
 use base64::Engine;
-use idemgate_core::grpc::code;
+use idemgate_core::grpc::{code, CONTENT_TYPE};
 use idemgate_core::Reply;
 
 /// The upstream's three answers and the status each is sent with: a
@@ -17,8 +17,42 @@ const ANSWERS: [(u16, u8); 3] = [
     (500, code::INTERNAL),
 ];
 
+/// A response as Envoy hands it to the filter: headers, body, trailers.
+pub type Response = (Fields, Vec<u8>, Fields);
+type Fields = Vec<(String, Vec<u8>)>;
+
+fn line(name: &str, value: &str) -> (String, Vec<u8>) {
+    (name.to_string(), value.as_bytes().to_vec())
+}
+
+/// The upstream's answer `status` with `message`, compressed or not.
+pub fn upstream_answer(status: u16, message: &[u8], compressed: bool) -> Response {
+    let mut headers = vec![line(":status", "200"), line("content-type", CONTENT_TYPE)];
+    if compressed {
+        headers.push(line("grpc-encoding", "gzip"));
+    }
+    let code = code_of(status).to_string();
+    (
+        headers,
+        frame(message, compressed),
+        vec![line("grpc-status", &code)],
+    )
+}
+
+/// Envoy's own answer to a gRPC call (the upstream never answered): a
+/// status alone, in the headers.
+pub fn envoy_answer() -> Response {
+    let code = code::UNAVAILABLE.to_string();
+    let headers = vec![
+        line(":status", "200"),
+        line("content-type", CONTENT_TYPE),
+        line("grpc-status", &code),
+    ];
+    (headers, Vec::new(), Vec::new())
+}
+
 /// The status the upstream answers `status` with.
-pub fn code_of(status: u16) -> u8 {
+fn code_of(status: u16) -> u8 {
     ANSWERS
         .iter()
         .find(|(s, _)| *s == status)

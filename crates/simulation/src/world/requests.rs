@@ -3,13 +3,12 @@
 //! through the filter, its client leaving; and what the workers asked of
 //! Envoy, carried out.
 
-use idemgate_core::grpc::code::UNAVAILABLE;
 use idemgate_core::grpc::CONTENT_TYPE;
 use idemgate_core::origin::{UPSTREAM_MARK, VIA_UPSTREAM};
 use idemgate_core::protocol::Attempt;
+use idemgate_worker::Action;
 
 use crate::scenario::GRPC_METHOD;
-use idemgate_worker::Action;
 
 use std::collections::VecDeque;
 
@@ -451,46 +450,25 @@ impl World {
     /// a status in trailers, and Envoy's own (`details` not
     /// [`VIA_UPSTREAM`]) a status alone, in the headers.
     fn respond(&mut self, owner: Owner, status: u16, details: &str, body: Vec<u8>) -> bool {
-        let line = |n: &str, v: &str| (n.to_string(), v.as_bytes().to_vec());
         let (headers, body, trailers) = match (self.shape.grpc, details == VIA_UPSTREAM) {
             (false, _) => {
-                let length = body.len().to_string();
-                (
-                    vec![
-                        line(":status", &status.to_string()),
-                        line("content-length", &length),
-                    ],
-                    body,
-                    Vec::new(),
-                )
+                let head = |n: &str, v: String| (n.to_string(), v.into_bytes());
+                let headers = vec![
+                    head(":status", status.to_string()),
+                    head("content-length", body.len().to_string()),
+                ];
+                (headers, body, Vec::new())
             }
             (true, true) => {
-                let mut headers = vec![line(":status", "200"), line("content-type", CONTENT_TYPE)];
                 // Every other execution's answer is compressed.
                 let compressed = self
                     .slots
                     .get(&owner)
                     .and_then(|s| s.exec)
                     .is_some_and(|n| n % 2 == 1);
-                if compressed {
-                    headers.push(line("grpc-encoding", "gzip"));
-                }
-                let code = grpc::code_of(status).to_string();
-                (
-                    headers,
-                    grpc::frame(&body, compressed),
-                    vec![line("grpc-status", &code)],
-                )
+                grpc::upstream_answer(status, &body, compressed)
             }
-            (true, false) => {
-                let code = UNAVAILABLE.to_string();
-                let headers = vec![
-                    line(":status", "200"),
-                    line("content-type", CONTENT_TYPE),
-                    line("grpc-status", &code),
-                ];
-                (headers, Vec::new(), Vec::new())
-            }
+            (true, false) => grpc::envoy_answer(),
         };
         self.deliver(owner, headers, body, trailers, details)
     }
