@@ -204,25 +204,22 @@ impl Connections {
                     Ok(())
                 }
             }));
-        let writes = !session.read_only;
+        // Fences never go back: a new connection may be the first to a
+        // restored or promoted database (migration 0009; before it there is
+        // no procedure, and nothing to move). A read-only session moves
+        // nothing.
+        let setup = match (read_only_after_check, session.read_only) {
+            (true, _) => Some("SET default_transaction_read_only = on"),
+            (false, false) => Some("CALL idempotency_fence_floor()"),
+            (false, true) => None,
+        };
         builder = builder.post_create(Hook::async_fn(move |client, _| {
             Box::pin(async move {
-                if read_only_after_check {
-                    return client
-                        .batch_execute("SET default_transaction_read_only = on")
-                        .await
-                        .map_err(|e| HookError::message(format!("a read-only session: {}", e.describe())));
-                }
-                if !writes {
-                    return Ok(());
-                }
-                // Fences never go back: a new connection may be the first to
-                // a restored or promoted database (migration 0009). Before
-                // that migration there is no procedure, and nothing to move.
-                match client.batch_execute("CALL idempotency_fence_floor()").await {
-                    Err(e) if e.code() != Some(&SqlState::UNDEFINED_FUNCTION) => Err(HookError::message(
-                        format!("moving fences up to the clock: {}", e.describe()),
-                    )),
+                let Some(sql) = setup else { return Ok(()) };
+                match client.batch_execute(sql).await {
+                    Err(e) if e.code() != Some(&SqlState::UNDEFINED_FUNCTION) => {
+                        Err(HookError::message(format!("{sql}: {}", e.describe())))
+                    }
                     _ => Ok(()),
                 }
             })
