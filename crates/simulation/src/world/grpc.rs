@@ -8,9 +8,8 @@ use idemgate_core::grpc::{code, CONTENT_TYPE};
 use idemgate_core::Reply;
 
 /// The upstream's three answers and the status each is sent with: a
-/// success, a refusal by the server's own checks (released, as `422` is
-/// among
-/// [`DEFAULT_RELEASE_STATUSES`](idemgate_core::config::DEFAULT_RELEASE_STATUSES)), a failure kept as the outcome.
+/// success, a refusal by the server's own checks (released, as `422` is a
+/// release status), a failure kept as the outcome.
 const ANSWERS: [(u16, u8); 3] = [
     (201, code::OK),
     (422, code::INVALID_ARGUMENT),
