@@ -348,8 +348,9 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
             },
         ),
         (
-            "fences drawn again after a restore from a backup (the fence counter went back with the database; fences now move up to the database clock when it opens): a late completion of a generation the \
-             restore lost landed on the generation claimed after it under the same fence: \
+            "fences drawn again after a restore from a backup (the fence counter went back with the \
+             database; fences now move up to the database's clock when it opens): a late completion of a \
+             generation the restore lost landed on the generation claimed after it under the same fence: \
              \"a0 never reached the upstream, but its record ended Some(\\\"completed\\\")\"",
             Scenario {
                 seed: 17161135160639065978,
@@ -357,96 +358,53 @@ pub fn all() -> Vec<(&'static str, Scenario)> {
                     detached: true,
                     background: true,
                     wait: true,
-                    release_unknown: false,
-                    large: false,
-                    short_ttl: false,
                     detached_timeout_ms: 1800,
-                    flood: false,
                     new_keys: Some(Budget {
                         per_second: 0.5,
                         burst: 2,
                     }),
-                    sweep_every_ms: 500,
-                    edge: false,
-                    outlives_lease: false,
-                    after_expiry_new: false,
-                    over_stored: false,
-                    chunks: false,
-                    observe: false,
                     fail_open: true,
-                    tenants: false,
-                    canary: false,
                     push: true,
-                    grpc: false,
+                    ..Knobs::default()
                 },
                 faults: Faults {
                     lose_request: 0.20792082749272853,
-                    lose_answer: 0.0,
-                    unavailable: 0.0,
-                    slow_store: 0.0,
                     client_leaves: 0.3404428310361882,
                     upstream_lost: 0.1847201807648539,
                     clock_steps_back_ms: 3960,
                     store_restarts: true,
                     database_lost: Some(Loss::Backup(2603)),
-                    envoy_restarts: false,
                     replica_skew_ms: Some(0),
                     never_reached: 0.21295643104987472,
-                    mismatch: 0.0,
                     in_front: 0.0635044008914772,
-                    duplicate: 0.0,
-                    duplicate_claims: 0.0,
-                    slow_database: 0.0,
+                    ..Faults::default()
                 },
             },
         ),
         (
-            "fences drawn again after a restore from a backup (the fence counter went back with the database; fences now move up to the database clock when it opens): a completion of the other body landed on \
-             the generation claimed after the restore under the same fence, and was replayed: \
+            "fences drawn again after a restore from a backup (as above): a completion of the other body \
+             landed on the generation claimed after the restore under the same fence, and was replayed: \
              \"request 1 replayed 201 \\\"scope-0#0:..............\\\" that no execution answered\"",
             Scenario {
                 seed: 8116083759224152380,
                 knobs: Knobs {
                     detached: true,
-                    background: false,
-                    wait: false,
-                    release_unknown: false,
-                    large: false,
-                    short_ttl: false,
-                    detached_timeout_ms: 1000,
-                    flood: false,
-                    new_keys: None,
-                    sweep_every_ms: 500,
-                    edge: false,
-                    outlives_lease: false,
                     after_expiry_new: true,
-                    over_stored: false,
-                    chunks: false,
-                    observe: false,
                     fail_open: true,
-                    tenants: false,
-                    canary: false,
-                    push: false,
-                    grpc: false,
+                    ..Knobs::default()
                 },
                 faults: Faults {
                     lose_request: 0.1790922207239999,
                     lose_answer: 0.1880365612468852,
-                    unavailable: 0.0,
                     slow_store: 0.09841360522196238,
                     client_leaves: 0.3532018814637866,
                     upstream_lost: 0.2610056242341724,
-                    clock_steps_back_ms: 0,
                     store_restarts: true,
                     database_lost: Some(Loss::Backup(1675)),
-                    envoy_restarts: false,
-                    replica_skew_ms: None,
-                    never_reached: 0.0,
                     mismatch: 0.2686168516328702,
-                    in_front: 0.0,
-                    duplicate: 0.0,
                     duplicate_claims: 0.05393965957024677,
                     slow_database: 0.15986594748000607,
+                    ..Faults::default()
                 },
             },
         ),
